@@ -1,0 +1,104 @@
+"""``omniload``: the command line, thin over the library.
+
+::
+
+    omniload validate PLAN                 print the resolved plan, or what is wrong with it
+    omniload run PLAN [--steps N]          run the plan with simulated ranks and print a report
+    omniload demo-data FOLDER              write the deterministic demo data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from .errors import OmniloadError
+from .plan import load_plan
+
+__all__ = ["main"]
+
+
+def _validate(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan)
+    data = plan.to_dict()
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    print(
+        f"# plan {plan.name!r} is valid: {len(plan.sources)} sources, "
+        f"stream fingerprint {plan.stream_fingerprint()}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .runner import format_report, run_plan
+
+    if args.make_demo_data:
+        from .demo import make_demo_data
+
+        make_demo_data(Path(args.plan).resolve().parent / "demo-data")
+    plan = load_plan(args.plan)
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    report = run_plan(
+        plan, steps=args.steps, address=args.address, workers=args.workers, progress=not args.json
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import make_demo_data
+
+    print(make_demo_data(args.folder))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omniload", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check a plan and print it resolved")
+    p.add_argument("plan")
+    p.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    p.set_defaults(func=_validate)
+    p = sub.add_parser("run", help="run a plan with simulated trainer ranks")
+    p.add_argument("plan")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--address", help="scheduler address (default: embedded LocalCluster)")
+    p.add_argument("--workers", type=int, help="workers of the embedded cluster")
+    p.add_argument(
+        "--make-demo-data",
+        action="store_true",
+        help="write the demo data next to the plan first (if missing)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_run)
+    p = sub.add_parser("demo-data", help="write the deterministic demo data")
+    p.add_argument("folder")
+    p.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except OmniloadError as exc:
+        print(f"omniload: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

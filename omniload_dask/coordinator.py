@@ -1,0 +1,466 @@
+"""The data plane as a pure state machine: events in, actions out, no I/O and no Dask.
+
+The scheduler plugin feeds it events (a read unit reported its sample lengths, a rank asked for
+steps, a task failed) and carries out the actions it returns (submit a read, submit a
+construction, release keys). Everything that decides *which* samples form global batch t lives
+here and depends only on the plan, the seed, t and the reported lengths, never on timing::
+
+    ranks ask for steps  ->  draw step t when every source's next documents are known
+                             (mixing.Mixer picks them, balance.assign splits them by cost)
+                         ->  one SubmitConstruct per DP group, keys released once all the
+                             ranks of the group have fetched the batch
+
+Read units are submitted ahead of need (a window per source that covers the steps drawn ahead),
+and released as soon as the cursor has passed them and their constructions are submitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .balance import CostModel, assign, split_documents
+from .batches import Recipe
+from .errors import JobError
+from .mixing import Mixer, NeedMore
+from .plan import Plan
+from .sources import Catalog
+from .streams import Candidates, SourceStream, Unit, UnitRef
+
+__all__ = ["Coordinator", "ReadSpec", "Release", "SubmitConstruct", "SubmitRead"]
+
+MAX_UNITS_AHEAD = 256
+HISTORY = 4096
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """Everything a read task needs; the key is deterministic within a run."""
+
+    key: str
+    source: int
+    file_index: int
+    file_url: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class SubmitRead:
+    read: ReadSpec
+
+
+@dataclass(frozen=True)
+class SubmitConstruct:
+    key: str
+    recipe: Recipe
+    reads: tuple[ReadSpec, ...]  # in shard-slot order
+
+
+@dataclass(frozen=True)
+class Release:
+    keys: tuple[str, ...]
+
+
+Action = SubmitRead | SubmitConstruct | Release
+
+
+@dataclass
+class _Step:
+    """What is kept of a drawn step: recipes to rebuild it, and its figures."""
+
+    recipes: list[Recipe]
+    reads: list[tuple[ReadSpec, ...]]
+    costs: np.ndarray
+    tokens: np.ndarray
+    source_tokens: np.ndarray
+    rebuilds: int = 0
+
+
+@dataclass
+class _Rank:
+    position: int  # every step below this one is fetched
+    requested_end: int  # asked for steps below this one
+    last_seen: float = 0.0
+
+
+@dataclass
+class StepFigures:
+    step: int
+    efficiency: float
+    num_micro_steps: int
+    tokens: int
+    documents: int
+    source_tokens: list[int] = field(default_factory=list)
+
+
+class Coordinator:
+    """Single source of truth for cursors, the mix, and which batch each rank gets."""
+
+    def __init__(
+        self, plan: Plan, catalogs: Sequence[Catalog], run_id: str, start_step: int = 0
+    ) -> None:
+        self.plan = plan
+        self.run_id = run_id
+        self.layout = plan.layout
+        self.cost = CostModel.from_spec(plan.cost)
+        self.streams = [
+            SourceStream(i, spec, cat, plan.seed)
+            for i, (spec, cat) in enumerate(zip(plan.sources, catalogs, strict=True))
+        ]
+        self.weights = np.asarray([s.weight for s in plan.sources], dtype=np.float64)
+        self.mixer = Mixer(len(self.streams), plan.mixing_by)
+        self.next_step = start_step
+        self.steps: dict[int, _Step] = {}
+        self.held: dict[tuple[int, int], str] = {}
+        self.ranks = {r: _Rank(start_step, start_step) for r in range(self.layout.world_size)}
+        self.error: str | None = None
+        self.history: deque[StepFigures] = deque(maxlen=HISTORY)
+        self.documents = 0
+        self.tokens = 0
+        self.capacity_tokens = 0
+        self.extra_micro_steps = 0
+        self.steps_drawn = 0
+        self.efficiency_sum = 0.0
+        self.efficiency_min = 1.0
+        self._actions: list[Action] = []
+        self._keys: dict[str, tuple[int, UnitRef]] = {}
+        self._starved: set[int] = set()  # sources the last draw waited for
+
+    # ---------------------------------------------------------------- keys and properties
+    def read_key(self, source: int, ref: UnitRef) -> str:
+        return f"omniload-read-{self.run_id}-{source}-{ref[0]}-{ref[1]}"
+
+    def batch_key(self, step: int, group: int, rebuild: int = 0) -> str:
+        suffix = f"-r{rebuild}" if rebuild else ""
+        return f"omniload-batch-{self.run_id}-{step}-{group}{suffix}"
+
+    @property
+    def cap(self) -> int:
+        return self.plan.batch.document_cap
+
+    # ---------------------------------------------------------------- events
+    def on_report(self, key: str, lengths: np.ndarray, skipped: int) -> None:
+        """A read task finished: its records' token counts (file order) and skipped count."""
+        where = self._keys.get(key)
+        if where is not None:
+            self.streams[where[0]].report(where[1], lengths, skipped)
+
+    def on_failure(self, key: str, message: str) -> None:
+        """A task failed for good (after retries): the job stops with that message."""
+        if self.error is None and key.startswith("omniload-"):
+            self.error = message
+
+    def on_request(self, rank: int, start: int, count: int, now: float = 0.0) -> None:
+        """Rank ``rank`` has fetched every step below ``start`` and asks for ``count`` more."""
+        if rank not in self.ranks:
+            raise JobError(
+                f"rank {rank} is not in the layout (world size "
+                f"{self.layout.world_size}: {self._layout_text()})"
+            )
+        if start < 0 or count < 1:
+            raise JobError(
+                f"request for rank {rank}: start must be >= 0 and count >= 1, "
+                f"got start={start}, count={count}"
+            )
+        state = self.ranks[rank]
+        state.position = start
+        state.requested_end = start + count
+        state.last_seen = now
+        self._release_fetched()
+
+    # ---------------------------------------------------------------- decisions
+    def advance(self, max_steps: int | None = None) -> list[Action]:
+        """Draw what can be drawn (at most ``max_steps``), keep reads ahead, return actions."""
+        if self.error is None:
+            try:
+                drawn = 0
+                while (
+                    (max_steps is None or drawn < max_steps)
+                    and self.next_step < self._draw_target()
+                    and self._draw()
+                ):
+                    drawn += 1
+                self._submit_reads()
+            except JobError as exc:
+                self.error = str(exc)
+        actions, self._actions = self._actions, []
+        return actions
+
+    def batch_for(self, rank: int, step: int) -> str | None:
+        """The batch key of ``step`` for ``rank`` if drawn (rebuilt if released), else None."""
+        group = self.layout.coords(rank)["dp"]
+        if step >= self.next_step:
+            return None
+        key = self.held.get((step, group))
+        if key is not None:
+            return key
+        record = self.steps.get(step)
+        if record is None:
+            raise JobError(
+                f"step {step} is no longer held for rank {rank}: the data plane keeps the last "
+                f"{self.plan.loader.retain_steps} steps (loader.retain_steps); resume from a "
+                "data-plane checkpoint to go further back"
+            )
+        record.rebuilds += 1
+        key = self.batch_key(step, group, record.rebuilds)
+        self.held[(step, group)] = key
+        self._actions.append(SubmitConstruct(key, record.recipes[group], record.reads[group]))
+        return key
+
+    # ---------------------------------------------------------------- internals
+    def _layout_text(self) -> str:
+        lay = self.layout
+        return f"dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}"
+
+    def _draw_target(self) -> int:
+        loader = self.plan.loader
+        furthest = max(r.requested_end for r in self.ranks.values())
+        slowest = min(r.position for r in self.ranks.values())
+        window = 4 * (loader.prefetch + loader.lookahead) + 8
+        return min(furthest + loader.lookahead, slowest + window)
+
+    def _budget(self) -> tuple[int | None, int | None]:
+        b = self.plan.batch
+        return b.global_tokens, b.global_documents
+
+    def _wants(self, i: int, scale: float) -> tuple[int, int]:
+        tokens, docs = self._budget()
+        share = self.weights[i] / self.weights.sum()
+        if tokens is not None:
+            return int(share * tokens * 1.25 * scale) + self.cap, 1
+        return 1, int(share * docs * 1.25 * scale) + 2
+
+    def _draw(self) -> bool:
+        """Draw global batch ``next_step``; False if some source must report first."""
+        tokens, docs = self._budget()
+        scale = 1.0
+        while True:
+            cands: list[Candidates] = []
+            for i, stream in enumerate(self.streams):
+                if self.weights[i] > 0:
+                    want_tokens, want_docs = self._wants(i, scale)
+                    cands.append(stream.candidates(self.cap, want_tokens, want_docs))
+                else:
+                    cands.append(Candidates(np.zeros(0, np.int64)))
+            result = self.mixer.select(
+                self.weights,
+                [c.lengths for c in cands],
+                [True] * len(cands),
+                budget_tokens=tokens,
+                budget_documents=docs,
+            )
+            if not isinstance(result, NeedMore):
+                break
+            waiting = {i for i in result.sources if cands[i].waiting}
+            if waiting:
+                self._starved = waiting
+                return False
+            scale *= 2
+            if scale > 1 << 20:
+                raise JobError("cannot fill a global batch: check batch.global_tokens")
+        self._starved = set()
+        self.mixer.commit(result)
+        self._commit(result.order, cands)
+        return True
+
+    def _commit(self, order: np.ndarray, cands: list[Candidates]) -> None:
+        step = self.next_step
+        counts = (
+            np.bincount(order[:, 0], minlength=len(self.streams))
+            if len(order)
+            else (np.zeros(len(self.streams), np.int64))
+        )
+        finished: list[Unit] = []
+        for i, stream in enumerate(self.streams):
+            finished += stream.consume(cands[i], int(counts[i])) if counts[i] else []
+        # Documents in tag order: (source, unit, row in file order, effective length).
+        src = order[:, 0]
+        idx = order[:, 1]
+        doc_units: list[Unit] = []
+        rows = np.empty(len(order), dtype=np.int64)
+        lengths = np.empty(len(order), dtype=np.int64)
+        for j, (s, k) in enumerate(zip(src.tolist(), idx.tolist(), strict=True)):
+            c = cands[s]
+            unit = c.units[int(c.unit_of[k])]
+            doc_units.append(unit)
+            rows[j] = unit.order[int(c.row_of[k])]
+            lengths[j] = c.lengths[k]
+        self._plan_step(step, src, doc_units, rows, lengths)
+        if finished:
+            self._actions.append(Release(tuple(u.key for u in finished)))
+            for u in finished:
+                self._keys.pop(u.key, None)
+        self.next_step += 1
+        for old in [t for t in self.steps if t < self.next_step - self.plan.loader.retain_steps]:
+            if not any(key_step == old for key_step, _ in self.held):
+                del self.steps[old]
+
+    def _plan_step(
+        self, step: int, src: np.ndarray, units: list[Unit], rows: np.ndarray, lengths: np.ndarray
+    ) -> None:
+        batch = self.plan.batch
+        doc, start = split_documents(lengths, batch.seq_len)
+        piece_len = np.minimum(lengths[doc] - start, batch.seq_len)
+        costs = self.cost(piece_len)
+        groups = self.layout.dp
+        plan = assign(piece_len, costs, groups, batch.micro_batches, batch.seq_len)
+        micro = plan.num_micro_steps
+        recipes, reads = [], []
+        epochs = {u.key: u.epoch for u in units}
+        for g in range(groups):
+            slots: dict[str, int] = {}
+            group_reads: list[ReadSpec] = []
+            rows_out = []
+            for m, members in enumerate(plan.bins[g]):
+                for p in members.tolist():
+                    d = int(doc[p])
+                    unit = units[d]
+                    slot = slots.get(unit.key)
+                    if slot is None:
+                        slot = slots[unit.key] = len(group_reads)
+                        group_reads.append(self._read_spec(int(src[d]), unit))
+                    lo = int(start[p])
+                    rows_out.append((m, slot, int(rows[d]), lo, lo + int(piece_len[p])))
+            pieces = np.asarray(rows_out, dtype=np.int64).reshape(-1, 5)
+            recipe = Recipe(
+                step=step,
+                group=g,
+                num_micro_steps=micro,
+                pieces=pieces,
+                seq_len=batch.seq_len,
+                slot_epochs=tuple(epochs[r.key] for r in group_reads),
+                pad_to_seq_len=batch.pad_to_seq_len,
+            )
+            recipes.append(recipe)
+            reads.append(tuple(group_reads))
+            key = self.batch_key(step, g)
+            self.held[(step, g)] = key
+            self._actions.append(SubmitConstruct(key, recipe, tuple(group_reads)))
+        source_tokens = np.bincount(src, weights=lengths, minlength=len(self.streams))
+        self.steps[step] = _Step(recipes, reads, plan.group_costs, plan.group_tokens, source_tokens)
+        self._record(step, plan.efficiency, micro, lengths, source_tokens)
+
+    def _record(
+        self,
+        step: int,
+        efficiency: float,
+        micro: int,
+        lengths: np.ndarray,
+        source_tokens: np.ndarray,
+    ) -> None:
+        batch = self.plan.batch
+        self.documents += len(lengths)
+        self.tokens += int(lengths.sum())
+        self.capacity_tokens += self.layout.dp * micro * batch.seq_len
+        self.extra_micro_steps += max(0, micro - batch.micro_batches)
+        self.steps_drawn += 1
+        self.efficiency_sum += efficiency
+        self.efficiency_min = min(self.efficiency_min, efficiency)
+        self.history.append(
+            StepFigures(
+                step,
+                efficiency,
+                micro,
+                int(lengths.sum()),
+                len(lengths),
+                source_tokens.astype(int).tolist(),
+            )
+        )
+
+    def _read_spec(self, source: int, unit: Unit) -> ReadSpec:
+        stream = self.streams[source]
+        f, lo, hi = (int(v) for v in stream.catalog.units[unit.catalog_index])
+        return ReadSpec(unit.key, source, f, stream.catalog.files[f], lo, hi)
+
+    def _submit_reads(self) -> None:
+        for i, stream in enumerate(self.streams):
+            if self.weights[i] <= 0:
+                continue
+            window = self._read_window(i)
+            # A draw waiting on this source gets its next unknown unit even past the window.
+            need = stream.first_unknown() if i in self._starved else (-1, -1)
+            while True:
+                ref = stream.next_submit
+                ahead = stream.submitted_ahead()
+                if ahead >= MAX_UNITS_AHEAD or (ahead >= window and ref > need):
+                    break
+                unit = Unit(self.read_key(i, ref), ref[0], ref[1], stream.catalog_index(ref))
+                stream.units[ref] = unit
+                self._keys[unit.key] = (i, ref)
+                stream.next_submit = stream.successor(ref)
+                self._actions.append(SubmitRead(self._read_spec(i, unit)))
+
+    def _read_window(self, i: int) -> int:
+        """Units to keep submitted for source i: enough for the steps drawn ahead."""
+        loader = self.plan.loader
+        stream = self.streams[i]
+        known = [u for u in stream.units.values() if u.lengths is not None]
+        tokens, docs = self._budget()
+        share = self.weights[i] / self.weights.sum()
+        if not known:
+            return loader.read_ahead
+        if tokens is not None:
+            sizes = [np.minimum(u.lengths, self.cap).sum() for u in known if u.lengths is not None]
+            per_step = share * tokens
+        else:
+            sizes = [len(u.lengths) for u in known]  # type: ignore[arg-type]
+            per_step = share * docs
+        per_unit = max(1.0, float(np.mean(sizes)))
+        steps_ahead = loader.lookahead + loader.prefetch
+        return loader.read_ahead + math.ceil(per_step * steps_ahead / per_unit)
+
+    def _release_fetched(self) -> None:
+        done = []
+        for (step, group), key in self.held.items():
+            if all(self.ranks[r].position > step for r in self.layout.group_ranks(group)):
+                done.append(((step, group), key))
+        if done:
+            for where, _ in done:
+                del self.held[where]
+            self._actions.append(Release(tuple(key for _, key in done)))
+
+    # ---------------------------------------------------------------- figures
+    def stats(self) -> dict[str, Any]:
+        """Counters for feeders, the report and monitoring (plain data)."""
+        steps = self.steps_drawn
+        recent = list(self.history)[-64:]
+        return {
+            "next_step": self.next_step,
+            "error": self.error,
+            "documents": self.documents,
+            "tokens": self.tokens,
+            "capacity_tokens": self.capacity_tokens,
+            "extra_micro_steps": self.extra_micro_steps,
+            "steps_drawn": steps,
+            "efficiency_mean": self.efficiency_sum / steps if steps else None,
+            "efficiency_min": self.efficiency_min if steps else None,
+            "efficiency_recent": [round(f.efficiency, 4) for f in recent],
+            "held_batches": len(self.held),
+            "units_in_flight": sum(len(s.units) for s in self.streams),
+            "ranks": {
+                r: {"position": s.position, "requested_end": s.requested_end}
+                for r, s in self.ranks.items()
+            },
+            "sources": [
+                {
+                    "name": s.spec.name,
+                    "weight": float(self.weights[i]),
+                    "epoch": s.epoch,
+                    "documents": s.docs,
+                    "tokens": s.tokens,
+                    "skipped": s.skipped,
+                    "truncated_tokens": s.truncated_tokens,
+                    "units_in_flight": len(s.units),
+                }
+                for i, s in enumerate(self.streams)
+            ],
+        }
+
+    def step_figures(self, start: int = 0) -> list[StepFigures]:
+        return [f for f in self.history if f.step >= start]

@@ -1,0 +1,172 @@
+"""Starting and attaching to jobs, on an embedded LocalCluster or on any Dask cluster.
+
+::
+
+    plan = load_plan("plans/quickstart.yaml")
+    with Job.start(plan) as job:              # no address: a LocalCluster in this process
+        for mb in job.feeder(dp_rank=0):
+            ...
+
+    job = Job.start(plan, address="tcp://scheduler:8786")   # an existing cluster
+    feeder = Feeder("quickstart", address="tcp://scheduler:8786")   # in each trainer rank
+
+Starting is idempotent: every rank may call ``Job.start`` with the same plan and they all get
+the one job. The scheduler plugin is registered on the fly, or preloaded with
+``dask scheduler --preload omniload_dask.preload``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dask
+from distributed import Client, LocalCluster
+
+from . import _dask
+from .errors import JobError
+from .feeder import Feeder
+from .plan import Plan, load_plan, parse_plan
+from .scheduler_plugin import OmniloadPlugin
+
+__all__ = ["Job", "local_cluster"]
+
+# Read tasks are coarse; without root-task queuing small tasks start ~5x sooner.
+_DASK_CONFIG = {"distributed.scheduler.worker-saturation": "inf"}
+
+
+def local_cluster(
+    workers: int,
+    threads_per_worker: int = 1,
+    *,
+    processes: bool = True,
+    dashboard_address: str | None = ":0",
+    **kwargs: Any,
+) -> LocalCluster:
+    """The embedded cluster: worker processes, one thread each by default."""
+    with dask.config.set(_DASK_CONFIG):
+        return LocalCluster(
+            n_workers=workers,
+            threads_per_worker=threads_per_worker,
+            processes=processes,
+            dashboard_address=dashboard_address,
+            **kwargs,
+        )
+
+
+class Job:
+    """A handle on a running omniload job (not the job itself: that lives on the scheduler)."""
+
+    def __init__(
+        self,
+        client: Client,
+        info: dict[str, Any],
+        *,
+        cluster: LocalCluster | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        self.client = client
+        self.info = info
+        self.name: str = info["name"]
+        self.plan = parse_plan(info["plan"])
+        self.cluster = cluster
+        self._owns_client = owns_client
+        self._feeders: list[Feeder] = []
+
+    @classmethod
+    def start(
+        cls,
+        plan: Plan | str | os.PathLike[str],
+        *,
+        address: str | None = None,
+        client: Client | None = None,
+        workers: int | None = None,
+        start_step: int = 0,
+        dashboard_address: str | None = ":0",
+        **layout: int,
+    ) -> Job:
+        """Start (or join) the plan's job. ``layout`` overrides the plan's dp/tp/pp/cp."""
+        if not isinstance(plan, Plan):
+            plan = load_plan(plan)
+        if layout:
+            unknown = set(layout) - {"dp", "tp", "pp", "cp"}
+            if unknown:
+                raise JobError(
+                    f"Job.start: unknown layout axis {sorted(unknown)}; use dp, tp, pp, cp"
+                )
+            plan = parse_plan({**plan.to_dict(), "layout": {**plan.to_dict()["layout"], **layout}})
+        cluster = None
+        owns = False
+        if client is None:
+            if address is None:
+                cluster = local_cluster(
+                    workers or plan.loader.workers,
+                    plan.loader.threads_per_worker,
+                    dashboard_address=dashboard_address,
+                )
+                address = cluster.scheduler_address
+            client = Client(address, set_as_default=False)
+            owns = True
+        try:
+            client.register_plugin(OmniloadPlugin())
+            info = _dask.call(client, "start", plan=plan.to_dict(), start_step=start_step)
+        except BaseException:
+            if owns:
+                client.close()
+            if cluster is not None:
+                cluster.close()
+            raise
+        return cls(client, info, cluster=cluster, owns_client=owns)
+
+    @classmethod
+    def attach(cls, name: str, *, address: str | None = None, client: Client | None = None) -> Job:
+        """A handle on job ``name`` that runs on the cluster at ``address``."""
+        owns = client is None
+        if client is None:
+            if address is None:
+                raise JobError("Job.attach: give an address or a client")
+            client = Client(address, set_as_default=False)
+        info = _dask.call(client, "info", job=name)
+        return cls(client, info, owns_client=owns)
+
+    def feeder(self, **kwargs: Any) -> Feeder:
+        """A :class:`Feeder` for one rank of this job (see Feeder for the arguments)."""
+        feeder = Feeder(self.name, client=self.client, **kwargs)
+        self._feeders.append(feeder)
+        return feeder
+
+    def stats(self) -> dict[str, Any]:
+        return _dask.call(self.client, "stats", job=self.name)
+
+    def steps(self, start: int = 0) -> list[dict[str, Any]]:
+        return _dask.call(self.client, "steps", job=self.name, start=start)
+
+    @property
+    def dashboard_link(self) -> str | None:
+        return getattr(self.client, "dashboard_link", None)
+
+    def stop(self) -> None:
+        """Stop the job on the scheduler (its batches and shards are released)."""
+        for feeder in self._feeders:
+            feeder.close()
+        self._feeders.clear()
+        if self.client.status == "running":
+            _dask.call(self.client, "stop", job=self.name)
+
+    def close(self) -> None:
+        """Stop the job if this handle started the cluster, and close what it owns."""
+        for feeder in self._feeders:
+            feeder.close()
+        self._feeders.clear()
+        if self.cluster is not None:
+            self.stop()
+        if self._owns_client:
+            self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

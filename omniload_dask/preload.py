@@ -1,0 +1,11 @@
+"""Preload module: ``dask scheduler --preload omniload_dask.preload`` installs the data plane."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .scheduler_plugin import OmniloadPlugin
+
+
+def dask_setup(scheduler: Any) -> None:
+    scheduler.add_plugin(OmniloadPlugin(), idempotent=True)

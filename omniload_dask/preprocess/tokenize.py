@@ -1,0 +1,160 @@
+"""Tokenizers: the built-in byte tokenizer and Hugging Face ``tokenizers`` from a tokenizer.json.
+
+Both turn a list of texts into one flat ``uint32`` token array plus per-document lengths, with
+BOS/EOS added as the plan declares. The byte tokenizer needs no file: token = UTF-8 byte value,
+BOS = 256, EOS = 257, vocabulary 258. ``"hé"`` becomes ``[256, 104, 195, 169, 257]``.
+
+A Hugging Face tokenizer is loaded once per worker process (cached by path) from any fsspec URL.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import fsspec
+import numpy as np
+
+from ..errors import TokenizerError
+from ..plan import TokenizerSpec
+
+BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 258
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+
+
+class _Encoder(Protocol):
+    info: TokenizerInfo
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class ByteTokenizer:
+    info = TokenizerInfo(vocab_size=BYTE_VOCAB, bos_id=BYTE_BOS, eos_id=BYTE_EOS)
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoded = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        body = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.uint32)
+        return body, lengths
+
+
+class HuggingFaceTokenizer:
+    def __init__(self, spec: TokenizerSpec) -> None:
+        from tokenizers import Tokenizer
+
+        assert spec.path is not None
+        try:
+            with fsspec.open(spec.path, "rb", **dict(spec.storage_options)) as f:
+                blob = f.read()
+        except FileNotFoundError:
+            raise TokenizerError(f"tokenizer.path: file {spec.path!r} does not exist") from None
+        except Exception as exc:
+            raise TokenizerError(
+                f"tokenizer.path: cannot read {spec.path!r}: {type(exc).__name__}: {exc}"
+            ) from None
+        try:
+            self._tok = Tokenizer.from_str(blob.decode("utf-8"))
+        except Exception as exc:
+            raise TokenizerError(
+                f"tokenizer.path: {spec.path!r} is not a valid tokenizer.json ({exc})"
+            ) from None
+        self.info = TokenizerInfo(
+            vocab_size=self._tok.get_vocab_size(with_added_tokens=True),
+            bos_id=self._special(spec, "bos", spec.bos),
+            eos_id=self._special(spec, "eos", spec.eos),
+        )
+
+    def _special(self, spec: TokenizerSpec, field: str, token: str | None) -> int | None:
+        if token is None:
+            return None
+        token_id = self._tok.token_to_id(token)
+        if token_id is None:
+            raise TokenizerError(
+                f"tokenizer.{field}: token {token!r} is not in the vocabulary of {spec.path!r}"
+            )
+        return int(token_id)
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
+        body = np.fromiter(
+            itertools.chain.from_iterable(e.ids for e in encodings),
+            dtype=np.uint32,
+            count=int(lengths.sum()),
+        )
+        return body, lengths
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(spec_json: str) -> _Encoder:
+    data = json.loads(spec_json)
+    spec = TokenizerSpec(**data)
+    if spec.kind == "byte":
+        return ByteTokenizer()
+    return HuggingFaceTokenizer(spec)
+
+
+def load_tokenizer(spec: TokenizerSpec) -> _Encoder:
+    """The tokenizer of ``spec``, loaded once per process."""
+    blob = json.dumps(
+        {
+            "kind": spec.kind,
+            "path": spec.path,
+            "bos": spec.bos,
+            "eos": spec.eos,
+            "add_bos": spec.add_bos,
+            "add_eos": spec.add_eos,
+            "storage_options": dict(spec.storage_options),
+        },
+        sort_keys=True,
+    )
+    return _cached(blob)
+
+
+def tokenize(spec: TokenizerSpec, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of all ``texts`` (flat uint32) and their offsets (int64, len(texts) + 1)."""
+    encoder = load_tokenizer(spec)
+    body, lengths = encoder.encode(texts)
+    bos = encoder.info.bos_id if spec.add_bos else None
+    eos = encoder.info.eos_id if spec.add_eos else None
+    return add_specials(body, lengths, bos, eos)
+
+
+def add_specials(
+    body: np.ndarray,
+    lengths: np.ndarray,
+    bos: int | None,
+    eos: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Insert BOS/EOS around each document of ``body`` (vectorised)."""
+    n = len(lengths)
+    extra = int(bos is not None) + int(eos is not None)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths + extra, out=offsets[1:])
+    if extra == 0:
+        return body.astype(np.uint32, copy=False), offsets
+    out = np.empty(int(offsets[-1]), dtype=np.uint32)
+    body_starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(lengths[:-1], out=body_starts[1:])
+    shift = offsets[:-1] + int(bos is not None) - body_starts
+    out[np.arange(len(body), dtype=np.int64) + np.repeat(shift, lengths)] = body
+    if bos is not None:
+        out[offsets[:-1]] = bos
+    if eos is not None:
+        out[offsets[1:] - 1] = eos
+    return out, offsets
+
+
+def describe(spec: TokenizerSpec) -> dict[str, Any]:
+    """Load the tokenizer and report its vocabulary and special ids (start-up check)."""
+    info = load_tokenizer(spec).info
+    return {"vocab_size": info.vocab_size, "bos_id": info.bos_id, "eos_id": info.eos_id}

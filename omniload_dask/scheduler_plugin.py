@@ -1,0 +1,403 @@
+"""The data plane on the Dask scheduler: a thin adapter over :class:`Coordinator`.
+
+It registers RPC handlers under one prefix (``omniload_*``, called as
+``client.scheduler.omniload_batches(...)``), turns scheduler events into coordinator events
+(``transition`` hooks carry read tasks' sample lengths), and carries out the coordinator's
+actions with a client of its own that lives on the scheduler's event loop. Handlers and hooks
+run on that single loop, so the coordinator needs no locks.
+
+Register it from a client (``Client.register_plugin(OmniloadPlugin())``, what :class:`Job`
+does) or preload it: ``dask scheduler --preload omniload_dask.preload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+import numpy as np
+from distributed import Client, Future
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from . import _dask, tasks
+from .coordinator import Coordinator, Release, SubmitConstruct, SubmitRead
+from .errors import JobError, OmniloadError
+from .plan import Plan, parse_plan
+
+__all__ = ["HANDLER_PREFIX", "OmniloadPlugin"]
+
+logger = logging.getLogger(__name__)
+HANDLER_PREFIX = "omniload_"
+KEY_PREFIX = "omniload-"
+DISCOVERY_TIMEOUT = 120.0
+READ_PRIORITY, CONSTRUCT_PRIORITY = 0, 10
+
+
+class _Job:
+    """A running job: its coordinator, the futures it holds, and its wake-up machinery."""
+
+    def __init__(self, plan: Plan, coord: Coordinator, info: dict[str, Any]) -> None:
+        self.plan = plan
+        self.coord = coord
+        self.info = info
+        self.futures: dict[str, Future] = {}
+        self.changed = asyncio.Event()
+        self.dirty = False
+        self.pump: asyncio.Task[None] | None = None
+        self.started = time.time()
+        self.bad: dict[int, deque[str]] = {i: deque(maxlen=5) for i in range(len(plan.sources))}
+        self.batches_built = 0
+        self.read_seconds: dict[int, float] = {i: 0.0 for i in range(len(plan.sources))}
+        self.reads_done: dict[int, int] = {i: 0 for i in range(len(plan.sources))}
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class OmniloadPlugin(SchedulerPlugin):
+    """Holds every job's data plane on the scheduler (one copy of all cursors)."""
+
+    name = "omniload"
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.scheduler: Any = None
+        self.jobs: dict[str, _Job] = {}
+        self._runs: dict[str, str] = {}  # run id -> job name
+        self._client: Client | None = None
+        self._client_lock: asyncio.Lock | None = None
+
+    # ------------------------------------------------------------------ plugin hooks
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self._client_lock = asyncio.Lock()
+        handlers = {
+            "start": self.start_job,
+            "batches": self.batches,
+            "info": self.job_info,
+            "stats": self.stats,
+            "steps": self.steps,
+            "jobs": self.list_jobs,
+            "stop": self.stop_job,
+        }
+        for name, handler in handlers.items():
+            scheduler.handlers[HANDLER_PREFIX + name] = handler
+
+    async def before_close(self) -> None:
+        for job in list(self.jobs.values()):
+            self._drop(job)
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def close(self) -> None:
+        await self.before_close()
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(key, str) or not key.startswith(KEY_PREFIX):
+            return
+        job = self._job_of_key(key)
+        if job is None:
+            return
+        if finish == "memory" and key.startswith("omniload-read-"):
+            meta = _dask.metadata_of(kwargs)
+            if meta is not None:
+                self._on_report(job, key, meta, _dask.task_duration(kwargs))
+        elif finish == "memory" and key.startswith("omniload-batch-"):
+            job.batches_built += 1
+        elif finish == "erred":
+            text = kwargs.get("exception_text") or _dask.erred_text(self.scheduler, key) or "failed"
+            job.coord.on_failure(key, str(text))
+        else:
+            return
+        self._poke(job)
+
+    def update_graph(self, scheduler: Any, **kwargs: Any) -> None:
+        for job in self.jobs.values():
+            job.notify()
+
+    # ------------------------------------------------------------------ handlers
+    async def start_job(self, plan: dict[str, Any], start_step: int = 0) -> dict[str, Any]:
+        """Start a job from a resolved plan, or return the running one with the same plan."""
+        parsed = parse_plan(plan)
+        running = self.jobs.get(parsed.name)
+        if running is not None:
+            if (
+                running.plan.stream_fingerprint() != parsed.stream_fingerprint()
+                or running.plan.layout != parsed.layout
+            ):
+                raise JobError(
+                    f"job {parsed.name!r} already runs with another plan or layout; "
+                    "stop it first or give the plan another name"
+                )
+            return running.info
+        client = await self._get_client()
+        run_id = uuid.uuid4().hex[:8]
+        catalogs, tokenizer = await self._discover(client, parsed, run_id)
+        if parsed.name in self.jobs:  # another caller started it while we discovered
+            return self.jobs[parsed.name].info
+        coord = Coordinator(parsed, catalogs, run_id, start_step=start_step)
+        info = {
+            "name": parsed.name,
+            "run_id": run_id,
+            "plan": parsed.to_dict(),
+            "sources": parsed.source_names,
+            "files": [len(c.files) for c in catalogs],
+            "units": [c.num_units for c in catalogs],
+            "bytes": [c.total_bytes for c in catalogs],
+            "tokenizer": tokenizer,
+            "start_step": start_step,
+        }
+        job = _Job(parsed, coord, info)
+        self.jobs[parsed.name] = job
+        self._runs[run_id] = parsed.name
+        self._poke(job)
+        logger.info("omniload job %s started (run %s)", parsed.name, run_id)
+        return info
+
+    async def batches(
+        self, job: str, rank: int, start: int, count: int, client: str, timeout: float = 2.0
+    ) -> dict[str, Any]:
+        """Long-poll: keys of ``rank``'s batches from ``start`` on (up to ``count``).
+
+        Also says that ``rank`` has fetched every step below ``start``. The calling client is
+        registered as wanting the keys it gets, so they stay until it releases them.
+        """
+        run = self._job(job)
+        run.coord.on_request(int(rank), int(start), int(count), time.time())
+        self._poke(run)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, float(timeout))
+        while True:
+            if run.coord.error:
+                raise JobError(f"job {job!r} failed: {run.coord.error}")
+            keys = []
+            for step in range(start, start + count):
+                key = run.coord.batch_for(int(rank), step)
+                if key is None:
+                    break
+                keys.append(key)
+            self._poke(run)
+            ready = []
+            for key in keys:
+                if not _dask.known(self.scheduler, key):
+                    break
+                ready.append(key)
+            remaining = deadline - loop.time()
+            if ready or remaining <= 0:
+                break
+            if self.jobs.get(job) is not run:
+                raise JobError(f"job {job!r} was stopped")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(run.changed.wait(), remaining)
+        desired = _dask.desire_keys(self.scheduler, ready, client)
+        return {"start": start, "keys": desired}
+
+    def job_info(self, job: str) -> dict[str, Any]:
+        """What :meth:`start_job` returned: the resolved plan, sources, files, tokenizer."""
+        return self._job(job).info
+
+    def stats(self, job: str) -> dict[str, Any]:
+        run = self._job(job)
+        out = run.coord.stats()
+        for i, src in enumerate(out["sources"]):
+            src["bad_examples"] = list(run.bad[i])
+            src["reads_done"] = run.reads_done[i]
+            src["read_seconds"] = round(run.read_seconds[i], 3)
+        out.update(
+            name=job,
+            run_id=run.info["run_id"],
+            uptime=time.time() - run.started,
+            workers=_dask.worker_count(self.scheduler),
+            futures_held=len(run.futures),
+            batches_built=run.batches_built,
+            scheduler_tasks=len(self.scheduler.tasks),
+        )
+        return out
+
+    def steps(self, job: str, start: int = 0) -> list[dict[str, Any]]:
+        """Figures of the recent steps (efficiency, tokens per source, micro-steps)."""
+        run = self._job(job)
+        return [vars(f) for f in run.coord.step_figures(start)]
+
+    def list_jobs(self) -> list[str]:
+        return sorted(self.jobs)
+
+    def stop_job(self, job: str) -> bool:
+        run = self.jobs.get(job)
+        if run is None:
+            return False
+        self._drop(run)
+        return True
+
+    # ------------------------------------------------------------------ internals
+    def _job(self, name: str) -> _Job:
+        run = self.jobs.get(name)
+        if run is None:
+            have = ", ".join(sorted(self.jobs)) or "none"
+            raise JobError(f"no omniload job named {name!r} on this scheduler (running: {have})")
+        return run
+
+    def _job_of_key(self, key: str) -> _Job | None:
+        parts = key.split("-", 3)
+        if len(parts) < 4:
+            return None
+        name = self._runs.get(parts[2])
+        return self.jobs.get(name) if name else None
+
+    def _drop(self, job: _Job) -> None:
+        if self.jobs.get(job.plan.name) is job:
+            del self.jobs[job.plan.name]
+        self._runs.pop(job.info["run_id"], None)
+        if job.pump is not None:
+            job.pump.cancel()
+            job.pump = None
+        for fut in job.futures.values():
+            fut.release()
+        job.futures.clear()
+        job.coord.error = job.coord.error or "job stopped"
+        job.notify()
+
+    async def _get_client(self) -> Client:
+        assert self._client_lock is not None
+        async with self._client_lock:
+            if self._client is None:
+                self._client = await Client(
+                    self.scheduler.address,
+                    asynchronous=True,
+                    name="omniload-data-plane",
+                    security=getattr(self.scheduler, "security", None),
+                    set_as_default=False,
+                )
+            return self._client
+
+    async def _discover(
+        self,
+        client: Client,
+        plan: Plan,
+        run_id: str,
+    ) -> tuple[list[Any], dict[str, Any]]:
+        futures = [
+            client.submit(
+                tasks.discover,
+                spec,
+                key=f"omniload-discover-{run_id}-{i}",
+                retries=plan.loader.read_retries,
+                priority=100,
+            )
+            for i, spec in enumerate(plan.sources)
+        ]
+        tok = client.submit(
+            tasks.check_tokenizer, plan.tokenizer, key=f"omniload-tokenizer-{run_id}", priority=100
+        )
+        try:
+            results = await asyncio.wait_for(client.gather([*futures, tok]), DISCOVERY_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise JobError(
+                f"job {plan.name!r}: discovery did not finish within "
+                f"{DISCOVERY_TIMEOUT:.0f}s; does the cluster have workers?"
+            ) from None
+        finally:
+            for fut in futures:
+                fut.release()
+            tok.release()
+        return list(results[:-1]), results[-1]
+
+    def _on_report(
+        self,
+        job: _Job,
+        key: str,
+        meta: dict[str, Any],
+        seconds: float | None,
+    ) -> None:
+        lengths = np.frombuffer(meta["lengths"], dtype=np.int32)
+        job.coord.on_report(key, lengths, int(meta["skipped"]))
+        source = int(key.split("-")[3])
+        if source in job.bad:
+            job.bad[source].extend(meta.get("bad") or [])
+            job.reads_done[source] += 1
+            job.read_seconds[source] += seconds or 0.0
+
+    def _poke(self, job: _Job) -> None:
+        """Schedule the job's pump (coalesced): draw, submit, release."""
+        job.dirty = True
+        if job.pump is None or job.pump.done():
+            job.pump = asyncio.get_running_loop().create_task(self._pump(job))
+
+    async def _pump(self, job: _Job) -> None:
+        while job.dirty and self.jobs.get(job.plan.name) is job:
+            job.dirty = False
+            before = job.coord.next_step
+            try:
+                actions = job.coord.advance(max_steps=1)
+                self._execute(job, actions)
+            except OmniloadError as exc:
+                job.coord.error = job.coord.error or str(exc)
+            except Exception as exc:  # a bug: surface it to feeders instead of stalling them
+                logger.exception("omniload data plane failed")
+                job.coord.error = job.coord.error or f"internal error: {exc!r}"
+            if job.coord.next_step != before or actions:
+                job.dirty = True
+            job.notify()
+            await asyncio.sleep(0)
+
+    def _execute(self, job: _Job, actions: list[Any]) -> None:
+        client = self._client
+        assert client is not None
+        plan = job.plan
+        for action in actions:
+            if isinstance(action, SubmitRead):
+                r = action.read
+                job.futures[r.key] = client.submit(
+                    tasks.read_unit,
+                    plan.sources[r.source],
+                    r.source,
+                    plan.tokenizer,
+                    plan.on_error,
+                    r.file_index,
+                    r.file_url,
+                    r.start,
+                    r.stop,
+                    key=r.key,
+                    retries=plan.loader.read_retries,
+                    priority=READ_PRIORITY,
+                )
+            elif isinstance(action, SubmitConstruct):
+                deps = []
+                for r in action.reads:
+                    fut = job.futures.get(r.key)
+                    if fut is None:  # a rebuild after the unit was released: read it again
+                        fut = client.submit(
+                            tasks.read_unit,
+                            plan.sources[r.source],
+                            r.source,
+                            plan.tokenizer,
+                            plan.on_error,
+                            r.file_index,
+                            r.file_url,
+                            r.start,
+                            r.stop,
+                            key=r.key,
+                            retries=plan.loader.read_retries,
+                            priority=READ_PRIORITY,
+                        )
+                    deps.append(fut)
+                job.futures[action.key] = client.submit(
+                    tasks.construct,
+                    action.recipe,
+                    *deps,
+                    key=action.key,
+                    priority=CONSTRUCT_PRIORITY,
+                    retries=1,
+                )
+            elif isinstance(action, Release):
+                for key in action.keys:
+                    fut = job.futures.pop(key, None)
+                    if fut is not None:
+                        fut.release()

@@ -1,0 +1,163 @@
+"""The source protocol, file listing through fsspec, and the two entry points workers call."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import fsspec
+import numpy as np
+from fsspec.core import url_to_fs
+
+from ..errors import SourceError
+from ..plan import SourceSpec
+from .ids import MAX_FILES
+
+_GLOB_CHARS = set("*?[")
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What discovery found for one source: its files and read units, in a fixed order.
+
+    ``units`` is an int64 array of rows ``(file index, start, stop)``. ``rows`` holds the number
+    of records per unit where the format knows it up front (Parquet), else -1.
+    """
+
+    source: str
+    files: tuple[str, ...]
+    units: np.ndarray
+    rows: np.ndarray
+    total_bytes: int = 0
+
+    @property
+    def num_units(self) -> int:
+        return len(self.units)
+
+
+@dataclass
+class RawRecords:
+    """Texts of one read unit in file order, with their offsets and the records that failed."""
+
+    texts: list[str]
+    offsets: np.ndarray
+    bad: list[tuple[int, str]] = field(default_factory=list)
+
+
+class SourceFormat(Protocol):
+    """A file format. Implementations are stateless; one module per format."""
+
+    name: str
+    extensions: tuple[str, ...]
+
+    def units(
+        self,
+        spec: SourceSpec,
+        fs: Any,
+        files: list[str],
+        sizes: list[int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Split files into read units; check each file (schema, footer) on the way."""
+
+    def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
+        """Read one unit; a bad record goes to ``bad`` with its offset and reason."""
+
+
+def _formats() -> Mapping[str, SourceFormat]:
+    from . import jsonl, parquet
+
+    formats: dict[str, SourceFormat] = {"jsonl": jsonl.FORMAT, "parquet": parquet.FORMAT}
+    return formats
+
+
+def get_format(name: str) -> SourceFormat:
+    return _formats()[name]
+
+
+def filesystem(spec: SourceSpec, url: str) -> tuple[Any, str]:
+    try:
+        return url_to_fs(url, **dict(spec.storage_options))
+    except (ImportError, ValueError) as exc:
+        raise SourceError(f"source {spec.name!r}: cannot open {url!r}: {exc}") from None
+
+
+def list_files(spec: SourceSpec, fmt: SourceFormat) -> tuple[Any, list[str], list[int]]:
+    """Resolve the source's paths and globs to a sorted list of files and their sizes."""
+    found: dict[str, int] = {}
+    fs = None
+    for url in spec.paths:
+        fs, path = filesystem(spec, url)
+        try:
+            if _GLOB_CHARS & set(path):
+                hits = fs.glob(path, detail=True)
+                if not hits:
+                    raise SourceError(f"source {spec.name!r}: glob {url!r} matched no files")
+                infos = list(hits.values())
+            else:
+                info = fs.info(path)
+                if info["type"] == "directory":
+                    infos = [
+                        i
+                        for i in fs.ls(path, detail=True)
+                        if i["type"] == "file" and i["name"].endswith(fmt.extensions)
+                    ]
+                    if not infos:
+                        raise SourceError(
+                            f"source {spec.name!r}: folder {url!r} holds no "
+                            f"{'/'.join(fmt.extensions)} files"
+                        )
+                else:
+                    infos = [info]
+        except FileNotFoundError:
+            raise SourceError(f"source {spec.name!r}: path {url!r} does not exist") from None
+        except SourceError:
+            raise
+        except Exception as exc:  # network, permissions, bad credentials: name them all
+            raise SourceError(
+                f"source {spec.name!r}: cannot list {url!r}: {type(exc).__name__}: {exc}"
+            ) from None
+        for info in infos:
+            if info.get("type", "file") == "file":
+                found[fs.unstrip_protocol(info["name"])] = int(info.get("size") or 0)
+    files = sorted(found)
+    if len(files) > MAX_FILES:
+        raise SourceError(
+            f"source {spec.name!r}: {len(files)} files; at most {MAX_FILES} per source "
+            "(split it into several sources)"
+        )
+    return fs, files, [found[f] for f in files]
+
+
+def discover_source(spec: SourceSpec) -> Catalog:
+    """List a source's files and split them into read units (runs on a worker)."""
+    fmt = get_format(spec.format)
+    fs, files, sizes = list_files(spec, fmt)
+    units, rows = fmt.units(spec, fs, files, sizes)
+    return Catalog(
+        source=spec.name, files=tuple(files), units=units, rows=rows, total_bytes=int(sum(sizes))
+    )
+
+
+def read_unit_records(spec: SourceSpec, file_url: str, start: int, stop: int) -> RawRecords:
+    """Read one unit of one file; errors that are not about a single record raise SourceError."""
+    fmt = get_format(spec.format)
+    fs, path = filesystem(spec, file_url)
+    try:
+        return fmt.read(spec, fs, path, start, stop)
+    except SourceError:
+        raise
+    except FileNotFoundError:
+        raise SourceError(f"source {spec.name!r}: file {file_url!r} disappeared") from None
+    except Exception as exc:
+        raise SourceError(
+            f"source {spec.name!r}: file {file_url!r}, unit [{start}, {stop}): "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
+def open_file(fs: Any, path: str, compression: str | None = None) -> Any:
+    """Open for reading without read-ahead beyond what is asked (ranges are read exactly)."""
+    if compression:
+        return fsspec.core.OpenFile(fs, path, mode="rb", compression=compression).open()
+    return fs.open(path, "rb", cache_type="none")

@@ -1,0 +1,175 @@
+"""JSON Lines: one JSON object per line, plain or compressed (.gz, .zst, .bz2, .xz).
+
+Plain files are split into byte ranges of ``unit_bytes``. A unit ``[start, stop)`` owns every
+line whose first byte ``s`` satisfies ``start < s <= stop`` (and the line at 0 for the first
+unit), so neighbouring units never share or drop a line::
+
+    bytes   0         10        20        30
+    lines   |aaaaaa\\n|bbbbbbbbbbbbbb\\n|cc\\n|ddd\\n
+    units   [0 ...... 16)  [16 ....... 32)
+    unit 0 reads a, b (b starts at 7 <= 16); unit 1 reads c (starts at 22) and d.
+
+Compressed files cannot be entered in the middle, so each is one unit. A record's offset (and
+so its sample id) is the byte offset of its line, in the decompressed stream where compressed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from fsspec.utils import infer_compression
+
+from ..errors import SourceError
+from ..plan import SourceSpec
+from .base import RawRecords, open_file
+from .ids import MAX_OFFSET
+
+_TAIL_CHUNK = 1 << 16
+
+
+class JsonLines:
+    name: str = "jsonl"
+    extensions: tuple[str, ...] = (
+        ".jsonl",
+        ".json",
+        ".ndjson",
+        ".jsonl.gz",
+        ".jsonl.zst",
+        ".jsonl.bz2",
+        ".jsonl.xz",
+        ".json.gz",
+        ".json.zst",
+        ".ndjson.gz",
+        ".ndjson.zst",
+    )
+
+    def units(
+        self,
+        spec: SourceSpec,
+        fs: Any,
+        files: list[str],
+        sizes: list[int],
+    ) -> tuple[np.ndarray, np.ndarray]:
+        rows: list[tuple[int, int, int]] = []
+        for i, (url, size) in enumerate(zip(files, sizes, strict=True)):
+            if infer_compression(url):
+                rows.append((i, 0, -1))
+                continue
+            if size >= MAX_OFFSET:
+                raise SourceError(
+                    f"source {spec.name!r}: file {url!r} is {size} bytes; at most "
+                    f"{MAX_OFFSET - 1} per JSON Lines file (split the file)"
+                )
+            rows.extend(
+                (i, lo, min(lo + spec.unit_bytes, size)) for lo in range(0, size, spec.unit_bytes)
+            )
+        self._check_first_record(spec, fs, files)
+        units = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        return units, np.full(len(units), -1, dtype=np.int64)
+
+    def _check_first_record(self, spec: SourceSpec, fs: Any, files: list[str]) -> None:
+        """Fail at start-up if the first record of the first file lacks the text field."""
+        if not files:
+            return
+        path = fs._strip_protocol(files[0])
+        with open_file(fs, path, infer_compression(files[0])) as f:
+            first = _read_to_newline(f, b"")
+        if not first.strip():
+            return
+        try:
+            record = json.loads(first)
+        except ValueError as exc:
+            raise SourceError(
+                f"source {spec.name!r}: file {files[0]!r}: first line is not JSON ({exc})"
+            ) from None
+        if not isinstance(record, dict) or spec.text not in record:
+            keys = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
+            raise SourceError(
+                f"source {spec.name!r}: file {files[0]!r}: first record has no field "
+                f"{spec.text!r} (has: {keys}); set sources[].text"
+            )
+
+    def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
+        url = fs.unstrip_protocol(path)
+        compression = infer_compression(path)
+        if stop < 0:
+            with open_file(fs, path, compression) as f:
+                data = f.read()
+            base, line_starts = 0, _line_starts(data, 0, len(data))
+        else:
+            with open_file(fs, path) as f:
+                f.seek(start)
+                data = f.read(stop - start)
+                data += _read_to_newline(f, data)
+            base = start
+            line_starts = _line_starts(data, start, stop)
+        return _parse(spec, url, data, base, line_starts)
+
+
+def _read_to_newline(f: Any, data: bytes) -> bytes:
+    """Bytes after ``data`` up to and including the newline that ends its last line."""
+    # Also when ``data`` ends in a newline: the line starting exactly at ``stop`` is ours.
+    tail = bytearray()
+    while True:
+        chunk = f.read(_TAIL_CHUNK)
+        if not chunk:
+            return bytes(tail)
+        cut = chunk.find(b"\n")
+        if cut >= 0:
+            tail += chunk[: cut + 1]
+            return bytes(tail)
+        tail += chunk
+
+
+def _line_starts(data: bytes, start: int, stop: int) -> np.ndarray:
+    """Offsets (into ``data``) of the lines this unit owns: file offset in (start, stop], or 0."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    starts = np.flatnonzero(buf == 10) + 1
+    starts = starts[(starts + start <= stop) & (starts < len(data))]
+    if start == 0 and len(data):
+        starts = np.concatenate([[0], starts])
+    return starts.astype(np.int64)
+
+
+def _parse(spec: SourceSpec, url: str, data: bytes, base: int, starts: np.ndarray) -> RawRecords:
+    texts: list[str] = []
+    offsets: list[int] = []
+    bad: list[tuple[int, str]] = []
+    ends = np.empty_like(starts)
+    if len(starts):
+        ends[:-1] = starts[1:]
+        nl = data.find(b"\n", int(starts[-1]))
+        ends[-1] = len(data) if nl < 0 else nl + 1
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        line = data[s:e]
+        if not line.strip():
+            continue  # blank lines are not records
+        offset = base + s
+        if offset >= MAX_OFFSET:
+            raise SourceError(
+                f"source {spec.name!r}: file {url!r}: offset {offset} is past "
+                f"{MAX_OFFSET - 1}; split the file"
+            )
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            bad.append((offset, f"malformed JSON ({exc})"))
+            continue
+        if not isinstance(record, dict):
+            bad.append((offset, f"expected a JSON object, got {type(record).__name__}"))
+            continue
+        text = record.get(spec.text)
+        if text is None:
+            bad.append((offset, f"no field {spec.text!r}"))
+            continue
+        if not isinstance(text, str):
+            bad.append((offset, f"field {spec.text!r} is {type(text).__name__}, not a string"))
+            continue
+        texts.append(text)
+        offsets.append(offset)
+    return RawRecords(texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad)
+
+
+FORMAT = JsonLines()

@@ -1,0 +1,199 @@
+"""One source's sample stream: unit order per epoch, row order per unit, and the read cursor.
+
+The stream of source s in epoch e is fixed by the seed alone::
+
+    units in epoch e    = permutation of the catalog's units   (seed, source name, e)
+    rows in unit u      = permutation of its records            (seed, source name, e, u)
+    stream              = rows of unit order[0], then of order[1], ... then epoch e + 1
+
+The cursor ``(epoch, position, row)`` is the whole consumption state. Record counts per unit
+are learned when the unit's read task reports, so the stream is only known up to the first unit
+that has not reported yet; :meth:`SourceStream.candidates` says how far it is known.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import JobError
+from .plan import SourceSpec
+from .sources import Catalog
+
+__all__ = ["SourceStream", "Unit", "UnitRef"]
+
+UnitRef = tuple[int, int]  # (epoch, position in that epoch's unit order)
+
+
+@dataclass
+class Unit:
+    """A submitted read unit; ``lengths``/``order`` arrive with its read task's report."""
+
+    key: str
+    epoch: int
+    position: int
+    catalog_index: int
+    lengths: np.ndarray | None = None
+    order: np.ndarray | None = None
+    skipped: int = 0
+
+
+@dataclass
+class Candidates:
+    """Upcoming documents of one source: effective lengths and where each one lives."""
+
+    lengths: np.ndarray
+    raw: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # before the cap
+    units: list[Unit] = field(default_factory=list)
+    unit_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    row_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    waiting: bool = False  # stopped at a unit whose report has not arrived
+
+
+class SourceStream:
+    """Cursor and in-flight units of one source (pure; keys are made by the coordinator)."""
+
+    def __init__(self, index: int, spec: SourceSpec, catalog: Catalog, seed: int) -> None:
+        if catalog.num_units == 0:
+            raise JobError(f"source {spec.name!r}: its files hold no data (0 read units)")
+        self.index = index
+        self.spec = spec
+        self.catalog = catalog
+        self.seed = seed
+        self._name_hash = zlib.crc32(spec.name.encode())
+        self._orders: dict[int, np.ndarray] = {}
+        self.epoch = 0
+        self.position = 0
+        self.row = 0
+        self.next_submit: UnitRef = (0, 0)
+        self.units: dict[UnitRef, Unit] = {}
+        self.docs = 0
+        self.tokens = 0
+        self.skipped = 0
+        self.truncated_tokens = 0
+
+    # -- order -------------------------------------------------------------------------------
+    def unit_order(self, epoch: int) -> np.ndarray:
+        order = self._orders.get(epoch)
+        if order is None:
+            rng = np.random.default_rng([self.seed, self._name_hash, epoch])
+            order = rng.permutation(self.catalog.num_units)
+            self._orders = {e: o for e, o in self._orders.items() if e >= self.epoch}
+            self._orders[epoch] = order
+        return order
+
+    def row_order(self, unit: Unit, count: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, self._name_hash, unit.epoch, unit.catalog_index])
+        return rng.permutation(count)
+
+    def successor(self, ref: UnitRef) -> UnitRef:
+        epoch, pos = ref
+        return (epoch, pos + 1) if pos + 1 < self.catalog.num_units else (epoch + 1, 0)
+
+    def catalog_index(self, ref: UnitRef) -> int:
+        return int(self.unit_order(ref[0])[ref[1]])
+
+    # -- reading -----------------------------------------------------------------------------
+    def submitted_ahead(self) -> int:
+        """Units submitted from the cursor's unit on (the read-ahead window in use)."""
+        return sum(1 for ref in self.units if ref >= (self.epoch, self.position))
+
+    def report(self, ref: UnitRef, lengths: np.ndarray, skipped: int) -> bool:
+        """A read task reported; returns False if the unit is no longer tracked."""
+        unit = self.units.get(ref)
+        if unit is None or unit.lengths is not None:
+            return False
+        unit.lengths = np.asarray(lengths, dtype=np.int64)
+        unit.order = self.row_order(unit, len(unit.lengths))
+        unit.skipped = skipped
+        return True
+
+    # -- drawing -----------------------------------------------------------------------------
+    def candidates(self, cap: int, want_tokens: int, want_docs: int) -> Candidates:
+        """Known upcoming documents, at least ``want_*`` of them if known that far."""
+        parts: list[np.ndarray] = []
+        raw_parts: list[np.ndarray] = []
+        unit_parts: list[np.ndarray] = []
+        row_parts: list[np.ndarray] = []
+        units: list[Unit] = []
+        tokens = docs = 0
+        ref, row = (self.epoch, self.position), self.row
+        waiting = False
+        empty_run = 0
+        while tokens < want_tokens or docs < want_docs:
+            unit = self.units.get(ref)
+            if unit is None or unit.lengths is None:
+                waiting = True
+                break
+            rows = unit.order[row:]  # type: ignore[index]
+            if len(rows):
+                empty_run = 0
+                raw = unit.lengths[rows]
+                lengths = np.minimum(raw, cap)
+                parts.append(lengths)
+                raw_parts.append(raw)
+                unit_parts.append(np.full(len(rows), len(units), np.int64))
+                row_parts.append(np.arange(row, row + len(rows), dtype=np.int64))
+                tokens += int(lengths.sum())
+                docs += len(rows)
+            else:
+                empty_run += 1
+                if empty_run > self.catalog.num_units:
+                    raise JobError(f"source {self.spec.name!r}: a whole epoch held no records")
+            units.append(unit)
+            ref, row = self.successor(ref), 0
+        if not parts:
+            return Candidates(np.zeros(0, np.int64), np.zeros(0, np.int64), units, waiting=waiting)
+        return Candidates(
+            np.concatenate(parts),
+            np.concatenate(raw_parts),
+            units,
+            np.concatenate(unit_parts),
+            np.concatenate(row_parts),
+            waiting,
+        )
+
+    def first_unknown(self) -> UnitRef:
+        """The first unit from the cursor on whose report is missing."""
+        ref = (self.epoch, self.position)
+        while (unit := self.units.get(ref)) is not None and unit.lengths is not None:
+            ref = self.successor(ref)
+        return ref
+
+    def consume(self, cands: Candidates, count: int) -> list[Unit]:
+        """Move the cursor past the first ``count`` candidates; return units now finished."""
+        if count == 0:
+            return []
+        last = count - 1
+        unit = cands.units[int(cands.unit_of[last])]
+        row = int(cands.row_of[last]) + 1
+        kept = int(cands.lengths[:count].sum())
+        self.truncated_tokens += int(cands.raw[:count].sum()) - kept
+        self.docs += count
+        self.tokens += kept
+        finished = []
+        ref = (self.epoch, self.position)
+        while ref != (unit.epoch, unit.position):
+            finished.append(self.units.pop(ref))
+            ref = self.successor(ref)
+        if row >= len(unit.lengths):  # type: ignore[arg-type]
+            finished.append(self.units.pop(ref))
+            ref, row = self.successor(ref), 0
+        self.epoch, self.position = ref
+        self.row = row
+        # Skipped records count once per epoch, when the cursor has passed their unit.
+        self.skipped += sum(u.skipped for u in finished)
+        return finished
+
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "row": self.row,
+            "docs": self.docs,
+            "tokens": self.tokens,
+            "skipped": self.skipped,
+            "truncated_tokens": self.truncated_tokens,
+        }

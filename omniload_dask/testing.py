@@ -1,0 +1,150 @@
+"""Helpers for tests and benchmarks: run the data plane without Dask, compare streams.
+
+:class:`InlineDataPlane` drives the real :class:`Coordinator` with the real worker functions,
+called inline in this process in a chosen order. It produces the reference stream a cluster
+must reproduce bit for bit, and lets tests shuffle the order in which reads report to show that
+timing never changes the result.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from . import tasks
+from .batches import GroupBatch, Shard
+from .coordinator import Coordinator, Release, SubmitConstruct, SubmitRead
+from .errors import JobError, OmniloadError
+from .plan import Plan
+
+__all__ = ["InlineDataPlane", "assert_batches_equal", "batch_digest"]
+
+
+class InlineDataPlane:
+    """The coordinator plus inline execution of its actions (no cluster, no threads)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        run_id: str = "inline",
+        start_step: int = 0,
+        shuffle_reports: int | None = None,
+    ) -> None:
+        self.plan = plan
+        catalogs = [tasks.discover(spec) for spec in plan.sources]
+        self.coord = Coordinator(plan, catalogs, run_id, start_step=start_step)
+        self.shards: dict[str, Shard] = {}
+        self.batches: dict[str, GroupBatch] = {}
+        self._pending: list[Any] = []
+        self._rng = random.Random(shuffle_reports) if shuffle_reports is not None else None
+        self.reads = 0
+
+    def _run(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, SubmitRead):
+                self._pending.append(action.read)
+            elif isinstance(action, SubmitConstruct):
+                shards = [self._shard(r) for r in action.reads]
+                self.batches[action.key] = tasks.construct(action.recipe, *shards)
+            elif isinstance(action, Release):
+                for key in action.keys:
+                    self.shards.pop(key, None)
+
+    def _shard(self, read: Any) -> Shard:
+        shard = self.shards.get(read.key)
+        if shard is None:
+            shard = self._read(read)
+        return shard
+
+    def _read(self, read: Any) -> Shard:
+        spec = self.plan.sources[read.source]
+        shard = tasks.read_unit(
+            spec,
+            read.source,
+            self.plan.tokenizer,
+            self.plan.on_error,
+            read.file_index,
+            read.file_url,
+            read.start,
+            read.stop,
+        )
+        self.reads += 1
+        self.shards[read.key] = shard
+        return shard
+
+    def _settle(self) -> None:
+        """Run pending reads (in shuffled order if asked) until nothing is left to do."""
+        while True:
+            self._run(self.coord.advance())
+            if not self._pending:
+                if self.coord.error:
+                    raise JobError(self.coord.error)
+                return
+            if self._rng is not None:
+                self._rng.shuffle(self._pending)
+            read = self._pending.pop()
+            try:
+                shard = self._read(read)
+            except OmniloadError as exc:  # what the plugin does with an erred read task
+                self.coord.on_failure(read.key, str(exc))
+                continue
+            self.coord.on_report(read.key, shard.lengths, shard.skipped)
+
+    def step(self, step: int, ranks: list[int] | None = None) -> dict[int, GroupBatch]:
+        """The batches of ``step`` for every DP group (every rank asks for one step)."""
+        ranks = list(range(self.plan.layout.world_size)) if ranks is None else ranks
+        for rank in ranks:
+            self.coord.on_request(rank, step, 1)
+        out: dict[int, GroupBatch] = {}
+        for _ in range(10_000):
+            self._settle()
+            done = True
+            for rank in ranks:
+                key = self.coord.batch_for(rank, step)
+                group = self.plan.layout.coords(rank)["dp"]
+                if key is None:
+                    done = False
+                    continue
+                self._run(self.coord.advance())
+                if key in self.batches:
+                    out[group] = self.batches[key]
+                else:
+                    done = False
+            if done:
+                return out
+        raise RuntimeError(f"step {step} never completed")
+
+    def stream(self, steps: int, start: int = 0) -> Iterator[tuple[int, dict[int, GroupBatch]]]:
+        for t in range(start, start + steps):
+            yield t, self.step(t)
+
+
+def batch_digest(batch: GroupBatch) -> list[tuple[int, ...]]:
+    """A comparable summary: every micro-batch's tokens and provenance as tuples."""
+    out = []
+    for mb in batch.micro_batches:
+        out.append(
+            tuple(np.asarray(mb["input_ids"]).tolist())
+            + tuple(np.asarray(mb["doc_id"]).tolist())
+            + tuple(np.asarray(mb["cu_seqlens"]).tolist())
+        )
+    return out
+
+
+def assert_batches_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Micro-batches (numpy or torch) are identical in every array and field."""
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    for key in a:
+        x, y = a[key], b[key]
+        if hasattr(x, "numpy"):
+            x = x.numpy()
+        if hasattr(y, "numpy"):
+            y = y.numpy()
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), key
+        else:
+            assert x == y, (key, x, y)

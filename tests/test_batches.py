@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import numpy as np
+
+from omniload_dask.batches import IGNORE_INDEX, Recipe, Shard, build
+
+
+def shard(source: int, docs: list[list[int]]) -> Shard:
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    tokens = np.asarray([t for d in docs for t in d], dtype=np.uint32)
+    return Shard(
+        source=source,
+        tokens=tokens,
+        offsets=offsets,
+        sample_ids=np.arange(len(docs), dtype=np.int64) + 100 * source,
+    )
+
+
+def test_packed_layout_matches_the_worked_example():
+    s = shard(0, [[5, 6, 7], [8, 9]])
+    pieces = np.array([[0, 0, 0, 0, 3], [0, 0, 1, 0, 2]])
+    mb = build(
+        Recipe(step=3, group=1, num_micro_steps=1, pieces=pieces, seq_len=8, slot_epochs=(2,)), [s]
+    ).micro_batches[0]
+    assert mb["input_ids"].tolist() == [5, 6, 7, 8, 9]
+    assert mb["labels"].tolist() == [6, 7, IGNORE_INDEX, 9, IGNORE_INDEX]
+    assert mb["position_ids"].tolist() == [0, 1, 2, 0, 1]
+    assert mb["cu_seqlens"].tolist() == [0, 3, 5] and mb["cu_seqlens"].dtype == np.int32
+    assert mb["max_seqlen"] == 3 and mb["num_tokens"] == 5
+    assert mb["doc_id"].tolist() == [0, 1] and mb["doc_epoch"].tolist() == [2, 2]
+    assert (mb["step"], mb["micro_step"], mb["num_micro_steps"], mb["dp_rank"]) == (3, 0, 1, 1)
+    assert mb["input_ids"].dtype == np.int64
+
+
+def test_pieces_of_a_split_document_and_padding():
+    a, b = shard(0, [[1, 2, 3, 4, 5, 6]]), shard(1, [[7, 8]])
+    pieces = np.array([[0, 0, 0, 0, 4], [1, 0, 0, 4, 6], [1, 1, 0, 0, 2]])
+    batch = build(
+        Recipe(
+            step=0,
+            group=0,
+            num_micro_steps=2,
+            pieces=pieces,
+            seq_len=4,
+            pad_to_seq_len=True,
+            pad_id=99,
+        ),
+        [a, b],
+    )
+    first, second = batch.micro_batches
+    assert first["input_ids"].tolist() == [1, 2, 3, 4]
+    assert second["input_ids"].tolist() == [5, 6, 7, 8]
+    assert second["doc_offset"].tolist() == [4, 0]
+    assert second["doc_source"].tolist() == [0, 1]
+    assert second["doc_id"].tolist() == [0, 100]
+    empty = build(
+        Recipe(
+            step=0,
+            group=0,
+            num_micro_steps=1,
+            pieces=np.zeros((0, 5), int),
+            seq_len=4,
+            pad_to_seq_len=True,
+            pad_id=99,
+        ),
+        [],
+    )
+    mb = empty.micro_batches[0]
+    assert mb["input_ids"].tolist() == [99] * 4 and mb["num_tokens"] == 0
+    assert mb["labels"].tolist() == [IGNORE_INDEX] * 4

@@ -1,0 +1,315 @@
+"""End to end on a real LocalCluster with worker processes (TCP, serialization, spawn)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed import Client
+
+from omniload_dask import Job, JobError, SourceError, TokenizerError, local_cluster
+from omniload_dask.plan import parse_plan
+from omniload_dask.testing import InlineDataPlane, assert_batches_equal
+
+from .conftest import make_plan
+from .datagen import plan_dict, texts, write_jsonl
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(2, dashboard_address=None) as c:
+        yield c
+
+
+def reference(plan, steps=STEPS):
+    """Per rank, the micro-batches an in-process data plane produces (numpy)."""
+    plane = InlineDataPlane(plan)
+    out = {r: [] for r in range(plan.layout.world_size)}
+    for _, batches in plane.stream(steps):
+        for r in out:
+            g = plan.layout.coords(r)["dp"]
+            out[r] += batches[g].micro_batches
+    return out
+
+
+def collect(job: Job, steps=STEPS, **kw):
+    out = {}
+    for r in range(job.plan.layout.world_size):
+        with job.feeder(rank=r, max_steps=steps, output="numpy", **kw) as f:
+            out[r] = list(f)
+    return out
+
+
+def assert_same(ref, got):
+    assert set(ref) == set(got)
+    for r in ref:
+        assert len(ref[r]) == len(got[r])
+        for a, b in zip(ref[r], got[r], strict=True):
+            b = {k: v for k, v in b.items() if k != "doc_source_name"}
+            assert_batches_equal(a, b)
+
+
+@pytest.mark.parametrize(("workers", "prefetch"), [(1, 1), (3, 3)])
+def test_batches_are_bit_identical_for_any_worker_count_and_prefetch(small_plan, workers, prefetch):
+    ref = reference(small_plan)
+    with Job.start(small_plan, workers=workers, dashboard_address=None) as job:
+        assert job.stats()["workers"] == workers
+        got = collect(job, prefetch=prefetch)
+    assert_same(ref, got)
+
+
+def test_every_sample_goes_to_exactly_one_rank_once(small_sources, cluster):
+    plan = make_plan(
+        small_sources, name="once", batch={"seq_len": 128, "global_tokens": 1024}, layout={"dp": 3}
+    )
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        feeders = [job.feeder(dp_rank=r, output="numpy") for r in range(3)]
+        seen: dict[tuple[int, int], int] = {}
+        rolled: set[int] = set()  # sources seen in epoch 1: their epoch 0 is complete
+        while len(rolled) < len(plan.sources):
+            for r, f in enumerate(feeders):
+                for mb in next(f.steps()):
+                    for d, e, o, s in zip(
+                        mb["doc_id"],
+                        mb["doc_epoch"],
+                        mb["doc_offset"],
+                        mb["doc_source"],
+                        strict=True,
+                    ):
+                        if e == 0:
+                            assert (int(d), int(o)) not in seen, "delivered twice"
+                            seen[(int(d), int(o))] = r
+                        else:
+                            rolled.add(int(s))
+        job.stop()
+    expected = set()
+    plane = InlineDataPlane(plan)
+    for stream in plane.coord.streams:
+        from omniload_dask.sources import encode_sample_ids, read_unit_records
+
+        cat = stream.catalog
+        for f, lo, hi in cat.units.tolist():
+            rec = read_unit_records(stream.spec, cat.files[f], lo, hi)
+            expected |= set(encode_sample_ids(stream.index, f, rec.offsets).tolist())
+    assert {d for d, _ in seen} == expected
+
+
+def test_feeder_state_dict_resumes_exactly(small_sources, cluster):
+    plan = make_plan(small_sources, name="resume")
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        first = job.feeder(dp_rank=1, output="numpy")
+        others = [job.feeder(rank=r, output="numpy") for r in (0,)]
+        for _ in range(5):
+            next(others[0].steps())
+        for _ in range(7):
+            next(first)
+        state = first.state_dict()
+        assert state["step"] >= 2 and state["micro_step"] >= 0
+        expected = [next(first) for _ in range(6)]
+        first.close()
+        again = job.feeder(dp_rank=1, output="numpy")
+        again.load_state_dict(state)
+        got = [next(again) for _ in range(6)]
+        for a, b in zip(expected, got, strict=True):
+            assert_batches_equal(a, b)
+        with pytest.raises(JobError, match="unknown state version"):
+            again.load_state_dict({**state, "version": 99})
+        job.stop()
+
+
+def test_feeder_is_a_torch_iterable_dataset(small_sources, cluster):
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    plan = make_plan(small_sources, name="torchds", layout={"dp": 1})
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        ds = job.feeder(dp_rank=0, max_steps=3).as_torch_dataset()
+        assert isinstance(ds, IterableDataset)
+        items = list(DataLoader(ds, batch_size=None))
+        assert len(items) == 3 * items[0]["num_micro_steps"]
+        mb = items[0]
+        assert mb["input_ids"].dtype == torch.int64 and mb["cu_seqlens"].dtype == torch.int32
+        assert mb["input_ids"].shape == mb["labels"].shape == mb["position_ids"].shape
+        job.stop()
+
+
+def test_start_is_idempotent_and_a_different_plan_under_the_same_name_is_refused(
+    small_sources, cluster
+):
+    plan = make_plan(small_sources, name="idem")
+    with Client(cluster) as client:
+        a = Job.start(plan, client=client)
+        b = Job.start(plan, client=client)
+        assert a.info["run_id"] == b.info["run_id"]
+        other = make_plan(small_sources, name="idem", seed=99)
+        with pytest.raises(JobError, match="already runs with another plan"):
+            Job.start(other, client=client)
+        a.stop()
+        with pytest.raises(JobError, match="no omniload job named 'idem'"):
+            a.stats()
+
+
+def test_bad_input_fails_at_start_up_with_a_clear_error(tmp_path, cluster):
+    write_jsonl(tmp_path / "a.jsonl", texts(10))
+    good = {"name": "a", "format": "jsonl", "path": str(tmp_path / "a.jsonl")}
+    with Client(cluster) as client:
+        missing = parse_plan(
+            plan_dict([good, {**good, "name": "b", "path": str(tmp_path / "none/*.jsonl")}])
+        )
+        with pytest.raises(SourceError, match=r"source 'b': glob .* matched no files"):
+            Job.start(missing, client=client)
+        tok = parse_plan(
+            plan_dict(
+                [good],
+                tokenizer={
+                    "kind": "huggingface",
+                    "path": str(tmp_path / "tok.json"),
+                    "add_bos": False,
+                    "add_eos": False,
+                },
+            )
+        )
+        with pytest.raises(TokenizerError, match="does not exist"):
+            Job.start(tok, client=client)
+        assert list(client.sync(client.scheduler.omniload_jobs)) == []
+
+
+def test_a_bad_record_mid_stream_fails_the_feeder_with_the_file_and_offset(tmp_path, cluster):
+    write_jsonl(tmp_path / "a.jsonl", texts(200), raw_lines={150: "{oops"})
+    plan = parse_plan(
+        plan_dict(
+            [
+                {
+                    "name": "a",
+                    "format": "jsonl",
+                    "unit_bytes": 2048,
+                    "path": str(tmp_path / "a.jsonl"),
+                }
+            ],
+            name="midstream",
+            layout={"dp": 1},
+            loader={"read_retries": 0},
+        )
+    )
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        feeder = job.feeder(dp_rank=0)
+        with pytest.raises(
+            JobError,
+            match=r"failed: .*source 'a': file '.*a.jsonl': record at "
+            r"offset \d+: malformed JSON",
+        ):
+            for _ in feeder:
+                pass
+        job.stop()
+
+
+FEEDER_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from omniload_dask import Feeder
+    feeder = Feeder("attach", address=sys.argv[1], dp_rank=int(sys.argv[2]), max_steps=4,
+                    output="numpy")
+    print(json.dumps([mb["input_ids"].tolist() for mb in feeder]))
+    feeder.close()
+""")
+
+
+def test_feeders_in_other_processes_attach_by_address(small_sources, cluster, tmp_path):
+    import json
+
+    plan = make_plan(small_sources, name="attach")
+    ref = reference(plan, steps=4)
+    job = Job.start(plan, address=cluster.scheduler_address)
+    try:
+        procs = [
+            subprocess.run(
+                [sys.executable, "-c", FEEDER_SCRIPT, cluster.scheduler_address, str(r)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            for r in range(2)
+        ]
+        for r, proc in enumerate(procs):
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            got = json.loads(proc.stdout.strip().splitlines()[-1])
+            assert got == [mb["input_ids"].tolist() for mb in ref[r]]
+    finally:
+        job.stop()
+        job.close()
+
+
+def test_plugin_preloaded_on_a_dask_scheduler(small_sources, tmp_path):
+    import os
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "DASK_DISTRIBUTED__DASHBOARD__EXPORT_TOOL": "False"}
+    sched = subprocess.Popen(
+        [
+            str(bindir / "dask"),
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-dashboard",
+            "--preload",
+            "omniload_dask.preload",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    worker = subprocess.Popen(
+        [str(bindir / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 60
+        client = None
+        while client is None:
+            try:
+                client = Client(address, timeout=5)
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        client.wait_for_workers(1, timeout=60)
+        assert client.run_on_scheduler(lambda dask_scheduler: "omniload" in dask_scheduler.plugins)
+        assert list(client.sync(client.scheduler.omniload_jobs)) == []
+        plan = make_plan(small_sources, name="preloaded", layout={"dp": 1})
+        job = Job.start(plan, client=client)
+        batch = next(job.feeder(dp_rank=0, output="numpy"))
+        assert batch["num_tokens"] > 0
+        job.stop()
+        client.close()
+    finally:
+        worker.terminate()
+        sched.terminate()
+        worker.wait(30)
+        sched.wait(30)
+
+
+def test_input_ids_cover_the_token_budget(small_plan):
+    ref = reference(small_plan, steps=3)
+    total = sum(int(mb["num_tokens"]) for r in ref for mb in ref[r])
+    assert total <= 3 * small_plan.batch.global_tokens
+    assert total > 0.5 * 3 * small_plan.batch.global_tokens
+    assert all(np.all(mb["input_ids"] < 258) for r in ref for mb in ref[r])

@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omniload_dask import SourceError
+from omniload_dask.plan import SourceSpec
+from omniload_dask.sources import decode_sample_id, discover_source, read_unit_records
+from omniload_dask.sources.ids import encode_sample_ids
+
+from .datagen import texts, write_jsonl, write_parquet
+
+
+def spec(path: str, fmt: str = "jsonl", **kw: object) -> SourceSpec:
+    return SourceSpec(name="s", format=fmt, paths=(path,), weight=1.0, **kw)  # type: ignore[arg-type]
+
+
+def read_all(sp: SourceSpec) -> tuple[list[str], list[int], list]:
+    cat = discover_source(sp)
+    out_texts, out_offsets, bad = [], [], []
+    for f, lo, hi in cat.units.tolist():
+        rec = read_unit_records(sp, cat.files[f], lo, hi)
+        out_texts += rec.texts
+        out_offsets += rec.offsets.tolist()
+        bad += rec.bad
+    return out_texts, out_offsets, bad
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 60), min_size=0, max_size=40),
+    unit=st.integers(1, 200),
+    blank_every=st.integers(0, 5),
+)
+def test_jsonl_byte_ranges_cover_every_line_exactly_once(
+    tmp_path_factory, lengths, unit, blank_every
+):
+    tmp = tmp_path_factory.mktemp("j")
+    docs = ["x" * n + str(i) for i, n in enumerate(lengths)]
+    lines = []
+    for i, d in enumerate(docs):
+        if blank_every and i % blank_every == 0:
+            lines.append("")  # blank lines are not records
+        lines.append(json.dumps({"text": d}))
+    (tmp / "f.jsonl").write_text("\n".join(lines) + ("\n" if lines else ""))
+    got, offsets, bad = read_all(spec(str(tmp / "f.jsonl"), unit_bytes=unit))
+    assert got == docs
+    assert bad == []
+    assert len(set(offsets)) == len(offsets)
+    raw = (tmp / "f.jsonl").read_bytes()
+    for text, off in zip(got, offsets, strict=True):
+        assert json.loads(raw[off:].split(b"\n", 1)[0])["text"] == text
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "zstd"])
+def test_jsonl_reads_plain_and_compressed(tmp_path, compression):
+    docs = texts(30)
+    ext = {None: "", "gzip": ".gz", "zstd": ".zst"}[compression]
+    write_jsonl(tmp_path / f"a.jsonl{ext}", docs, compression=compression)
+    got, offsets, _ = read_all(spec(str(tmp_path / "*.jsonl*"), unit_bytes=64))
+    assert got == docs
+    assert offsets == sorted(offsets)
+
+
+def test_parquet_units_are_row_groups_and_offsets_are_row_numbers(tmp_path):
+    docs = texts(50)
+    write_parquet(tmp_path / "a.parquet", docs, row_group_size=16)
+    sp = spec(str(tmp_path / "a.parquet"), fmt="parquet")
+    cat = discover_source(sp)
+    assert cat.units.tolist() == [[0, 0, 1], [0, 1, 2], [0, 2, 3], [0, 3, 4]]
+    assert cat.rows.tolist() == [16, 16, 16, 2]
+    got, offsets, _ = read_all(sp)
+    assert got == docs and offsets == list(range(50))
+
+
+def test_sample_ids_round_trip():
+    ids = encode_sample_ids(1023, 262143, np.array([0, 2**35 - 1]))
+    assert decode_sample_id(int(ids[0])) == (1023, 262143, 0)
+    assert decode_sample_id(int(ids[1])) == (1023, 262143, 2**35 - 1)
+    assert (ids >= 0).all()
+
+
+def test_files_are_sorted_across_paths_and_globs(tmp_path):
+    for name in ("b.jsonl", "a.jsonl", "c.jsonl"):
+        write_jsonl(tmp_path / name, ["x"])
+    sp = SourceSpec(
+        name="s",
+        format="jsonl",
+        weight=1,
+        paths=(str(tmp_path / "c.jsonl"), str(tmp_path / "[ab].jsonl")),
+    )
+    cat = discover_source(sp)
+    assert [Path(f).name for f in cat.files] == ["a.jsonl", "b.jsonl", "c.jsonl"]
+
+
+# ------------------------------------------------------------------ bad input
+def test_missing_path_names_source_and_path(tmp_path):
+    with pytest.raises(SourceError, match=r"source 's': path '.*nope.jsonl' does not exist"):
+        discover_source(spec(str(tmp_path / "nope.jsonl")))
+
+
+def test_empty_glob_names_the_glob(tmp_path):
+    with pytest.raises(SourceError, match=r"glob '.*\*.jsonl' matched no files"):
+        discover_source(spec(str(tmp_path / "*.jsonl")))
+
+
+def test_folder_without_matching_files(tmp_path):
+    (tmp_path / "x.txt").write_text("hi")
+    with pytest.raises(SourceError, match="holds no .jsonl"):
+        discover_source(spec(str(tmp_path)))
+
+
+def test_missing_parquet_column_is_found_at_discovery(tmp_path):
+    write_parquet(tmp_path / "a.parquet", ["x"], column="body")
+    with pytest.raises(SourceError, match=r"has no column 'text' \(columns: body, n\)"):
+        discover_source(spec(str(tmp_path / "a.parquet"), fmt="parquet"))
+
+
+def test_non_string_parquet_column_is_found_at_discovery(tmp_path):
+    write_parquet(tmp_path / "a.parquet", [1, 2], column="text")
+    with pytest.raises(SourceError, match="has type int64, expected a string column"):
+        discover_source(spec(str(tmp_path / "a.parquet"), fmt="parquet"))
+
+
+def test_corrupt_parquet_names_the_file(tmp_path):
+    write_parquet(tmp_path / "good.parquet", ["x"])
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    with pytest.raises(SourceError, match=r"file '.*bad.parquet' is not a readable Parquet"):
+        discover_source(spec(str(tmp_path / "*.parquet"), fmt="parquet"))
+
+
+def test_missing_jsonl_field_in_first_record_fails_at_discovery(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", ["x"], field="body")
+    with pytest.raises(SourceError, match=r"first record has no field 'text' \(has: body, n\)"):
+        discover_source(spec(str(tmp_path / "a.jsonl")))
+
+
+def test_malformed_and_wrong_records_are_reported_with_offsets(tmp_path):
+    path = write_jsonl(
+        tmp_path / "a.jsonl",
+        ["a", "b", "c", "d", "e"],
+        raw_lines={1: "{not json", 2: '{"text": 5}', 3: '["list"]'},
+    )
+    got, _, bad = read_all(spec(str(path)))
+    assert got == ["a", "e"]
+    reasons = [r for _, r in bad]
+    assert reasons[0].startswith("malformed JSON")
+    assert reasons[1] == "field 'text' is int, not a string"
+    assert reasons[2] == "expected a JSON object, got list"
+    raw = path.read_bytes()
+    assert raw[bad[0][0] :].startswith(b"{not json")
+
+
+def test_null_parquet_values_are_bad_records(tmp_path):
+    write_parquet(tmp_path / "a.parquet", ["a", None, "c"])
+    got, _, bad = read_all(spec(str(tmp_path / "a.parquet"), fmt="parquet"))
+    assert got == ["a", "c"] and bad == [(1, "column 'text' is null")]
+
+
+def test_unknown_protocol_is_a_source_error():
+    with pytest.raises(SourceError, match="cannot open"):
+        discover_source(spec("nosuchproto://bucket/x.jsonl"))
+
+
+def test_memory_filesystem_works(tmp_path):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/omni/a.jsonl", b'{"text": "hello"}\n{"text": "world"}\n')
+    got, _, _ = read_all(spec("memory://omni/*.jsonl"))
+    assert got == ["hello", "world"]

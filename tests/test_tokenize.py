@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from omniload_dask import TokenizerError
+from omniload_dask.plan import TokenizerSpec
+from omniload_dask.preprocess.tokenize import add_specials, describe, tokenize
+
+
+def write_tokenizer(path) -> str:
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path.write_text(tok.to_str())
+    return str(path)
+
+
+def test_byte_tokenizer_adds_bos_and_eos():
+    tokens, offsets = tokenize(TokenizerSpec(), ["hé", "", "ab"])
+    assert tokens.tolist() == [256, 104, 195, 169, 257, 256, 257, 256, 97, 98, 257]
+    assert offsets.tolist() == [0, 5, 7, 11]
+    assert tokens.dtype == np.uint32
+
+
+def test_add_specials_without_specials_keeps_the_body():
+    body = np.array([1, 2, 3], dtype=np.uint32)
+    out, offsets = add_specials(body, np.array([2, 1]), None, None)
+    assert out.tolist() == [1, 2, 3] and offsets.tolist() == [0, 2, 3]
+    out, offsets = add_specials(body, np.array([2, 1]), None, 9)
+    assert out.tolist() == [1, 2, 9, 3, 9] and offsets.tolist() == [0, 3, 5]
+
+
+def test_huggingface_tokenizer_from_file_and_from_memory_url(tmp_path):
+    path = write_tokenizer(tmp_path / "tok.json")
+    spec = TokenizerSpec(kind="huggingface", path=path, bos="<s>", eos="</s>")
+    tokens, offsets = tokenize(spec, ["hello world", "world"])
+    assert tokens.tolist() == [1, 3, 4, 2, 1, 4, 2]
+    assert offsets.tolist() == [0, 4, 7]
+    import fsspec
+
+    fsspec.filesystem("memory").pipe("/tok/t.json", (tmp_path / "tok.json").read_bytes())
+    mem = TokenizerSpec(kind="huggingface", path="memory://tok/t.json", eos="</s>", add_bos=False)
+    assert tokenize(mem, ["hello"])[0].tolist() == [3, 2]
+    assert describe(spec) == {"vocab_size": 5, "bos_id": 1, "eos_id": 2}
+
+
+def test_unreadable_tokenizer_files_are_clear_errors(tmp_path):
+    with pytest.raises(TokenizerError, match=r"tokenizer.path: file '.*missing.json' does not"):
+        describe(
+            TokenizerSpec(
+                kind="huggingface",
+                path=str(tmp_path / "missing.json"),
+                add_bos=False,
+                add_eos=False,
+            )
+        )
+    (tmp_path / "junk.json").write_text("{not a tokenizer")
+    with pytest.raises(TokenizerError, match="is not a valid tokenizer.json"):
+        describe(
+            TokenizerSpec(
+                kind="huggingface", path=str(tmp_path / "junk.json"), add_bos=False, add_eos=False
+            )
+        )
+
+
+def test_declared_special_token_must_exist(tmp_path):
+    path = write_tokenizer(tmp_path / "tok.json")
+    with pytest.raises(TokenizerError, match=r"tokenizer.bos: token '<bos>' is not in"):
+        describe(TokenizerSpec(kind="huggingface", path=path, bos="<bos>", eos="</s>"))
