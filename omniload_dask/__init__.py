@@ -7,8 +7,11 @@ The public API::
     for micro_batch in job.feeder(dp_rank=0):
         ...
 
-Importing this package does not import torch or start anything.
+Importing this package does not import torch or distributed, nor start anything: the parts
+that need Dask (``Job``, ``Feeder``, ``OmniloadPlugin``, ``local_cluster``) load on first use.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     CheckpointError,
@@ -20,11 +23,29 @@ from .errors import (
     SourceError,
     TokenizerError,
 )
-from .feeder import Feeder
-from .job import Job, local_cluster
 from .plan import Plan, load_plan, parse_plan
-from .scheduler_plugin import OmniloadPlugin
 from .sources import decode_sample_id
+
+if TYPE_CHECKING:
+    from .feeder import Feeder
+    from .job import Job, local_cluster
+    from .scheduler_plugin import OmniloadPlugin
+
+_LAZY = {
+    "Feeder": "feeder",
+    "Job": "job",
+    "OmniloadPlugin": "scheduler_plugin",
+    "local_cluster": "job",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

@@ -87,5 +87,16 @@ def inform_desire(client: Any, keys: list[str]) -> None:
 
 
 def call(client: Any, handler: str, /, **kwargs: Any) -> Any:
-    """Call the scheduler handler ``omniload_<handler>`` from a synchronous client."""
-    return client.sync(getattr(client.scheduler, "omniload_" + handler), **kwargs)
+    """Call the scheduler handler ``omniload_<handler>`` from a synchronous client.
+
+    The reply comes back as plain data with lists (msgpack turns lists into tuples).
+    """
+    return _lists(client.sync(getattr(client.scheduler, "omniload_" + handler), **kwargs))
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    return value

@@ -1,0 +1,216 @@
+"""Delivered tokens/s through feeders vs the read+tokenize limit of plain processes.
+
+    python benchmarks/throughput.py [--quick] [--workers 2] [--ranks 4]
+
+In one run, on the same data and tokenizer:
+
+1. the limit: P plain processes (P = 1 and P = workers) that only read and tokenize every read
+   unit of the data once (the same reader and tokenizer code the loader's tasks run), no
+   mixing, packing or transport; tokens/s = all tokens / the slowest process's time;
+2. omniload-dask: an embedded LocalCluster with ``workers`` worker processes and ``ranks``
+   simulated trainer ranks (feeder threads consuming as fast as they can) drawing about the same
+   number of tokens; tokens/s over the steady phase (first batch to last) and overall.
+
+Also: time to first batch from launch (cluster start included) and the feeders' wait per
+micro-batch (p50/p99, warm: after the first 10% of micro-batches). Ends with ``RESULT {json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from omniload_dask import Job, parse_plan, tasks
+from omniload_dask.demo import make_demo_data
+
+
+def bench_plan(data: Path, ranks: int, workers: int) -> dict:
+    return {
+        "version": 1,
+        "name": "bench",
+        "seed": 1,
+        "tokenizer": {
+            "kind": "huggingface",
+            "path": str(data / "tokenizer.json"),
+            "bos": "<s>",
+            "eos": "</s>",
+        },
+        "batch": {"seq_len": 4096, "micro_batches": 2},
+        "layout": {"dp": ranks},
+        "on_error": "skip",
+        "loader": {"workers": workers, "prefetch": 4, "lookahead": 4},
+        "sources": [
+            {
+                "name": "web",
+                "format": "jsonl",
+                "path": str(data / "web" / "*.jsonl"),
+                "weight": 0.5,
+                "unit_bytes": "2MiB",
+            },
+            {
+                "name": "code",
+                "format": "jsonl",
+                "path": str(data / "code" / "*.jsonl.zst"),
+                "text": "content",
+                "weight": 0.3,
+            },
+            {
+                "name": "books",
+                "format": "parquet",
+                "path": str(data / "books" / "*.parquet"),
+                "text": "body",
+                "weight": 0.2,
+            },
+        ],
+    }
+
+
+def _read_units(args: tuple[dict, list[tuple[int, int, str, int, int]]]) -> tuple[int, float]:
+    plan_data, units = args
+    plan = parse_plan(plan_data)
+    tasks.read_unit(plan.sources[0], 0, plan.tokenizer, "skip", 0, *units[0][2:])  # warm
+    t0 = time.perf_counter()
+    total = 0
+    for src, fidx, url, lo, hi in units:
+        shard = tasks.read_unit(plan.sources[src], src, plan.tokenizer, "skip", fidx, url, lo, hi)
+        total += len(shard.tokens)
+    return total, time.perf_counter() - t0
+
+
+def read_limit(plan_data: dict, processes: int) -> dict:
+    """Tokens/s of ``processes`` plain processes reading+tokenizing every unit once."""
+    plan = parse_plan(plan_data)
+    units = []
+    for i, spec in enumerate(plan.sources):
+        cat = tasks.discover(spec)
+        units += [(i, int(f), cat.files[f], int(lo), int(hi)) for f, lo, hi in cat.units]
+    units.sort(key=lambda u: (u[2], u[3]))
+    parts = [units[p::processes] for p in range(processes)]
+    with mp.get_context("spawn").Pool(processes) as pool:
+        results = pool.map(_read_units, [(plan_data, part) for part in parts])
+    tokens = sum(r[0] for r in results)
+    seconds = max(r[1] for r in results)
+    return {
+        "processes": processes,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+    }
+
+
+def run_loader(plan_data: dict, target_tokens: int) -> dict:
+    plan = parse_plan(plan_data)
+    budget = plan.batch.global_tokens or 1
+    steps = max(8, int(target_tokens / budget))
+    t_launch = time.perf_counter()
+    job = Job.start(plan, dashboard_address=None)
+    started = time.perf_counter() - t_launch
+    ranks = plan.layout.world_size
+    feeders = [job.feeder(rank=r, max_steps=steps, output="numpy") for r in range(ranks)]
+    first = [None] * ranks
+    tokens = np.zeros(ranks, dtype=np.int64)
+
+    def consume(r: int) -> None:
+        for mb in feeders[r]:
+            if first[r] is None:
+                first[r] = time.perf_counter()
+            tokens[r] += int(mb["num_tokens"])
+
+    threads = [threading.Thread(target=consume, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    end = time.perf_counter()
+    waits = np.concatenate([np.asarray(f.waits) for f in feeders])
+    per_rank_warm = [np.asarray(f.waits)[len(f.waits) // 10 :] for f in feeders]
+    warm = np.concatenate(per_rank_warm)
+    stats = job.stats()
+    job.close()
+    first_batch = min(t for t in first if t is not None)
+    total = int(tokens.sum())
+    return {
+        "steps": steps,
+        "ranks": ranks,
+        "tokens": total,
+        "startup_s": started,
+        "first_batch_s": first_batch - t_launch,
+        "steady_s": end - first_batch,
+        "total_s": end - t_launch,
+        "tokens_per_s_steady": total / (end - first_batch),
+        "tokens_per_s_total": total / (end - t_launch),
+        "wait_p50_ms": float(np.percentile(warm, 50) * 1e3),
+        "wait_p99_ms": float(np.percentile(warm, 99) * 1e3),
+        "wait_p50_ms_all": float(np.percentile(waits, 50) * 1e3),
+        "efficiency_mean": stats["efficiency_mean"],
+        "extra_micro_steps": stats["extra_micro_steps"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small data, under a minute")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--data", help="folder for the generated data (default: a temp dir)")
+    args = parser.parse_args()
+    scale = 2.0 if args.quick else 8.0
+    root = Path(args.data) if args.data else Path(tempfile.gettempdir()) / "omniload-bench"
+    data = make_demo_data(root / f"scale{scale:g}", scale=scale)
+    plan_data = bench_plan(data, args.ranks, args.workers)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    one = read_limit(plan_data, 1)
+    limit = read_limit(plan_data, args.workers)
+    loader = run_loader(plan_data, limit["tokens"])
+    ratio = loader["tokens_per_s_steady"] / limit["tokens_per_s"]
+    result = {
+        "benchmark": "throughput",
+        "quick": args.quick,
+        "workers": args.workers,
+        "ranks": args.ranks,
+        "limit_1proc_tokens_per_s": round(one["tokens_per_s"]),
+        "limit_tokens_per_s": round(limit["tokens_per_s"]),
+        "loader_tokens_per_s_steady": round(loader["tokens_per_s_steady"]),
+        "loader_tokens_per_s_total": round(loader["tokens_per_s_total"]),
+        "ratio_vs_limit": round(ratio, 3),
+        "ratio_total_vs_limit": round(loader["tokens_per_s_total"] / limit["tokens_per_s"], 3),
+        "first_batch_s": round(loader["first_batch_s"], 3),
+        "startup_s": round(loader["startup_s"], 3),
+        "wait_p50_ms": round(loader["wait_p50_ms"], 4),
+        "wait_p99_ms": round(loader["wait_p99_ms"], 3),
+        "tokens": loader["tokens"],
+        "steps": loader["steps"],
+        "efficiency_mean": round(loader["efficiency_mean"] or 0, 4),
+        "cpu_count": os.cpu_count(),
+    }
+    print(f"read+tokenize limit, 1 process:        {one['tokens_per_s']:>12,.0f} tokens/s")
+    print(
+        f"read+tokenize limit, {args.workers} processes:      "
+        f"{limit['tokens_per_s']:>12,.0f} tokens/s"
+    )
+    print(
+        f"omniload-dask, {args.ranks} ranks, steady:        "
+        f"{loader['tokens_per_s_steady']:>12,.0f} tokens/s  ({ratio:.2f} of the limit)"
+    )
+    print(f"omniload-dask, including start-up:     {loader['tokens_per_s_total']:>12,.0f} tokens/s")
+    print(f"first batch after launch:              {loader['first_batch_s']:>12.2f} s")
+    print(
+        f"feeder wait (warm) p50 / p99:          {loader['wait_p50_ms']:>9.3f} ms / "
+        f"{loader['wait_p99_ms']:.2f} ms"
+    )
+    print("RESULT " + json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

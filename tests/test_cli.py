@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from omniload_dask.cli import main
+
+from .datagen import plan_dict, texts, write_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_validate_prints_the_resolved_plan(capsys):
+    assert main(["validate", str(REPO / "plans" / "quickstart.yaml")]) == 0
+    out = capsys.readouterr()
+    data = yaml.safe_load(out.out)
+    assert [s["name"] for s in data["sources"]] == ["web", "code", "books"]
+    assert Path(data["sources"][0]["path"][0]).is_absolute()
+    assert "is valid" in out.err
+
+
+def test_validate_names_the_bad_field(tmp_path, capsys):
+    bad = plan_dict([{"name": "a", "format": "jsonl", "path": "x.jsonl", "weight": -1}])
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    assert main(["validate", str(tmp_path / "bad.yaml")]) == 2
+    assert "sources[0].weight: must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_run_prints_a_report_as_json(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", texts(200))
+    plan = plan_dict([{"name": "a", "format": "jsonl", "path": str(tmp_path / "a.jsonl")}])
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "omniload_dask.cli",
+            "run",
+            str(tmp_path / "p.yaml"),
+            "--steps",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["steps"] == 5 and report["ranks"] == 2 and report["tokens"] > 0
+    assert [s["name"] for s in report["sources"]] == ["a"]
+    assert len(report["efficiency"]) == 5
+    assert all(0 < e <= 1 for e in report["efficiency"])

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_tiny_training_example_runs_on_feeder_batches(tmp_path):
+    from omniload_dask.demo import make_demo_data
+
+    make_demo_data(REPO / "plans" / "demo-data")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "train_tiny.py"), "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", proc.stdout)]
+    assert len(losses) == 3
+    assert all(0 < x < 20 for x in losses)
