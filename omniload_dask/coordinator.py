@@ -27,8 +27,8 @@ import numpy as np
 from .balance import CostModel, assign, split_documents
 from .batches import Recipe
 from .errors import JobError
-from .mixing import Mixer, NeedMore
-from .plan import Plan
+from .mixing import Mixer, NeedMore, WeightSchedule
+from .plan import Plan, SourceSpec, check_weights
 from .sources import Catalog
 from .streams import Candidates, SourceStream, Unit, UnitRef
 
@@ -97,6 +97,8 @@ class StepFigures:
     tokens: int
     documents: int
     source_tokens: list[int] = field(default_factory=list)
+    source_documents: list[int] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)  # target weights of the step
 
 
 class Coordinator:
@@ -113,8 +115,12 @@ class Coordinator:
             SourceStream(i, spec, cat, plan.seed)
             for i, (spec, cat) in enumerate(zip(plan.sources, catalogs, strict=True))
         ]
-        self.weights = np.asarray([s.weight for s in plan.sources], dtype=np.float64)
+        self.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
         self.mixer = Mixer(len(self.streams), plan.mixing_by)
+        self.log: list[dict[str, Any]] = []  # every live change, for replay and resume
+        self._pending: list[tuple[int, str, Any]] = []  # source changes not yet in effect
+        self._active = np.zeros(len(self.streams), dtype=bool)  # weight > 0 last step
+        self.end_step: int | None = None  # the stream ends here (every source exhausted)
         self.next_step = start_step
         self.steps: dict[int, _Step] = {}
         self.held: dict[tuple[int, int], str] = {}
@@ -131,6 +137,7 @@ class Coordinator:
         self._actions: list[Action] = []
         self._keys: dict[str, tuple[int, UnitRef]] = {}
         self._starved: set[int] = set()  # sources the last draw waited for
+        self._step_weights = np.zeros(len(self.streams))
 
     # ---------------------------------------------------------------- keys and properties
     def read_key(self, source: int, ref: UnitRef) -> str:
@@ -143,6 +150,120 @@ class Coordinator:
     @property
     def cap(self) -> int:
         return self.plan.batch.document_cap
+
+    @property
+    def names(self) -> list[str]:
+        return [s.spec.name for s in self.streams]
+
+    def weights_at(self, step: int) -> np.ndarray:
+        """Target weights at ``step``; 0 for sources exhausted or removed."""
+        w = self.schedule.at(self.names, step, self.tokens)
+        for i, stream in enumerate(self.streams):
+            if stream.retired or stream.exhausted:
+                w[i] = 0.0
+        return w
+
+    # ---------------------------------------------------------------- live changes
+    def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> int:
+        """Change source weights from ``at_step`` (default: the first step not yet drawn).
+
+        Batches already drawn never change; the change is logged so a replay reproduces it.
+        Returns the step it takes effect at.
+        """
+        step = self._future_step(at_step, "set_weights")
+        live = [s.spec.name for s in self.streams if not s.retired]
+        clean = (
+            check_weights("weights", weights, live)
+            if any(v > 0 for v in _finite_values(weights))
+            else _zero_weights(weights, live)
+        )
+        trial = WeightSchedule(dict(self.schedule.base), self.schedule.spec)
+        trial.changes = [*self.schedule.changes, (step, clean)]
+        w = trial.at(self.names, step, self.tokens)
+        usable = [not (s.retired or s.exhausted) for s in self.streams]
+        if not any(w[i] > 0 for i in range(len(w)) if usable[i]):
+            raise JobError(
+                f"set_weights: {clean} would leave no source with a weight > 0 at step {step}"
+            )
+        self.schedule.change(step, clean)
+        self.log.append({"step": step, "kind": "weights", "weights": clean})
+        return step
+
+    def add_source(self, spec: SourceSpec, catalog: Catalog, at_step: int | None = None) -> int:
+        """Add (or bring back) a source from ``at_step`` on; returns that step."""
+        step = self._future_step(at_step, "add_source")
+        known = {s.spec.name: s for s in self.streams}
+        old = known.get(spec.name)
+        if old is not None and not old.retired:
+            raise JobError(f"add_source: source {spec.name!r} is already in the job")
+        if old is not None and (old.spec.paths, old.spec.format) != (spec.paths, spec.format):
+            raise JobError(
+                f"add_source: source {spec.name!r} was in the job with other paths or "
+                "format; add it under a new name"
+            )
+        self._pending.append((step, "add", (spec, catalog)))
+        self._pending.sort(key=lambda p: p[0])
+        self.log.append({"step": step, "kind": "add", "source": spec.name})
+        return step
+
+    def remove_source(self, name: str, at_step: int | None = None) -> int:
+        """Stop drawing from ``name`` from ``at_step`` on (its cursor is kept); returns it."""
+        step = self._future_step(at_step, "remove_source")
+        live = [s.spec.name for s in self.streams if not s.retired]
+        if name not in live:
+            raise JobError(
+                f"remove_source: no source {name!r} in the job (sources: {', '.join(live)})"
+            )
+        if len(live) == 1:
+            raise JobError(f"remove_source: {name!r} is the job's last source")
+        self._pending.append((step, "remove", name))
+        self._pending.sort(key=lambda p: p[0])
+        self.log.append({"step": step, "kind": "remove", "source": name})
+        return step
+
+    def _future_step(self, at_step: int | None, what: str) -> int:
+        if at_step is None:
+            return self.next_step
+        if isinstance(at_step, bool) or not isinstance(at_step, int):
+            raise JobError(f"{what}: at_step must be an integer, got {at_step!r}")
+        if at_step < self.next_step:
+            raise JobError(
+                f"{what}: step {at_step} is already drawn (the first step not yet "
+                f"drawn is {self.next_step}); batches already drawn never change"
+            )
+        return at_step
+
+    def _apply_pending(self, step: int) -> None:
+        while self._pending and self._pending[0][0] <= step:
+            _, kind, payload = self._pending.pop(0)
+            if kind == "add":
+                spec, catalog = payload
+                self._add_stream(spec, catalog)
+            else:
+                stream = self.streams[self.names.index(payload)]
+                stream.retired = True
+                dropped = list(stream.units.values())
+                for unit in dropped:
+                    self._keys.pop(unit.key, None)
+                stream.units.clear()
+                stream.next_submit = (stream.epoch, stream.position)
+                if dropped:
+                    self._actions.append(Release(tuple(u.key for u in dropped)))
+
+    def _add_stream(self, spec: SourceSpec, catalog: Catalog) -> None:
+        names = self.names
+        if spec.name in names:  # coming back: keep its cursor
+            stream = self.streams[names.index(spec.name)]
+            stream.retired = False
+            stream.spec = spec
+        else:
+            index = len(self.streams)
+            if index >= 1024:
+                raise JobError("add_source: at most 1024 sources per job")
+            self.streams.append(SourceStream(index, spec, catalog, self.plan.seed))
+            self.mixer.add_source()
+            self._active = np.append(self._active, False)
+        self.schedule.add_source(spec.name, spec.weight)
 
     # ---------------------------------------------------------------- events
     def on_report(self, key: str, lengths: np.ndarray, skipped: int) -> None:
@@ -229,29 +350,36 @@ class Coordinator:
         b = self.plan.batch
         return b.global_tokens, b.global_documents
 
-    def _wants(self, i: int, scale: float) -> tuple[int, int]:
+    def _wants(self, i: int, weights: np.ndarray, scale: float) -> tuple[int, int]:
         tokens, docs = self._budget()
-        share = self.weights[i] / self.weights.sum()
+        share = weights[i] / weights.sum()
         if tokens is not None:
             return int(share * tokens * 1.25 * scale) + self.cap, 1
         return 1, int(share * docs * 1.25 * scale) + 2
 
     def _draw(self) -> bool:
         """Draw global batch ``next_step``; False if some source must report first."""
+        self._apply_pending(self.next_step)
         tokens, docs = self._budget()
+        weights = self.weights_at(self.next_step)
+        if not (weights > 0).any():
+            self.end_step = self.next_step  # nothing left to draw from: the stream ends
+            return False
+        for joining in np.flatnonzero((weights > 0) & ~self._active).tolist():
+            self.mixer.activate(joining)  # (re)joining sources start at the virtual time
         scale = 1.0
         while True:
             cands: list[Candidates] = []
             for i, stream in enumerate(self.streams):
-                if self.weights[i] > 0:
-                    want_tokens, want_docs = self._wants(i, scale)
+                if weights[i] > 0:
+                    want_tokens, want_docs = self._wants(i, weights, scale)
                     cands.append(stream.candidates(self.cap, want_tokens, want_docs))
                 else:
                     cands.append(Candidates(np.zeros(0, np.int64)))
             result = self.mixer.select(
-                self.weights,
+                weights,
                 [c.lengths for c in cands],
-                [True] * len(cands),
+                [not c.complete for c in cands],
                 budget_tokens=tokens,
                 budget_documents=docs,
             )
@@ -265,6 +393,11 @@ class Coordinator:
             if scale > 1 << 20:
                 raise JobError("cannot fill a global batch: check batch.global_tokens")
         self._starved = set()
+        if len(result.order) == 0:  # every source with weight ran out during this step
+            self.end_step = self.next_step
+            return False
+        self._active = weights > 0
+        self._step_weights = weights
         self.mixer.commit(result)
         self._commit(result.order, cands)
         return True
@@ -344,7 +477,7 @@ class Coordinator:
             self._actions.append(SubmitConstruct(key, recipe, tuple(group_reads)))
         source_tokens = np.bincount(src, weights=lengths, minlength=len(self.streams))
         self.steps[step] = _Step(recipes, reads, plan.group_costs, plan.group_tokens, source_tokens)
-        self._record(step, plan.efficiency, micro, lengths, source_tokens)
+        self._record(step, plan.efficiency, micro, lengths, source_tokens, src)
 
     def _record(
         self,
@@ -353,6 +486,7 @@ class Coordinator:
         micro: int,
         lengths: np.ndarray,
         source_tokens: np.ndarray,
+        sources: np.ndarray,
     ) -> None:
         batch = self.plan.batch
         self.documents += len(lengths)
@@ -370,6 +504,8 @@ class Coordinator:
                 int(lengths.sum()),
                 len(lengths),
                 source_tokens.astype(int).tolist(),
+                np.bincount(sources, minlength=len(self.streams)).tolist(),
+                [round(float(w), 6) for w in self._step_weights],
             )
         )
 
@@ -379,15 +515,20 @@ class Coordinator:
         return ReadSpec(unit.key, source, f, stream.catalog.files[f], lo, hi)
 
     def _submit_reads(self) -> None:
+        # Read ahead for sources that take part now or within the lookahead (schedules).
+        horizon = self.next_step + self.plan.loader.lookahead
+        weights = np.maximum(self.weights_at(self.next_step), self.weights_at(horizon))
         for i, stream in enumerate(self.streams):
-            if self.weights[i] <= 0:
+            if weights[i] <= 0:
                 continue
-            window = self._read_window(i)
+            window = self._read_window(i, weights)
             # A draw waiting on this source gets its next unknown unit even past the window.
             need = stream.first_unknown() if i in self._starved else (-1, -1)
             while True:
                 ref = stream.next_submit
                 ahead = stream.submitted_ahead()
+                if not stream.within_epochs(ref):
+                    break
                 if ahead >= MAX_UNITS_AHEAD or (ahead >= window and ref > need):
                     break
                 unit = Unit(self.read_key(i, ref), ref[0], ref[1], stream.catalog_index(ref))
@@ -396,13 +537,13 @@ class Coordinator:
                 stream.next_submit = stream.successor(ref)
                 self._actions.append(SubmitRead(self._read_spec(i, unit)))
 
-    def _read_window(self, i: int) -> int:
+    def _read_window(self, i: int, weights: np.ndarray) -> int:
         """Units to keep submitted for source i: enough for the steps drawn ahead."""
         loader = self.plan.loader
         stream = self.streams[i]
         known = [u for u in stream.units.values() if u.lengths is not None]
         tokens, docs = self._budget()
-        share = self.weights[i] / self.weights.sum()
+        share = weights[i] / weights.sum()
         if not known:
             return loader.read_ahead
         if tokens is not None:
@@ -430,8 +571,10 @@ class Coordinator:
         """Counters for feeders, the report and monitoring (plain data)."""
         steps = self.steps_drawn
         recent = list(self.history)[-64:]
+        weights = self.weights_at(self.next_step)
         return {
             "next_step": self.next_step,
+            "end_step": self.end_step,
             "error": self.error,
             "documents": self.documents,
             "tokens": self.tokens,
@@ -450,8 +593,11 @@ class Coordinator:
             "sources": [
                 {
                     "name": s.spec.name,
-                    "weight": float(self.weights[i]),
+                    "weight": float(weights[i]),
                     "epoch": s.epoch,
+                    "epochs": s.spec.epochs,
+                    "exhausted": s.exhausted,
+                    "retired": s.retired,
                     "documents": s.docs,
                     "tokens": s.tokens,
                     "skipped": s.skipped,
@@ -464,3 +610,62 @@ class Coordinator:
 
     def step_figures(self, start: int = 0) -> list[StepFigures]:
         return [f for f in self.history if f.step >= start]
+
+    def mixture(self, window: int = 100) -> list[dict[str, Any]]:
+        """Per source: target and realised share, over the last ``window`` steps and overall.
+
+        Shares are of tokens or of documents, as the plan's ``mixing.by`` says; the target of a
+        window is the mean of its steps' normalised target weights.
+        """
+        by_tokens = self.plan.mixing_by == "tokens"
+        n = len(self.streams)
+        recent = list(self.history)[-window:]
+
+        def pad(values: list[Any]) -> np.ndarray:
+            return np.asarray(list(values) + [0] * (n - len(values)), dtype=np.float64)
+
+        got = np.zeros(n)
+        target = np.zeros(n)
+        for f in recent:
+            got += pad(f.source_tokens if by_tokens else f.source_documents)
+            w = pad(f.weights)
+            target += w / w.sum() if w.sum() else w
+        total = np.asarray([s.tokens if by_tokens else s.docs for s in self.streams], float)
+        now = self.weights_at(self.next_step)
+        out = []
+        for i, stream in enumerate(self.streams):
+            out.append(
+                {
+                    "name": stream.spec.name,
+                    "target_now": float(now[i] / now.sum()) if now.sum() else 0.0,
+                    "target_window": float(target[i] / len(recent)) if recent else 0.0,
+                    "realised_window": float(got[i] / got.sum()) if got.sum() else 0.0,
+                    "realised_total": float(total[i] / total.sum()) if total.sum() else 0.0,
+                    "epoch": stream.epoch,
+                    "exhausted": stream.exhausted,
+                    "retired": stream.retired,
+                }
+            )
+        return out
+
+
+def _finite_values(weights: dict[str, Any]) -> list[float]:
+    return [
+        float(v)
+        for v in weights.values()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ]
+
+
+def _zero_weights(weights: dict[str, Any], names: list[str]) -> dict[str, float]:
+    """Validate a change that only sets weights to 0 (allowed if others stay positive)."""
+    from ._validate import check_number
+
+    if not weights:
+        raise JobError("set_weights: give at least one source weight")
+    out = {}
+    for name, value in weights.items():
+        if name not in names:
+            raise JobError(f"weights.{name}: unknown source (sources: {', '.join(names)})")
+        out[str(name)] = check_number(f"weights.{name}", value, min=0)
+    return out

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Mixer", "NeedMore", "Selection"]
+from .plan import MixingSpec
+
+__all__ = ["Mixer", "NeedMore", "Selection", "WeightSchedule"]
 
 
 @dataclass(frozen=True)
@@ -151,3 +153,62 @@ class Mixer:
         self.by = str(state["by"])
         self.tags = np.asarray(state["tags"], dtype=np.float64)
         self.vtime = float(state["vtime"])  # type: ignore[arg-type]
+
+
+class WeightSchedule:
+    """Target weight of every source at every step: plan weights, schedule, live changes.
+
+    The weight of source ``name`` at step t (having consumed ``tokens`` before it) is, first
+    match wins: the latest live change naming it with ``step <= t``; the plan's schedule at t
+    (or at ``tokens``, for a schedule over tokens); the source's own plan weight. A live change
+    only names the sources it changes; the others keep following the plan. Example, schedule
+    ``[{at: 0, web: 1}, {at: 100, web: 3}]``, linear: web weighs 2 at step 50.
+    """
+
+    def __init__(self, base: dict[str, float], spec: MixingSpec) -> None:
+        self.base = dict(base)
+        self.spec = spec
+        self.changes: list[tuple[int, dict[str, float]]] = []
+
+    def add_source(self, name: str, weight: float) -> None:
+        self.base[name] = weight
+
+    def change(self, step: int, weights: dict[str, float]) -> None:
+        """Record a live change effective from ``step`` (changes are kept sorted by step)."""
+        self.changes.append((step, dict(weights)))
+        self.changes.sort(key=lambda c: c[0])
+
+    def at(self, names: list[str], step: int, tokens: int) -> np.ndarray:
+        """Weights of ``names`` at ``step`` as an array in the same order."""
+        planned = self._planned(step, tokens)
+        out = np.empty(len(names), dtype=np.float64)
+        for i, name in enumerate(names):
+            value = planned.get(name, self.base.get(name, 0.0))
+            for at, weights in self.changes:
+                if at > step:
+                    break
+                if name in weights:
+                    value = weights[name]
+            out[i] = value
+        return out
+
+    def _planned(self, step: int, tokens: int) -> dict[str, float]:
+        points = self.spec.schedule
+        if not points:
+            return {}
+        x = step if self.spec.over == "steps" else tokens
+        if x < points[0].at:
+            return {}
+        idx = max(i for i, p in enumerate(points) if p.at <= x)
+        here = {**self.base, **points[idx].weights}
+        if self.spec.interpolate == "constant" or idx + 1 == len(points):
+            return here
+        nxt = {**self.base, **points[idx + 1].weights}
+        frac = (x - points[idx].at) / (points[idx + 1].at - points[idx].at)
+        return {
+            k: here.get(k, 0.0) + frac * (nxt.get(k, 0.0) - here.get(k, 0.0))
+            for k in set(here) | set(nxt)
+        }
+
+    def state_dict(self) -> dict[str, object]:
+        return {"changes": [[s, w] for s, w in self.changes], "base": dict(self.base)}

@@ -14,7 +14,18 @@ parallel layout, and what to do with bad records. Example::
       - {name: web, format: jsonl, path: data/web/*.jsonl.zst, weight: 3}
       - {name: books, format: parquet, path: data/books/*.parquet, text: body, weight: 1}
 
-Every error names the field path and the value (``sources[1].weight: must be >= 0, got -1``).
+Mixing can follow a schedule (piecewise constant or linear, over steps or consumed tokens)::
+
+    mixing:
+      by: tokens                 # shares of tokens (or: documents)
+      over: steps                # schedule positions are steps (or: tokens)
+      interpolate: linear        # or constant
+      schedule:
+        - {at: 0, weights: {web: 3, books: 1}}
+        - {at: 10000, weights: {web: 1, books: 1}}
+
+A source with ``epochs: N`` stops after N passes; without it, it starts a new epoch with a fresh
+shuffle. Every error names the field path and the value (``sources[1].weight: must be >= 0, got -1``).
 Relative local paths are resolved against the plan file's folder; ``${VAR}`` and
 ``${VAR:-default}`` are expanded from the environment in paths.
 """
@@ -32,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from ._validate import Fields, fail
+from ._validate import Fields, check_number, fail
 from .errors import PlanError
 
 __all__ = [
@@ -40,9 +51,12 @@ __all__ = [
     "CostSpec",
     "LayoutSpec",
     "LoaderSpec",
+    "MixingSpec",
     "Plan",
+    "SchedulePoint",
     "SourceSpec",
     "TokenizerSpec",
+    "check_weights",
     "load_plan",
     "parse_plan",
 ]
@@ -64,6 +78,7 @@ class SourceSpec:
     text: str = "text"
     unit_bytes: int = 4 * 2**20
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    epochs: int | None = None  # stop after this many passes; None: a new epoch, reshuffled
 
 
 @dataclass(frozen=True)
@@ -157,6 +172,29 @@ class LayoutSpec:
 
 
 @dataclass(frozen=True)
+class SchedulePoint:
+    """Weights from ``at`` on (steps or tokens, per the schedule's ``over``)."""
+
+    at: int
+    weights: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class MixingSpec:
+    """How sources are mixed: share by ``tokens`` or ``documents``, optionally on a schedule.
+
+    A schedule is a list of points ``{at, weights}`` over ``steps`` or consumed ``tokens``;
+    between points weights hold (``constant``) or move linearly (``linear``). Before the first
+    point, and for sources a point does not name, the sources' own ``weight`` applies.
+    """
+
+    by: str = "tokens"
+    over: str = "steps"
+    interpolate: str = "constant"
+    schedule: tuple[SchedulePoint, ...] = ()
+
+
+@dataclass(frozen=True)
 class CostSpec:
     """Cost of one document of L tokens: ``linear * L + quadratic * L**2`` (attention)."""
 
@@ -189,9 +227,13 @@ class Plan:
     layout: LayoutSpec
     cost: CostSpec = field(default_factory=CostSpec)
     loader: LoaderSpec = field(default_factory=LoaderSpec)
-    mixing_by: str = "tokens"
+    mixing: MixingSpec = field(default_factory=MixingSpec)
     on_error: str = "raise"
     version: int = PLAN_VERSION
+
+    @property
+    def mixing_by(self) -> str:
+        return self.mixing.by
 
     @property
     def source_names(self) -> list[str]:
@@ -207,7 +249,9 @@ class Plan:
         """The resolved plan as plain data (what ``omniload validate`` prints)."""
         data = asdict(self)
         data["layout"]["order"] = "-".join(self.layout.order)
-        data["mixing"] = {"by": data.pop("mixing_by")}
+        data["mixing"]["schedule"] = [
+            {"at": p.at, "weights": dict(p.weights)} for p in self.mixing.schedule
+        ]
         for src in data["sources"]:
             src["path"] = list(src.pop("paths"))
             if src["format"] != "jsonl":
@@ -253,9 +297,7 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     tokenizer = _tokenizer(top.mapping("tokenizer"), base_dir)
     cost = _cost(top.mapping("cost"))
     loader = _loader(top.mapping("loader"))
-    mixing = top.mapping("mixing")
-    mixing_by = mixing.text("by", "tokens", choices=("tokens", "documents"))
-    mixing.done()
+    mixing_fields = top.mapping("mixing")
     sources = tuple(
         _source(Fields(raw, f"sources[{i}]"), base_dir)
         for i, raw in enumerate(top.sequence("sources"))
@@ -265,6 +307,7 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
         if src.name in seen:
             fail(f"sources[{i}].name", f"duplicates sources[{seen[src.name]}].name", src.name)
         seen[src.name] = i
+    mixing = _mixing(mixing_fields, [s.name for s in sources])
     if len(sources) > 1024:
         fail("sources", "at most 1024 sources are supported", len(sources))
     if sum(s.weight for s in sources) <= 0:
@@ -279,7 +322,7 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
         layout=layout,
         cost=cost,
         loader=loader,
-        mixing_by=mixing_by,
+        mixing=mixing,
         on_error=on_error,
         version=version,
     )
@@ -358,6 +401,44 @@ def _tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> TokenizerS
     )
 
 
+def _mixing(f: Fields, names: list[str]) -> MixingSpec:
+    by = f.text("by", "tokens", choices=("tokens", "documents"))
+    over = f.text("over", "steps", choices=("steps", "tokens"))
+    interpolate = f.text("interpolate", "constant", choices=("constant", "linear"))
+    points: list[SchedulePoint] = []
+    raw = f.raw("schedule", [])
+    if not isinstance(raw, (list, tuple)):
+        fail(f.at("schedule"), "must be a list of {at, weights}", raw)
+    for i, item in enumerate(raw):
+        p = Fields(item, f"{f.at('schedule')}[{i}]")
+        at = p.integer("at", min=0)
+        if points and at <= points[-1].at:
+            fail(p.at("at"), f"must be > the previous point's at ({points[-1].at})", at)
+        weights = check_weights(p.at("weights"), p.plain_mapping("weights"), names)
+        p.done()
+        points.append(SchedulePoint(at=at, weights=weights))
+    f.done()
+    return MixingSpec(by=by, over=over, interpolate=interpolate, schedule=tuple(points))
+
+
+def check_weights(
+    path: str,
+    weights: Mapping[str, Any],
+    names: list[str],
+) -> dict[str, float]:
+    """Validate a {source: weight} mapping (known names, finite, >= 0, not all zero)."""
+    if not weights:
+        fail(path, "must name at least one source", dict(weights))
+    out = {}
+    for name, value in weights.items():
+        if name not in names:
+            fail(f"{path}.{name}", f"unknown source (sources: {', '.join(names)})", value)
+        out[str(name)] = check_number(f"{path}.{name}", value, min=0)
+    if not any(v > 0 for v in out.values()):
+        fail(path, "at least one weight must be > 0", dict(weights))
+    return out
+
+
 def _cost(f: Fields) -> CostSpec:
     default = CostSpec()
     linear = f.number("linear", default.linear, min=0)
@@ -410,9 +491,11 @@ def _source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpec:
             f.raw("unit_bytes"),
         )
     opts = f.plain_mapping("storage_options")
+    epochs = f.optional_int("epochs", min=1)
     f.done()
     return SourceSpec(
         name=name,
+        epochs=epochs,
         format=fmt,
         paths=paths,
         weight=weight,

@@ -50,6 +50,7 @@ class Candidates:
     unit_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     row_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     waiting: bool = False  # stopped at a unit whose report has not arrived
+    complete: bool = False  # the source ends after these (its last epoch)
 
 
 class SourceStream:
@@ -73,6 +74,15 @@ class SourceStream:
         self.tokens = 0
         self.skipped = 0
         self.truncated_tokens = 0
+        self.retired = False  # removed from the job (its cursor is kept)
+
+    @property
+    def exhausted(self) -> bool:
+        """True once the source has served its last epoch (``epochs`` in the plan)."""
+        return self.spec.epochs is not None and self.epoch >= self.spec.epochs
+
+    def within_epochs(self, ref: UnitRef) -> bool:
+        return self.spec.epochs is None or ref[0] < self.spec.epochs
 
     # -- order -------------------------------------------------------------------------------
     def unit_order(self, epoch: int) -> np.ndarray:
@@ -120,9 +130,12 @@ class SourceStream:
         units: list[Unit] = []
         tokens = docs = 0
         ref, row = (self.epoch, self.position), self.row
-        waiting = False
+        waiting = complete = False
         empty_run = 0
         while tokens < want_tokens or docs < want_docs:
+            if not self.within_epochs(ref):
+                complete = True
+                break
             unit = self.units.get(ref)
             if unit is None or unit.lengths is None:
                 waiting = True
@@ -145,7 +158,13 @@ class SourceStream:
             units.append(unit)
             ref, row = self.successor(ref), 0
         if not parts:
-            return Candidates(np.zeros(0, np.int64), np.zeros(0, np.int64), units, waiting=waiting)
+            return Candidates(
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int64),
+                units,
+                waiting=waiting,
+                complete=complete,
+            )
         return Candidates(
             np.concatenate(parts),
             np.concatenate(raw_parts),
@@ -153,6 +172,7 @@ class SourceStream:
             np.concatenate(unit_parts),
             np.concatenate(row_parts),
             waiting,
+            complete,
         )
 
     def first_unknown(self) -> UnitRef:
