@@ -97,6 +97,8 @@ class StepFigures:
     tokens: int
     documents: int
     source_tokens: list[int] = field(default_factory=list)
+    source_documents: list[int] = field(default_factory=list)
+    target: list[float] = field(default_factory=list)  # weight shares the step was drawn with
 
 
 class Coordinator:
@@ -344,7 +346,8 @@ class Coordinator:
             self._actions.append(SubmitConstruct(key, recipe, tuple(group_reads)))
         source_tokens = np.bincount(src, weights=lengths, minlength=len(self.streams))
         self.steps[step] = _Step(recipes, reads, plan.group_costs, plan.group_tokens, source_tokens)
-        self._record(step, plan.efficiency, micro, lengths, source_tokens)
+        source_documents = np.bincount(src, minlength=len(self.streams))
+        self._record(step, plan.efficiency, micro, lengths, source_tokens, source_documents)
 
     def _record(
         self,
@@ -353,6 +356,7 @@ class Coordinator:
         micro: int,
         lengths: np.ndarray,
         source_tokens: np.ndarray,
+        source_documents: np.ndarray | None = None,
     ) -> None:
         batch = self.plan.batch
         self.documents += len(lengths)
@@ -370,6 +374,8 @@ class Coordinator:
                 int(lengths.sum()),
                 len(lengths),
                 source_tokens.astype(int).tolist(),
+                [] if source_documents is None else source_documents.astype(int).tolist(),
+                (self.weights / self.weights.sum()).round(6).tolist(),
             )
         )
 
@@ -457,6 +463,8 @@ class Coordinator:
                     "skipped": s.skipped,
                     "truncated_tokens": s.truncated_tokens,
                     "units_in_flight": len(s.units),
+                    "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
+                    "read_window": self._read_window(i) if self.weights[i] > 0 else 0,
                 }
                 for i, s in enumerate(self.streams)
             ],
