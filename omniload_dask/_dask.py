@@ -163,3 +163,26 @@ def probe_scheduler(address: str, timeout: float) -> None:
         await comm.close()
 
     asyncio.run(probe())
+
+
+def run_on_scheduler_loop(scheduler: Any, fn: Any, timeout: float = 10.0) -> Any:
+    """``fn()`` on the scheduler's event loop, where the data plane's state may be read.
+
+    Direct when already there (handlers, the dashboard, ``/metrics``); from another thread
+    (say, a trainer's own Prometheus exporter in the process of an embedded LocalCluster) it
+    is handed to the loop and waited for.
+    """
+    import asyncio
+
+    loop = scheduler.loop.asyncio_loop
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        return fn()
+
+    async def call() -> Any:
+        return fn()
+
+    return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout)

@@ -132,7 +132,7 @@ class JobPage:
     # ------------------------------------------------------------------ layout
     def _build(self, stats: dict[str, Any]) -> None:
         from bokeh.layouts import gridplot
-        from bokeh.models import ColumnDataSource, FactorRange
+        from bokeh.models import ColumnDataSource, FactorRange, NumeralTickFormatter
         from bokeh.models.annotations import Span
         from bokeh.models.widgets import DataTable, NumberFormatter, TableColumn
 
@@ -171,16 +171,24 @@ class JobPage:
             "xs", "ys", color="color", legend_field="source", line_width=2, source=self.token_rate
         )
         mix_fig = _figure(
-            f"Mixture: realised share of {by} over {MIX_WINDOW} steps (solid) vs target (dashed)",
-            "share",
+            f"Mix: realised over {MIX_WINDOW} steps (solid) vs target (dashed)",
+            f"share of {by}",
             "step",
         )
         mix_fig.multi_line(
-            "xs", "ys", color="color", legend_field="source", line_width=2, source=self.mix_realised
+            "xs",
+            "ys",
+            color="color",
+            legend_field="source",
+            line_width=1.5,
+            line_alpha=0.7,
+            source=self.mix_realised,
         )
         mix_fig.multi_line(
-            "xs", "ys", color="color", line_dash="dashed", line_width=1.5, source=self.mix_target
+            "xs", "ys", color="color", line_dash="dashed", line_width=2.5, source=self.mix_target
         )
+        for fig in (read_fig, token_fig):
+            fig.yaxis.formatter = NumeralTickFormatter(format="0.[0]a")
         eff_fig = _figure("Balance efficiency per step (mean/max rank cost)", "efficiency", "step")
         eff_fig.line("step", "efficiency", line_width=1.5, source=self.efficiency)
         eff_fig.scatter("step", "efficiency", size=3, source=self.efficiency)

@@ -101,15 +101,27 @@ class _Collector:
             scheduler = getattr(plugin, "scheduler", None)
             if scheduler is None or not _dask.scheduler_running(scheduler):
                 continue
-            for name in sorted(plugin.jobs):
-                if name in seen:  # two schedulers in one process: first one wins
+            try:
+                jobs = _dask.run_on_scheduler_loop(scheduler, lambda p=plugin: _all_stats(p))
+            except Exception:  # a scrape must never fail because of the data plane
+                logger.exception("omniload: reading the jobs for /metrics failed")
+                continue
+            for name, stats in jobs.items():
+                if name in seen:  # two schedulers in one process: the first one wins
                     continue
                 seen.add(name)
-                try:
-                    _add_job(families, name, plugin.stats(name))
-                except Exception:  # a scrape must never fail because of one job
-                    logger.exception("omniload: metrics of job %r failed", name)
+                _add_job(families, name, stats)
         yield from families.values()
+
+
+def _all_stats(plugin: Any) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in sorted(plugin.jobs):
+        try:
+            out[name] = plugin.stats(name)
+        except Exception:  # one job's figures failing must not hide the others'
+            logger.exception("omniload: metrics of job %r failed", name)
+    return out
 
 
 def _families() -> dict[str, Any]:

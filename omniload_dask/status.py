@@ -145,9 +145,10 @@ def watch(
     *,
     once: bool,
     interval: float,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> int:
     """Print the jobs' figures once, or redraw them every ``interval`` s until interrupted."""
+    out = sys.stdout if out is None else out
     live = not once and out.isatty()
     while True:
         stats = job_stats(client, job, address)

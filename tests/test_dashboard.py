@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pytest
 from distributed import LocalCluster
 from prometheus_client.parser import text_string_to_metric_families
@@ -195,6 +196,18 @@ def test_metrics_parse_and_their_counters_move_as_steps_are_consumed(watched):
             assert after[key] >= old, key  # counters never go back
 
 
+def test_metrics_are_right_when_collected_off_the_scheduler_thread(watched):
+    # e.g. a trainer's own exporter of the default registry, next to an embedded cluster
+    text = prometheus_client.generate_latest().decode()
+    samples = {
+        s.name: s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("job") == "watched"
+    }
+    assert samples["omniload_steps_fetched_total"].value >= watched.steps
+
+
 # ---------------------------------------------------------------------- omniload status
 def test_status_once_prints_the_jobs_figures(watched, capsys):
     assert main(["status", "--address", watched.address, "--job", "watched", "--once"]) == 0
@@ -219,7 +232,7 @@ def test_status_names_what_is_wrong(watched, capsys):
 
 
 def test_status_on_a_scheduler_without_the_data_plane(capsys):
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=0, processes=False, dashboard_address="127.0.0.1:0") as cluster:
         assert main(["status", "--address", cluster.scheduler_address, "--once"]) == 2
     assert "runs no omniload data plane" in capsys.readouterr().err
 
