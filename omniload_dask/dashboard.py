@@ -7,7 +7,7 @@ like Dask's own; it runs on the scheduler's event loop and reads the data plane 
 second::
 
     Job [quickstart v]  run 1a2b3c4d · running · up 41 s · 2 workers · checkpoint: none yet
-                        steps drawn 230 · every rank past 228 · 5.1 steps/s · efficiency 0.998
+                        steps drawn 230 · every rank fetched through step 228 · 5.1 steps/s
     read + decode (records/s)      | tokenize (tokens/s)        per source, over time
     mixture: realised vs target    | balance efficiency          per step
     feeder wait p50/p99 per rank   | prefetch depth per rank

@@ -19,7 +19,7 @@ from typing import Any
 
 import prometheus_client
 import pytest
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
 from prometheus_client.parser import text_string_to_metric_families
 
 from omniload_dask import Job
@@ -231,9 +231,17 @@ def test_status_names_what_is_wrong(watched, capsys):
     assert "--interval must be > 0" in capsys.readouterr().err
 
 
-def test_status_on_a_scheduler_without_the_data_plane(capsys):
+def _empty_page(dask_scheduler: Any) -> str:
+    page = JobPage(dask_scheduler)
+    page.update()
+    return page.summary.text
+
+
+def test_status_and_page_on_a_scheduler_without_the_data_plane(capsys):
     with LocalCluster(n_workers=0, processes=False, dashboard_address="127.0.0.1:0") as cluster:
         assert main(["status", "--address", cluster.scheduler_address, "--once"]) == 2
+        with Client(cluster) as client:
+            assert "No omniload job runs" in client.run_on_scheduler(_empty_page)
     assert "runs no omniload data plane" in capsys.readouterr().err
 
 
