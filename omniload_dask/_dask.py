@@ -100,3 +100,100 @@ def _lists(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _lists(v) for k, v in value.items()}
     return value
+
+
+# ---------------------------------------------------------------------- dashboard
+def add_dashboard_page(
+    scheduler: Any, route: str, make_document: Any, nav_name: str | None = None
+) -> bool:
+    """Serve a Bokeh page at ``route`` on the scheduler's running dashboard; link it in the nav.
+
+    ``make_document(scheduler, extra, doc)`` builds a session's document, as Dask's own pages
+    do (``extra`` holds the navigation's template variables). The page gets a Bokeh server
+    application of its own, added to the scheduler's HTTP application next to Dask's; it is
+    stopped with the scheduler's other HTTP applications. Returns False where the scheduler has
+    no Bokeh dashboard (``dashboard_address=None`` or bokeh missing). Idempotent per scheduler.
+    """
+    try:
+        from bokeh.server.server import BokehTornado
+        from distributed.dashboard.core import BokehApplication
+        from distributed.dashboard.scheduler import template_variables
+        from tornado.ioloop import IOLoop
+    except ImportError:
+        return False
+    http = getattr(scheduler, "http_application", None)
+    apps = [app for app in getattr(http, "applications", ()) if isinstance(app, BokehTornado)]
+    if http is None or not apps:
+        return False
+    if any(route in app.app_paths for app in apps):
+        return True
+    variables = template_variables(scheduler)  # memoized: the dict Dask's pages render from
+    if nav_name and nav_name not in variables["pages"]:
+        variables["pages"].append(nav_name)  # the same list object: every page's nav shows it
+    prefix = getattr(apps[0], "_prefix", "") or "/"
+    app = BokehApplication({route: make_document}, scheduler, prefix, variables)
+    http.add_application(app)
+    app.initialize(IOLoop.current())
+    app.start()
+    return True
+
+
+def style_dashboard_document(doc: Any, extra: dict[str, Any]) -> None:
+    """Give ``doc`` the look of Dask's pages: their template (with navigation) and theme."""
+    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
+
+    doc.template = env.get_template("simple.html")
+    doc.template_variables.update(extra)
+    doc.theme = BOKEH_THEME
+
+
+def scheduler_plugin(scheduler: Any, name: str) -> Any:
+    """The plugin registered on ``scheduler`` under ``name``, or None."""
+    return getattr(scheduler, "plugins", {}).get(name)
+
+
+def scheduler_running(scheduler: Any) -> bool:
+    """False once the scheduler is closing or closed."""
+    from distributed.core import Status
+
+    return getattr(scheduler, "status", None) not in (Status.closing, Status.closed)
+
+
+def probe_scheduler(address: str, timeout: float) -> None:
+    """Open and close one connection to ``address`` (raises OSError/ValueError if it can't).
+
+    Checking first keeps a failed ``Client(...)`` from leaving a half-built client behind,
+    whose clean-up prints a traceback at exit.
+    """
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def probe() -> None:
+        comm = await connect(address, timeout=timeout)
+        await comm.close()
+
+    asyncio.run(probe())
+
+
+def run_on_scheduler_loop(scheduler: Any, fn: Any, timeout: float = 10.0) -> Any:
+    """``fn()`` on the scheduler's event loop, where the data plane's state may be read.
+
+    Direct when already there (handlers, the dashboard, ``/metrics``); from another thread
+    (say, a trainer's own Prometheus exporter in the process of an embedded LocalCluster) it
+    is handed to the loop and waited for.
+    """
+    import asyncio
+
+    loop = scheduler.loop.asyncio_loop
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        return fn()
+
+    async def call() -> Any:
+        return fn()
+
+    return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout)

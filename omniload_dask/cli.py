@@ -5,6 +5,7 @@
     omniload validate PLAN                 print the resolved plan, or what is wrong with it
     omniload run PLAN [--steps N]          run the plan with simulated ranks and print a report
     omniload demo-data FOLDER              write the deterministic demo data
+    omniload status --address ADDR         watch running jobs (figures of the dashboard page)
 """
 
 from __future__ import annotations
@@ -64,6 +65,22 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    from .errors import JobError
+    from .status import connect, watch
+
+    if args.interval <= 0:
+        raise JobError(f"--interval must be > 0 seconds, got {args.interval:g}")
+    if args.timeout <= 0:
+        raise JobError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    client = connect(args.address, args.timeout)
+    try:
+        return watch(client, args.job, args.address, once=args.once, interval=args.interval)
+    finally:
+        client.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omniload", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -86,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo-data", help="write the deterministic demo data")
     p.add_argument("folder")
     p.set_defaults(func=_demo)
+    p = sub.add_parser("status", help="watch running jobs: a compact live view")
+    p.add_argument("--address", required=True, help="scheduler address, e.g. tcp://host:8786")
+    p.add_argument("--job", help="one job by name (default: every job on the scheduler)")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
+    p.set_defaults(func=_status)
     return parser
 
 

@@ -98,7 +98,7 @@ class StepFigures:
     documents: int
     source_tokens: list[int] = field(default_factory=list)
     source_documents: list[int] = field(default_factory=list)
-    weights: list[float] = field(default_factory=list)  # target weights of the step
+    target: list[float] = field(default_factory=list)  # weight shares the step was drawn with
 
 
 class Coordinator:
@@ -477,7 +477,8 @@ class Coordinator:
             self._actions.append(SubmitConstruct(key, recipe, tuple(group_reads)))
         source_tokens = np.bincount(src, weights=lengths, minlength=len(self.streams))
         self.steps[step] = _Step(recipes, reads, plan.group_costs, plan.group_tokens, source_tokens)
-        self._record(step, plan.efficiency, micro, lengths, source_tokens, src)
+        source_documents = np.bincount(src, minlength=len(self.streams))
+        self._record(step, plan.efficiency, micro, lengths, source_tokens, source_documents)
 
     def _record(
         self,
@@ -486,7 +487,7 @@ class Coordinator:
         micro: int,
         lengths: np.ndarray,
         source_tokens: np.ndarray,
-        sources: np.ndarray,
+        source_documents: np.ndarray | None = None,
     ) -> None:
         batch = self.plan.batch
         self.documents += len(lengths)
@@ -504,8 +505,8 @@ class Coordinator:
                 int(lengths.sum()),
                 len(lengths),
                 source_tokens.astype(int).tolist(),
-                np.bincount(sources, minlength=len(self.streams)).tolist(),
-                [round(float(w), 6) for w in self._step_weights],
+                [] if source_documents is None else source_documents.astype(int).tolist(),
+                (self._step_weights / max(self._step_weights.sum(), 1e-300)).round(6).tolist(),
             )
         )
 
@@ -603,6 +604,8 @@ class Coordinator:
                     "skipped": s.skipped,
                     "truncated_tokens": s.truncated_tokens,
                     "units_in_flight": len(s.units),
+                    "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
+                    "read_window": self._read_window(i, weights) if weights[i] > 0 else 0,
                 }
                 for i, s in enumerate(self.streams)
             ],
@@ -628,8 +631,7 @@ class Coordinator:
         target = np.zeros(n)
         for f in recent:
             got += pad(f.source_tokens if by_tokens else f.source_documents)
-            w = pad(f.weights)
-            target += w / w.sum() if w.sum() else w
+            target += pad(f.target)
         total = np.asarray([s.tokens if by_tokens else s.docs for s in self.streams], float)
         now = self.weights_at(self.next_step)
         out = []

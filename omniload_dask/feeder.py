@@ -37,6 +37,7 @@ __all__ = ["Feeder", "resolve_rank"]
 
 STATE_VERSION = 1
 POLL_TIMEOUT = 2.0
+REPORT_WAITS = 1024  # recent waits behind the p50/p99 a feeder reports to the data plane
 
 
 class Feeder:
@@ -104,6 +105,7 @@ class Feeder:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.waits: deque[float] = deque(maxlen=100_000)
+        self._recent_waits: deque[float] = deque(maxlen=REPORT_WAITS)
         self.micro_batches = 0
         self.tokens = 0
 
@@ -124,7 +126,9 @@ class Feeder:
                 if self._error is not None:
                     raise self._error
                 self._lock.wait(0.5)
-        self.waits.append(time.perf_counter() - t0)
+        waited = time.perf_counter() - t0
+        self.waits.append(waited)
+        self._recent_waits.append(waited)
         mb = batch.micro_batches[self._micro]
         self._micro += 1
         if self._micro >= len(batch.micro_batches):
@@ -276,6 +280,7 @@ class Feeder:
             count=count,
             client=client.id,
             timeout=POLL_TIMEOUT,
+            report=self._report(start),
         )
         keys = reply["keys"]
         if not keys:
@@ -288,6 +293,18 @@ class Feeder:
             for fut in futures:
                 fut.release()
         return list(batches)
+
+    def _report(self, start: int) -> dict[str, Any]:
+        """This rank's figures for the data plane's monitoring (see ``FeederReport``)."""
+        waits = np.asarray(self._recent_waits.copy(), dtype=np.float64)
+        p50, p99 = np.percentile(waits, [50, 99]).tolist() if len(waits) else (None, None)
+        return {
+            "wait_p50": p50,
+            "wait_p99": p99,
+            "buffered": max(0, start - self._step),
+            "prefetch": self.prefetch,
+            "samples": len(waits),
+        }
 
     # ------------------------------------------------------------------ output
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from . import _dask, tasks
 from .coordinator import Coordinator, Release, SubmitConstruct, SubmitRead
 from .errors import JobError, OmniloadError
+from .monitoring import JobMonitor, realised_shares
 from .plan import Plan, parse_plan
 
 __all__ = ["HANDLER_PREFIX", "OmniloadPlugin"]
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 HANDLER_PREFIX = "omniload_"
 KEY_PREFIX = "omniload-"
 DISCOVERY_TIMEOUT = 120.0
+SHARE_WINDOW = 64  # steps behind a source's realised share in stats()
 READ_PRIORITY, CONSTRUCT_PRIORITY = 0, 10
 
 
@@ -54,6 +56,7 @@ class _Job:
         self.batches_built = 0
         self.read_seconds: dict[int, float] = {i: 0.0 for i in range(len(plan.sources))}
         self.reads_done: dict[int, int] = {i: 0 for i in range(len(plan.sources))}
+        self.monitor = JobMonitor(len(plan.sources), self.started)
 
     def notify(self) -> None:
         self.changed.set()
@@ -88,8 +91,17 @@ class OmniloadPlugin(SchedulerPlugin):
         }
         for name, handler in handlers.items():
             scheduler.handlers[HANDLER_PREFIX + name] = handler
+        try:  # watching must never keep the data plane from starting
+            from . import dashboard
+
+            dashboard.install(scheduler, self)
+        except Exception:
+            logger.exception("omniload: could not add the dashboard page or metrics")
 
     async def before_close(self) -> None:
+        from . import metrics
+
+        metrics.unregister(self)
         for job in list(self.jobs.values()):
             self._drop(job)
         if self._client is not None:
@@ -162,15 +174,27 @@ class OmniloadPlugin(SchedulerPlugin):
         return info
 
     async def batches(
-        self, job: str, rank: int, start: int, count: int, client: str, timeout: float = 2.0
+        self,
+        job: str,
+        rank: int,
+        start: int,
+        count: int,
+        client: str,
+        timeout: float = 2.0,
+        report: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Long-poll: keys of ``rank``'s batches from ``start`` on (up to ``count``).
 
         Also says that ``rank`` has fetched every step below ``start``. The calling client is
         registered as wanting the keys it gets, so they stay until it releases them.
+        ``report`` carries the feeder's own figures for monitoring (see ``FeederReport``).
         """
         run = self._job(job)
-        run.coord.on_request(int(rank), int(start), int(count), time.time())
+        now = time.time()
+        run.coord.on_request(int(rank), int(start), int(count), now)
+        run.monitor.on_progress(now, min(r.position for r in run.coord.ranks.values()))
+        if report is not None:
+            run.monitor.on_feeder(int(rank), now, report)
         self._poke(run)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, float(timeout))
@@ -204,12 +228,42 @@ class OmniloadPlugin(SchedulerPlugin):
         return self._job(job).info
 
     def stats(self, job: str) -> dict[str, Any]:
+        """The job's counters and figures (plain data): what every monitoring view shows."""
         run = self._job(job)
         out = run.coord.stats()
+        now = time.time()
+        mon = run.monitor
+        records_rate, tokens_rate = mon.rates(now)
+        recent = list(run.coord.history)[-SHARE_WINDOW:]
+        _, _, realised = realised_shares(
+            recent, len(out["sources"]), run.plan.mixing_by, SHARE_WINDOW
+        )
+        weights = np.asarray([s["weight"] for s in out["sources"]], dtype=np.float64)
+        shares = weights / weights.sum() if weights.sum() > 0 else weights
         for i, src in enumerate(out["sources"]):
             src["bad_examples"] = list(run.bad[i])
             src["reads_done"] = run.reads_done[i]
             src["read_seconds"] = round(run.read_seconds[i], 3)
+            src["target_share"] = float(shares[i])
+            src["realised_share"] = float(realised[-1, i]) if len(realised) else None
+            src["records_read"] = int(mon.records[i])
+            src["tokens_read"] = int(mon.read_tokens[i])
+            src["decode_seconds"] = round(float(mon.read_seconds[i]), 4)
+            src["tokenize_seconds"] = round(float(mon.tokenize_seconds[i]), 4)
+            src["records_per_s"] = float(records_rate[i])
+            src["tokens_per_s"] = float(tokens_rate[i])
+        for rank, state in out["ranks"].items():
+            fed = mon.feeders.get(int(rank))
+            if fed is not None:
+                state.update(
+                    wait_p50=fed.wait_p50,
+                    wait_p99=fed.wait_p99,
+                    buffered=fed.buffered,
+                    prefetch=fed.prefetch,
+                    reported_ago=now - fed.time,
+                )
+        start_step = int(run.info.get("start_step", 0))
+        slowest = min((r["position"] for r in out["ranks"].values()), default=start_step)
         out.update(
             name=job,
             run_id=run.info["run_id"],
@@ -218,7 +272,13 @@ class OmniloadPlugin(SchedulerPlugin):
             futures_held=len(run.futures),
             batches_built=run.batches_built,
             scheduler_tasks=len(self.scheduler.tasks),
+            mixing_by=run.plan.mixing_by,
+            start_step=start_step,
+            steps_fetched=max(0, slowest - start_step),
+            steps_per_second=mon.steps_per_second(now),
+            prefetch=run.plan.loader.prefetch,
         )
+        out.setdefault("checkpoint", None)  # {"step", "time"} once checkpoints exist
         return out
 
     def steps(self, job: str, start: int = 0) -> list[dict[str, Any]]:
@@ -323,6 +383,14 @@ class OmniloadPlugin(SchedulerPlugin):
             job.bad[source].extend(meta.get("bad") or [])
             job.reads_done[source] += 1
             job.read_seconds[source] += seconds or 0.0
+            job.monitor.on_read(
+                source,
+                time.time(),
+                int(meta.get("records", len(lengths))),
+                int(meta.get("tokens", 0)),
+                meta.get("read_seconds"),
+                meta.get("tokenize_seconds"),
+            )
 
     def _poke(self, job: _Job) -> None:
         """Schedule the job's pump (coalesced): draw, submit, release."""

@@ -7,6 +7,7 @@ finished message. A construct task gets a :class:`Recipe` and the shards it name
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,9 @@ def read_unit(
     stop: int,
 ) -> Shard:
     """Read and tokenize one unit; bad records raise or are skipped and counted (``on_error``)."""
+    t0 = time.perf_counter()
     records = read_unit_records(spec, file_url, start, stop)
+    t1 = time.perf_counter()
     bad = [
         f"source {spec.name!r}: file {file_url!r}: record at offset {offset}: {reason}"
         for offset, reason in records.bad
@@ -52,6 +55,7 @@ def read_unit(
     if bad and on_error == "raise":
         raise RecordError(bad[0] + " (set on_error: skip to skip and count such records)")
     tokens, offsets = tokenize(tokenizer, records.texts)
+    t2 = time.perf_counter()
     ids = encode_sample_ids(source_index, file_index, records.offsets)
     lengths = np.diff(offsets)
     empty = lengths == 0
@@ -79,6 +83,9 @@ def read_unit(
             "skipped": skipped,
             "bad": bad[:MAX_REASONS],
             "tokens": len(tokens),
+            "records": len(records.texts) + len(records.bad),
+            "read_seconds": t1 - t0,  # for monitoring: read+decode vs tokenize throughput
+            "tokenize_seconds": t2 - t1,
         }
     )
     return shard
