@@ -255,7 +255,7 @@ def _spill(
 
 @dataclass
 class _Pieces:
-    """A step's pieces while they are placed; cutting a piece appends its continuations."""
+    """A step's pieces while they are placed; cutting a piece adds its continuations."""
 
     doc: np.ndarray
     start: np.ndarray
@@ -265,6 +265,9 @@ class _Pieces:
     group: np.ndarray
     micro: np.ndarray
     cuts: int = 0
+
+    def __post_init__(self) -> None:
+        self._more: list[tuple[int, int, int, float, int, int]] = []  # appended at flush()
 
     @classmethod
     def new(
@@ -276,28 +279,39 @@ class _Pieces:
 
     def cut(self, i: int, chunks: list[tuple[int, int, int]], cost: CostFunction) -> list[float]:
         """Piece i becomes ``chunks`` of (group, micro-batch, tokens); returns their costs."""
-        sizes = np.asarray([n for _, _, n in chunks], dtype=np.int64)
-        costs = np.asarray(cost(sizes), dtype=np.float64)
-        offsets = self.start[i] + np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        g, m, _ = chunks[0]
-        self.group[i], self.micro[i], self.length[i], self.cost[i] = g, m, sizes[0], costs[0]
-        more = len(chunks) - 1
-        if more:
-            self.doc = np.append(self.doc, np.repeat(self.doc[i], more))
-            self.start = np.append(self.start, offsets[1:])
-            self.length = np.append(self.length, sizes[1:])
-            self.cost = np.append(self.cost, costs[1:])
-            self.bucket = np.append(self.bucket, np.repeat(self.bucket[i], more))
-            self.group = np.append(self.group, [c[0] for c in chunks[1:]])
-            self.micro = np.append(self.micro, [c[1] for c in chunks[1:]])
+        costs = np.asarray(cost(np.asarray([n for _, _, n in chunks])), dtype=np.float64).tolist()
+        g, m, n = chunks[0]
+        self.group[i], self.micro[i], self.length[i], self.cost[i] = g, m, n, costs[0]
+        offset = int(self.start[i]) + n
+        for (g, m, n), c in zip(chunks[1:], costs[1:], strict=True):
+            self._more.append((i, offset, n, c, g, m))
+            offset += n
         self.cuts += 1
-        return costs.tolist()
+        return costs
+
+    def flush(self) -> None:
+        """Append the continuations of cut pieces."""
+        if not self._more:
+            return
+        src, start, length, cost, group, micro = (
+            np.asarray(c) for c in zip(*self._more, strict=True)
+        )
+        self.doc = np.concatenate([self.doc, self.doc[src]])
+        self.bucket = np.concatenate([self.bucket, self.bucket[src]])
+        self.start = np.concatenate([self.start, start.astype(np.int64)])
+        self.length = np.concatenate([self.length, length.astype(np.int64)])
+        self.cost = np.concatenate([self.cost, cost.astype(np.float64)])
+        self.group = np.concatenate([self.group, group.astype(np.int64)])
+        self.micro = np.concatenate([self.micro, micro.astype(np.int64)])
+        self._more = []
 
 
 class _Bins:
     """Room and cost of every (bucket, group, micro-batch), as lists for a fast Python loop.
 
-    ``occupied`` (a mask of pieces) starts the bins with those pieces already in them.
+    ``occupied`` (a mask of pieces) starts the bins with those pieces already in them. Per
+    group, the largest and the total room of each bucket are mirrored in numpy arrays, so the
+    rarer searches across groups are one masked argmin.
     """
 
     def __init__(
@@ -306,7 +320,9 @@ class _Bins:
     ) -> None:  # fmt: skip
         self.room: list[list[list[int]]] = []
         self.cost: list[list[list[float]]] = []
-        self.most: list[list[int]] = []  # per bucket: each group's largest room
+        self.most: list[np.ndarray] = []  # per bucket: each group's largest room (numpy)
+        self.most_list: list[list[int]] = []  # the same as lists, read in the hot loop
+        self.total: list[list[int]] = []  # per bucket: each group's room in all
         for b, (s, m) in enumerate(zip(seq.tolist(), micro.tolist(), strict=True)):
             tokens = np.zeros(groups * m, dtype=np.int64)
             costs = np.zeros(groups * m)
@@ -318,7 +334,9 @@ class _Bins:
             room = (s - tokens).reshape(groups, m)
             self.room.append(room.tolist())
             self.cost.append(costs.reshape(groups, m).tolist())
-            self.most.append(room.max(axis=1).tolist())
+            self.most.append(room.max(axis=1))
+            self.most_list.append(self.most[-1].tolist())
+            self.total.append(room.sum(axis=1).tolist())
 
     def pick(self, b: int, g: int, size: int) -> int:
         """The cheapest micro-batch of group g (bucket b) with room for ``size``, or -1."""
@@ -333,12 +351,11 @@ class _Bins:
         room = self.room[b][g]
         room[m] -= size
         self.cost[b][g][m] += cost
-        self.most[b][g] = max(room)
-
-    def roomiest(self, b: int, size: int, load: np.ndarray) -> int:
-        """The least loaded group with a micro-batch that has room for ``size``, or -1."""
-        ok = np.flatnonzero(np.asarray(self.most[b]) >= size)
-        return int(ok[np.argmin(load[ok])]) if len(ok) else -1
+        self.total[b][g] -= size
+        most = max(room)
+        if most != self.most_list[b][g]:
+            self.most_list[b][g] = most
+            self.most[b][g] = most
 
     def cut_plan(
         self, b: int, size: int, load: np.ndarray, prefer: int
@@ -346,14 +363,12 @@ class _Bins:
         """Where the pieces of a cut go: group ``prefer`` if it has room for all of it, else
         the least loaded group that has, else the micro-batches with the most room anywhere
         (a step's tokens always fit: :func:`balance` sizes the buckets for them)."""
-        total = np.asarray([sum(r) for r in self.room[b]])
-        ok = np.flatnonzero(total >= size)
+        total = self.total[b]
         if prefer >= 0 and total[prefer] >= size:
             groups = [prefer]
-        elif len(ok):
-            groups = [int(ok[np.argmin(load[ok])])]
         else:
-            groups = list(range(len(total)))
+            g = _least(load, np.asarray(total) >= size)
+            groups = [g] if g >= 0 else list(range(len(total)))
         cells = sorted((-r, g, m) for g in groups for m, r in enumerate(self.room[b][g]) if r > 0)
         chunks, rest = [], size
         for neg_room, g, m in cells:
@@ -363,6 +378,12 @@ class _Bins:
             if not rest:
                 break
         return chunks
+
+
+def _least(load: np.ndarray, allowed: np.ndarray) -> int:
+    """The least loaded allowed group (lowest index on ties), or -1."""
+    g = int(np.argmin(np.where(allowed, load, np.inf)))
+    return g if allowed[g] else -1
 
 
 def _place(
@@ -390,13 +411,15 @@ def _place(
         load = np.bincount(p.group[~moving], p.cost[~moving], groups).astype(np.float64)
     heap = [(x, g) for g, x in enumerate(load.tolist())]
     heapq.heapify(heap)
-    loads = load.tolist()  # the loop works on lists: numpy scalars cost ~10x more per access
+    loads = load.tolist()  # the loop reads lists: numpy scalars cost ~10x more per access
     lengths, costs = p.length.tolist(), p.cost.tolist()
     buckets, own = p.bucket.tolist(), p.group.tolist()
     group, micro_of = list(own), p.micro.tolist()
-    pick, add, replace = bins.pick, bins.add, heapq.heapreplace
+    rooms, bin_costs, total = bins.room, bins.cost, bins.total
+    most, most_list = bins.most, bins.most_list
+    replace = heapq.heapreplace
     for i in todo[np.lexsort((todo, -p.cost[todo]))].tolist():
-        b, size = buckets[i], lengths[i]
+        b, size, c = buckets[i], lengths[i], costs[i]
         if redo is None:
             top, g = heap[0]
             while top != loads[g]:  # loads only grow: refresh stale entries lazily
@@ -404,27 +427,39 @@ def _place(
                 top, g = heap[0]
         else:
             g = own[i]
-        m = pick(b, g, size)
-        keep = redo is not None and cut and sum(bins.room[b][g]) >= size
-        if m < 0 and not keep:  # that group is full for it: the least loaded group with room
-            load[:] = loads
-            g = bins.roomiest(b, size, load)
-            m = pick(b, g, size) if g >= 0 else -1
+        # The cheapest micro-batch of group g with room (inlined: this loop is the hot path).
+        room, cell_cost = rooms[b][g], bin_costs[b][g]
+        m = -1
+        for k, r in enumerate(room):
+            if r >= size and (m < 0 or cell_cost[k] < cell_cost[m]):
+                m = k
+        if m < 0 and not (redo is not None and cut and total[b][g] >= size):
+            g = _least(load, most[b] >= size)  # the least loaded group with room
+            m = bins.pick(b, g, size) if g >= 0 else -1
         if m >= 0:
             group[i], micro_of[i] = g, m
-            add(b, g, m, size, costs[i])
-            loads[g] += costs[i]
+            room = rooms[b][g]
+            room[m] -= size
+            bin_costs[b][g][m] += c
+            total[b][g] -= size
+            largest = max(room)
+            if largest != most_list[b][g]:
+                most_list[b][g] = largest
+                most[b][g] = largest
+            loads[g] += c
+            load[g] = loads[g]
             continue
         if not cut:
             return b
-        load[:] = loads
         chunks = bins.cut_plan(b, size, load, own[i] if redo is not None else -1)
         group[i], micro_of[i] = chunks[0][:2]
-        for (g, m, n), c in zip(chunks, p.cut(i, chunks, cost), strict=True):
-            add(b, g, m, n, c)
-            loads[g] += c
+        for (g, m, n), piece_cost in zip(chunks, p.cut(i, chunks, cost), strict=True):
+            bins.add(b, g, m, n, piece_cost)
+            loads[g] += piece_cost
+            load[g] = loads[g]
     p.group[: len(group)] = group
     p.micro[: len(micro_of)] = micro_of
+    p.flush()
     return None
 
 
