@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omniload_dask.balance import Bucket, balance, route
+from omniload_dask.balance import Bucket, balance, route, split_documents
 from omniload_dask.cost import CostModel, transformer_coefficients
 from omniload_dask.mixing import Mixer, NeedMore
 
@@ -69,20 +69,33 @@ class Shape:
 
 
 class Stream:
-    """Documents drawn by the real mixer from three endless sources of ``shape``."""
+    """Documents drawn by the real mixer from three endless sources of ``shape``.
 
-    def __init__(self, seed: int, shape: Shape) -> None:
+    With ``split``, documents are cut into pieces of at most that many tokens first, so a
+    rank's own stream continues a long document into its next step instead of waiting for a
+    budget it never has.
+    """
+
+    def __init__(self, seed: int, shape: Shape, split: int | None = None) -> None:
         self.rng = np.random.default_rng(seed)
         self.shape = shape
+        self.split = split
         self.mixer = Mixer(3, "tokens")
         self.queues = [np.zeros(0, np.int64) for _ in range(3)]
+
+    def _more(self, source: int) -> np.ndarray:
+        x = self.shape.draw(self.rng, source, 256)
+        if self.split is None:
+            return x
+        doc, start = split_documents(x, self.split)
+        return np.minimum(x[doc] - start, self.split)
 
     def next(self, budget: int) -> tuple[np.ndarray, np.ndarray]:
         """(lengths, sources) of the next global batch of at most ``budget`` tokens."""
         for s in range(3):
             want = 2 * budget * WEIGHTS[s] + 70000 * self.shape.scale
             while self.queues[s].sum() < want:
-                self.queues[s] = np.concatenate([self.queues[s], self.shape.draw(self.rng, s, 256)])
+                self.queues[s] = np.concatenate([self.queues[s], self._more(s)])
         sel = self.mixer.select(WEIGHTS, self.queues, [True] * 3, budget_tokens=budget)
         if isinstance(sel, NeedMore):  # cannot happen: the queues hold two budgets' worth
             raise RuntimeError(f"the mixer wants more documents of sources {sel.sources}")
@@ -99,8 +112,8 @@ class Stream:
 def baseline_costs(
     streams: list[Stream], micro: int, seq_len: int, cost: CostModel, fill: float = 1.0
 ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Per rank: its own stream's next ``fill * micro * seq_len`` tokens, packed first fit, in
-    stream order (long documents split at ``seq_len``, a piece that fits nowhere cut to fill)."""
+    """Per rank: its own stream's next ``fill * micro * seq_len`` tokens (documents split at
+    ``seq_len``), packed first fit in stream order; a piece that fits nowhere is cut to fill."""
     out, pieces_of_rank = [], []
     for stream in streams:
         lengths, _ = stream.next(int(fill * micro * seq_len))
@@ -139,7 +152,7 @@ def simulate(
     budget = int(fill * dp * MICRO * SEQ_LEN)
     buckets = [Bucket(SEQ_LEN, MICRO)]
     stream = Stream(seed, Shape())
-    ranks = [Stream(seed * 1000 + 17 + r, Shape()) for r in range(dp)]
+    ranks = [Stream(seed * 1000 + 17 + r, Shape(), split=SEQ_LEN) for r in range(dp)]
     rows: dict[str, list[float]] = {k: [] for k in (
         "eff", "step", "bound", "base_eff", "base_step", "base_tokens", "tokens", "padding",
         "cuts", "ms", "cpu_ms", "docs", "micro_eff", "underfill")}  # fmt: skip
@@ -318,7 +331,7 @@ def real_compute(steps: int, dp: int, seed: int) -> dict[str, Any]:
     cost = CostModel(*transformer_coefficients(**TINY))  # type: ignore[arg-type]
     shape = Shape(scale=0.25)  # web ~100, code ~375, long 2k-16k tokens
     stream = Stream(seed, shape)
-    ranks = [Stream(seed * 1000 + 7 + r, shape) for r in range(dp)]
+    ranks = [Stream(seed * 1000 + 7 + r, shape, split=seq) for r in range(dp)]
     run(np.array([64, 256]))  # warm-up
     xs: list[tuple[float, float, int, float]] = []
     ys: list[float] = []

@@ -224,6 +224,7 @@ class Coordinator:
         return self.slice_keys(key)[coords["cp"]] if self.layout.cp > 1 else key
 
     def _rebuild(self, rank: int, step: int, group: int) -> str:
+        """Submit a released step's batch for ``group`` again, from its kept recipe."""
         record = self.steps.get(step)
         if record is None:
             raise JobError(

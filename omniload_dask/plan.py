@@ -18,10 +18,10 @@ Optional sections, each described on its spec class below::
 
     batch:                      # context buckets instead of one seq_len (BatchSpec, BucketSpec)
       global_tokens: 1048576
-      buckets:
-        - {seq_len: 4096, share: 0.75}                    # short documents, by length
-        - {seq_len: 32768, share: 0.25}                   # documents over 4096 tokens
-        - {seq_len: 32768, micro_batches: 1, sources: [books]}   # (or pin sources to a bucket)
+      buckets:                  # each: share of global_tokens (or micro_batches per rank)
+        - {seq_len: 4096, share: 0.6}                      # short documents, by length
+        - {seq_len: 32768, share: 0.2}                     # documents over 4096 tokens
+        - {seq_len: 32768, share: 0.2, sources: [books]}   # books, whatever their length
     layout: {dp: 4, tp: 2, cp: 2}           # or an explicit rank_map (LayoutSpec)
     cost: {model: {hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn: 14336, gated: true}}
 
@@ -235,7 +235,8 @@ class CostSpec:
     ``linear * L + quadratic * L**2`` (dense layers plus attention), with the coefficients given,
     or derived from ``model`` (a transformer description: hidden, layers, heads, kv_heads, ffn,
     vocab, gated, causal), or ``function``: ``package.module:function`` taking an array of
-    lengths and returning their costs, imported when the plan is loaded.
+    lengths and returning their costs, imported (and tried once) wherever the plan is loaded:
+    the data plane on the scheduler and every feeder, so it must be importable there.
     """
 
     linear: float = 1.0
