@@ -10,6 +10,7 @@ shards into a :class:`GroupBatch` in the packed ("varlen") layout::
     labels       [6 7 -100 9 -100]      next token inside the document, -100 at its end
     position_ids [0 1 2 0 1]
     cu_seqlens   [0 3 5]                 (int32)
+    seq_len      the micro-batch's capacity (its context bucket's sequence length)
 
 Both classes register with ``dask.sizeof`` so the cluster's memory accounting is right.
 """
@@ -51,7 +52,8 @@ class Recipe:
     """How to build one DP group's batch of one step.
 
     ``pieces`` rows are ``(micro_step, shard slot, row, token start, token stop)`` in output
-    order; the shard slot indexes the shards passed to :func:`build`.
+    order; the shard slot indexes the shards passed to :func:`build`. Micro-step m holds up to
+    ``micro_seq_lens[m]`` tokens (context buckets), or ``seq_len`` when that is empty.
     """
 
     step: int
@@ -62,6 +64,11 @@ class Recipe:
     slot_epochs: tuple[int, ...] = ()  # the source epoch each shard slot was drawn in
     pad_to_seq_len: bool = False
     pad_id: int = 0
+    micro_seq_lens: tuple[int, ...] = ()
+
+    def capacity(self, micro_step: int) -> int:
+        """Token capacity of micro-step ``micro_step``."""
+        return self.micro_seq_lens[micro_step] if self.micro_seq_lens else self.seq_len
 
 
 @dataclass
@@ -108,7 +115,7 @@ def _micro_batch(recipe: Recipe, m: int, rows: np.ndarray, shards: list[Shard]) 
     cu = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
     total = int(cu[-1])
-    width = recipe.seq_len if recipe.pad_to_seq_len else total
+    width = recipe.capacity(m) if recipe.pad_to_seq_len else total
     input_ids = np.full(width, recipe.pad_id, dtype=np.int64)
     doc_source = np.empty(n, dtype=np.int32)
     doc_id = np.empty(n, dtype=np.int64)
@@ -139,6 +146,7 @@ def _micro_batch(recipe: Recipe, m: int, rows: np.ndarray, shards: list[Shard]) 
         "doc_id": doc_id,
         "doc_offset": rows[:, 3].astype(np.int64),
         "doc_epoch": doc_epoch,
+        "seq_len": recipe.capacity(m),
         "step": recipe.step,
         "micro_step": m,
         "num_micro_steps": recipe.num_micro_steps,

@@ -6,9 +6,13 @@ construction, release keys). Everything that decides *which* samples form global
 here and depends only on the plan, the seed, t and the reported lengths, never on timing::
 
     ranks ask for steps  ->  draw step t when every source's next documents are known
-                             (mixing.Mixer picks them, balance.assign splits them by cost)
-                         ->  one SubmitConstruct per DP group, keys released once all the
-                             ranks of the group have fetched the batch
+                             (mixing.Mixer picks them, balance.balance splits them by cost)
+                         ->  one SubmitConstruct per DP group (plus, with context
+                             parallelism, one slice per cp rank: key suffix -cp{c}), keys
+                             released once all the ranks of the group have fetched the step
+
+Tensor- and pipeline-parallel ranks of a group fetch the same key; context-parallel rank c
+fetches slice c, so no rank loads what a peer already loaded.
 
 Read units are submitted ahead of need (a window per source that covers the steps drawn ahead),
 and released as soon as the cursor has passed them and their constructions are submitted.
@@ -24,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from .balance import CostModel, assign, split_documents
+from .balance import Assignment, Bucket, balance, route
 from .batches import Recipe
+from .cost import CostModel
 from .errors import JobError
 from .mixing import Mixer, NeedMore, WeightSchedule
 from .plan import Plan, SourceSpec, check_weights
@@ -57,9 +62,12 @@ class SubmitRead:
 
 @dataclass(frozen=True)
 class SubmitConstruct:
+    """Build one group's batch; with ``slices``, also cut slice c of it under ``slices[c]``."""
+
     key: str
     recipe: Recipe
     reads: tuple[ReadSpec, ...]  # in shard-slot order
+    slices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,7 @@ class StepFigures:
     source_tokens: list[int] = field(default_factory=list)
     source_documents: list[int] = field(default_factory=list)
     target: list[float] = field(default_factory=list)  # weight shares the step was drawn with
+    cuts: int = 0
 
 
 class Coordinator:
@@ -111,6 +120,11 @@ class Coordinator:
         self.run_id = run_id
         self.layout = plan.layout
         self.cost = CostModel.from_spec(plan.cost)
+        names = plan.source_names
+        specs = plan.batch.context_buckets
+        self.buckets = [Bucket(b.seq_len, b.micro_batches, bool(b.sources)) for b in specs]
+        self.pinned = {names.index(n): b for b, spec in enumerate(specs) for n in spec.sources}
+        self.caps = [plan.batch.document_cap_for(n) for n in names]
         self.streams = [
             SourceStream(i, spec, cat, plan.seed)
             for i, (spec, cat) in enumerate(zip(plan.sources, catalogs, strict=True))
@@ -131,6 +145,8 @@ class Coordinator:
         self.tokens = 0
         self.capacity_tokens = 0
         self.extra_micro_steps = 0
+        self.cuts = 0
+        self.spilled = 0
         self.steps_drawn = 0
         self.efficiency_sum = 0.0
         self.efficiency_min = 1.0
@@ -147,9 +163,10 @@ class Coordinator:
         suffix = f"-r{rebuild}" if rebuild else ""
         return f"omniload-batch-{self.run_id}-{step}-{group}{suffix}"
 
-    @property
-    def cap(self) -> int:
-        return self.plan.batch.document_cap
+    def slice_keys(self, key: str) -> tuple[str, ...]:
+        """Keys of a batch's context-parallel slices (none without context parallelism)."""
+        cp = self.layout.cp
+        return tuple(f"{key}-cp{c}" for c in range(cp)) if cp > 1 else ()
 
     @property
     def names(self) -> list[str]:
@@ -261,6 +278,7 @@ class Coordinator:
             if index >= 1024:
                 raise JobError("add_source: at most 1024 sources per job")
             self.streams.append(SourceStream(index, spec, catalog, self.plan.seed))
+            self.caps.append(self.plan.batch.document_cap_for(spec.name))
             self.mixer.add_source()
             self._active = np.append(self._active, False)
         self.schedule.add_source(spec.name, spec.weight)
@@ -314,13 +332,21 @@ class Coordinator:
         return actions
 
     def batch_for(self, rank: int, step: int) -> str | None:
-        """The batch key of ``step`` for ``rank`` if drawn (rebuilt if released), else None."""
-        group = self.layout.coords(rank)["dp"]
+        """The key ``rank`` fetches for ``step`` if drawn (rebuilt if released), else None.
+
+        That is its DP group's batch, or with context parallelism its cp rank's slice of it.
+        """
+        coords = self.layout.coords(rank)
+        group = coords["dp"]
         if step >= self.next_step:
             return None
         key = self.held.get((step, group))
-        if key is not None:
-            return key
+        if key is None:
+            key = self._rebuild(rank, step, group)
+        return self.slice_keys(key)[coords["cp"]] if self.layout.cp > 1 else key
+
+    def _rebuild(self, rank: int, step: int, group: int) -> str:
+        """Submit a released step's batch for ``group`` again, from its kept recipe."""
         record = self.steps.get(step)
         if record is None:
             raise JobError(
@@ -331,7 +357,9 @@ class Coordinator:
         record.rebuilds += 1
         key = self.batch_key(step, group, record.rebuilds)
         self.held[(step, group)] = key
-        self._actions.append(SubmitConstruct(key, record.recipes[group], record.reads[group]))
+        self._actions.append(
+            SubmitConstruct(key, record.recipes[group], record.reads[group], self.slice_keys(key))
+        )
         return key
 
     # ---------------------------------------------------------------- internals
@@ -354,7 +382,7 @@ class Coordinator:
         tokens, docs = self._budget()
         share = weights[i] / weights.sum()
         if tokens is not None:
-            return int(share * tokens * 1.25 * scale) + self.cap, 1
+            return int(share * tokens * 1.25 * scale) + self.caps[i], 1
         return 1, int(share * docs * 1.25 * scale) + 2
 
     def _draw(self) -> bool:
@@ -373,7 +401,7 @@ class Coordinator:
             for i, stream in enumerate(self.streams):
                 if weights[i] > 0:
                     want_tokens, want_docs = self._wants(i, weights, scale)
-                    cands.append(stream.candidates(self.cap, want_tokens, want_docs))
+                    cands.append(stream.candidates(self.caps[i], want_tokens, want_docs))
                 else:
                     cands.append(Candidates(np.zeros(0, np.int64)))
             result = self.mixer.select(
@@ -415,16 +443,25 @@ class Coordinator:
         # Documents in tag order: (source, unit, row in file order, effective length).
         src = order[:, 0]
         idx = order[:, 1]
-        doc_units: list[Unit] = []
+        doc_unit = np.empty(len(order), dtype=np.int64)  # index into units
         rows = np.empty(len(order), dtype=np.int64)
         lengths = np.empty(len(order), dtype=np.int64)
-        for j, (s, k) in enumerate(zip(src.tolist(), idx.tolist(), strict=True)):
+        units: list[Unit] = []
+        unit_source: list[int] = []
+        for s in np.unique(src).tolist():
+            sel = np.flatnonzero(src == s)
             c = cands[s]
-            unit = c.units[int(c.unit_of[k])]
-            doc_units.append(unit)
-            rows[j] = unit.order[int(c.row_of[k])]
-            lengths[j] = c.lengths[k]
-        self._plan_step(step, src, doc_units, rows, lengths)
+            k = idx[sel]
+            lengths[sel] = c.lengths[k]
+            local = c.unit_of[k]
+            for u in np.unique(local).tolist():
+                here = local == u
+                unit = c.units[u]
+                rows[sel[here]] = unit.order[c.row_of[k[here]]]
+                doc_unit[sel[here]] = len(units)
+                units.append(unit)
+                unit_source.append(s)
+        self._plan_step(step, src, units, unit_source, doc_unit, rows, lengths)
         if finished:
             self._actions.append(Release(tuple(u.key for u in finished)))
             for u in finished:
@@ -435,78 +472,130 @@ class Coordinator:
                 del self.steps[old]
 
     def _plan_step(
-        self, step: int, src: np.ndarray, units: list[Unit], rows: np.ndarray, lengths: np.ndarray
+        self,
+        step: int,
+        src: np.ndarray,
+        units: list[Unit],
+        unit_source: list[int],
+        doc_unit: np.ndarray,
+        rows: np.ndarray,
+        lengths: np.ndarray,
     ) -> None:
-        batch = self.plan.batch
-        doc, start = split_documents(lengths, batch.seq_len)
-        piece_len = np.minimum(lengths[doc] - start, batch.seq_len)
-        costs = self.cost(piece_len)
-        groups = self.layout.dp
-        plan = assign(piece_len, costs, groups, batch.micro_batches, batch.seq_len)
-        micro = plan.num_micro_steps
-        recipes, reads = [], []
-        epochs = {u.key: u.epoch for u in units}
-        for g in range(groups):
-            slots: dict[str, int] = {}
-            group_reads: list[ReadSpec] = []
-            rows_out = []
-            for m, members in enumerate(plan.bins[g]):
-                for p in members.tolist():
-                    d = int(doc[p])
-                    unit = units[d]
-                    slot = slots.get(unit.key)
-                    if slot is None:
-                        slot = slots[unit.key] = len(group_reads)
-                        group_reads.append(self._read_spec(int(src[d]), unit))
-                    lo = int(start[p])
-                    rows_out.append((m, slot, int(rows[d]), lo, lo + int(piece_len[p])))
-            pieces = np.asarray(rows_out, dtype=np.int64).reshape(-1, 5)
-            recipe = Recipe(
-                step=step,
-                group=g,
-                num_micro_steps=micro,
-                pieces=pieces,
-                seq_len=batch.seq_len,
-                slot_epochs=tuple(epochs[r.key] for r in group_reads),
-                pad_to_seq_len=batch.pad_to_seq_len,
-            )
-            recipes.append(recipe)
-            reads.append(tuple(group_reads))
+        """Balance the step's documents over the DP groups; one recipe and construct each."""
+        plan = self.plan_split(src, lengths)
+        recipes, reads = self._recipes(step, plan, units, unit_source, doc_unit, rows)
+        for g, (recipe, group_reads) in enumerate(zip(recipes, reads, strict=True)):
             key = self.batch_key(step, g)
             self.held[(step, g)] = key
-            self._actions.append(SubmitConstruct(key, recipe, tuple(group_reads)))
+            self._actions.append(SubmitConstruct(key, recipe, group_reads, self.slice_keys(key)))
         source_tokens = np.bincount(src, weights=lengths, minlength=len(self.streams))
         self.steps[step] = _Step(recipes, reads, plan.group_costs, plan.group_tokens, source_tokens)
-        source_documents = np.bincount(src, minlength=len(self.streams))
-        self._record(step, plan.efficiency, micro, lengths, source_tokens, source_documents)
+        self._record(step, plan, lengths, source_tokens, src)
+
+    def plan_split(self, src: np.ndarray, lengths: np.ndarray) -> Assignment:
+        """Route a step's documents to buckets and split them among the DP groups (pure)."""
+        bucket, by_length = route(lengths, src, self.buckets, self.pinned)
+        return balance(
+            lengths,
+            bucket,
+            self.buckets,
+            self.layout.dp,
+            self.cost,
+            by_length=by_length,
+            cut=self.plan.batch.long_documents == "split",
+        )
+
+    def _recipes(
+        self,
+        step: int,
+        plan: Assignment,
+        units: list[Unit],
+        unit_source: list[int],
+        doc_unit: np.ndarray,
+        rows: np.ndarray,
+    ) -> tuple[list[Recipe], list[tuple[ReadSpec, ...]]]:
+        """Per group: pieces as (micro-step, shard slot, row, start, stop), and its reads.
+
+        A group's shard slots number the units it reads in order of first use.
+        """
+        groups, nu = self.layout.dp, max(1, len(units))
+        order = plan.output_order()
+        piece_unit = doc_unit[plan.doc[order]]
+        group = plan.group[order]
+        pair, first, inverse = np.unique(
+            group * nu + piece_unit, return_index=True, return_inverse=True
+        )
+        by_use = np.lexsort((first, pair // nu))
+        pair_group = (pair // nu)[by_use]
+        slot = np.empty(len(pair), dtype=np.int64)
+        slot[by_use] = np.arange(len(pair)) - np.searchsorted(pair_group, pair_group, "left")
+        start = plan.start[order]
+        table = np.stack(
+            [
+                plan.micro[order],
+                slot[inverse.reshape(-1)],
+                rows[plan.doc[order]],
+                start,
+                start + plan.length[order],
+            ],
+            axis=1,
+        )
+        used = (pair % nu)[by_use].tolist()
+        bounds = np.searchsorted(group, np.arange(groups + 1)).tolist()
+        pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1)).tolist()
+        specs = [self._read_spec(s, u) for s, u in zip(unit_source, units, strict=True)]
+        capacity = tuple(plan.micro_capacity.tolist())
+        batch = self.plan.batch
+        recipes, reads = [], []
+        for g in range(groups):
+            mine = used[pair_bounds[g] : pair_bounds[g + 1]]
+            recipes.append(
+                Recipe(
+                    step=step,
+                    group=g,
+                    num_micro_steps=plan.num_micro_steps,
+                    pieces=table[bounds[g] : bounds[g + 1]],
+                    seq_len=batch.seq_len,
+                    slot_epochs=tuple(units[u].epoch for u in mine),
+                    pad_to_seq_len=batch.pad_to_seq_len,
+                    micro_seq_lens=capacity,
+                )
+            )
+            reads.append(tuple(specs[u] for u in mine))
+        return recipes, reads
 
     def _record(
         self,
         step: int,
-        efficiency: float,
-        micro: int,
+        plan: Assignment,
         lengths: np.ndarray,
         source_tokens: np.ndarray,
-        source_documents: np.ndarray | None = None,
+        sources: np.ndarray,
     ) -> None:
-        batch = self.plan.batch
+        efficiency = plan.efficiency
         self.documents += len(lengths)
         self.tokens += int(lengths.sum())
-        self.capacity_tokens += self.layout.dp * micro * batch.seq_len
-        self.extra_micro_steps += max(0, micro - batch.micro_batches)
+        self.capacity_tokens += self.layout.dp * int(plan.micro_capacity.sum())
+        declared = sum(b.micro_batches for b in self.buckets)
+        self.extra_micro_steps += max(0, plan.num_micro_steps - declared)
+        self.cuts += plan.cuts
+        self.spilled += plan.spilled
         self.steps_drawn += 1
         self.efficiency_sum += efficiency
         self.efficiency_min = min(self.efficiency_min, efficiency)
         self.history.append(
             StepFigures(
-                step,
-                efficiency,
-                micro,
-                int(lengths.sum()),
-                len(lengths),
-                source_tokens.astype(int).tolist(),
-                [] if source_documents is None else source_documents.astype(int).tolist(),
-                (self._step_weights / max(self._step_weights.sum(), 1e-300)).round(6).tolist(),
+                step=step,
+                efficiency=efficiency,
+                num_micro_steps=plan.num_micro_steps,
+                tokens=int(lengths.sum()),
+                documents=len(lengths),
+                source_tokens=source_tokens.astype(int).tolist(),
+                source_documents=np.bincount(sources, minlength=len(self.streams)).tolist(),
+                target=(self._step_weights / max(self._step_weights.sum(), 1e-300))
+                .round(6)
+                .tolist(),
+                cuts=plan.cuts,
             )
         )
 
@@ -548,7 +637,9 @@ class Coordinator:
         if not known:
             return loader.read_ahead
         if tokens is not None:
-            sizes = [np.minimum(u.lengths, self.cap).sum() for u in known if u.lengths is not None]
+            sizes = [
+                np.minimum(u.lengths, self.caps[i]).sum() for u in known if u.lengths is not None
+            ]
             per_step = share * tokens
         else:
             sizes = [len(u.lengths) for u in known]  # type: ignore[arg-type]
@@ -565,7 +656,8 @@ class Coordinator:
         if done:
             for where, _ in done:
                 del self.held[where]
-            self._actions.append(Release(tuple(key for _, key in done)))
+            keys = [k for _, key in done for k in (key, *self.slice_keys(key))]
+            self._actions.append(Release(tuple(keys)))
 
     # ---------------------------------------------------------------- figures
     def stats(self) -> dict[str, Any]:
@@ -581,6 +673,8 @@ class Coordinator:
             "tokens": self.tokens,
             "capacity_tokens": self.capacity_tokens,
             "extra_micro_steps": self.extra_micro_steps,
+            "documents_cut": self.cuts,
+            "documents_spilled": self.spilled,
             "steps_drawn": steps,
             "efficiency_mean": self.efficiency_sum / steps if steps else None,
             "efficiency_min": self.efficiency_min if steps else None,

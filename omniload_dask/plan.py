@@ -14,6 +14,17 @@ parallel layout, and what to do with bad records. Example::
       - {name: web, format: jsonl, path: data/web/*.jsonl.zst, weight: 3}
       - {name: books, format: parquet, path: data/books/*.parquet, text: body, weight: 1}
 
+Optional sections, each described on its spec class below::
+
+    batch:                      # context buckets instead of one seq_len (BatchSpec, BucketSpec)
+      global_tokens: 1048576
+      buckets:                  # each: share of global_tokens (or micro_batches per rank)
+        - {seq_len: 4096, share: 0.6}                      # short documents, by length
+        - {seq_len: 32768, share: 0.2}                     # documents over 4096 tokens
+        - {seq_len: 32768, share: 0.2, sources: [books]}   # books, whatever their length
+    layout: {dp: 4, tp: 2, cp: 2}           # or an explicit rank_map (LayoutSpec)
+    cost: {model: {hidden: 4096, layers: 32, heads: 32, kv_heads: 8, ffn: 14336, gated: true}}
+
 Mixing can follow a schedule (piecewise constant or linear, over steps or consumed tokens)::
 
     mixing:
@@ -34,20 +45,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ._validate import Fields, check_number, fail
+from .cost import check_function, load_function, transformer_coefficients
 from .errors import PlanError
 
 __all__ = [
     "BatchSpec",
+    "BucketSpec",
     "CostSpec",
     "LayoutSpec",
     "LoaderSpec",
@@ -95,13 +110,40 @@ class TokenizerSpec:
 
 
 @dataclass(frozen=True)
+class BucketSpec:
+    """One context bucket: micro-batches of up to ``seq_len`` tokens, ``micro_batches`` per rank.
+
+    ``share`` (when the plan gives it instead of ``micro_batches``) is the part of
+    ``global_tokens`` the bucket is sized for: ``micro_batches = ceil(share * global_tokens /
+    (dp * seq_len))``. ``sources`` pins those sources' documents to this bucket; documents of the
+    other sources go, by length, to the shortest bucket without ``sources`` that holds them whole
+    (longer ones to the longest such bucket, split into ``seq_len`` pieces).
+    """
+
+    seq_len: int
+    micro_batches: int
+    share: float | None = None
+    sources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class BatchSpec:
     """How global batches are cut.
 
     ``seq_len`` is the token capacity of one packed micro-batch; each rank gets ``micro_batches``
-    of them per step (more in the rare step whose documents cannot be packed into that many).
-    The global batch is a token budget (``global_tokens``) or a document count
+    of them per step. The global batch is a token budget (``global_tokens``, by default
+    ``dp * micro_batches * seq_len``: full micro-batches) or a document count
     (``global_documents``); it does not depend on the DP size, so elastic resume keeps the stream.
+
+    ``long_documents: split`` lets documents be cut: those longer than ``seq_len`` into
+    ``seq_len`` pieces, and, when a step's pieces cannot all be packed whole, a piece into the
+    micro-batches that still have room (so a step never needs more micro-batches than its tokens
+    do). ``truncate`` never cuts a document: longer ones are truncated to ``seq_len``, and a step
+    whose documents do not pack into ``micro_batches`` gets one more micro-batch on every rank.
+
+    With ``buckets`` (context buckets, see :class:`BucketSpec`) each rank's step has micro-batches
+    of several sizes, the buckets' in the order declared; ``seq_len`` is then the longest
+    bucket's and ``micro_batches`` their total.
     """
 
     seq_len: int
@@ -111,6 +153,12 @@ class BatchSpec:
     long_documents: str = "split"
     max_document_tokens: int | None = None
     pad_to_seq_len: bool = False
+    buckets: tuple[BucketSpec, ...] = ()
+
+    @property
+    def context_buckets(self) -> tuple[BucketSpec, ...]:
+        """The declared buckets, or the single one that ``seq_len``/``micro_batches`` make."""
+        return self.buckets or (BucketSpec(self.seq_len, self.micro_batches),)
 
     @property
     def document_cap(self) -> int:
@@ -119,16 +167,36 @@ class BatchSpec:
             return self.seq_len
         return self.max_document_tokens or (self.global_tokens or 64 * self.seq_len)
 
+    def document_cap_for(self, source: str) -> int:
+        """:attr:`document_cap` for one source: when truncating, its bucket's ``seq_len``."""
+        if self.long_documents != "truncate":
+            return self.document_cap
+        pinned = [b.seq_len for b in self.context_buckets if source in b.sources]
+        if pinned:
+            return pinned[0]
+        return max(b.seq_len for b in self.context_buckets if not b.sources)
+
 
 @dataclass(frozen=True)
 class LayoutSpec:
-    """The trainer's parallel layout: dp x tp x pp x cp ranks, global rank order from ``order``."""
+    """The trainer's parallel layout: dp x tp x pp x cp ranks.
+
+    Global rank r maps to coordinates by ``order`` (the first axis varies fastest; default
+    ``tp-cp-dp-pp``), or by an explicit ``rank_map``: entry r is ``[dp, tp, pp, cp]`` of rank r.
+    One DP group (fixed dp, every tp/pp/cp) shares one constructed batch; its tp and pp ranks get
+    the same batch, its cp ranks each their own slice of it.
+    """
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
     cp: int = 1
     order: tuple[str, ...] = ("tp", "cp", "dp", "pp")
+    rank_map: tuple[tuple[int, int, int, int], ...] = ()
+
+    @cached_property
+    def _ranks_by_coords(self) -> dict[tuple[int, int, int, int], int]:
+        return {coords: r for r, coords in enumerate(self.rank_map)}
 
     @property
     def world_size(self) -> int:
@@ -143,6 +211,8 @@ class LayoutSpec:
         """Global rank -> {dp, tp, pp, cp}; the first axis of ``order`` varies fastest."""
         if not 0 <= rank < self.world_size:
             raise PlanError(f"rank: must be in [0, {self.world_size}), got {rank}")
+        if self.rank_map:
+            return dict(zip(("dp", "tp", "pp", "cp"), self.rank_map[rank], strict=True))
         out = {}
         for axis in self.order:
             size = getattr(self, axis)
@@ -155,6 +225,8 @@ class LayoutSpec:
         for axis, value in coords.items():
             if not 0 <= value < getattr(self, axis):
                 raise PlanError(f"{axis}_rank: must be in [0, {getattr(self, axis)}), got {value}")
+        if self.rank_map:
+            return self._ranks_by_coords[(dp, tp, pp, cp)]
         rank, stride = 0, 1
         for axis in self.order:
             rank += coords[axis] * stride
@@ -196,10 +268,27 @@ class MixingSpec:
 
 @dataclass(frozen=True)
 class CostSpec:
-    """Cost of one document of L tokens: ``linear * L + quadratic * L**2`` (attention)."""
+    """Cost of one document piece of L tokens, to balance ranks by (see :mod:`.cost`).
+
+    ``linear * L + quadratic * L**2`` (dense layers plus attention), with the coefficients given,
+    or derived from ``model`` (a transformer description: hidden, layers, heads, kv_heads, ffn,
+    vocab, gated, causal), or ``function``: ``package.module:function`` taking an array of
+    lengths and returning their costs, imported (and tried once) wherever the plan is loaded:
+    the data plane on the scheduler and every feeder, so it must be importable there.
+    """
 
     linear: float = 1.0
     quadratic: float = 1.0 / (6 * 4096)
+    model: Mapping[str, Any] | None = None
+    function: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The form the plan gave (coefficients derived from a model are not repeated)."""
+        if self.function is not None:
+            return {"function": self.function}
+        if self.model is not None:
+            return {"model": dict(self.model)}
+        return {"linear": self.linear, "quadratic": self.quadratic}
 
 
 @dataclass(frozen=True)
@@ -248,7 +337,20 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """The resolved plan as plain data (what ``omniload validate`` prints)."""
         data = asdict(self)
-        data["layout"]["order"] = "-".join(self.layout.order)
+        layout = data["layout"]
+        if self.layout.rank_map:
+            layout.pop("order")
+            layout["rank_map"] = [list(c) for c in self.layout.rank_map]
+        else:
+            layout.pop("rank_map")
+            layout["order"] = "-".join(self.layout.order)
+        batch = data["batch"]
+        if self.batch.buckets:
+            del batch["seq_len"], batch["micro_batches"]
+            batch["buckets"] = [_bucket_dict(b) for b in self.batch.buckets]
+        else:
+            batch.pop("buckets")
+        data["cost"] = self.cost.to_dict()
         data["mixing"]["schedule"] = [
             {"at": p.at, "weights": dict(p.weights)} for p in self.mixing.schedule
         ]
@@ -312,6 +414,7 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
         fail("sources", "at most 1024 sources are supported", len(sources))
     if sum(s.weight for s in sources) <= 0:
         fail("sources", "at least one source needs a weight > 0", [s.weight for s in sources])
+    _check_bucket_sources(batch, [s.name for s in sources])
     top.done()
     return Plan(
         name=name,
@@ -330,23 +433,67 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
 
 def _layout(f: Fields) -> LayoutSpec:
     axes = {axis: f.integer(axis, 1, min=1, max=65536) for axis in ("dp", "tp", "pp", "cp")}
+    if f.has("rank_map") and f.has("order"):
+        fail(f.at("order"), "give order or rank_map, not both", f.raw("order"))
     order_raw = f.text("order", "tp-cp-dp-pp")
     order = tuple(order_raw.split("-"))
     if sorted(order) != ["cp", "dp", "pp", "tp"]:
         fail(f.at("order"), "must name dp, tp, pp and cp once each, joined by '-'", order_raw)
+    rank_map = _rank_map(f, axes) if f.has("rank_map") else ()
     f.done()
-    return LayoutSpec(order=order, **axes)
+    return LayoutSpec(order=order, rank_map=rank_map, **axes)
+
+
+def _rank_map(f: Fields, axes: dict[str, int]) -> tuple[tuple[int, int, int, int], ...]:
+    raw = f.raw("rank_map")
+    world = axes["dp"] * axes["tp"] * axes["pp"] * axes["cp"]
+    if not isinstance(raw, (list, tuple)) or len(raw) != world:
+        fail(
+            f.at("rank_map"),
+            f"must list [dp, tp, pp, cp] for each of the {world} ranks (dp*tp*pp*cp)",
+            raw if not isinstance(raw, (list, tuple)) else f"{len(raw)} entries",
+        )
+    seen: dict[tuple[int, ...], int] = {}
+    out = []
+    for r, entry in enumerate(raw):
+        where = f"{f.at('rank_map')}[{r}]"
+        if (
+            not isinstance(entry, (list, tuple))
+            or len(entry) != 4
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in entry)
+        ):
+            fail(where, "must be [dp, tp, pp, cp], four integers", entry)
+        for value, axis in zip(entry, ("dp", "tp", "pp", "cp"), strict=True):
+            if not 0 <= value < axes[axis]:
+                fail(where, f"{axis} must be in [0, {axes[axis]})", list(entry))
+        coords = tuple(entry)
+        if coords in seen:
+            fail(where, f"duplicates rank_map[{seen[coords]}]", list(entry))
+        seen[coords] = r
+        out.append((coords[0], coords[1], coords[2], coords[3]))
+    return tuple(out)
 
 
 def _batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
-    seq_len = f.integer("seq_len", min=8)
-    micro = f.integer("micro_batches", 1, min=1)
     tokens = f.optional_int("global_tokens", min=1)
     docs = f.optional_int("global_documents", min=1)
     if tokens is not None and docs is not None:
         fail(f.at("global_documents"), "give global_tokens or global_documents, not both", docs)
+    if f.has("buckets"):
+        for key in ("seq_len", "micro_batches"):
+            if f.has(key):
+                fail(f.at(key), "give it in each of batch.buckets instead (not both)", f.raw(key))
+        buckets = _buckets(f, layout, tokens)
+        seq_len = max(b.seq_len for b in buckets)
+        micro = sum(b.micro_batches for b in buckets)
+        capacity = layout.dp * sum(b.micro_batches * b.seq_len for b in buckets)
+    else:
+        buckets = ()
+        seq_len = f.integer("seq_len", min=8)
+        micro = f.integer("micro_batches", 1, min=1)
+        capacity = layout.dp * micro * seq_len
     if tokens is None and docs is None:
-        tokens = layout.dp * micro * seq_len
+        tokens = capacity
     long_docs = f.text("long_documents", "split", choices=("split", "truncate"))
     max_doc = f.optional_int("max_document_tokens", min=1)
     if max_doc is not None and long_docs == "truncate":
@@ -365,7 +512,93 @@ def _batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
         long_documents=long_docs,
         max_document_tokens=max_doc,
         pad_to_seq_len=pad,
+        buckets=buckets,
     )
+
+
+def _buckets(f: Fields, layout: LayoutSpec, tokens: int | None) -> tuple[BucketSpec, ...]:
+    """``batch.buckets``: each gives seq_len and either share (of global_tokens) or micro_batches."""
+    entries = [
+        Fields(raw, f"{f.at('buckets')}[{i}]") for i, raw in enumerate(f.sequence("buckets"))
+    ]
+    by_share = entries[0].has("share")
+    out = []
+    for e in entries:
+        seq_len = e.integer("seq_len", min=8)
+        if e.has("share") and e.has("micro_batches"):
+            fail(
+                e.at("micro_batches"),
+                "give share or micro_batches, not both",
+                e.raw("micro_batches"),
+            )
+        if e.has("share") != by_share:
+            fail(
+                e.at("micro_batches" if by_share else "share"),
+                "give share in every bucket or micro_batches in every bucket",
+                e.raw("micro_batches" if by_share else "share"),
+            )
+        share = None
+        if by_share:
+            share = e.number("share", exclusive_min=True, min=0)
+            if share > 1:
+                fail(e.at("share"), "must be <= 1", share)
+            if tokens is None:
+                fail(e.at("share"), "needs batch.global_tokens (or give micro_batches)", share)
+            micro = max(1, math.ceil(share * tokens / (layout.dp * seq_len) - 1e-9))
+        else:
+            micro = e.integer("micro_batches", 1, min=1)
+        raw_sources = e.raw("sources", [])
+        if not isinstance(raw_sources, (list, tuple)) or not all(
+            isinstance(x, str) and x for x in raw_sources
+        ):
+            fail(e.at("sources"), "must be a list of source names", raw_sources)
+        e.done()
+        out.append(BucketSpec(seq_len, micro, share, tuple(raw_sources)))
+    if by_share:
+        total = sum(b.share or 0.0 for b in out)
+        if abs(total - 1.0) > 1e-6:
+            fail(f.at("buckets"), "shares must add up to 1", [b.share for b in out])
+    free = [b.seq_len for b in out if not b.sources]
+    for i, b in enumerate(out):
+        if not b.sources and free.count(b.seq_len) > 1:
+            fail(
+                f"{f.at('buckets')}[{i}].seq_len",
+                "two buckets without sources have this seq_len (which one gets a document?)",
+                b.seq_len,
+            )
+    return tuple(out)
+
+
+def _check_bucket_sources(batch: BatchSpec, names: list[str]) -> None:
+    pinned: dict[str, str] = {}
+    for i, bucket in enumerate(batch.buckets):
+        for j, name in enumerate(bucket.sources):
+            where = f"batch.buckets[{i}].sources[{j}]"
+            if name not in names:
+                fail(where, f"no source named {name!r} (have {', '.join(names)})", name)
+            if name in pinned:
+                fail(where, f"source already in {pinned[name]}", name)
+            pinned[name] = f"batch.buckets[{i}]"
+    if batch.buckets and all(b.sources for b in batch.buckets):
+        loose = [n for n in names if n not in pinned]
+        if loose:
+            fail(
+                "batch.buckets",
+                "every bucket lists its sources, so these sources have none "
+                "(list them or add a bucket without sources)",
+                loose,
+            )
+
+
+def _bucket_dict(bucket: BucketSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"seq_len": bucket.seq_len}
+    if bucket.share is not None:
+        out["share"] = bucket.share
+    else:
+        out["micro_batches"] = bucket.micro_batches
+    if bucket.sources:
+        out["sources"] = list(bucket.sources)
+    return out
 
 
 def _tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> TokenizerSpec:
@@ -440,13 +673,58 @@ def check_weights(
 
 
 def _cost(f: Fields) -> CostSpec:
+    forms = [k for k in ("model", "function") if f.has(k)]
+    if f.has("linear") or f.has("quadratic"):
+        forms.insert(0, "linear" if f.has("linear") else "quadratic")
+    if len(forms) > 1:
+        fail(
+            f.at(forms[1]), f"give one of linear/quadratic, model or function (also got {forms[0]})"
+        )
     default = CostSpec()
+    if f.has("model"):
+        model = _model(f.mapping("model"))
+        linear, quadratic = transformer_coefficients(**model)
+        f.done()
+        return CostSpec(linear=linear, quadratic=quadratic, model=model)
+    if f.has("function"):
+        ref = f.text("function")
+        try:
+            check_function(load_function(ref))
+        except ValueError as exc:
+            fail(f.at("function"), str(exc), ref)
+        f.done()
+        return CostSpec(function=ref)
     linear = f.number("linear", default.linear, min=0)
     quadratic = f.number("quadratic", default.quadratic, min=0)
     if linear == 0 and quadratic == 0:
         fail(f.at("linear"), "linear and quadratic cannot both be 0", 0)
     f.done()
     return CostSpec(linear=linear, quadratic=quadratic)
+
+
+def _model(f: Fields) -> dict[str, Any]:
+    """A transformer description for the cost formula; keeps only the keys given."""
+    out: dict[str, Any] = {
+        "hidden": f.integer("hidden", min=1),
+        "layers": f.integer("layers", min=1),
+    }
+    for key in ("heads", "kv_heads", "ffn"):
+        value = f.optional_int(key, min=1)
+        if value is not None:
+            out[key] = value
+    if f.has("vocab"):
+        out["vocab"] = f.integer("vocab", min=0)
+    for key in ("gated", "causal"):
+        if f.has(key):
+            out[key] = f.flag(key, False)
+    if "kv_heads" in out:
+        heads = out.get("heads")
+        if heads is None:
+            fail(f.at("heads"), "is required with kv_heads")
+        if heads % out["kv_heads"]:
+            fail(f.at("kv_heads"), f"must divide heads ({heads})", out["kv_heads"])
+    f.done()
+    return out
 
 
 def _loader(f: Fields) -> LoaderSpec:

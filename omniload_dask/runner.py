@@ -37,6 +37,7 @@ class RunReport:
     efficiency: list[float] = field(default_factory=list)
     extra_micro_steps: int = 0
     fill: float = 0.0
+    documents_cut: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -121,12 +122,8 @@ def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> R
                 "bad_examples": list(s.get("bad_examples") or [])[:2],
             }
         )
-    # Each DP group's batch counts once (its tp/pp/cp peers share it).
-    leaders = [
-        r
-        for r in range(ranks)
-        if layout.coords(r)["tp"] == layout.coords(r)["pp"] == layout.coords(r)["cp"] == 0
-    ]
+    # Each DP group's batch counts once: its tp/pp peers share it, its cp ranks split it.
+    leaders = [r for r in range(ranks) if layout.coords(r)["tp"] == layout.coords(r)["pp"] == 0]
     delivered = int(tokens[leaders].sum())
     return RunReport(
         plan_name=job.name,
@@ -142,6 +139,7 @@ def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> R
         sources=sources,
         efficiency=[float(f["efficiency"]) for f in figures],
         extra_micro_steps=int(stats["extra_micro_steps"]),
+        documents_cut=int(stats["documents_cut"]),
         fill=stats["tokens"] / stats["capacity_tokens"] if stats["capacity_tokens"] else 0.0,
     )
 
@@ -159,7 +157,7 @@ def format_report(r: RunReport) -> str:
         f"  balance efficiency  mean {eff.mean():.4f}, min {eff.min():.4f} "
         "(mean/max of DP-group costs per step)",
         f"  capacity used       {r.fill:.1%} of dp x micro-batches x seq_len; "
-        f"{r.extra_micro_steps} extra micro-steps",
+        f"{r.extra_micro_steps} extra micro-steps, {r.documents_cut} documents cut to fill",
         "  per step efficiency "
         + " ".join(f"{e:.3f}" for e in r.efficiency[:12])
         + (" ..." if len(r.efficiency) > 12 else ""),

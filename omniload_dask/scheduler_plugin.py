@@ -122,7 +122,8 @@ class OmniloadPlugin(SchedulerPlugin):
             if meta is not None:
                 self._on_report(job, key, meta, _dask.task_duration(kwargs))
         elif finish == "memory" and key.startswith("omniload-batch-"):
-            job.batches_built += 1
+            if not key.rsplit("-", 1)[-1].startswith("cp"):  # slices are not constructions
+                job.batches_built += 1
         elif finish == "erred":
             text = kwargs.get("exception_text") or _dask.erred_text(self.scheduler, key) or "failed"
             job.coord.on_failure(key, str(text))
@@ -456,7 +457,7 @@ class OmniloadPlugin(SchedulerPlugin):
                             priority=READ_PRIORITY,
                         )
                     deps.append(fut)
-                job.futures[action.key] = client.submit(
+                built = client.submit(
                     tasks.construct,
                     action.recipe,
                     *deps,
@@ -464,6 +465,23 @@ class OmniloadPlugin(SchedulerPlugin):
                     priority=CONSTRUCT_PRIORITY,
                     retries=1,
                 )
+                cp = len(action.slices)
+                for c, key in enumerate(action.slices):
+                    job.futures[key] = client.submit(
+                        tasks.cp_slice,
+                        built,
+                        cp,
+                        c,
+                        key=key,
+                        priority=CONSTRUCT_PRIORITY,
+                        retries=1,
+                    )
+                if cp:
+                    # Ranks fetch only slices; the scheduler keeps the batch until they are cut
+                    # (and can recompute it if a slice is lost).
+                    built.release()
+                else:
+                    job.futures[action.key] = built
             elif isinstance(action, Release):
                 for key in action.keys:
                     fut = job.futures.pop(key, None)

@@ -1,4 +1,4 @@
-"""The functions that run on Dask workers: discover, read (+ tokenize), construct.
+"""The functions that run on Dask workers: discover, read (+ tokenize), construct, slice.
 
 They keep nothing between calls: a read task gets one unit, returns a :class:`Shard` that stays
 in worker memory, and attaches the shard's sample lengths for the data plane to the task's
@@ -14,12 +14,13 @@ import numpy as np
 
 from . import _dask
 from .batches import GroupBatch, Recipe, Shard, build
+from .context_parallel import slice_batch
 from .errors import RecordError
 from .plan import SourceSpec, TokenizerSpec
 from .preprocess.tokenize import describe, tokenize
 from .sources import Catalog, discover_source, encode_sample_ids, read_unit_records
 
-__all__ = ["check_tokenizer", "construct", "discover", "read_unit"]
+__all__ = ["check_tokenizer", "construct", "cp_slice", "discover", "read_unit"]
 
 MAX_REASONS = 5
 
@@ -94,3 +95,8 @@ def read_unit(
 def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:
     """Build one DP group's micro-batches for one step."""
     return build(recipe, list(shards))
+
+
+def cp_slice(batch: GroupBatch, cp: int, rank: int) -> GroupBatch:
+    """Context-parallel rank ``rank``'s slice of a constructed batch."""
+    return slice_batch(batch, cp, rank)

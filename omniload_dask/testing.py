@@ -49,7 +49,10 @@ class InlineDataPlane:
                 self._pending.append(action.read)
             elif isinstance(action, SubmitConstruct):
                 shards = [self._shard(r) for r in action.reads]
-                self.batches[action.key] = tasks.construct(action.recipe, *shards)
+                built = tasks.construct(action.recipe, *shards)
+                self.batches[action.key] = built
+                for c, key in enumerate(action.slices):
+                    self.batches[key] = tasks.cp_slice(built, len(action.slices), c)
             elif isinstance(action, Release):
                 for key in action.keys:
                     self.shards.pop(key, None)
@@ -95,27 +98,31 @@ class InlineDataPlane:
             self.coord.on_report(read.key, shard.lengths, shard.skipped)
 
     def step(self, step: int, ranks: list[int] | None = None) -> dict[int, GroupBatch]:
-        """The batches of ``step`` for every DP group (every rank asks for one step)."""
+        """The whole batches of ``step`` for every DP group (every rank asks for one step)."""
+        fetched = self.fetch(step, ranks)
+        layout = self.plan.layout
+        out: dict[int, GroupBatch] = {}
+        for rank, key in fetched.items():
+            group = layout.coords(rank)["dp"]
+            whole = key.rsplit("-cp", 1)[0] if layout.cp > 1 else key
+            out[group] = self.batches[whole]
+        return out
+
+    def fetch(self, step: int, ranks: list[int] | None = None) -> dict[int, str]:
+        """Ask for ``step`` as every rank (or ``ranks``); the key each one fetches.
+
+        ``batches[key]`` is what that rank's feeder gets (its cp slice with context
+        parallelism).
+        """
         ranks = list(range(self.plan.layout.world_size)) if ranks is None else ranks
         for rank in ranks:
             self.coord.on_request(rank, step, 1)
-        out: dict[int, GroupBatch] = {}
         for _ in range(10_000):
             self._settle()
-            done = True
-            for rank in ranks:
-                key = self.coord.batch_for(rank, step)
-                group = self.plan.layout.coords(rank)["dp"]
-                if key is None:
-                    done = False
-                    continue
-                self._run(self.coord.advance())
-                if key in self.batches:
-                    out[group] = self.batches[key]
-                else:
-                    done = False
-            if done:
-                return out
+            keys = {rank: self.coord.batch_for(rank, step) for rank in ranks}
+            self._run(self.coord.advance())
+            if all(key is not None and key in self.batches for key in keys.values()):
+                return {rank: key for rank, key in keys.items() if key is not None}
         raise RuntimeError(f"step {step} never completed")
 
     def stream(self, steps: int, start: int = 0) -> Iterator[tuple[int, dict[int, GroupBatch]]]:

@@ -1,45 +1,170 @@
+"""Partitioning and packing: properties over random and adversarial length distributions."""
+
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload_dask.balance import CostModel, assign, split_documents
+from omniload_dask.balance import (
+    Assignment,
+    Bucket,
+    _best_move,
+    balance,
+    route,
+    split_documents,
+)
+from omniload_dask.cost import CostModel
+
+SEQ = 64
+COST = CostModel(1.0, 1.0 / 16)  # attention matters: a full piece costs 5x its tokens
 
 
 def test_split_documents_cuts_into_seq_len_pieces():
     doc, start = split_documents(np.array([5, 10, 11, 1]), 5)
     assert doc.tolist() == [0, 1, 1, 2, 2, 2, 3]
     assert start.tolist() == [0, 0, 5, 0, 5, 10, 0]
+    doc, start = split_documents(np.array([5, 10]), np.array([2, 8]))
+    assert doc.tolist() == [0, 0, 0, 1, 1] and start.tolist() == [0, 2, 4, 0, 8]
 
 
 def test_worked_example_from_the_docstring():
     lengths = np.array([6, 5, 3, 2])
-    plan = assign(lengths, lengths.astype(float), 2, 1, 8)
+    plan = balance(lengths, np.zeros(4, int), [Bucket(8, 1)], 2, CostModel(1.0, 0.0))
     assert plan.efficiency == 1.0
-    assert sorted(map(int, plan.group_tokens)) == [8, 8]
+    assert plan.group_tokens.tolist() == [8, 8]
+    assert [sorted(lengths[plan.doc[b]].tolist()) for g in plan.bins for b in g] == [[2, 6], [3, 5]]
+
+
+def test_route_pins_sources_and_sends_long_documents_to_long_sequences():
+    buckets = [Bucket(16, 2), Bucket(64, 1), Bucket(32, 1, pinned=True)]
+    lengths = np.array([10, 16, 17, 70, 5, 40])
+    sources = np.array([0, 0, 0, 0, 1, 1])
+    bucket, by_length = route(lengths, sources, buckets, pinned={1: 2})
+    assert bucket.tolist() == [0, 0, 1, 1, 2, 2]
+    assert by_length.tolist() == [True] * 4 + [False] * 2
+
+
+def test_an_over_full_long_bucket_hands_its_shortest_documents_down():
+    buckets = [Bucket(16, 4), Bucket(64, 1)]  # 2 groups: the long bucket holds 128 tokens
+    lengths = np.array([60, 50, 20, 40])
+    bucket, by_length = route(lengths, np.zeros(4, int), buckets)
+    plan = balance(lengths, bucket, buckets, 2, COST, by_length=by_length)
+    kept = {int(plan.doc[i]) for i in np.flatnonzero(plan.micro_bucket[plan.micro] == 1)}
+    assert kept == {0, 1}  # 20 and 40 (170 > 128 tokens) went to 16-token sequences
+    assert plan.spilled == 2 and plan.num_micro_steps == 5
+    check_assignment(plan, lengths, buckets, 2, cut=True)
+
+
+def check_assignment(
+    plan: Assignment, lengths: np.ndarray, buckets: list[Bucket], groups: int, cut: bool
+) -> None:
+    """No token lost or delivered twice, every limit kept, no micro-batch more than needed."""
+    for d, n in enumerate(lengths.tolist()):
+        mine = np.flatnonzero(plan.doc == d)
+        mine = mine[np.argsort(plan.start[mine])]
+        ends = plan.start[mine] + plan.length[mine]
+        assert plan.start[mine][0] == 0 and ends[-1] == n
+        assert np.array_equal(plan.start[mine][1:], ends[:-1])  # contiguous, no overlap
+        assert np.all(plan.length[mine] > 0)
+        size = plan.micro_capacity[plan.micro[mine]]
+        assert np.all(plan.length[mine] <= size)
+        if not cut:  # documents are only split at their bucket's seq_len
+            assert len(mine) == max(1, -(-n // int(size[0])))
+    assert np.all(plan.micro_tokens <= plan.micro_capacity[None, :])
+    assert np.allclose(plan.cost, COST(plan.length))
+    for b, spec in enumerate(buckets):
+        count = int((plan.micro_bucket == b).sum())
+        tokens = int(plan.length[plan.micro_bucket[plan.micro] == b].sum())
+        needed = max(spec.micro_batches, -(-tokens // (groups * spec.seq_len)))
+        assert count >= needed
+        if cut:
+            assert count == needed
+
+
+lengths_st = st.one_of(
+    st.lists(st.integers(1, 3 * SEQ), max_size=150),  # uniform
+    st.lists(st.sampled_from([1, 2, SEQ]), max_size=150),  # tiny or full: worst for packing
+    st.lists(st.integers(1, 8).map(lambda k: 2**k), max_size=150),  # powers of two
+    st.builds(lambda n, v: [v] * n, st.integers(0, 120), st.integers(1, 2 * SEQ)),  # all equal
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=lengths_st,
+    groups=st.integers(1, 6),
+    micro=st.integers(1, 4),
+    two_buckets=st.booleans(),
+    cut=st.booleans(),
+)
+def test_pieces_are_never_lost_or_duplicated_and_limits_hold(
+    lengths, groups, micro, two_buckets, cut
+):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    buckets = [Bucket(SEQ, micro)] + ([Bucket(4 * SEQ, 1)] if two_buckets else [])
+    bucket, by_length = route(lengths, np.zeros(len(lengths), int), buckets)
+    plan = balance(lengths, bucket, buckets, groups, COST, by_length=by_length, cut=cut)
+    check_assignment(plan, lengths, buckets, groups, cut)
+    again = balance(lengths, bucket, buckets, groups, COST, by_length=by_length, cut=cut)
+    for name in ("doc", "start", "length", "group", "micro", "micro_capacity"):
+        assert np.array_equal(getattr(plan, name), getattr(again, name)), name
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=lengths_st, groups=st.integers(2, 8), cut=st.booleans())
+def test_with_room_to_spare_no_group_exceeds_the_mean_by_more_than_one_piece(lengths, groups, cut):
+    # The list-scheduling bound: max <= mean + the costliest piece, so efficiency is at least
+    # mean / (mean + c_max); with many small pieces that is close to 1.
+    lengths = np.asarray(lengths, dtype=np.int64)
+    micro = 2 * max(1, -(-int(lengths.sum()) // (groups * SEQ)))  # half the capacity is spare
+    plan = balance(
+        lengths, np.zeros(len(lengths), int), [Bucket(SEQ, micro)], groups, COST, cut=cut
+    )
+    costs = plan.group_costs
+    assert costs.max() <= costs.mean() + plan.cost.max(initial=0) + 1e-9
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    lengths=st.lists(st.integers(1, 64), min_size=0, max_size=200),
-    groups=st.integers(1, 8),
-    micro=st.integers(1, 4),
-)
-def test_assign_keeps_every_piece_once_and_respects_capacity(lengths, groups, micro):
-    lengths = np.asarray(lengths, dtype=np.int64)
-    cost = CostModel(1.0, 0.01)
-    plan = assign(lengths, cost(lengths), groups, micro, 64)
-    placed = np.concatenate([mb for g in plan.bins for mb in g]) if len(lengths) else []
-    assert sorted(np.asarray(placed).tolist()) == list(range(len(lengths)))
-    assert plan.num_micro_steps >= micro
-    for g in plan.bins:
-        assert len(g) == plan.num_micro_steps
-        for mb in g:
-            assert int(lengths[mb].sum()) <= 64
-    again = assign(lengths, cost(lengths), groups, micro, 64)
-    assert all(
-        np.array_equal(x, y)
-        for a, b in zip(plan.bins, again.bins, strict=True)
-        for x, y in zip(a, b, strict=True)
-    )
+@given(seed=st.integers(0, 2**32 - 1), groups=st.integers(2, 16), full=st.booleans())
+def test_heavy_tailed_batches_stay_above_98_percent_efficiency(seed, groups, full):
+    # Short documents with a heavy tail, 1 in 100 a long one (three full pieces), budgets at or
+    # just below capacity: the DESIGN.md target of 0.98 holds (measured worst over 400 seeds:
+    # 0.998).
+    rng = np.random.default_rng(seed)
+    micro = 8
+    budget = groups * micro * SEQ * (1.0 if full else 0.98)
+    lengths: list[int] = []
+    while sum(lengths) < budget:
+        short = min(int(rng.pareto(1.5) * 4) + 1, SEQ // 2)
+        lengths.append(short if rng.random() < 0.99 else 3 * SEQ)
+    lengths_arr = np.asarray(lengths[:-1], dtype=np.int64)
+    plan = balance(lengths_arr, np.zeros(len(lengths_arr), int), [Bucket(SEQ, micro)], groups,
+                   CostModel(1.0, 1.0 / (6 * SEQ)))  # fmt: skip
+    assert plan.num_micro_steps == micro
+    assert plan.efficiency >= 0.98
+
+
+def test_refinement_fixes_the_classic_lpt_worst_case():
+    # LPT gives {32, 24, 24} and {32, 24, 8}; the best split is {32, 32} and {24, 24, 24, 8}.
+    lengths = np.array([32, 32, 24, 24, 24, 8])
+    buckets = [Bucket(SEQ, 2)]
+    lpt = balance(lengths, np.zeros(6, int), buckets, 2, COST, refine=False)
+    refined = balance(lengths, np.zeros(6, int), buckets, 2, COST)
+    assert lpt.efficiency < 0.9 and refined.efficiency == 1.0
+    check_assignment(refined, lengths, buckets, 2, cut=True)
+
+
+def test_when_both_groups_are_full_only_an_exchange_moves_attention_cost():
+    # Heavy: two full pieces; light: sixteen short ones; no token room on either side. Giving
+    # one full piece for eight short ones evens the pair exactly.
+    length = np.array([SEQ, SEQ] + [8] * 16)
+    cost = COST(length)
+    bucket = np.zeros(len(length), dtype=np.int64)
+    heavy, light = np.arange(2), np.arange(2, 18)
+    gap = cost[heavy].sum() - cost[light].sum()
+    room = np.zeros(1, dtype=np.int64)
+    move = _best_move(heavy, light, gap, length, cost, bucket, room, room)
+    assert move is not None
+    to_light, to_heavy, delta = move
+    assert len(to_light) == 1 and length[to_heavy].sum() == SEQ and delta == gap / 2

@@ -313,3 +313,56 @@ def test_input_ids_cover_the_token_budget(small_plan):
     assert total <= 3 * small_plan.batch.global_tokens
     assert total > 0.5 * 3 * small_plan.batch.global_tokens
     assert all(np.all(mb["input_ids"] < 258) for r in ref for mb in ref[r])
+
+
+def test_a_2x2x1x2_layout_shares_batches_with_tp_peers_and_slices_them_for_cp_peers(
+    small_sources, cluster
+):
+    from omniload_dask.context_parallel import slice_micro_batch
+
+    plan = make_plan(small_sources, name="hybrid", layout={"dp": 2, "tp": 2, "pp": 1, "cp": 2})
+    layout = plan.layout
+    steps = 4
+    plane = InlineDataPlane(plan)
+    whole = {t: plane.step(t) for t in range(steps)}  # the reference: each group's full batch
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        got = collect(job, steps=steps)
+        job.stop()
+    for r, mbs in got.items():
+        c = layout.coords(r)
+        peer = layout.rank(c["dp"], 1 - c["tp"], c["pp"], c["cp"])
+        for x, y in zip(mbs, got[peer], strict=True):  # tensor-parallel peers: identical batches
+            assert_batches_equal(x, y)
+        expected = [
+            slice_micro_batch(mb, 2, c["cp"])
+            for t in range(steps)
+            for mb in whole[t][c["dp"]].micro_batches
+        ]
+        assert_same({r: expected}, {r: mbs})  # cp rank c: exactly its zigzag slice
+    for g in range(layout.dp):
+        a, b = (got[layout.rank(g, 0, 0, c)] for c in range(2))
+        for x, y in zip(a, b, strict=True):  # cp peers: complementary halves, equal work
+            both = np.concatenate([x["input_ids"], y["input_ids"]])
+            full = whole[x["step"]][g].micro_batches[x["micro_step"]]
+            assert sorted(both.tolist()) == sorted(full["input_ids"].tolist())
+            work = [int((s["position_ids"] + 1).sum()) for s in (x, y)]
+            assert abs(work[0] - work[1]) <= 2 * int(np.diff(full["cu_seqlens"]).sum())
+    for t in range(steps):  # each DP group's documents once: groups hold disjoint pieces
+        pieces = [
+            {
+                (int(d), int(o))
+                for mb in whole[t][g].micro_batches
+                for d, o in zip(mb["doc_id"], mb["doc_offset"], strict=True)
+            }
+            for g in range(layout.dp)
+        ]
+        assert not pieces[0] & pieces[1]
+        delivered = {
+            (int(d), int(o))
+            for r in range(layout.world_size)
+            for mb in got[r]
+            if mb["step"] == t
+            for d, o in zip(mb["doc_id"], mb["doc_offset"], strict=True)
+        }
+        assert delivered == pieces[0] | pieces[1]

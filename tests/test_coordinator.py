@@ -78,11 +78,25 @@ def test_every_sample_of_an_epoch_is_delivered_exactly_once(small_sources):
     assert Counter((d, o) for d, _, o, _ in epoch0).most_common(1)[0][1] == 1
 
 
+def documents_of(batches) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(doc_id, epoch) -> the token ranges delivered of it, merged where they touch."""
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for doc, epoch, off, n in sorted(pieces_of(batches), key=lambda p: (p[0], p[1], p[2])):
+        ranges = out.setdefault((doc, epoch), [])
+        if ranges and ranges[-1][1] == off:
+            ranges[-1] = (ranges[-1][0], off + n)
+        else:
+            ranges.append((off, off + n))
+    return out
+
+
 def test_global_stream_does_not_depend_on_dp_size(small_sources):
+    # Which documents (and tokens of them) form each step is fixed; only where pieces are
+    # cut to fill micro-batches may depend on the DP size.
     ref = None
     for dp in (1, 2, 4):
         plan = make_plan(small_sources, layout={"dp": dp}, batch={"global_tokens": 2048})
-        steps = [sorted(pieces_of(bs)) for _, bs in InlineDataPlane(plan).stream(8)]
+        steps = [documents_of(bs) for _, bs in InlineDataPlane(plan).stream(8)]
         assert ref is None or steps == ref
         ref = steps
 
@@ -140,3 +154,91 @@ def test_requests_outside_the_layout_are_rejected(small_plan):
         plane.coord.on_request(9, 0, 1)
     with pytest.raises(JobError, match="start must be >= 0 and count >= 1"):
         plane.coord.on_request(0, 0, 0)
+
+
+def bucket_plan(root, **layout):
+    return make_plan(
+        root,
+        batch={
+            "seq_len": None,
+            "micro_batches": None,
+            "global_tokens": 4096,
+            "buckets": [
+                {"seq_len": 256, "micro_batches": 8},
+                {"seq_len": 1024, "micro_batches": 2},
+                {"seq_len": 2048, "micro_batches": 1, "sources": ["books"]},
+            ],
+        },
+        layout={"dp": 2, **layout},
+    )
+
+
+def test_long_documents_go_to_long_sequences_and_pinned_sources_to_their_bucket(small_sources):
+    plan = bucket_plan(small_sources)
+    plane = InlineDataPlane(plan)
+    books = plan.source_names.index("books")
+    seen = set()
+    for _, batches in plane.stream(6):
+        for batch in batches.values():
+            assert [mb["seq_len"] for mb in batch.micro_batches] == [256] * 8 + [1024] * 2 + [2048]
+            for mb in batch.micro_batches:
+                assert mb["num_tokens"] <= mb["seq_len"]
+                lengths = np.diff(mb["cu_seqlens"])
+                is_book = mb["doc_source"] == books
+                assert np.all(is_book) if mb["seq_len"] == 2048 else not np.any(is_book)
+                if mb["seq_len"] == 256:  # whole short documents
+                    assert np.all(mb["doc_offset"] == 0)
+                if mb["seq_len"] == 1024:  # longer than 256, or the rest of a longer one
+                    assert np.all((lengths > 256) | (mb["doc_offset"] > 0))
+                seen.add(mb["seq_len"])
+    assert seen == {256, 1024, 2048}
+    stats = plane.coord.stats()
+    assert stats["documents_cut"] == stats["documents_spilled"] == 0
+
+
+def test_context_parallel_ranks_fetch_their_slices_and_tensor_parallel_peers_one_key(
+    small_sources,
+):
+    plan = make_plan(small_sources, layout={"dp": 2, "tp": 2, "cp": 2})
+    layout = plan.layout
+    plane = InlineDataPlane(plan)
+    for step in range(3):
+        keys = plane.fetch(step)
+        whole = plane.step(step)
+        for rank, key in keys.items():
+            c = layout.coords(rank)
+            assert key.endswith(f"-cp{c['cp']}")
+            peer = layout.rank(c["dp"], 1 - c["tp"], c["pp"], c["cp"])
+            assert keys[peer] == key  # tensor-parallel peers: the same slice, built once
+        for g, batch in whole.items():
+            slices = [plane.batches[keys[layout.rank(g, 0, 0, c)]] for c in range(2)]
+            for m, mb in enumerate(batch.micro_batches):
+                parts = [s.micro_batches[m] for s in slices]
+                assert [p["cp_rank"] for p in parts] == [0, 1]
+                both = np.concatenate([p["input_ids"] for p in parts])
+                assert sorted(both.tolist()) == sorted(mb["input_ids"].tolist())
+                assert sum(p["num_tokens"] for p in parts) == mb["num_tokens"]
+    for rank in range(layout.world_size):
+        plane.coord.on_request(rank, 3, 1)
+    plane.coord.advance()
+    assert not any(step < 3 for step, _ in plane.coord.held)
+
+
+def test_pure_modules_import_neither_torch_nor_distributed():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "omniload_dask"
+    code = (
+        "import sys, types\n"
+        "pkg = types.ModuleType('omniload_dask'); pkg.__path__ = [sys.argv[1]]\n"
+        "sys.modules['omniload_dask'] = pkg  # skip the package's __init__ (the Dask API)\n"
+        "import omniload_dask.plan, omniload_dask.mixing, omniload_dask.balance\n"
+        "import omniload_dask.cost, omniload_dask.context_parallel, omniload_dask.coordinator\n"
+        "print(sorted(m for m in ('torch', 'distributed') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(package)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -9,6 +9,8 @@ from omniload_dask import PlanError, load_plan, parse_plan
 from .datagen import plan_dict
 
 SRC = {"name": "web", "format": "jsonl", "path": "/data/*.jsonl"}
+BUCKETS = [{"seq_len": 256, "share": 0.75}, {"seq_len": 2048, "share": 0.25}]
+NO_SEQ = {"seq_len": None, "micro_batches": None}  # plan_dict's defaults, cleared for buckets
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -66,6 +68,71 @@ def test_resolved_plan_round_trips_through_to_dict():
         ({"cost": {"linear": 0, "quadratic": 0}}, "cost.linear: linear and quadratic cannot"),
         ({"loader": {"prefetch": 0}}, "loader.prefetch: must be >= 1"),
         ({"name": "bad name!"}, "name: must match"),
+        (
+            {"batch": {"seq_len": 64, "buckets": [{"seq_len": 64, "micro_batches": 1}]}},
+            "batch.seq_len: give it in each of batch.buckets instead",
+        ),
+        (
+            {"batch": {**NO_SEQ, "global_tokens": 1000, "buckets": BUCKETS[:1]}},
+            "batch.buckets: shares must add up to 1, got [0.75]",
+        ),
+        (
+            {"batch": {**NO_SEQ, "buckets": [BUCKETS[0], {"seq_len": 512, "micro_batches": 1}]}},
+            "batch.buckets[1].micro_batches: give share in every bucket or micro_batches in every",
+        ),
+        (
+            {
+                "batch": {
+                    **NO_SEQ,
+                    "global_tokens": None,
+                    "buckets": [{"seq_len": 64, "share": 1.0}],
+                }
+            },
+            "batch.buckets[0].share: needs batch.global_tokens",
+        ),
+        (
+            {"batch": {**NO_SEQ, "buckets": [{"seq_len": 64, "micro_batches": 1, "share": 1.0}]}},
+            "batch.buckets[0].micro_batches: give share or micro_batches, not both",
+        ),
+        (
+            {"batch": {**NO_SEQ, "buckets": [{"seq_len": 64, "micro_batches": 1}] * 2}},
+            "batch.buckets[0].seq_len: two buckets without sources have this seq_len",
+        ),
+        (
+            {
+                "batch": {
+                    **NO_SEQ,
+                    "buckets": [{"seq_len": 64, "micro_batches": 1, "sources": ["wbe"]}],
+                }
+            },
+            "batch.buckets[0].sources[0]: no source named 'wbe' (have web)",
+        ),
+        (
+            {
+                "batch": {
+                    **NO_SEQ,
+                    "buckets": [{"seq_len": 64, "micro_batches": 1, "sources": "web"}],
+                }
+            },
+            "batch.buckets[0].sources: must be a list of source names",
+        ),
+        ({"layout": {"dp": 2, "rank_map": [[0, 0, 0, 0]]}}, "layout.rank_map: must list [dp"),
+        (
+            {"layout": {"dp": 2, "rank_map": [[0, 0, 0, 0], [0, 0, 0, 0]]}},
+            "layout.rank_map[1]: duplicates rank_map[0]",
+        ),
+        (
+            {"layout": {"dp": 2, "rank_map": [[0, 0, 0, 0], [2, 0, 0, 0]]}},
+            "layout.rank_map[1]: dp must be in [0, 2), got [2, 0, 0, 0]",
+        ),
+        (
+            {"layout": {"dp": 2, "rank_map": [[0, 0, 0, 0], [1, 0]]}},
+            "layout.rank_map[1]: must be [dp, tp, pp, cp], four integers",
+        ),
+        (
+            {"layout": {"dp": 2, "order": "dp-tp-pp-cp", "rank_map": [[0, 0, 0, 0], [1, 0, 0, 0]]}},
+            "layout.order: give order or rank_map, not both",
+        ),
     ],
 )
 def test_bad_fields_are_named_with_path_and_value(change, message):
@@ -135,3 +202,64 @@ def test_layout_rank_mapping_is_a_bijection_with_tp_fastest():
     assert lay.group_ranks(1) == sorted(r for r in range(16) if lay.coords(r)["dp"] == 1)
     with pytest.raises(PlanError, match="rank: must be in"):
         lay.coords(16)
+
+
+def test_bucket_shares_size_each_buckets_micro_batches_and_round_trip():
+    books = {**SRC, "name": "books"}
+    plan = parse_plan(
+        plan_dict(
+            [SRC, books],
+            batch={
+                **NO_SEQ,
+                "global_tokens": 40960,
+                "buckets": [
+                    {"seq_len": 256, "share": 0.6875},
+                    {"seq_len": 2048, "share": 0.25},
+                    {"seq_len": 2048, "share": 0.0625, "sources": ["books"]},
+                ],
+            },
+            layout={"dp": 4},
+        )
+    )
+    buckets = plan.batch.context_buckets
+    assert [(b.seq_len, b.micro_batches) for b in buckets] == [(256, 28), (2048, 2), (2048, 1)]
+    assert (plan.batch.seq_len, plan.batch.micro_batches) == (2048, 31)
+    assert plan.batch.document_cap_for("books") == plan.batch.document_cap
+    assert parse_plan(plan.to_dict()) == plan
+
+
+def test_every_source_needs_a_bucket_when_all_buckets_pin_sources():
+    data = plan_dict(
+        [SRC, {**SRC, "name": "books"}],
+        batch={**NO_SEQ, "buckets": [{"seq_len": 64, "micro_batches": 1, "sources": ["books"]}]},
+    )
+    with pytest.raises(PlanError, match=r"batch.buckets: every bucket lists its sources.*'web'"):
+        parse_plan(data)
+
+
+def test_truncation_caps_each_source_at_its_buckets_seq_len():
+    plan = parse_plan(
+        plan_dict(
+            [SRC, {**SRC, "name": "books"}],
+            batch={
+                **NO_SEQ,
+                "global_tokens": 4096,
+                "long_documents": "truncate",
+                "buckets": [
+                    {"seq_len": 64, "micro_batches": 2},
+                    {"seq_len": 512, "micro_batches": 1, "sources": ["books"]},
+                ],
+            },
+        )
+    )
+    assert plan.batch.document_cap_for("web") == 64
+    assert plan.batch.document_cap_for("books") == 512
+
+
+def test_an_explicit_rank_map_drives_coords_and_groups():
+    rank_map = [[1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [0, 1, 0, 0]]
+    plan = parse_plan(plan_dict([SRC], layout={"dp": 2, "tp": 2, "rank_map": rank_map}))
+    lay = plan.layout
+    assert lay.coords(0) == {"dp": 1, "tp": 0, "pp": 0, "cp": 0}
+    assert lay.rank(0, 1) == 3 and lay.group_ranks(1) == [0, 2]
+    assert parse_plan(plan.to_dict()) == plan

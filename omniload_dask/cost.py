@@ -1,0 +1,139 @@
+"""What one packed document piece costs to train on, as the plan declares it.
+
+A plan gives the cost in one of three forms (``cost:``)::
+
+    cost: {linear: 1.0, quadratic: 4.0e-5}       # c(L) = linear * L + quadratic * L**2
+    cost: {model: {hidden: 2048, layers: 24, heads: 16, ffn: 8192, vocab: 50304}}
+    cost: {function: mypackage.costs:piece_cost} # any callable: lengths -> costs (numpy)
+
+The model form counts the training FLOPs of a decoder-only transformer (forward + backward, the
+backward taken as twice the forward) per piece of L tokens, with h = hidden, n = layers,
+f = ffn, V = vocab, h_kv = h * kv_heads / heads and m = 3 for a gated FFN (SwiGLU) else 2::
+
+    linear    = 6 * (n * (2*h*h + 2*h*h_kv + m*h*f) + h*V)   Q, O, K, V projections, FFN, LM head
+    quadratic = 6 * n * h        causal attention: Q.K^T and A.V are 2*h*L*L each, half computed
+                                 (12 * n * h with ``causal: false``)
+
+Worked example, h=64, n=2, f=256 gated, V=256, no GQA::
+
+    linear    = 6 * (2 * (8192 + 8192 + 49152) + 16384) = 884736
+    quadratic = 6 * 2 * 64                               = 768
+    attention costs as much as the dense layers at L = 884736 / 768 = 1152 tokens
+
+Only ratios matter to the balancer (efficiency is mean/max of rank costs), so any unit will do.
+Image documents (a later issue) add an encoder term per image on top of the decoder cost of the
+piece that holds its tokens: :meth:`CostModel.encoder` computes ``encoder_linear * P +
+encoder_quadratic * P**2`` for P patch tokens; both are 0 until a plan declares them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["CostFunction", "CostModel", "load_function", "transformer_coefficients"]
+
+CostFunction = Callable[[np.ndarray], np.ndarray]
+
+MODEL_FIELDS = ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "gated", "causal")
+
+
+def transformer_coefficients(
+    *,
+    hidden: int,
+    layers: int,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn: int | None = None,
+    vocab: int = 0,
+    gated: bool = False,
+    causal: bool = True,
+) -> tuple[float, float]:
+    """``(linear, quadratic)`` training FLOPs per token and per token squared (module docstring).
+
+    ``ffn`` defaults to ``4 * hidden``; ``kv_heads`` (grouped-query attention) needs ``heads``;
+    ``vocab=0`` leaves out the LM head.
+    """
+    h = float(hidden)
+    f = float(ffn if ffn is not None else 4 * hidden)
+    h_kv = h * (kv_heads / heads) if kv_heads is not None and heads else h
+    per_layer = 2 * h * h + 2 * h * h_kv + (3 if gated else 2) * h * f
+    linear = 6.0 * (layers * per_layer + h * vocab)
+    quadratic = (6.0 if causal else 12.0) * layers * h
+    return linear, quadratic
+
+
+def load_function(reference: str) -> CostFunction:
+    """Import ``package.module:function``; raises ValueError with the reason if it cannot."""
+    module_name, sep, attr = reference.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError("must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} ({exc})") from None
+    target: Any = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
+    if not callable(target):
+        raise ValueError(f"{attr!r} in {module_name!r} is not callable")
+    return target  # type: ignore[no-any-return,unused-ignore]
+
+
+def check_function(fn: CostFunction) -> None:
+    """Call ``fn`` on a probe; raises ValueError unless it returns one finite cost >= 0 each."""
+    probe = np.array([1, 7, 64, 4096], dtype=np.int64)
+    try:
+        out = np.asarray(fn(probe), dtype=np.float64)
+    except Exception as exc:
+        raise ValueError(
+            f"fails on lengths {probe.tolist()}: {type(exc).__name__}: {exc}"
+        ) from None
+    if out.shape != probe.shape or not np.all(np.isfinite(out)) or np.any(out < 0):
+        raise ValueError(
+            f"must return one finite cost >= 0 per length; for {probe.tolist()} it "
+            f"returned {out.tolist()}"
+        )
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Cost per piece: ``linear * L + quadratic * L**2``, or a plan-named function of L.
+
+    Call it on a numpy array of piece lengths; it returns float64 costs of the same shape.
+    """
+
+    linear: float = 1.0
+    quadratic: float = 0.0
+    function: CostFunction | None = None
+    encoder_linear: float = 0.0
+    encoder_quadratic: float = 0.0
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> CostModel:
+        """From a plan's :class:`~omniload_dask.plan.CostSpec` (imports its function, if any)."""
+        function = load_function(spec.function) if spec.function else None
+        return cls(linear=spec.linear, quadratic=spec.quadratic, function=function)
+
+    @classmethod
+    def for_model(cls, description: Mapping[str, Any]) -> CostModel:
+        """From a model description (the keys of :func:`transformer_coefficients`)."""
+        linear, quadratic = transformer_coefficients(**dict(description))
+        return cls(linear=linear, quadratic=quadratic)
+
+    def __call__(self, lengths: np.ndarray) -> np.ndarray:
+        if self.function is not None:
+            return np.asarray(self.function(np.asarray(lengths, np.int64)), dtype=np.float64)
+        x = np.asarray(lengths, dtype=np.float64)
+        return self.linear * x + self.quadratic * x * x
+
+    def encoder(self, patch_tokens: np.ndarray) -> np.ndarray:
+        """Encoder cost of images of ``patch_tokens`` tokens each (0 until images exist)."""
+        p = np.asarray(patch_tokens, dtype=np.float64)
+        return self.encoder_linear * p + self.encoder_quadratic * p * p
