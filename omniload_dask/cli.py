@@ -6,6 +6,9 @@
     omniload run PLAN [--steps N]          run the plan with simulated ranks and print a report
     omniload demo-data FOLDER              write the deterministic demo data
     omniload status --address ADDR         watch running jobs (figures of the dashboard page)
+    omniload set-weights --address ADDR web=2 books=1 [--at-step N]   re-weight a running job
+    omniload update-plan --address ADDR PLAN [--at-step N]   add/remove sources live
+    omniload mixture --address ADDR        target vs realised share per source
 """
 
 from __future__ import annotations
@@ -81,6 +84,79 @@ def _status(args: argparse.Namespace) -> int:
         client.close()
 
 
+def _one_job(client: object, job: str | None, address: str) -> str:
+    """The job named, or the only job on the scheduler."""
+    from .errors import JobError
+    from .status import job_stats
+
+    names = [s["name"] for s in job_stats(client, job, address)]
+    if len(names) != 1:
+        raise JobError(
+            f"{len(names)} jobs run at {address!r} ({', '.join(names) or 'none'}); "
+            "name one with --job"
+        )
+    return names[0]
+
+
+def _parse_weights(items: list[str]) -> dict[str, float]:
+    from .errors import JobError
+
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = float(value)
+        except ValueError:
+            raise JobError(f"weights: expected SOURCE=WEIGHT, got {item!r}") from None
+    return out
+
+
+def _live(args: argparse.Namespace) -> int:
+    """set-weights, update-plan and mixture against a running job."""
+    from . import _dask
+    from .status import connect
+
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    client = connect(args.address, args.timeout)
+    try:
+        job = _one_job(client, args.job, args.address)
+        if args.command == "set-weights":
+            reply = _dask.call(
+                client,
+                "set_weights",
+                job=job,
+                weights=_parse_weights(args.weights),
+                at_step=args.at_step,
+            )
+            print(f"job {job!r}: weights {reply['weights']} from step {reply['step']}")
+        elif args.command == "update-plan":
+            plan = load_plan(args.plan)
+            reply = _dask.call(
+                client, "update_plan", job=job, plan=plan.to_dict(), at_step=args.at_step
+            )
+            print(
+                f"job {job!r}: from step {reply['step']}: added {reply['added']}, "
+                f"removed {reply['removed']}, weights {reply['weights']}"
+            )
+        else:
+            rows = _dask.call(client, "mixture", job=job, window=args.window)
+            if args.json:
+                print(json.dumps(rows, indent=2))
+            else:
+                print(f"{'source':<16}{'target':>8}{'window':>9}{'total':>9}{'epoch':>7}")
+                for r in rows:
+                    state = " (removed)" if r["retired"] else " (done)" if r["exhausted"] else ""
+                    print(
+                        f"{r['name']:<16}{r['target_now']:>8.1%}{r['realised_window']:>9.1%}"
+                        f"{r['realised_total']:>9.1%}{r['epoch']:>7}{state}"
+                    )
+        return 0
+    finally:
+        client.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omniload", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -110,7 +186,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
     p.set_defaults(func=_status)
+    p = _add_live(sub, "set-weights", "change source weights of a running job")
+    p.add_argument("weights", nargs="+", metavar="SOURCE=WEIGHT")
+    p.add_argument("--at-step", type=int, help="first step to use them (default: next step)")
+    p = _add_live(sub, "update-plan", "apply a new plan version live (sources, weights)")
+    p.add_argument("plan")
+    p.add_argument("--at-step", type=int, help="first step to use it (default: next step)")
+    p = _add_live(sub, "mixture", "target and realised share per source")
+    p.add_argument("--window", type=int, default=100, help="steps in the recent window")
+    p.add_argument("--json", action="store_true")
     return parser
+
+
+def _add_live(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--address", required=True, help="scheduler address, e.g. tcp://host:8786")
+    p.add_argument("--job", help="the job's name (default: the only job running)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
+    p.set_defaults(func=_live)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -668,6 +668,7 @@ class Coordinator:
         return {
             "next_step": self.next_step,
             "end_step": self.end_step,
+            "log": list(self.log),
             "error": self.error,
             "documents": self.documents,
             "tokens": self.tokens,

@@ -95,6 +95,7 @@ class Feeder:
         if self.output not in ("torch", "numpy"):
             raise JobError(f"Feeder: output must be 'torch' or 'numpy', got {self.output!r}")
         self.max_steps = max_steps
+        self._end: int | None = None  # the job's stream ends before this step
         self._lock = threading.Condition()
         self._buffer: deque[tuple[int, GroupBatch]] = deque()
         self._error: BaseException | None = None
@@ -125,6 +126,8 @@ class Feeder:
                     break
                 if self._error is not None:
                     raise self._error
+                if self._end is not None and self._step >= self._end:
+                    raise StopIteration
                 self._lock.wait(0.5)
         waited = time.perf_counter() - t0
         self.waits.append(waited)
@@ -239,6 +242,8 @@ class Feeder:
                 count = self.prefetch - (start - self._step)
                 if self.max_steps is not None:
                     count = min(count, self.max_steps - start)
+                if self._end is not None:
+                    count = min(count, self._end - start)
             if count <= 0:
                 with self._lock:
                     self._lock.wait(0.5)
@@ -283,6 +288,10 @@ class Feeder:
             report=self._report(start),
         )
         keys = reply["keys"]
+        if reply.get("end") is not None:
+            with self._lock:
+                self._end = int(reply["end"])
+                self._lock.notify_all()
         if not keys:
             return []
         futures: list[Future[GroupBatch]] = [Future(key, client) for key in keys]
@@ -309,7 +318,10 @@ class Feeder:
     # ------------------------------------------------------------------ output
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:
         out = dict(mb)
-        out["doc_source_name"] = [self.source_names[int(s)] for s in mb["doc_source"]]
+        sources = mb["doc_source"]
+        if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined
+            self.source_names = list(_dask.call(self.client, "info", job=self.job)["sources"])
+        out["doc_source_name"] = [self.source_names[int(s)] for s in sources]
         if self.output == "torch":
             import torch
 

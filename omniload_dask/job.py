@@ -43,7 +43,16 @@ def local_cluster(
     dashboard_address: str | None = ":0",
     **kwargs: Any,
 ) -> LocalCluster:
-    """The embedded cluster: worker processes, one thread each by default."""
+    """The embedded cluster: worker processes, one thread each by default.
+
+    ``dashboard_address=None`` turns the Bokeh dashboard off; the scheduler's small HTTP server
+    (``/metrics``, ``/health``) then listens on a free port instead of 8787.
+    """
+    if dashboard_address is None:
+        kwargs["scheduler_kwargs"] = {
+            "dashboard_address": ":0",
+            **kwargs.get("scheduler_kwargs", {}),
+        }
     with dask.config.set(_DASK_CONFIG):
         return LocalCluster(
             n_workers=workers,
@@ -140,6 +149,30 @@ class Job:
 
     def steps(self, start: int = 0) -> list[dict[str, Any]]:
         return _dask.call(self.client, "steps", job=self.name, start=start)
+
+    def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> int:
+        """Change source weights live, from ``at_step`` (default: the first step not yet
+        drawn); sources not named keep following the plan. Returns the effective step."""
+        reply = _dask.call(
+            self.client, "set_weights", job=self.name, weights=dict(weights), at_step=at_step
+        )
+        return int(reply["step"])
+
+    def update_plan(
+        self,
+        plan: Plan | str | os.PathLike[str],
+        at_step: int | None = None,
+    ) -> dict[str, Any]:
+        """Apply a new version of the plan live: add or remove sources, change weights."""
+        if not isinstance(plan, Plan):
+            plan = load_plan(plan)
+        return _dask.call(
+            self.client, "update_plan", job=self.name, plan=plan.to_dict(), at_step=at_step
+        )
+
+    def mixture(self, window: int = 100) -> list[dict[str, Any]]:
+        """Per source: target and realised share over the last ``window`` steps and overall."""
+        return _dask.call(self.client, "mixture", job=self.name, window=window)
 
     @property
     def dashboard_link(self) -> str | None:

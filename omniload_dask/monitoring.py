@@ -96,6 +96,16 @@ class JobMonitor:
         self._progress: deque[tuple[float, int]] = deque(maxlen=STEP_LOG)
         self.feeders: dict[int, FeederReport] = {}
 
+    def grow(self, num_sources: int) -> None:
+        """Make room for sources added while the job runs."""
+        extra = num_sources - self.num_sources
+        if extra <= 0:
+            return
+        for name in ("records", "read_tokens", "read_units", "read_seconds", "tokenize_seconds"):
+            old = getattr(self, name)
+            setattr(self, name, np.concatenate([old, np.zeros(extra, dtype=old.dtype)]))
+        self.num_sources = num_sources
+
     # ------------------------------------------------------------------ events
     def on_read(
         self,

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import deque
+from collections import defaultdict, deque
 from typing import Any
 
 import numpy as np
@@ -52,10 +52,10 @@ class _Job:
         self.dirty = False
         self.pump: asyncio.Task[None] | None = None
         self.started = time.time()
-        self.bad: dict[int, deque[str]] = {i: deque(maxlen=5) for i in range(len(plan.sources))}
+        self.bad: defaultdict[int, deque[str]] = defaultdict(lambda: deque(maxlen=5))
         self.batches_built = 0
-        self.read_seconds: dict[int, float] = {i: 0.0 for i in range(len(plan.sources))}
-        self.reads_done: dict[int, int] = {i: 0 for i in range(len(plan.sources))}
+        self.read_seconds: defaultdict[int, float] = defaultdict(float)
+        self.reads_done: defaultdict[int, int] = defaultdict(int)
         self.monitor = JobMonitor(len(plan.sources), self.started)
 
     def notify(self) -> None:
@@ -84,6 +84,9 @@ class OmniloadPlugin(SchedulerPlugin):
             "start": self.start_job,
             "batches": self.batches,
             "info": self.job_info,
+            "set_weights": self.set_weights,
+            "update_plan": self.update_plan,
+            "mixture": self.mixture,
             "stats": self.stats,
             "steps": self.steps,
             "jobs": self.list_jobs,
@@ -215,18 +218,109 @@ class OmniloadPlugin(SchedulerPlugin):
                     break
                 ready.append(key)
             remaining = deadline - loop.time()
-            if ready or remaining <= 0:
+            ended = run.coord.end_step is not None and start + len(ready) >= run.coord.end_step
+            if ready or remaining <= 0 or ended:
                 break
             if self.jobs.get(job) is not run:
                 raise JobError(f"job {job!r} was stopped")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(run.changed.wait(), remaining)
         desired = _dask.desire_keys(self.scheduler, ready, client)
-        return {"start": start, "keys": desired}
+        return {"start": start, "keys": desired, "end": run.coord.end_step}
+
+    def set_weights(
+        self, job: str, weights: dict[str, float], at_step: int | None = None
+    ) -> dict[str, Any]:
+        """Change source weights live from ``at_step`` (default: the first undrawn step)."""
+        run = self._job(job)
+        if not isinstance(weights, dict):
+            raise JobError(
+                f"set_weights: weights must be a mapping of source to weight, got {weights!r}"
+            )
+        step = run.coord.set_weights(dict(weights), at_step)
+        self._poke(run)
+        return {"step": step, "weights": run.coord.log[-1]["weights"]}
+
+    async def update_plan(
+        self, job: str, plan: dict[str, Any], at_step: int | None = None
+    ) -> dict[str, Any]:
+        """Apply a new version of the job's plan live: sources added or removed, weights.
+
+        Sources keep their names (and cursors); other fields must stay as they are.
+        """
+        run = self._job(job)
+        new = parse_plan(plan)
+        old = run.plan
+        for field in ("seed", "tokenizer", "batch", "layout", "cost", "on_error"):
+            if getattr(new, field) != getattr(old, field):
+                raise JobError(
+                    f"update_plan: {field} cannot change while the job runs (start a new job)"
+                )
+        if new.mixing.by != old.mixing.by:
+            raise JobError("update_plan: mixing.by cannot change while the job runs")
+        live = {s.spec.name: s for s in run.coord.streams if not s.retired}
+        for spec in new.sources:
+            stream = live.get(spec.name)
+            if stream is not None and (stream.spec.paths, stream.spec.format, stream.spec.text) != (
+                spec.paths,
+                spec.format,
+                spec.text,
+            ):
+                raise JobError(
+                    f"update_plan: source {spec.name!r} changed its path, format or "
+                    "text field; add it under a new name instead"
+                )
+        added = [s for s in new.sources if s.name not in live]
+        removed = [n for n in live if n not in new.source_names]
+        client = await self._get_client()
+        catalogs = []
+        if added:
+            futures = [
+                client.submit(
+                    tasks.discover,
+                    spec,
+                    retries=new.loader.read_retries,
+                    key=f"omniload-discover-{run.info['run_id']}-{spec.name}-{len(run.coord.log)}",
+                    priority=100,
+                )
+                for spec in added
+            ]
+            try:
+                catalogs = await asyncio.wait_for(client.gather(futures), DISCOVERY_TIMEOUT)
+            finally:
+                for fut in futures:
+                    fut.release()
+        step = at_step if at_step is not None else run.coord.next_step
+        for spec, catalog in zip(added, catalogs, strict=True):
+            step = run.coord.add_source(spec, catalog, step)
+        for name in removed:
+            step = run.coord.remove_source(name, step)
+        changed = {
+            s.name: s.weight
+            for s in new.sources
+            if s.name in live and live[s.name].spec.weight != s.weight
+        }
+        if changed:
+            step = run.coord.set_weights(changed, step)
+        self._poke(run)
+        return {
+            "step": step,
+            "added": [s.name for s in added],
+            "removed": removed,
+            "weights": changed,
+        }
+
+    def mixture(self, job: str, window: int = 100) -> list[dict[str, Any]]:
+        """Per source: target and realised share, per window and overall."""
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise JobError(f"mixture: window must be an integer >= 1, got {window!r}")
+        return self._job(job).coord.mixture(window)
 
     def job_info(self, job: str) -> dict[str, Any]:
-        """What :meth:`start_job` returned: the resolved plan, sources, files, tokenizer."""
-        return self._job(job).info
+        """What :meth:`start_job` returned (resolved plan, files, tokenizer), with the sources
+        as they are now (live changes add sources at the end)."""
+        run = self._job(job)
+        return {**run.info, "sources": run.coord.names}
 
     def stats(self, job: str) -> dict[str, Any]:
         """The job's counters and figures (plain data): what every monitoring view shows."""
@@ -234,6 +328,7 @@ class OmniloadPlugin(SchedulerPlugin):
         out = run.coord.stats()
         now = time.time()
         mon = run.monitor
+        mon.grow(len(out["sources"]))
         records_rate, tokens_rate = mon.rates(now)
         recent = list(run.coord.history)[-SHARE_WINDOW:]
         _, _, realised = realised_shares(
@@ -380,7 +475,8 @@ class OmniloadPlugin(SchedulerPlugin):
         lengths = np.frombuffer(meta["lengths"], dtype=np.int32)
         job.coord.on_report(key, lengths, int(meta["skipped"]))
         source = int(key.split("-")[3])
-        if source in job.bad:
+        if source < len(job.coord.streams):
+            job.monitor.grow(len(job.coord.streams))
             job.bad[source].extend(meta.get("bad") or [])
             job.reads_done[source] += 1
             job.read_seconds[source] += seconds or 0.0
@@ -425,7 +521,7 @@ class OmniloadPlugin(SchedulerPlugin):
                 r = action.read
                 job.futures[r.key] = client.submit(
                     tasks.read_unit,
-                    plan.sources[r.source],
+                    job.coord.streams[r.source].spec,
                     r.source,
                     plan.tokenizer,
                     plan.on_error,
@@ -444,7 +540,7 @@ class OmniloadPlugin(SchedulerPlugin):
                     if fut is None:  # a rebuild after the unit was released: read it again
                         fut = client.submit(
                             tasks.read_unit,
-                            plan.sources[r.source],
+                            job.coord.streams[r.source].spec,
                             r.source,
                             plan.tokenizer,
                             plan.on_error,

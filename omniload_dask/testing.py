@@ -33,8 +33,10 @@ class InlineDataPlane:
         run_id: str = "inline",
         start_step: int = 0,
         shuffle_reports: int | None = None,
+        build: bool = True,
     ) -> None:
         self.plan = plan
+        self.build = build
         catalogs = [tasks.discover(spec) for spec in plan.sources]
         self.coord = Coordinator(plan, catalogs, run_id, start_step=start_step)
         self.shards: dict[str, Shard] = {}
@@ -48,6 +50,8 @@ class InlineDataPlane:
             if isinstance(action, SubmitRead):
                 self._pending.append(action.read)
             elif isinstance(action, SubmitConstruct):
+                if not self.build:
+                    continue
                 shards = [self._shard(r) for r in action.reads]
                 built = tasks.construct(action.recipe, *shards)
                 self.batches[action.key] = built
@@ -64,7 +68,7 @@ class InlineDataPlane:
         return shard
 
     def _read(self, read: Any) -> Shard:
-        spec = self.plan.sources[read.source]
+        spec = self.coord.streams[read.source].spec
         shard = tasks.read_unit(
             spec,
             read.source,
@@ -124,6 +128,21 @@ class InlineDataPlane:
             if all(key is not None and key in self.batches for key in keys.values()):
                 return {rank: key for rank, key in keys.items() if key is not None}
         raise RuntimeError(f"step {step} never completed")
+
+    def add_source(self, spec: Any, at_step: int | None = None) -> int:
+        """Add a source live (discovered inline); returns the step it joins at."""
+        return self.coord.add_source(spec, tasks.discover(spec), at_step)
+
+    def draw(self, steps: int) -> None:
+        """Let the data plane draw ``steps`` more steps (no batches built unless ``build``)."""
+        target = self.coord.next_step + steps
+        while self.coord.next_step < target and self.coord.end_step is None:
+            for rank in range(self.plan.layout.world_size):
+                self.coord.on_request(rank, self.coord.next_step, 1)
+            before = self.coord.next_step
+            self._settle()
+            if self.coord.next_step == before and self.coord.end_step is None:
+                raise RuntimeError(f"the data plane did not draw step {before}")
 
     def stream(self, steps: int, start: int = 0) -> Iterator[tuple[int, dict[int, GroupBatch]]]:
         for t in range(start, start + steps):
