@@ -33,7 +33,8 @@ from .batches import Recipe
 from .cost import CostModel
 from .errors import JobError
 from .mixing import Mixer, NeedMore, WeightSchedule
-from .plan import Plan, SourceSpec, check_weights
+from .plan import Plan, SourceSpec, check_weights, source_dict
+from .plane_state import StateRecorder, catalog_fingerprint, restore, snapshot
 from .sources import Catalog
 from .streams import Candidates, SourceStream, Unit, UnitRef
 
@@ -116,6 +117,8 @@ class Coordinator:
     def __init__(
         self, plan: Plan, catalogs: Sequence[Catalog], run_id: str, start_step: int = 0
     ) -> None:
+        """A fresh data plane at step 0; ranks start at ``start_step`` (steps below it are
+        drawn to keep the stream exact, but not built)."""
         self.plan = plan
         self.run_id = run_id
         self.layout = plan.layout
@@ -135,7 +138,7 @@ class Coordinator:
         self._pending: list[tuple[int, str, Any]] = []  # source changes not yet in effect
         self._active = np.zeros(len(self.streams), dtype=bool)  # weight > 0 last step
         self.end_step: int | None = None  # the stream ends here (every source exhausted)
-        self.next_step = start_step
+        self.next_step = 0
         self.steps: dict[int, _Step] = {}
         self.held: dict[tuple[int, int], str] = {}
         self.ranks = {r: _Rank(start_step, start_step) for r in range(self.layout.world_size)}
@@ -154,6 +157,7 @@ class Coordinator:
         self._keys: dict[str, tuple[int, UnitRef]] = {}
         self._starved: set[int] = set()  # sources the last draw waited for
         self._step_weights = np.zeros(len(self.streams))
+        self.recorder = StateRecorder(self)
 
     # ---------------------------------------------------------------- keys and properties
     def read_key(self, source: int, ref: UnitRef) -> str:
@@ -203,7 +207,7 @@ class Coordinator:
                 f"set_weights: {clean} would leave no source with a weight > 0 at step {step}"
             )
         self.schedule.change(step, clean)
-        self.log.append({"step": step, "kind": "weights", "weights": clean})
+        self._log({"step": step, "kind": "weights", "weights": clean})
         return step
 
     def add_source(self, spec: SourceSpec, catalog: Catalog, at_step: int | None = None) -> int:
@@ -220,7 +224,15 @@ class Coordinator:
             )
         self._pending.append((step, "add", (spec, catalog)))
         self._pending.sort(key=lambda p: p[0])
-        self.log.append({"step": step, "kind": "add", "source": spec.name})
+        self._log(
+            {
+                "step": step,
+                "kind": "add",
+                "source": spec.name,
+                "spec": source_dict(spec),
+                "catalog": catalog_fingerprint(catalog),
+            }
+        )
         return step
 
     def remove_source(self, name: str, at_step: int | None = None) -> int:
@@ -235,8 +247,38 @@ class Coordinator:
             raise JobError(f"remove_source: {name!r} is the job's last source")
         self._pending.append((step, "remove", name))
         self._pending.sort(key=lambda p: p[0])
-        self.log.append({"step": step, "kind": "remove", "source": name})
+        self._log({"step": step, "kind": "remove", "source": name})
         return step
+
+    def _log(self, entry: dict[str, Any]) -> None:
+        self.log.append(entry)
+        self.recorder.log(entry)
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """The full data-plane state at the first undrawn step (plain data; see plane_state)."""
+        return snapshot(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a snapshot: this coordinator's sources must be the snapshot's, in order.
+
+        Changes logged for later steps (sources joining or leaving) are scheduled again.
+        """
+        restore(self, state)
+        self._pending = []
+        for entry in self.log:
+            if entry["kind"] in ("add", "remove") and entry["step"] >= self.next_step:
+                if entry["kind"] == "add":
+                    stream = self.streams[self.names.index(entry["source"])]
+                    self._pending.append((entry["step"], "add", (stream.spec, stream.catalog)))
+                else:
+                    self._pending.append((entry["step"], "remove", entry["source"]))
+        self._pending.sort(key=lambda p: p[0])
+        self.recorder = StateRecorder(self)
+
+    def take_deltas(self) -> list[dict[str, Any]]:
+        """Deltas of the steps drawn (and changes logged) since the last call."""
+        return self.recorder.take()
 
     def _future_step(self, at_step: int | None, what: str) -> int:
         if at_step is None:
@@ -428,6 +470,7 @@ class Coordinator:
         self._step_weights = weights
         self.mixer.commit(result)
         self._commit(result.order, cands)
+        self.recorder.after_step(self, self.next_step - 1)
         return True
 
     def _commit(self, order: np.ndarray, cands: list[Candidates]) -> None:
@@ -485,6 +528,8 @@ class Coordinator:
         plan = self.plan_split(src, lengths)
         recipes, reads = self._recipes(step, plan, units, unit_source, doc_unit, rows)
         for g, (recipe, group_reads) in enumerate(zip(recipes, reads, strict=True)):
+            if all(self.ranks[r].position > step for r in self.layout.group_ranks(g)):
+                continue  # replaying towards where the ranks resume: build on demand only
             key = self.batch_key(step, g)
             self.held[(step, g)] = key
             self._actions.append(SubmitConstruct(key, recipe, group_reads, self.slice_keys(key)))

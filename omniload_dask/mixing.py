@@ -23,6 +23,7 @@ documents.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -169,6 +170,7 @@ class WeightSchedule:
         self.base = dict(base)
         self.spec = spec
         self.changes: list[tuple[int, dict[str, float]]] = []
+        self.reset_step = 0
 
     def add_source(self, name: str, weight: float) -> None:
         self.base[name] = weight
@@ -187,6 +189,8 @@ class WeightSchedule:
             for at, weights in self.changes:
                 if at > step:
                     break
+                if at < self.reset_step <= step:
+                    continue
                 if name in weights:
                     value = weights[name]
             out[i] = value
@@ -210,5 +214,17 @@ class WeightSchedule:
             for k in set(here) | set(nxt)
         }
 
+    def reset_at(self, step: int) -> None:
+        """From ``step`` on, ignore live changes made for earlier steps (a new plan rules)."""
+        self.reset_step = step
+
     def state_dict(self) -> dict[str, object]:
-        return {"changes": [[s, w] for s, w in self.changes], "base": dict(self.base)}
+        return {
+            "changes": [[s, w] for s, w in self.changes],
+            "base": dict(self.base),
+            "reset_step": self.reset_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.changes = [(int(s), {k: float(v) for k, v in w.items()}) for s, w in state["changes"]]
+        self.reset_step = int(state.get("reset_step", 0))

@@ -25,8 +25,16 @@ from distributed import Client, Future
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from . import _dask, tasks
+from .checkpoint import (
+    Checkpoint,
+    CheckpointWriter,
+    apply_new_plan,
+    check_catalogs,
+    load_for_resume,
+    registry_plan,
+)
 from .coordinator import Coordinator, Release, SubmitConstruct, SubmitRead
-from .errors import JobError, OmniloadError
+from .errors import CheckpointError, JobError, MissingJobError, OmniloadError
 from .monitoring import JobMonitor, realised_shares
 from .plan import Plan, parse_plan
 
@@ -57,6 +65,10 @@ class _Job:
         self.read_seconds: defaultdict[int, float] = defaultdict(float)
         self.reads_done: defaultdict[int, int] = defaultdict(int)
         self.monitor = JobMonitor(len(plan.sources), self.started)
+        self.writer: CheckpointWriter | None = None
+        self.checkpoint_error: str | None = None
+        self.flushing: asyncio.Future[Any] | None = None
+        self.last_flush = time.monotonic()
 
     def notify(self) -> None:
         self.changed.set()
@@ -75,6 +87,8 @@ class OmniloadPlugin(SchedulerPlugin):
         self._runs: dict[str, str] = {}  # run id -> job name
         self._client: Client | None = None
         self._client_lock: asyncio.Lock | None = None
+        self._standby: Any = None  # AMM policy keeping second copies of upcoming batches
+        self._amm_soon = False
 
     # ------------------------------------------------------------------ plugin hooks
     async def start(self, scheduler: Any) -> None:
@@ -91,9 +105,11 @@ class OmniloadPlugin(SchedulerPlugin):
             "steps": self.steps,
             "jobs": self.list_jobs,
             "stop": self.stop_job,
+            "flush_checkpoint": self.flush_checkpoint,
         }
         for name, handler in handlers.items():
             scheduler.handlers[HANDLER_PREFIX + name] = handler
+        self._standby = _dask.install_standby(scheduler, _is_batch_key)
         try:  # watching must never keep the data plane from starting
             from . import dashboard
 
@@ -106,6 +122,8 @@ class OmniloadPlugin(SchedulerPlugin):
 
         metrics.unregister(self)
         for job in list(self.jobs.values()):
+            with contextlib.suppress(Exception):
+                await self._final_flush(job)
             self._drop(job)
         if self._client is not None:
             client, self._client = self._client, None
@@ -127,6 +145,8 @@ class OmniloadPlugin(SchedulerPlugin):
         elif finish == "memory" and key.startswith("omniload-batch-"):
             if not key.rsplit("-", 1)[-1].startswith("cp"):  # slices are not constructions
                 job.batches_built += 1
+            if job.plan.loader.standby and key in job.futures:
+                self._keep_standby(key)
         elif finish == "erred":
             text = kwargs.get("exception_text") or _dask.erred_text(self.scheduler, key) or "failed"
             job.coord.on_failure(key, str(text))
@@ -139,8 +159,16 @@ class OmniloadPlugin(SchedulerPlugin):
             job.notify()
 
     # ------------------------------------------------------------------ handlers
-    async def start_job(self, plan: dict[str, Any], start_step: int = 0) -> dict[str, Any]:
-        """Start a job from a resolved plan, or return the running one with the same plan."""
+    async def start_job(
+        self, plan: dict[str, Any], start_step: int = 0, resume: bool | int | None = None
+    ) -> dict[str, Any]:
+        """Start a job from a resolved plan, or return the running one with the same plan.
+
+        ``resume``: True to continue from the plan's checkpoint (at the slowest rank's saved
+        position), a step number to continue from that step, None/False for a fresh job (which
+        refuses a checkpoint URL that already holds a checkpoint). ``start_step`` starts the
+        ranks of a fresh job at that step: earlier steps are drawn again but not built.
+        """
         parsed = parse_plan(plan)
         running = self.jobs.get(parsed.name)
         if running is not None:
@@ -153,24 +181,54 @@ class OmniloadPlugin(SchedulerPlugin):
                     "stop it first or give the plan another name"
                 )
             return running.info
+        if resume is not None and resume is not False and parsed.checkpoint is None:
+            raise CheckpointError(f"job {parsed.name!r}: resume needs checkpoint.url in the plan")
         client = await self._get_client()
         run_id = uuid.uuid4().hex[:8]
-        catalogs, tokenizer = await self._discover(client, parsed, run_id)
+        loop = asyncio.get_running_loop()
+        saved: Checkpoint | None = None
+        state = None
+        sources = parsed
+        if resume is not None and resume is not False:
+            assert parsed.checkpoint is not None
+            saved, state = await loop.run_in_executor(None, load_for_resume, parsed, resume)
+            sources = registry_plan(parsed, state)
+        catalogs, tokenizer = await self._discover(client, sources, run_id)
         if parsed.name in self.jobs:  # another caller started it while we discovered
             return self.jobs[parsed.name].info
-        coord = Coordinator(parsed, catalogs, run_id, start_step=start_step)
+        coord = Coordinator(sources, catalogs, run_id, start_step=start_step)
+        if state is not None:
+            assert saved is not None
+            check_catalogs(state, catalogs)
+            coord.load_state_dict(state)
+            if saved.plan.stream_fingerprint() != parsed.stream_fingerprint():
+                apply_new_plan(coord, parsed, catalogs)
+        writer = None
+        if parsed.checkpoint is not None:
+            spec = parsed.checkpoint
+            writer = CheckpointWriter(
+                spec.url,
+                parsed,
+                compact_every=spec.compact_every,
+                keep_bases=spec.keep_bases,
+                storage_options=dict(spec.storage_options),
+            )
+            await loop.run_in_executor(None, writer.start, coord.state_dict(), saved)
+            coord.take_deltas()  # the base holds them
         info = {
             "name": parsed.name,
             "run_id": run_id,
             "plan": parsed.to_dict(),
-            "sources": parsed.source_names,
+            "sources": coord.names,
             "files": [len(c.files) for c in catalogs],
             "units": [c.num_units for c in catalogs],
             "bytes": [c.total_bytes for c in catalogs],
             "tokenizer": tokenizer,
-            "start_step": start_step,
+            "start_step": coord.next_step if state is not None else start_step,
+            "resumed": state is not None,
         }
         job = _Job(parsed, coord, info)
+        job.writer = writer
         self.jobs[parsed.name] = job
         self._runs[run_id] = parsed.name
         self._poke(job)
@@ -374,7 +432,9 @@ class OmniloadPlugin(SchedulerPlugin):
             steps_per_second=mon.steps_per_second(now),
             prefetch=run.plan.loader.prefetch,
         )
-        out.setdefault("checkpoint", None)  # {"step", "time"} once checkpoints exist
+        out["checkpoint"] = run.writer.stats() if run.writer is not None else None
+        if run.checkpoint_error:
+            out["checkpoint_error"] = run.checkpoint_error
         return out
 
     def steps(self, job: str, start: int = 0) -> list[dict[str, Any]]:
@@ -385,19 +445,40 @@ class OmniloadPlugin(SchedulerPlugin):
     def list_jobs(self) -> list[str]:
         return sorted(self.jobs)
 
-    def stop_job(self, job: str) -> bool:
+    async def stop_job(self, job: str) -> bool:
+        """Stop a job; its checkpoint gets a last flush first."""
         run = self.jobs.get(job)
         if run is None:
             return False
+        await self._final_flush(run)
         self._drop(run)
         return True
+
+    async def flush_checkpoint(self, job: str) -> dict[str, Any] | None:
+        """Write the job's pending checkpoint deltas now; return the checkpoint's figures."""
+        run = self._job(job)
+        await self._final_flush(run)
+        return run.writer.stats() if run.writer is not None else None
+
+    async def _final_flush(self, run: _Job) -> None:
+        if run.writer is None:
+            return
+        if run.flushing is not None:
+            with contextlib.suppress(Exception):
+                await run.flushing
+        run.flushing = None
+        fut = self._checkpoint(run, force=True)
+        if fut is not None:
+            await fut
 
     # ------------------------------------------------------------------ internals
     def _job(self, name: str) -> _Job:
         run = self.jobs.get(name)
         if run is None:
             have = ", ".join(sorted(self.jobs)) or "none"
-            raise JobError(f"no omniload job named {name!r} on this scheduler (running: {have})")
+            raise MissingJobError(
+                f"no omniload job named {name!r} on this scheduler (running: {have})"
+            )
         return run
 
     def _job_of_key(self, key: str) -> _Job | None:
@@ -408,6 +489,8 @@ class OmniloadPlugin(SchedulerPlugin):
         return self.jobs.get(name) if name else None
 
     def _drop(self, job: _Job) -> None:
+        if self._standby is not None:
+            self._standby.keys.difference_update(job.futures)
         if self.jobs.get(job.plan.name) is job:
             del self.jobs[job.plan.name]
         self._runs.pop(job.info["run_id"], None)
@@ -489,6 +572,22 @@ class OmniloadPlugin(SchedulerPlugin):
                 meta.get("tokenize_seconds"),
             )
 
+    def _keep_standby(self, key: str) -> None:
+        """Ask for a second copy of a constructed batch on another worker (shadow loader)."""
+        if self._standby is None:
+            return
+        self._standby.keys.add(key)
+        if not self._amm_soon:  # one memory-manager run for a burst of finished batches
+            self._amm_soon = True
+            asyncio.get_running_loop().call_later(0.02, self._run_amm)
+
+    def _run_amm(self) -> None:
+        self._amm_soon = False
+        try:
+            _dask.run_memory_manager(self.scheduler)
+        except Exception:  # replication is best effort: lineage still recomputes lost data
+            logger.exception("omniload: standby replication failed")
+
     def _poke(self, job: _Job) -> None:
         """Schedule the job's pump (coalesced): draw, submit, release."""
         job.dirty = True
@@ -509,8 +608,40 @@ class OmniloadPlugin(SchedulerPlugin):
                 job.coord.error = job.coord.error or f"internal error: {exc!r}"
             if job.coord.next_step != before or actions:
                 job.dirty = True
+            self._checkpoint(job)
             job.notify()
             await asyncio.sleep(0)
+
+    def _checkpoint(self, job: _Job, force: bool = False) -> asyncio.Future[Any] | None:
+        """Queue the new deltas; flush them in a thread when due (never on this loop)."""
+        writer = job.writer
+        if writer is None:
+            return None
+        deltas = job.coord.take_deltas()
+        if deltas:
+            positions = {r: s.position for r, s in job.coord.ranks.items()}
+            writer.add(deltas, positions)
+        assert job.plan.checkpoint is not None
+        due = time.monotonic() - job.last_flush >= job.plan.checkpoint.flush_seconds
+        if not writer.pending() or not (due or force):
+            return job.flushing
+        if job.flushing is not None and not job.flushing.done():
+            return job.flushing
+        base = job.plan.checkpoint.compact_every
+        latest = writer.manifest.bases[-1]["step"] if writer.manifest.bases else 0
+        state = job.coord.state_dict() if job.coord.next_step - latest >= base else None
+        job.last_flush = time.monotonic()
+        job.flushing = asyncio.get_running_loop().run_in_executor(None, writer.flush, state)
+        job.flushing.add_done_callback(lambda f: self._flushed(job, f))
+        return job.flushing
+
+    def _flushed(self, job: _Job, fut: asyncio.Future[Any]) -> None:
+        exc = fut.exception() if not fut.cancelled() else None
+        if exc is not None:
+            logger.error("omniload checkpoint flush failed: %s", exc)
+            job.checkpoint_error = str(exc)
+        elif job.writer is not None and job.writer.pending():
+            self._poke(job)  # more arrived meanwhile
 
     def _execute(self, job: _Job, actions: list[Any]) -> None:
         client = self._client
@@ -580,6 +711,12 @@ class OmniloadPlugin(SchedulerPlugin):
                     job.futures[action.key] = built
             elif isinstance(action, Release):
                 for key in action.keys:
+                    if self._standby is not None:
+                        self._standby.keys.discard(key)
                     fut = job.futures.pop(key, None)
                     if fut is not None:
                         fut.release()
+
+
+def _is_batch_key(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith("omniload-batch-")

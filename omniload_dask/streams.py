@@ -207,13 +207,24 @@ class SourceStream:
         self.skipped += sum(u.skipped for u in finished)
         return finished
 
+    STATE_KEYS = (
+        "epoch",
+        "position",
+        "row",
+        "docs",
+        "tokens",
+        "skipped",
+        "truncated_tokens",
+        "retired",
+    )
+
     def state_dict(self) -> dict[str, int]:
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "row": self.row,
-            "docs": self.docs,
-            "tokens": self.tokens,
-            "skipped": self.skipped,
-            "truncated_tokens": self.truncated_tokens,
-        }
+        """The cursor and counters: everything that is not re-derived from the files."""
+        return {k: int(getattr(self, k)) for k in self.STATE_KEYS}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key in self.STATE_KEYS:
+            setattr(self, key, bool(state[key]) if key == "retired" else int(state[key]))
+        self.units.clear()
+        self.next_submit = (self.epoch, self.position)
+        self._orders.clear()
