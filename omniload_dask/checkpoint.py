@@ -175,8 +175,8 @@ class Checkpoint:
         base = max((b for b in self.manifest.bases if b["step"] <= step), key=lambda b: b["step"])
         state = json.loads(self._read(base))
         deltas: list[dict[str, Any]] = []
-        for seg in self.manifest.segments:
-            if seg["last"] >= base["step"] and seg["first"] <= step:
+        for seg in self.manifest.segments:  # later ones too: they may hold logged changes
+            if seg["last"] >= base["step"]:
                 for line in self._read(seg).splitlines():
                     deltas.append(json.loads(line))
         return apply_deltas(state, deltas, step)

@@ -64,7 +64,7 @@ class Feeder:
         prefetch: int | None = None,
         output: str | None = None,
         max_steps: int | None = None,
-        start_step: int = 0,
+        start_step: int | None = None,
         reconnect_timeout: float = 300.0,
     ) -> None:
         if client is None:
@@ -82,6 +82,8 @@ class Feeder:
         self.job = job
         info = _dask.call(client, "info", job=job)
         self.plan = parse_plan(info["plan"])
+        if start_step is None:  # a resumed job starts where it was resumed
+            start_step = int(info.get("start_step") or 0)
         self.source_names: list[str] = list(info["sources"])
         self.layout = self.plan.layout
         self.rank = resolve_rank(
@@ -313,6 +315,8 @@ class Feeder:
             timeout=POLL_TIMEOUT,
             report=self._report(start),
         )
+        if reply is None:  # a scheduler without the plugin (yet): e.g. one just restarted
+            raise MissingJobError(f"the scheduler has no omniload data plane for job {self.job!r}")
         keys = reply["keys"]
         if reply.get("end") is not None:
             with self._lock:

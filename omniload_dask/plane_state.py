@@ -100,7 +100,7 @@ def apply_deltas(state: dict[str, Any], deltas: list[dict[str, Any]], until: int
         if delta["step"] < out["step"]:
             continue  # already in the base
         if delta["step"] >= until:
-            break
+            continue  # later steps; live changes logged after them still count
         for i, vec in delta["src"].items():
             out["sources"][int(i)]["state"] = vec
         for i, tag in delta["tag"].items():
