@@ -20,8 +20,10 @@ and released as soon as the cursor has passed them and their constructions are s
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,6 +143,9 @@ class Coordinator:
         self.next_step = 0
         self.steps: dict[int, _Step] = {}
         self.held: dict[tuple[int, int], str] = {}
+        self._held_steps: list[list[int]] = [[] for _ in range(self.layout.dp)]  # heaps
+        self._held_count: Counter[int] = Counter()  # groups holding each step
+        self._group_ranks = [self.layout.group_ranks(g) for g in range(self.layout.dp)]
         self.ranks = {r: _Rank(start_step, start_step) for r in range(self.layout.world_size)}
         self.error: str | None = None
         self.history: deque[StepFigures] = deque(maxlen=HISTORY)
@@ -156,6 +161,9 @@ class Coordinator:
         self._actions: list[Action] = []
         self._keys: dict[str, tuple[int, UnitRef]] = {}
         self._starved: set[int] = set()  # sources the last draw waited for
+        self._reads_seen: dict[int, tuple[Any, ...]] = {}
+        self.timing: dict[str, float] = {}  # milliseconds of the last step's planning phases
+        self.planning_ms: deque[float] = deque(maxlen=256)
         self._step_weights = np.zeros(len(self.streams))
         self.recorder = StateRecorder(self)
 
@@ -305,6 +313,8 @@ class Coordinator:
                 for unit in dropped:
                     self._keys.pop(unit.key, None)
                 stream.units.clear()
+                stream._cache = None
+                stream.version += 1
                 stream.next_submit = (stream.epoch, stream.position)
                 if dropped:
                     self._actions.append(Release(tuple(u.key for u in dropped)))
@@ -353,7 +363,7 @@ class Coordinator:
         state.position = start
         state.requested_end = start + count
         state.last_seen = now
-        self._release_fetched()
+        self._release_fetched(self.layout.coords(rank)["dp"])
 
     # ---------------------------------------------------------------- decisions
     def advance(self, max_steps: int | None = None) -> list[Action]:
@@ -398,7 +408,7 @@ class Coordinator:
             )
         record.rebuilds += 1
         key = self.batch_key(step, group, record.rebuilds)
-        self.held[(step, group)] = key
+        self._hold(step, group, key)
         self._actions.append(
             SubmitConstruct(key, record.recipes[group], record.reads[group], self.slice_keys(key))
         )
@@ -423,12 +433,14 @@ class Coordinator:
     def _wants(self, i: int, weights: np.ndarray, scale: float) -> tuple[int, int]:
         tokens, docs = self._budget()
         share = weights[i] / weights.sum()
+        # A little more than the source's share; the mixer asks again (scale x2) if short.
         if tokens is not None:
-            return int(share * tokens * 1.25 * scale) + self.caps[i], 1
+            return int(share * tokens * 1.25 * scale) + 1, 2
         return 1, int(share * docs * 1.25 * scale) + 2
 
     def _draw(self) -> bool:
         """Draw global batch ``next_step``; False if some source must report first."""
+        started = time.perf_counter()
         self._apply_pending(self.next_step)
         tokens, docs = self._budget()
         weights = self.weights_at(self.next_step)
@@ -437,15 +449,15 @@ class Coordinator:
             return False
         for joining in np.flatnonzero((weights > 0) & ~self._active).tolist():
             self.mixer.activate(joining)  # (re)joining sources start at the virtual time
-        scale = 1.0
+        empty = Candidates(np.zeros(0, np.int64))
+        cands = [
+            stream.candidates(self.caps[i], *self._wants(i, weights, 1.0))
+            if weights[i] > 0
+            else empty
+            for i, stream in enumerate(self.streams)
+        ]
+        scale = np.ones(len(self.streams))
         while True:
-            cands: list[Candidates] = []
-            for i, stream in enumerate(self.streams):
-                if weights[i] > 0:
-                    want_tokens, want_docs = self._wants(i, weights, scale)
-                    cands.append(stream.candidates(self.caps[i], want_tokens, want_docs))
-                else:
-                    cands.append(Candidates(np.zeros(0, np.int64)))
             result = self.mixer.select(
                 weights,
                 [c.lengths for c in cands],
@@ -459,9 +471,13 @@ class Coordinator:
             if waiting:
                 self._starved = waiting
                 return False
-            scale *= 2
-            if scale > 1 << 20:
-                raise JobError("cannot fill a global batch: check batch.global_tokens")
+            for i in result.sources:  # only the sources that fell short are asked for more
+                scale[i] *= 2
+                if scale[i] > 1 << 20:
+                    raise JobError("cannot fill a global batch: check batch.global_tokens")
+                cands[i] = self.streams[i].candidates(
+                    self.caps[i], *self._wants(i, weights, float(scale[i]))
+                )
         self._starved = set()
         if len(result.order) == 0:  # every source with weight ran out during this step
             self.end_step = self.next_step
@@ -471,6 +487,10 @@ class Coordinator:
         self.mixer.commit(result)
         self._commit(result.order, cands)
         self.recorder.after_step(self, self.next_step - 1)
+        total = (time.perf_counter() - started) * 1e3
+        split = self.timing.get("split_ms", 0.0) + self.timing.get("recipes_ms", 0.0)
+        self.timing.update(step_ms=total, draw_ms=total - split)
+        self.planning_ms.append(total)
         return True
 
     def _commit(self, order: np.ndarray, cands: list[Candidates]) -> None:
@@ -491,8 +511,11 @@ class Coordinator:
         lengths = np.empty(len(order), dtype=np.int64)
         units: list[Unit] = []
         unit_source: list[int] = []
-        for s in np.unique(src).tolist():
-            sel = np.flatnonzero(src == s)
+        by_source = np.argsort(src, kind="stable")  # one pass instead of one scan per source
+        sources_in, first = np.unique(src[by_source], return_index=True)
+        bounds = [*first.tolist(), len(src)]
+        for j, s in enumerate(sources_in.tolist()):
+            sel = by_source[bounds[j] : bounds[j + 1]]
             c = cands[s]
             k = idx[sel]
             lengths[sel] = c.lengths[k]
@@ -511,8 +534,9 @@ class Coordinator:
                 self._keys.pop(u.key, None)
         self.next_step += 1
         for old in [t for t in self.steps if t < self.next_step - self.plan.loader.retain_steps]:
-            if not any(key_step == old for key_step, _ in self.held):
+            if not self._held_count[old]:
                 del self.steps[old]
+                self._held_count.pop(old, None)
 
     def _plan_step(
         self,
@@ -525,13 +549,16 @@ class Coordinator:
         lengths: np.ndarray,
     ) -> None:
         """Balance the step's documents over the DP groups; one recipe and construct each."""
+        t0 = time.perf_counter()
         plan = self.plan_split(src, lengths)
+        t1 = time.perf_counter()
         recipes, reads = self._recipes(step, plan, units, unit_source, doc_unit, rows)
+        self.timing.update(split_ms=(t1 - t0) * 1e3, recipes_ms=(time.perf_counter() - t1) * 1e3)
         for g, (recipe, group_reads) in enumerate(zip(recipes, reads, strict=True)):
-            if all(self.ranks[r].position > step for r in self.layout.group_ranks(g)):
+            if all(self.ranks[r].position > step for r in self._group_ranks[g]):
                 continue  # replaying towards where the ranks resume: build on demand only
             key = self.batch_key(step, g)
-            self.held[(step, g)] = key
+            self._hold(step, g, key)
             self._actions.append(SubmitConstruct(key, recipe, group_reads, self.slice_keys(key)))
         source_tokens = np.bincount(src, weights=lengths, minlength=len(self.streams))
         self.steps[step] = _Step(recipes, reads, plan.group_costs, plan.group_tokens, source_tokens)
@@ -653,9 +680,14 @@ class Coordinator:
         # Read ahead for sources that take part now or within the lookahead (schedules).
         horizon = self.next_step + self.plan.loader.lookahead
         weights = np.maximum(self.weights_at(self.next_step), self.weights_at(horizon))
+        total = float(weights.sum())
         for i, stream in enumerate(self.streams):
             if weights[i] <= 0:
                 continue
+            seen = (stream.version, weights[i], total, i in self._starved, len(stream.units))
+            if self._reads_seen.get(i) == seen:
+                continue  # nothing changed for this source since the last look
+            self._reads_seen[i] = seen
             window = self._read_window(i, weights)
             # A draw waiting on this source gets its next unknown unit even past the window.
             need = stream.first_unknown() if i in self._starved else (-1, -1)
@@ -682,9 +714,7 @@ class Coordinator:
         if not known:
             return loader.read_ahead
         if tokens is not None:
-            sizes = [
-                np.minimum(u.lengths, self.caps[i]).sum() for u in known if u.lengths is not None
-            ]
+            sizes = [u.capped_tokens(self.caps[i]) for u in known]
             per_step = share * tokens
         else:
             sizes = [len(u.lengths) for u in known]  # type: ignore[arg-type]
@@ -693,15 +723,24 @@ class Coordinator:
         steps_ahead = loader.lookahead + loader.prefetch
         return loader.read_ahead + math.ceil(per_step * steps_ahead / per_unit)
 
-    def _release_fetched(self) -> None:
-        done = []
-        for (step, group), key in self.held.items():
-            if all(self.ranks[r].position > step for r in self.layout.group_ranks(group)):
-                done.append(((step, group), key))
-        if done:
-            for where, _ in done:
-                del self.held[where]
-            keys = [k for _, key in done for k in (key, *self.slice_keys(key))]
+    def _hold(self, step: int, group: int, key: str) -> None:
+        if (step, group) not in self.held:
+            heapq.heappush(self._held_steps[group], step)
+            self._held_count[step] += 1
+        self.held[(step, group)] = key
+
+    def _release_fetched(self, group: int) -> None:
+        """Release the batches of ``group`` that every rank of the group has fetched."""
+        fetched = min(self.ranks[r].position for r in self._group_ranks[group])
+        heap = self._held_steps[group]
+        keys: list[str] = []
+        while heap and heap[0] < fetched:
+            step = heapq.heappop(heap)
+            key = self.held.pop((step, group), None)
+            if key is not None:
+                self._held_count[step] -= 1
+                keys += [key, *self.slice_keys(key)]
+        if keys:
             self._actions.append(Release(tuple(keys)))
 
     # ---------------------------------------------------------------- figures
@@ -725,6 +764,7 @@ class Coordinator:
             "efficiency_mean": self.efficiency_sum / steps if steps else None,
             "efficiency_min": self.efficiency_min if steps else None,
             "efficiency_recent": [round(f.efficiency, 4) for f in recent],
+            "planning_ms_p50": float(np.median(self.planning_ms)) if self.planning_ms else None,
             "held_batches": len(self.held),
             "units_in_flight": sum(len(s.units) for s in self.streams),
             "ranks": {
