@@ -3,8 +3,8 @@
 A checkpoint is a folder::
 
     MANIFEST.json                   format, version, plan, file list with sizes and sha256
-    base-000000001000.json          a full snapshot at step 1000 (see plane_state)
-    delta-000000001000-000000001087.jsonl   one line per drawn step (and per live change)
+    base-000000001000-<run>.json.zst     a full snapshot at step 1000 (see plane_state)
+    delta-000000001000-000000001087-<run>-<n>.jsonl.zst   a line per drawn step / live change
     ...
 
 The manifest is written last, to a temporary name and then moved over the old one, so a crash
@@ -28,6 +28,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import zstandard
 from fsspec.core import url_to_fs
 
 from .errors import CheckpointError
@@ -162,7 +163,14 @@ class Checkpoint:
                 f"checkpoint {self.url!r}: file {entry['file']!r} is corrupt "
                 f"or truncated ({len(blob)} bytes, {entry['bytes']} expected)"
             )
-        return blob
+        if entry["file"].endswith(".zst"):
+            try:
+                return zstandard.ZstdDecompressor().decompress(blob)
+            except zstandard.ZstdError as exc:
+                raise CheckpointError(
+                    f"checkpoint {self.url!r}: file {entry['file']!r} does not decompress ({exc})"
+                ) from None
+        return bytes(blob)
 
     def state_at(self, step: int | None = None) -> dict[str, Any]:
         """The data-plane state at ``step`` (default: the latest flushed step)."""
@@ -324,9 +332,10 @@ class CheckpointWriter:
             t0 = time.perf_counter()
             first = min(steps) if steps else self.manifest.latest_step
             last = max(steps) if steps else self.manifest.latest_step
-            blob = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+            lines = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+            blob = zstandard.ZstdCompressor(level=3).compress(lines)
             self._seq += 1
-            name = f"delta-{first:012d}-{last:012d}-{self._token}-{self._seq:06d}.jsonl"
+            name = f"delta-{first:012d}-{last:012d}-{self._token}-{self._seq:06d}.jsonl.zst"
             self._put(name, blob)
             self.manifest.segments.append(
                 {
@@ -367,8 +376,10 @@ class CheckpointWriter:
             ) from None
 
     def _write_base(self, state: dict[str, Any]) -> int:
-        blob = json.dumps(state, separators=(",", ":")).encode()
-        name = f"base-{int(state['step']):012d}-{self._token}.json"
+        blob = zstandard.ZstdCompressor(level=3).compress(
+            json.dumps(state, separators=(",", ":")).encode()
+        )
+        name = f"base-{int(state['step']):012d}-{self._token}.json.zst"
         self._put(name, blob)
         self.manifest.bases = [b for b in self.manifest.bases if b["step"] != state["step"]]
         self.manifest.bases.append(

@@ -305,7 +305,7 @@ class LoaderSpec:
     lookahead: int = 2
     retain_steps: int = 64
     read_retries: int = 2
-    standby: bool = True  # a second copy of each upcoming batch on another worker
+    standby: bool = True  # a second copy of upcoming batches and shards on another worker
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ class OmniloadPlugin(SchedulerPlugin):
         }
         for name, handler in handlers.items():
             scheduler.handlers[HANDLER_PREFIX + name] = handler
-        self._standby = _dask.install_standby(scheduler, _is_batch_key)
+        self._standby = _dask.install_standby(scheduler, _is_standby_key)
         try:  # watching must never keep the data plane from starting
             from . import dashboard
 
@@ -142,6 +142,8 @@ class OmniloadPlugin(SchedulerPlugin):
             meta = _dask.metadata_of(kwargs)
             if meta is not None:
                 self._on_report(job, key, meta, _dask.task_duration(kwargs))
+            if job.plan.loader.standby and key in job.futures:
+                self._keep_standby(key)  # shards too: a lost worker then costs no re-read
         elif finish == "memory" and key.startswith("omniload-batch-"):
             if not key.rsplit("-", 1)[-1].startswith("cp"):  # slices are not constructions
                 job.batches_built += 1
@@ -718,5 +720,5 @@ class OmniloadPlugin(SchedulerPlugin):
                         fut.release()
 
 
-def _is_batch_key(key: Any) -> bool:
-    return isinstance(key, str) and key.startswith("omniload-batch-")
+def _is_standby_key(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith(("omniload-batch-", "omniload-read-"))
