@@ -289,7 +289,8 @@ class CheckpointWriter:
         if resume is None and self.exists():
             raise CheckpointError(
                 f"checkpoint {self.url!r} already holds a checkpoint; resume from it "
-                "(Job.start(..., resume=True)) or give the plan another checkpoint.url"
+                "(Job.start(..., resume=True), omniload run --resume) or give the plan another "
+                "checkpoint.url"
             )
         superseded: list[str] = []
         if resume is not None:

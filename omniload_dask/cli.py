@@ -51,9 +51,14 @@ def _run(args: argparse.Namespace) -> int:
 
         make_demo_data(Path(args.plan).resolve().parent / "demo-data")
     plan = load_plan(args.plan)
-    logging.getLogger("distributed").setLevel(logging.ERROR)
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)  # our errors say it better
     report = run_plan(
-        plan, steps=args.steps, address=args.address, workers=args.workers, progress=not args.json
+        plan,
+        steps=args.steps,
+        address=args.address,
+        workers=args.workers,
+        progress=not args.json,
+        resume=args.resume,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -216,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the demo data next to the plan first (if missing)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the plan's checkpoint (checkpoint.url)"
+    )
     p.set_defaults(func=_run)
     p = sub.add_parser("demo-data", help="write the deterministic demo data")
     p.add_argument("folder")
