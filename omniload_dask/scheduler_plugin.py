@@ -33,7 +33,7 @@ from .checkpoint import (
     load_for_resume,
     registry_plan,
 )
-from .coordinator import Coordinator, Release, SubmitConstruct, SubmitRead
+from .coordinator import Coordinator, ReadSpec, Release, SubmitConstruct, SubmitRead
 from .errors import CheckpointError, JobError, MissingJobError, OmniloadError
 from .monitoring import JobMonitor, realised_shares
 from .plan import Plan, parse_plan
@@ -645,46 +645,36 @@ class OmniloadPlugin(SchedulerPlugin):
         elif job.writer is not None and job.writer.pending():
             self._poke(job)  # more arrived meanwhile
 
+    @staticmethod
+    def _submit_read(client: Client, job: _Job, r: ReadSpec) -> Future:
+        plan = job.plan
+        return client.submit(
+            tasks.read_unit,
+            job.coord.streams[r.source].spec,
+            r.source,
+            plan.tokenizer,
+            plan.on_error,
+            r.file_index,
+            r.file_url,
+            r.start,
+            r.stop,
+            key=r.key,
+            retries=plan.loader.read_retries,
+            priority=READ_PRIORITY,
+        )
+
     def _execute(self, job: _Job, actions: list[Any]) -> None:
         client = self._client
         assert client is not None
-        plan = job.plan
         for action in actions:
             if isinstance(action, SubmitRead):
-                r = action.read
-                job.futures[r.key] = client.submit(
-                    tasks.read_unit,
-                    job.coord.streams[r.source].spec,
-                    r.source,
-                    plan.tokenizer,
-                    plan.on_error,
-                    r.file_index,
-                    r.file_url,
-                    r.start,
-                    r.stop,
-                    key=r.key,
-                    retries=plan.loader.read_retries,
-                    priority=READ_PRIORITY,
-                )
+                job.futures[action.read.key] = self._submit_read(client, job, action.read)
             elif isinstance(action, SubmitConstruct):
                 deps = []
                 for r in action.reads:
                     fut = job.futures.get(r.key)
                     if fut is None:  # a rebuild after the unit was released: read it again
-                        fut = client.submit(
-                            tasks.read_unit,
-                            job.coord.streams[r.source].spec,
-                            r.source,
-                            plan.tokenizer,
-                            plan.on_error,
-                            r.file_index,
-                            r.file_url,
-                            r.start,
-                            r.stop,
-                            key=r.key,
-                            retries=plan.loader.read_retries,
-                            priority=READ_PRIORITY,
-                        )
+                        fut = self._submit_read(client, job, r)
                     deps.append(fut)
                 built = client.submit(
                     tasks.construct,
