@@ -31,10 +31,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from balance import Shape, Stream, baseline_costs  # noqa: E402  (the same synthetic mix)
+from balance import Shape, Stream, baseline_costs
 
-from omniload_dask.balance import Bucket, balance, route  # noqa: E402
-from omniload_dask.cost import CostModel, transformer_coefficients  # noqa: E402
+from omniload_dask.balance import Bucket, balance, route
+from omniload_dask.cost import CostModel, transformer_coefficients
 
 MODEL = {"hidden": 2048, "layers": 12, "heads": 16, "kv_heads": 16, "ffn": 5632,
          "vocab": 32000, "gated": True}  # fmt: skip
@@ -100,7 +100,7 @@ def build(torch, F):
         same = torch.allclose(
             attention_jagged(q, k, v, cu), attention_loop(q, k, v, cu), atol=2e-2, rtol=2e-2
         )
-    except Exception as exc:  # noqa: BLE001 - any failure means: use the loop
+    except Exception as exc:  # any failure means: use the loop
         print(f"jagged attention unavailable ({type(exc).__name__}: {exc}); looping")
         same = False
     if not same:
