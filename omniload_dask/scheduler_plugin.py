@@ -172,6 +172,9 @@ class OmniloadPlugin(SchedulerPlugin):
         ranks of a fresh job at that step: earlier steps are drawn again but not built.
         """
         parsed = parse_plan(plan)
+        start_step = _integer("start_step", start_step)
+        if resume is not None and not isinstance(resume, bool):
+            resume = _integer("resume", resume)
         running = self.jobs.get(parsed.name)
         if running is not None:
             if (
@@ -254,8 +257,12 @@ class OmniloadPlugin(SchedulerPlugin):
         ``report`` carries the feeder's own figures for monitoring (see ``FeederReport``).
         """
         run = self._job(job)
+        rank, start = _integer("rank", rank), _integer("start", start)
+        count, timeout = _integer("count", count), _number("timeout", timeout)
+        if not isinstance(client, str):
+            raise JobError(f"batches: client must be a client id string, got {client!r}")
         now = time.time()
-        run.coord.on_request(int(rank), int(start), int(count), now)
+        run.coord.on_request(rank, start, count, now)
         run.monitor.on_progress(now, min(r.position for r in run.coord.ranks.values()))
         if report is not None:
             run.monitor.on_feeder(int(rank), now, report)
@@ -442,7 +449,7 @@ class OmniloadPlugin(SchedulerPlugin):
     def steps(self, job: str, start: int = 0) -> list[dict[str, Any]]:
         """Figures of the recent steps (efficiency, tokens per source, micro-steps)."""
         run = self._job(job)
-        return [vars(f) for f in run.coord.step_figures(start)]
+        return [vars(f) for f in run.coord.step_figures(_integer("start", start))]
 
     def list_jobs(self) -> list[str]:
         return sorted(self.jobs)
@@ -712,3 +719,16 @@ class OmniloadPlugin(SchedulerPlugin):
 
 def _is_standby_key(key: Any) -> bool:
     return isinstance(key, str) and key.startswith(("omniload-batch-", "omniload-read-"))
+
+
+def _integer(name: str, value: Any) -> int:
+    """An RPC argument that must be a non-negative integer (errors name it)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise JobError(f"{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise JobError(f"{name} must be a number >= 0, got {value!r}")
+    return float(value)

@@ -366,3 +366,26 @@ def test_a_2x2x1x2_layout_shares_batches_with_tp_peers_and_slices_them_for_cp_pe
             for d, o in zip(mb["doc_id"], mb["doc_offset"], strict=True)
         }
         assert delivered == pieces[0] | pieces[1]
+
+
+def test_bad_rpc_arguments_are_named(small_sources, cluster):
+    from omniload_dask import _dask
+
+    plan = make_plan(small_sources, name="badrpc")
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        cases = [
+            ({"rank": "zero", "start": 0, "count": 1}, "rank must be an integer >= 0, got 'zero'"),
+            ({"rank": 0, "start": -3, "count": 1}, "start must be an integer >= 0, got -3"),
+            ({"rank": 0, "start": 0, "count": 0}, "start must be >= 0 and count >= 1"),
+            ({"rank": 7, "start": 0, "count": 1}, "rank 7 is not in the layout"),
+            ({"rank": 0, "start": 0, "count": 1, "timeout": "soon"}, "timeout must be a number"),
+        ]
+        for kwargs, message in cases:
+            with pytest.raises(JobError, match=message):
+                _dask.call(client, "batches", job="badrpc", client=client.id, **kwargs)
+        with pytest.raises(JobError, match="window must be an integer >= 1"):
+            _dask.call(client, "mixture", job="badrpc", window=0)
+        with pytest.raises(JobError, match="no omniload job named 'nope'"):
+            _dask.call(client, "stats", job="nope")
+        job.stop()
