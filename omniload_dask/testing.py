@@ -9,7 +9,7 @@ timing never changes the result.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -34,9 +34,11 @@ class InlineDataPlane:
         start_step: int = 0,
         shuffle_reports: int | None = None,
         build: bool = True,
+        timing: Callable[[Any, Shard], float] | None = None,
     ) -> None:
         self.plan = plan
         self.build = build
+        self.timing = timing  # seconds a read "took" (feeds the cost meters), or None
         catalogs = [tasks.discover(spec) for spec in plan.sources]
         self.coord = Coordinator(plan, catalogs, run_id, start_step=start_step)
         self.shards: dict[str, Shard] = {}
@@ -78,6 +80,7 @@ class InlineDataPlane:
             read.file_url,
             read.start,
             read.stop,
+            images=self.plan.images,
         )
         self.reads += 1
         self.shards[read.key] = shard
@@ -99,7 +102,10 @@ class InlineDataPlane:
             except OmniloadError as exc:  # what the plugin does with an erred read task
                 self.coord.on_failure(read.key, str(exc))
                 continue
-            self.coord.on_report(read.key, shard.lengths, shard.skipped)
+            seconds = self.timing(read, shard) if self.timing is not None else None
+            self.coord.on_report(
+                read.key, shard.lengths, shard.skipped, seconds=seconds, **tasks.report_of(shard)
+            )
 
     def step(self, step: int, ranks: list[int] | None = None) -> dict[int, GroupBatch]:
         """The whole batches of ``step`` for every DP group (every rank asks for one step)."""

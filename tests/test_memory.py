@@ -34,11 +34,27 @@ def sample(job: Job) -> dict[str, int]:
 def test_thousands_of_steps_keep_memory_flat(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", texts(300, seed=1, mean_words=6))
     write_jsonl(tmp_path / "b.jsonl", texts(300, seed=2, mean_words=12))
-    plan = parse_plan(plan_dict(
-        [{"name": "a", "format": "jsonl", "path": str(tmp_path / "a.jsonl"), "unit_bytes": 4096},
-         {"name": "b", "format": "jsonl", "path": str(tmp_path / "b.jsonl"), "unit_bytes": 4096}],
-        name="longrun", batch={"seq_len": 64, "micro_batches": 1, "global_tokens": 256},
-        layout={"dp": 2}))
+    plan = parse_plan(
+        plan_dict(
+            [
+                {
+                    "name": "a",
+                    "format": "jsonl",
+                    "path": str(tmp_path / "a.jsonl"),
+                    "unit_bytes": 4096,
+                },
+                {
+                    "name": "b",
+                    "format": "jsonl",
+                    "path": str(tmp_path / "b.jsonl"),
+                    "unit_bytes": 4096,
+                },
+            ],
+            name="longrun",
+            batch={"seq_len": 64, "micro_batches": 1, "global_tokens": 256},
+            layout={"dp": 2},
+        )
+    )
     with Job.start(plan, workers=2, dashboard_address=None) as job:
         feeders = [job.feeder(dp_rank=g, output="numpy").steps() for g in range(2)]
         marks = {}
