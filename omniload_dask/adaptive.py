@@ -36,5 +36,6 @@ class OmniloadAdaptive(Adaptive):
         except Exception as exc:  # no data plane on this scheduler (yet): Dask's target stands
             logger.debug("omniload: no worker recommendation (%s)", exc)
             return dask_target
-        wanted = int(reply.get("wanted") or 0) if reply.get("jobs") else 0
-        return max(dask_target, wanted)
+        if not isinstance(reply, dict) or not reply.get("jobs"):  # no plugin or no job
+            return dask_target
+        return max(dask_target, int(reply.get("wanted") or 0))

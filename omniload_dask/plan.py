@@ -432,6 +432,8 @@ class Plan:
                 src.pop("unit_bytes")
             if not src["image"]:
                 src.pop("image")
+            elif src["format"] == "parquet":
+                src["image"] = src["image"][0]
             else:
                 src["image"] = list(src["image"])
             if src["unit_records"] is None:
@@ -950,6 +952,8 @@ def _image_field(f: Fields, fmt: str) -> tuple[str, ...]:
     if fmt == "jsonl":
         fail(f.at("image"), "images come from parquet or webdataset sources", raw)
     if fmt == "parquet":
+        if isinstance(raw, (list, tuple)) and len(raw) == 1:
+            raw = raw[0]
         if not isinstance(raw, str) or not raw:
             fail(f.at("image"), "must be the name of the image column", raw)
         return (raw,)
