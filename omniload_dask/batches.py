@@ -261,6 +261,7 @@ def _images(
     positions: list[int] = []
     docs: list[int] = []
     index: list[int] = []
+    total_tokens = 0  # tokens of the images so far: where the next one's start in the output
     for j, (_, slot, row, lo, hi) in enumerate(rows.tolist()):
         table = shards[slot].images
         if table is None:
@@ -272,13 +273,14 @@ def _images(
             here_lo, here_hi = max(start, lo), min(stop, hi)
             if here_lo >= here_hi:
                 continue
-            base = sum(n_tokens) + here_lo - start
+            base = total_tokens + here_lo - start
             at = int(cu[j]) + here_lo - lo
             token_map[at : at + here_hi - here_lo] = np.arange(base, base + here_hi - here_lo)
             patches.append(table.patches[table.cu_patches[i] : table.cu_patches[i + 1]])
             grid.append(table.grid[i])
             n_patches.append(int(table.cu_patches[i + 1] - table.cu_patches[i]))
             n_tokens.append(stop - start)
+            total_tokens += stop - start
             positions.append(at)
             docs.append(j)
             index.append(i - found.start)

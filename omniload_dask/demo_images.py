@@ -6,6 +6,7 @@ machine writes the same pixels. ``make_image_demo_data(folder)`` writes::
 
     images-parquet/captions-0000.parquet   columns image (encoded bytes), caption; row groups of 64
     images-tar/shard-0000.tar              WebDataset-style: 000000.jpg + 000000.txt, ...
+    tokenizer-vlm.json                     the demo tokenizer (see demo.py) plus an <image> token
 
 Tests and benchmarks use the pieces: :func:`synthetic_image`, :func:`encode_image`,
 :func:`write_image_parquet` and :func:`write_image_tar`.
@@ -162,5 +163,9 @@ def make_image_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
         write_image_tar(
             folder / "images-tar" / f"shard-{f:04d}.tar", n // 2, seed=20 + f, sizes=(96, 384)
         )
+    from .demo import VOCAB_SEED, _vocabulary, _write_tokenizer
+
+    vocab = _vocabulary(np.random.default_rng(VOCAB_SEED))  # the demo's, same ids; <image> last
+    _write_tokenizer(folder / "tokenizer-vlm.json", [*vocab, "<image>"])
     (folder / MARKER).write_text("ok\n")
     return folder

@@ -104,8 +104,10 @@ def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> R
     stats = job.stats()
     figures = [f for f in job.steps() if f["step"] < steps]
     per_source = np.zeros(len(stats["sources"]), dtype=np.float64)
-    for f in figures:
-        per_source += np.asarray(f["source_tokens"], dtype=np.float64)
+    by = "source_documents" if job.plan.mixing_by == "documents" else "source_tokens"
+    for f in figures:  # shares of what the mix is by: tokens or documents
+        counts = np.asarray(f[by], dtype=np.float64)
+        per_source[: len(counts)] += counts
     weights = np.asarray([s["weight"] for s in stats["sources"]], dtype=np.float64)
     sources = []
     for i, s in enumerate(stats["sources"]):

@@ -190,20 +190,22 @@ def _place(
 ) -> tuple[np.ndarray, np.ndarray, ImageTable]:
     """Patchify the decoded images and put their placeholder tokens into the documents."""
     p, m = spec.patch_size, spec.merge
-    patches = [patchify(img, p, m) for imgs in pixels for img in imgs]
+    images = [img for imgs in pixels for img in imgs]
     grid = np.asarray(
-        [(img.shape[0] // p, img.shape[1] // p) for imgs in pixels for img in imgs],
-        dtype=np.int32,
+        [(img.shape[0] // p, img.shape[1] // p) for img in images], dtype=np.int32
     ).reshape(-1, 2)
     record = np.repeat(np.arange(len(pixels), dtype=np.int64), [len(i) for i in pixels])
-    count = np.asarray([len(x) for x in patches], dtype=np.int64)
+    count = grid[:, 0].astype(np.int64) * grid[:, 1]
     image_tokens = count // (m * m)
     skip = 1 if tokenizer.add_bos else 0
     tokens, offsets, starts = place_images(tokens, offsets, record, image_tokens, placeholder, skip)
     cu = np.zeros(len(count) + 1, dtype=np.int64)
     np.cumsum(count, out=cu[1:])
+    patches = np.empty((int(cu[-1]), p, p, 3), dtype=np.uint8)  # filled in place: one copy
+    for i, img in enumerate(images):
+        patchify(img, p, m, out=patches[cu[i] : cu[i + 1]])
     table = ImageTable(
-        patches=np.concatenate(patches) if patches else np.zeros((0, p, p, 3), np.uint8),
+        patches=patches,
         cu_patches=cu,
         grid=grid,
         record=record,

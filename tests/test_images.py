@@ -66,6 +66,8 @@ def test_patchify_is_a_lossless_reordering_with_merge_windows_contiguous(gh, gw,
     pixels = np.random.default_rng(gh * 100 + gw).integers(0, 256, (h, w, 3), dtype=np.uint8)
     out = patchify(pixels, patch, merge)
     assert out.shape == (gh * gw * merge * merge, patch, patch, 3) and out.dtype == np.uint8
+    into = np.full_like(out, 7)
+    assert patchify(pixels, patch, merge, out=into) is into and np.array_equal(into, out)
     # Patch k sits at grid cell (r, c): window (k // m^2) row-major, then its place in the window.
     for k in range(len(out)):
         window, inside = divmod(k, merge * merge)

@@ -74,15 +74,24 @@ def tokens_of(height: int, width: int, spec: ImageSpec) -> int:
     return (height // p) * (width // p) // (spec.merge * spec.merge)
 
 
-def patchify(pixels: np.ndarray, patch: int, merge: int = 1) -> np.ndarray:
-    """``(H, W, 3)`` uint8 -> ``(H/patch * W/patch, patch, patch, 3)``, merge windows contiguous."""
+def patchify(
+    pixels: np.ndarray, patch: int, merge: int = 1, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``(H, W, 3)`` uint8 -> ``(H/patch * W/patch, patch, patch, 3)``, merge windows contiguous.
+
+    ``out`` (that shape, contiguous) receives the patches without an intermediate copy.
+    """
     h, w, c = pixels.shape
     gh, gw = h // patch, w // patch
     if gh * patch != h or gw * patch != w or gh % merge or gw % merge:
         raise ValueError(f"image {h} x {w} is not a grid of {merge} x {merge} x {patch}px windows")
     blocks = pixels.reshape(gh // merge, merge, patch, gw // merge, merge, patch, c)
     # (window row, window col, row in window, col in window, pixel row, pixel col, channel)
-    return np.ascontiguousarray(blocks.transpose(0, 3, 1, 4, 2, 5, 6)).reshape(-1, patch, patch, c)
+    ordered = blocks.transpose(0, 3, 1, 4, 2, 5, 6)
+    if out is None:
+        return np.ascontiguousarray(ordered).reshape(-1, patch, patch, c)
+    out.reshape(ordered.shape)[...] = ordered
+    return out
 
 
 def decode(data: bytes, spec: ImageSpec) -> np.ndarray:
