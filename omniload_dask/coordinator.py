@@ -829,7 +829,7 @@ class Coordinator:
                     "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
                     "read_window": self._read_window(i, weights) if weights[i] > 0 else 0,
                     "read_tasks_pending": s.pending_reads(),
-                    "read_quota": int(quotas[i]) if quotas is not None else None,
+                    "quota": int(quotas[i]) if quotas is not None else None,
                     "seconds_per_record": self.meters[i].per_record,
                     "read_parts": self._last_parts.get(i, 1),
                 }

@@ -100,7 +100,7 @@ def test_in_flight_reads_stay_within_quotas_that_follow_weight_times_cost(small_
     for t in range(4):
         plane.step(t)
     stats = plane.coord.stats()["sources"]
-    q = [s["read_quota"] for s in stats]
+    q = [s["quota"] for s in stats]
     assert sum(q) <= 4 * plan.loader.reads_per_thread + len(q)
     work = plane.coord.read_work(plane.coord.weights_at(plane.coord.next_step))
     expect = quotas(work, 4 * plan.loader.reads_per_thread)

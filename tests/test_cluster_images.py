@@ -65,7 +65,7 @@ def test_image_batches_on_a_cluster_are_bit_identical_to_the_reference(image_roo
     sources = {s["name"]: s for s in stats["sources"]}
     assert sources["cap"]["images_read"] > 0 and sources["wds"]["images_read"] > 0
     assert sources["txt"]["images_read"] == 0 and sources["txt"]["bad_images"] == 0
-    assert all(s["read_quota"] >= 1 for s in stats["sources"])
+    assert all(s["quota"] >= 1 for s in stats["sources"])
     assert stats["worker_threads"] == 2
 
 
@@ -110,10 +110,10 @@ def test_quotas_follow_cluster_scale_and_the_stream_does_not_change(image_root):
                 got.append({k: v for k, v in mb.items() if k != "doc_source_name"})
                 if len(got) == 4:
                     assert job.stats()["worker_threads"] == 1
-                    slots_before = sum(s["read_quota"] or 0 for s in job.stats()["sources"])
+                    slots_before = sum(s["quota"] or 0 for s in job.stats()["sources"])
                     cluster.scale(2)
                     assert _wait(lambda: job.stats()["worker_threads"] == 2)
-                    slots_after = sum(s["read_quota"] or 0 for s in job.stats()["sources"])
+                    slots_after = sum(s["quota"] or 0 for s in job.stats()["sources"])
                     assert slots_after > slots_before
         wanted = client.sync(client.scheduler.omniload_workers_wanted)
         assert wanted["workers"] == 2 and wanted["wanted"] >= 1
