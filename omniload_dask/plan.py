@@ -915,6 +915,8 @@ def _source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpec:
     weight = f.number("weight", 1.0, min=0)
     text = f.text("text", "txt" if fmt == "webdataset" else "text")
     image = _image_field(f, fmt)
+    if fmt == "parquet" and image and image[0] == text:
+        fail(f.at("image"), "must be another column than sources[].text", image[0])
     unit_records = f.optional_int("unit_records", min=1)
     if unit_records is not None and fmt == "jsonl":
         fail(f.at("unit_records"), "only applies to parquet and webdataset", unit_records)
