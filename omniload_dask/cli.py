@@ -9,6 +9,7 @@
     omniload set-weights --address ADDR web=2 books=1 [--at-step N]   re-weight a running job
     omniload update-plan --address ADDR PLAN [--at-step N]   add/remove sources live
     omniload mixture --address ADDR        target vs realised share per source
+    omniload checkpoint inspect URL        what a data-plane checkpoint holds
 """
 
 from __future__ import annotations
@@ -50,9 +51,14 @@ def _run(args: argparse.Namespace) -> int:
 
         make_demo_data(Path(args.plan).resolve().parent / "demo-data")
     plan = load_plan(args.plan)
-    logging.getLogger("distributed").setLevel(logging.ERROR)
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)  # our errors say it better
     report = run_plan(
-        plan, steps=args.steps, address=args.address, workers=args.workers, progress=not args.json
+        plan,
+        steps=args.steps,
+        address=args.address,
+        workers=args.workers,
+        progress=not args.json,
+        resume=args.resume,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -157,6 +163,46 @@ def _live(args: argparse.Namespace) -> int:
         client.close()
 
 
+def _checkpoint_inspect(args: argparse.Namespace) -> int:
+    from .checkpoint import Checkpoint
+
+    options = json.loads(args.storage_options) if args.storage_options else {}
+    summary = Checkpoint(args.url, options).summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    first, last = summary["restorable_steps"]
+    print(f"checkpoint {summary['url']}")
+    print(f"  plan            {summary['plan']} (stream fingerprint {summary['plan_fingerprint']})")
+    print(f"  restorable      steps {first} to {last}")
+    print(
+        f"  files           {len(summary['bases'])} bases at {summary['bases']}, "
+        f"{summary['segments']} delta segments, {summary['bytes']:,} bytes"
+    )
+    positions = summary["rank_positions"]
+    if positions:
+        print(
+            f"  rank positions  {min(positions.values())} to {max(positions.values())} "
+            f"({len(positions)} ranks)"
+        )
+    print(f"  {'source':<16}{'epoch':>6}{'position':>10}{'row':>7}{'documents':>11}{'skipped':>9}")
+    for src in summary["sources"]:
+        if src.get("joins_later"):
+            print(f"  {src['name']:<16} joins later")
+            continue
+        state = " (removed)" if src["retired"] else ""
+        print(
+            f"  {src['name']:<16}{src['epoch']:>6}{src['position']:>10}{src['row']:>7}"
+            f"{src['documents']:>11}{src['skipped']:>9}{state}"
+        )
+    for entry in summary["log"]:
+        print(
+            f"  change at step {entry['step']}: {entry['kind']} "
+            f"{entry.get('weights') or entry.get('source')}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omniload", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -175,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the demo data next to the plan first (if missing)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the plan's checkpoint (checkpoint.url)"
+    )
     p.set_defaults(func=_run)
     p = sub.add_parser("demo-data", help="write the deterministic demo data")
     p.add_argument("folder")
@@ -186,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
     p.set_defaults(func=_status)
+    p = sub.add_parser("checkpoint", help="look at a data-plane checkpoint")
+    csub = p.add_subparsers(dest="action", required=True)
+    c = csub.add_parser("inspect", help="what a checkpoint holds")
+    c.add_argument("url", help="the checkpoint folder (any fsspec URL)")
+    c.add_argument("--storage-options", help="fsspec options as JSON (e.g. an S3 endpoint)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_checkpoint_inspect)
     p = _add_live(sub, "set-weights", "change source weights of a running job")
     p.add_argument("weights", nargs="+", metavar="SOURCE=WEIGHT")
     p.add_argument("--at-step", type=int, help="first step to use them (default: next step)")

@@ -22,8 +22,10 @@ and each source keeps at most its quota of reads in flight; neither changes the 
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +39,8 @@ from .batches import Recipe
 from .cost import CostModel
 from .errors import JobError
 from .mixing import Mixer, NeedMore, WeightSchedule
-from .plan import Plan, SourceSpec, check_weights
+from .plan import Plan, SourceSpec, check_weights, source_dict
+from .plane_state import StateRecorder, catalog_fingerprint, restore, snapshot
 from .sources import Catalog
 from .streams import Candidates, SourceStream, Unit, UnitRef
 
@@ -120,6 +123,8 @@ class Coordinator:
     def __init__(
         self, plan: Plan, catalogs: Sequence[Catalog], run_id: str, start_step: int = 0
     ) -> None:
+        """A fresh data plane at step 0; ranks start at ``start_step`` (steps below it are
+        drawn to keep the stream exact, but not built)."""
         self.plan = plan
         self.run_id = run_id
         self.layout = plan.layout
@@ -139,9 +144,12 @@ class Coordinator:
         self._pending: list[tuple[int, str, Any]] = []  # source changes not yet in effect
         self._active = np.zeros(len(self.streams), dtype=bool)  # weight > 0 last step
         self.end_step: int | None = None  # the stream ends here (every source exhausted)
-        self.next_step = start_step
+        self.next_step = 0
         self.steps: dict[int, _Step] = {}
         self.held: dict[tuple[int, int], str] = {}
+        self._held_steps: list[list[int]] = [[] for _ in range(self.layout.dp)]  # heaps
+        self._held_count: Counter[int] = Counter()  # groups holding each step
+        self._group_ranks = [self.layout.group_ranks(g) for g in range(self.layout.dp)]
         self.ranks = {r: _Rank(start_step, start_step) for r in range(self.layout.world_size)}
         self.error: str | None = None
         self.history: deque[StepFigures] = deque(maxlen=HISTORY)
@@ -157,6 +165,9 @@ class Coordinator:
         self._actions: list[Action] = []
         self._keys: dict[str, tuple[int, UnitRef]] = {}
         self._starved: set[int] = set()  # sources the last draw waited for
+        self._reads_seen: dict[int, tuple[Any, ...]] = {}
+        self.timing: dict[str, float] = {}  # milliseconds of the last step's planning phases
+        self.planning_ms: deque[float] = deque(maxlen=256)
         self._step_weights = np.zeros(len(self.streams))
         # Auto-partitioning (how data is read; never which): measured costs, worker threads.
         loader = plan.loader
@@ -166,6 +177,7 @@ class Coordinator:
         self.construct_meter = Meter()
         self._part_of: dict[str, tuple[int, int]] = {}  # part key -> (part, its size)
         self._last_parts: dict[int, int] = {}  # source -> parts of its last submitted unit
+        self.recorder = StateRecorder(self)
 
     # ---------------------------------------------------------------- keys and properties
     def read_key(self, source: int, ref: UnitRef) -> str:
@@ -215,7 +227,7 @@ class Coordinator:
                 f"set_weights: {clean} would leave no source with a weight > 0 at step {step}"
             )
         self.schedule.change(step, clean)
-        self.log.append({"step": step, "kind": "weights", "weights": clean})
+        self._log({"step": step, "kind": "weights", "weights": clean})
         return step
 
     def add_source(self, spec: SourceSpec, catalog: Catalog, at_step: int | None = None) -> int:
@@ -232,7 +244,15 @@ class Coordinator:
             )
         self._pending.append((step, "add", (spec, catalog)))
         self._pending.sort(key=lambda p: p[0])
-        self.log.append({"step": step, "kind": "add", "source": spec.name})
+        self._log(
+            {
+                "step": step,
+                "kind": "add",
+                "source": spec.name,
+                "spec": source_dict(spec),
+                "catalog": catalog_fingerprint(catalog),
+            }
+        )
         return step
 
     def remove_source(self, name: str, at_step: int | None = None) -> int:
@@ -247,8 +267,38 @@ class Coordinator:
             raise JobError(f"remove_source: {name!r} is the job's last source")
         self._pending.append((step, "remove", name))
         self._pending.sort(key=lambda p: p[0])
-        self.log.append({"step": step, "kind": "remove", "source": name})
+        self._log({"step": step, "kind": "remove", "source": name})
         return step
+
+    def _log(self, entry: dict[str, Any]) -> None:
+        self.log.append(entry)
+        self.recorder.log(entry)
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """The full data-plane state at the first undrawn step (plain data; see plane_state)."""
+        return snapshot(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a snapshot: this coordinator's sources must be the snapshot's, in order.
+
+        Changes logged for later steps (sources joining or leaving) are scheduled again.
+        """
+        restore(self, state)
+        self._pending = []
+        for entry in self.log:
+            if entry["kind"] in ("add", "remove") and entry["step"] >= self.next_step:
+                if entry["kind"] == "add":
+                    stream = self.streams[self.names.index(entry["source"])]
+                    self._pending.append((entry["step"], "add", (stream.spec, stream.catalog)))
+                else:
+                    self._pending.append((entry["step"], "remove", entry["source"]))
+        self._pending.sort(key=lambda p: p[0])
+        self.recorder = StateRecorder(self)
+
+    def take_deltas(self) -> list[dict[str, Any]]:
+        """Deltas of the steps drawn (and changes logged) since the last call."""
+        return self.recorder.take()
 
     def _future_step(self, at_step: int | None, what: str) -> int:
         if at_step is None:
@@ -275,6 +325,8 @@ class Coordinator:
                 for unit in dropped:
                     self._forget(unit)
                 stream.units.clear()
+                stream._cache = None
+                stream.version += 1
                 stream.next_submit = (stream.epoch, stream.position)
                 if dropped:
                     self._actions.append(Release(tuple(k for u in dropped for k in u.keys)))
@@ -360,7 +412,7 @@ class Coordinator:
         state.position = start
         state.requested_end = start + count
         state.last_seen = now
-        self._release_fetched()
+        self._release_fetched(self.layout.coords(rank)["dp"])
 
     # ---------------------------------------------------------------- decisions
     def advance(self, max_steps: int | None = None) -> list[Action]:
@@ -405,7 +457,7 @@ class Coordinator:
             )
         record.rebuilds += 1
         key = self.batch_key(step, group, record.rebuilds)
-        self.held[(step, group)] = key
+        self._hold(step, group, key)
         self._actions.append(
             SubmitConstruct(key, record.recipes[group], record.reads[group], self.slice_keys(key))
         )
@@ -430,12 +482,14 @@ class Coordinator:
     def _wants(self, i: int, weights: np.ndarray, scale: float) -> tuple[int, int]:
         tokens, docs = self._budget()
         share = weights[i] / weights.sum()
+        # A little more than the source's share; the mixer asks again (scale x2) if short.
         if tokens is not None:
-            return int(share * tokens * 1.25 * scale) + self.caps[i], 1
+            return int(share * tokens * 1.25 * scale) + 1, 2
         return 1, int(share * docs * 1.25 * scale) + 2
 
     def _draw(self) -> bool:
         """Draw global batch ``next_step``; False if some source must report first."""
+        started = time.perf_counter()
         self._apply_pending(self.next_step)
         tokens, docs = self._budget()
         weights = self.weights_at(self.next_step)
@@ -444,15 +498,15 @@ class Coordinator:
             return False
         for joining in np.flatnonzero((weights > 0) & ~self._active).tolist():
             self.mixer.activate(joining)  # (re)joining sources start at the virtual time
-        scale = 1.0
+        empty = Candidates(np.zeros(0, np.int64))
+        cands = [
+            stream.candidates(self.caps[i], *self._wants(i, weights, 1.0))
+            if weights[i] > 0
+            else empty
+            for i, stream in enumerate(self.streams)
+        ]
+        scale = np.ones(len(self.streams))
         while True:
-            cands: list[Candidates] = []
-            for i, stream in enumerate(self.streams):
-                if weights[i] > 0:
-                    want_tokens, want_docs = self._wants(i, weights, scale)
-                    cands.append(stream.candidates(self.caps[i], want_tokens, want_docs))
-                else:
-                    cands.append(Candidates(np.zeros(0, np.int64)))
             result = self.mixer.select(
                 weights,
                 [c.lengths for c in cands],
@@ -466,9 +520,13 @@ class Coordinator:
             if waiting:
                 self._starved = waiting
                 return False
-            scale *= 2
-            if scale > 1 << 20:
-                raise JobError("cannot fill a global batch: check batch.global_tokens")
+            for i in result.sources:  # only the sources that fell short are asked for more
+                scale[i] *= 2
+                if scale[i] > 1 << 20:
+                    raise JobError("cannot fill a global batch: check batch.global_tokens")
+                cands[i] = self.streams[i].candidates(
+                    self.caps[i], *self._wants(i, weights, float(scale[i]))
+                )
         self._starved = set()
         if len(result.order) == 0:  # every source with weight ran out during this step
             self.end_step = self.next_step
@@ -477,6 +535,11 @@ class Coordinator:
         self._step_weights = weights
         self.mixer.commit(result)
         self._commit(result.order, cands)
+        self.recorder.after_step(self, self.next_step - 1)
+        total = (time.perf_counter() - started) * 1e3
+        split = self.timing.get("split_ms", 0.0) + self.timing.get("recipes_ms", 0.0)
+        self.timing.update(step_ms=total, draw_ms=total - split)
+        self.planning_ms.append(total)
         return True
 
     def _commit(self, order: np.ndarray, cands: list[Candidates]) -> None:
@@ -498,8 +561,11 @@ class Coordinator:
         extra = np.zeros(len(order)) if self.cost.has_encoder else None
         units: list[tuple[Unit, int]] = []  # (unit, part) read by a shard slot
         unit_source: list[int] = []
-        for s in np.unique(src).tolist():
-            sel = np.flatnonzero(src == s)
+        by_source = np.argsort(src, kind="stable")  # one pass instead of one scan per source
+        sources_in, first = np.unique(src[by_source], return_index=True)
+        bounds = [*first.tolist(), len(src)]
+        for j, s in enumerate(sources_in.tolist()):
+            sel = by_source[bounds[j] : bounds[j + 1]]
             c = cands[s]
             k = idx[sel]
             lengths[sel] = c.lengths[k]
@@ -524,8 +590,9 @@ class Coordinator:
                 self._forget(u)
         self.next_step += 1
         for old in [t for t in self.steps if t < self.next_step - self.plan.loader.retain_steps]:
-            if not any(key_step == old for key_step, _ in self.held):
+            if not self._held_count[old]:
                 del self.steps[old]
+                self._held_count.pop(old, None)
 
     def _plan_step(
         self,
@@ -539,11 +606,16 @@ class Coordinator:
         extra: np.ndarray | None = None,
     ) -> None:
         """Balance the step's documents over the DP groups; one recipe and construct each."""
+        t0 = time.perf_counter()
         plan = self.plan_split(src, lengths, extra)
+        t1 = time.perf_counter()
         recipes, reads = self._recipes(step, plan, units, unit_source, doc_unit, rows)
+        self.timing.update(split_ms=(t1 - t0) * 1e3, recipes_ms=(time.perf_counter() - t1) * 1e3)
         for g, (recipe, group_reads) in enumerate(zip(recipes, reads, strict=True)):
+            if all(self.ranks[r].position > step for r in self._group_ranks[g]):
+                continue  # replaying towards where the ranks resume: build on demand only
             key = self.batch_key(step, g)
-            self.held[(step, g)] = key
+            self._hold(step, g, key)
             self._actions.append(SubmitConstruct(key, recipe, group_reads, self.slice_keys(key)))
         source_tokens = np.bincount(src, weights=lengths, minlength=len(self.streams))
         self.steps[step] = _Step(recipes, reads, plan.group_costs, plan.group_tokens, source_tokens)
@@ -680,14 +752,28 @@ class Coordinator:
         horizon = self.next_step + self.plan.loader.lookahead
         weights = np.maximum(self.weights_at(self.next_step), self.weights_at(horizon))
         quota = self.read_quotas(weights) if self.plan.loader.quotas else None
+        total = float(weights.sum())
         for i, stream in enumerate(self.streams):
             if weights[i] <= 0:
                 continue
+            pending = stream.pending_reads()
+            limit = int(quota[i]) if quota is not None else -1
+            seen = (
+                stream.version,
+                weights[i],
+                total,
+                i in self._starved,
+                len(stream.units),
+                pending,  # a part of a unit reported (the quota has room)
+                limit,  # costs measured, weights or workers changed
+            )
+            if self._reads_seen.get(i) == seen:
+                continue  # nothing changed for this source since the last look
+            self._reads_seen[i] = seen
             window = self._read_window(i, weights)
             # A draw waiting on this source gets its next unknown unit even past the window
             # and the quota.
             need = stream.first_unknown() if i in self._starved else (-1, -1)
-            pending = stream.pending_reads()
             while True:
                 ref = stream.next_submit
                 ahead = stream.submitted_ahead()
@@ -695,7 +781,7 @@ class Coordinator:
                     break
                 if ahead >= MAX_UNITS_AHEAD or (ahead >= window and ref > need):
                     break
-                if quota is not None and pending >= quota[i] and ref > need:
+                if limit >= 0 and pending >= limit and ref > need:
                     break
                 catalog_index = stream.catalog_index(ref)
                 unit = Unit(self.read_key(i, ref), ref[0], ref[1], catalog_index)
@@ -763,9 +849,7 @@ class Coordinator:
         if not known:
             return loader.read_ahead
         if tokens is not None:
-            sizes = [
-                np.minimum(u.lengths, self.caps[i]).sum() for u in known if u.lengths is not None
-            ]
+            sizes = [u.capped_tokens(self.caps[i]) for u in known]
             per_step = share * tokens
         else:
             sizes = [len(u.lengths) for u in known]  # type: ignore[arg-type]
@@ -774,15 +858,24 @@ class Coordinator:
         steps_ahead = loader.lookahead + loader.prefetch
         return loader.read_ahead + math.ceil(per_step * steps_ahead / per_unit)
 
-    def _release_fetched(self) -> None:
-        done = []
-        for (step, group), key in self.held.items():
-            if all(self.ranks[r].position > step for r in self.layout.group_ranks(group)):
-                done.append(((step, group), key))
-        if done:
-            for where, _ in done:
-                del self.held[where]
-            keys = [k for _, key in done for k in (key, *self.slice_keys(key))]
+    def _hold(self, step: int, group: int, key: str) -> None:
+        if (step, group) not in self.held:
+            heapq.heappush(self._held_steps[group], step)
+            self._held_count[step] += 1
+        self.held[(step, group)] = key
+
+    def _release_fetched(self, group: int) -> None:
+        """Release the batches of ``group`` that every rank of the group has fetched."""
+        fetched = min(self.ranks[r].position for r in self._group_ranks[group])
+        heap = self._held_steps[group]
+        keys: list[str] = []
+        while heap and heap[0] < fetched:
+            step = heapq.heappop(heap)
+            key = self.held.pop((step, group), None)
+            if key is not None:
+                self._held_count[step] -= 1
+                keys += [key, *self.slice_keys(key)]
+        if keys:
             self._actions.append(Release(tuple(keys)))
 
     # ---------------------------------------------------------------- figures
@@ -807,6 +900,7 @@ class Coordinator:
             "efficiency_mean": self.efficiency_sum / steps if steps else None,
             "efficiency_min": self.efficiency_min if steps else None,
             "efficiency_recent": [round(f.efficiency, 4) for f in recent],
+            "planning_ms_p50": float(np.median(self.planning_ms)) if self.planning_ms else None,
             "held_batches": len(self.held),
             "units_in_flight": sum(len(s.units) for s in self.streams),
             "ranks": {

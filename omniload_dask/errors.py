@@ -7,7 +7,8 @@ One tree, so a training script can catch everything from the loader with one cla
      ├── SourceError        a source cannot be read: names the source and the file
      │    └── RecordError   one record is bad (mid-stream); follows the plan's on_error policy
      ├── TokenizerError     the tokenizer file cannot be read or lacks a declared token
-     ├── JobError           the job is unknown, stopped, failed, or a rank asks for what it cannot have
+     ├── JobError           the job stopped or failed, or a rank asks for what it cannot have
+     │    └── MissingJobError  no job of that name runs on the scheduler (feeders retry it)
      ├── CheckpointError    a checkpoint is missing, corrupt, of another plan or of an unknown version
      └── InternalError      "cannot happen": a bug in omniload-dask, please report it
 
@@ -21,6 +22,7 @@ __all__ = [
     "CheckpointError",
     "InternalError",
     "JobError",
+    "MissingJobError",
     "OmniloadError",
     "PlanError",
     "RecordError",
@@ -54,6 +56,10 @@ class TokenizerError(OmniloadError):
 
 class JobError(OmniloadError):
     """A job-level failure: unknown job, layout mismatch, a step no longer held, a failed source."""
+
+
+class MissingJobError(JobError):
+    """No job of that name runs on this scheduler (yet, or any more)."""
 
 
 class CheckpointError(OmniloadError):

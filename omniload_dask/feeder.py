@@ -18,6 +18,8 @@ recent step exactly; ``load_state_dict()`` resumes there.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -30,7 +32,7 @@ from distributed import Client, Future
 
 from . import _dask
 from .batches import GroupBatch
-from .errors import JobError, OmniloadError
+from .errors import JobError, MissingJobError, OmniloadError
 from .plan import LayoutSpec, parse_plan
 
 __all__ = ["Feeder", "resolve_rank"]
@@ -62,7 +64,8 @@ class Feeder:
         prefetch: int | None = None,
         output: str | None = None,
         max_steps: int | None = None,
-        start_step: int = 0,
+        start_step: int | None = None,
+        reconnect_timeout: float = 300.0,
     ) -> None:
         if client is None:
             if address is None:
@@ -71,10 +74,16 @@ class Feeder:
             self._owns_client = True
         else:
             self._owns_client = False
+            address = client.scheduler.address if client.scheduler is not None else None
         self.client = client
+        self._address = address
+        self.reconnect_timeout = reconnect_timeout
+        self.reconnects = 0
         self.job = job
         info = _dask.call(client, "info", job=job)
         self.plan = parse_plan(info["plan"])
+        if start_step is None:  # a resumed job starts where it was resumed
+            start_step = int(info.get("start_step") or 0)
         self.source_names: list[str] = list(info["sources"])
         self.layout = self.plan.layout
         self.rank = resolve_rank(
@@ -231,7 +240,17 @@ class Feeder:
             )
             self._thread.start()
 
+    def _reconnect(self) -> None:
+        """Replace an owned client that gave up on a lost scheduler (same address)."""
+        if self._owns_client and self.client.status in ("closed", "closing", "failed"):
+            with contextlib.suppress(Exception):
+                self.client.close()
+            with contextlib.suppress(OSError, TimeoutError):
+                self.client = Client(self._address, set_as_default=False, timeout=5)
+
     def _fetch_loop(self) -> None:
+        failing_since: float | None = None
+        attempt = 0
         while True:
             with self._lock:
                 while not self._stopped and self._fetch_from - self._step >= self.prefetch:
@@ -250,7 +269,16 @@ class Feeder:
                 continue
             try:
                 got = self._fetch(start, count)
-            except BaseException as exc:  # surfaced to the consumer by __next__
+                failing_since, attempt = None, 0
+            except BaseException as exc:  # retried while the scheduler may come back, else raised
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if _retryable(exc) and now - failing_since < self.reconnect_timeout:
+                    self.reconnects += 1
+                    attempt += 1
+                    time.sleep(min(5.0, 0.1 * 2 ** min(attempt, 6)))
+                    self._reconnect()
+                    continue
                 with self._lock:
                     self._error = (
                         exc
@@ -287,6 +315,8 @@ class Feeder:
             timeout=POLL_TIMEOUT,
             report=self._report(start),
         )
+        if reply is None:  # a scheduler without the plugin (yet): e.g. one just restarted
+            raise MissingJobError(f"the scheduler has no omniload data plane for job {self.job!r}")
         keys = reply["keys"]
         if reply.get("end") is not None:
             with self._lock:
@@ -389,3 +419,14 @@ def _torch_available() -> bool:
         return importlib.util.find_spec("torch") is not None
     except ValueError:
         return False
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Lost connections and a job not (yet) restarted are retried; job failures are not."""
+    if isinstance(exc, MissingJobError):
+        return True
+    if isinstance(exc, OmniloadError):
+        return False
+    return isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError)) or (
+        type(exc).__name__ in ("CommClosedError", "CancelledError", "FutureCancelledError")
+    )

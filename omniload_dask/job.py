@@ -91,10 +91,20 @@ class Job:
         client: Client | None = None,
         workers: int | None = None,
         start_step: int = 0,
+        resume: bool | int | None = None,
         dashboard_address: str | None = ":0",
+        scheduler_port: int = 0,
         **layout: int,
     ) -> Job:
-        """Start (or join) the plan's job. ``layout`` overrides the plan's dp/tp/pp/cp."""
+        """Start (or join) the plan's job. ``layout`` overrides the plan's dp/tp/pp/cp.
+
+        ``resume=True`` continues from the plan's checkpoint where the slowest rank was;
+        ``resume=STEP`` continues from that step (e.g. the smallest ``step`` of the ranks'
+        ``Feeder.state_dict()`` in the trainer's checkpoint). The global stream continues
+        exactly, also with another DP size or worker count; a changed plan (weights, sources
+        added or removed) applies from the resumed step. Without a checkpoint,
+        ``start_step=STEP`` gives the same batches by drawing again from step 0 (slower).
+        """
         if not isinstance(plan, Plan):
             plan = load_plan(plan)
         if layout:
@@ -112,13 +122,16 @@ class Job:
                     workers or plan.loader.workers,
                     plan.loader.threads_per_worker,
                     dashboard_address=dashboard_address,
+                    scheduler_port=scheduler_port,
                 )
                 address = cluster.scheduler_address
             client = Client(address, set_as_default=False)
             owns = True
         try:
             client.register_plugin(OmniloadPlugin())
-            info = _dask.call(client, "start", plan=plan.to_dict(), start_step=start_step)
+            info = _dask.call(
+                client, "start", plan=plan.to_dict(), start_step=start_step, resume=resume
+            )
         except BaseException:
             if owns:
                 client.close()
@@ -143,6 +156,10 @@ class Job:
         feeder = Feeder(self.name, client=self.client, **kwargs)
         self._feeders.append(feeder)
         return feeder
+
+    def flush_checkpoint(self) -> dict[str, Any] | None:
+        """Write pending checkpoint deltas now (they are also written every few seconds)."""
+        return _dask.call(self.client, "flush_checkpoint", job=self.name)
 
     def stats(self) -> dict[str, Any]:
         return _dask.call(self.client, "stats", job=self.name)

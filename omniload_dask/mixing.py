@@ -23,6 +23,7 @@ documents.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -79,32 +80,31 @@ class Mixer:
         if (budget_tokens is None) == (budget_documents is None):
             raise ValueError("give exactly one of budget_tokens and budget_documents")
         active = [i for i, w in enumerate(weights) if w > 0]
-        tag_parts, len_parts, src_parts, idx_parts = [], [], [], []
-        last_tag = np.full(len(weights), np.inf)
-        starved = []
-        for i in active:
-            lengths = np.asarray(candidates[i], dtype=np.int64)
-            if len(lengths) == 0:
-                if truncated[i]:
-                    starved.append(i)
-                continue
-            sizes = lengths if self.by == "tokens" else np.ones_like(lengths)
-            tags = self.tags[i] + np.cumsum(sizes, dtype=np.float64) / weights[i]
-            tag_parts.append(tags)
-            len_parts.append(lengths)
-            src_parts.append(np.full(len(lengths), i, dtype=np.int64))
-            idx_parts.append(np.arange(len(lengths), dtype=np.int64))
-            last_tag[i] = tags[-1] if truncated[i] else np.inf
+        parts = [np.asarray(candidates[i], dtype=np.int64) for i in active]
+        starved = [i for i, p in zip(active, parts, strict=True) if len(p) == 0 and truncated[i]]
         if starved:
             return NeedMore(tuple(starved))
-        if not tag_parts:
+        shown = [(i, p) for i, p in zip(active, parts, strict=True) if len(p)]
+        if not shown:
             return Selection(
                 np.zeros(len(weights), np.int64), np.zeros((0, 2), np.int64), np.zeros(0)
             )
-        tags = np.concatenate(tag_parts)
-        lengths = np.concatenate(len_parts)
-        srcs = np.concatenate(src_parts)
-        idxs = np.concatenate(idx_parts)
+        # All sources at once: a cumulative sum per source (exact, in integers) as one array.
+        counts_shown = np.asarray([len(p) for _, p in shown], dtype=np.int64)
+        order_src = np.asarray([i for i, _ in shown], dtype=np.int64)
+        lengths = np.concatenate([p for _, p in shown])
+        srcs = np.repeat(order_src, counts_shown)
+        starts = np.zeros(len(shown), dtype=np.int64)
+        np.cumsum(counts_shown[:-1], out=starts[1:])
+        ends = starts + counts_shown
+        sizes = lengths if self.by == "tokens" else np.ones_like(lengths)
+        running = np.cumsum(sizes)
+        within = running - np.repeat(running[starts] - sizes[starts], counts_shown)
+        tags = self.tags[srcs] + within / np.asarray(weights, dtype=np.float64)[srcs]
+        idxs = np.arange(len(lengths), dtype=np.int64) - np.repeat(starts, counts_shown)
+        last_tag = np.full(len(weights), np.inf)
+        cut = np.asarray([truncated[i] for i in order_src], dtype=bool)
+        last_tag[order_src[cut]] = tags[ends[cut] - 1]
         order = np.lexsort((srcs, tags))
         if budget_tokens is not None:
             total = np.cumsum(lengths[order])
@@ -141,9 +141,7 @@ class Mixer:
         """Advance the tags past the documents of ``selection`` (call once per drawn batch)."""
         if len(selection.tags) == 0:
             return
-        srcs = selection.order[:, 0]
-        for i in np.unique(srcs):
-            self.tags[i] = selection.tags[srcs == i].max()
+        np.maximum.at(self.tags, selection.order[:, 0], selection.tags)
         self.vtime = max(self.vtime, float(selection.tags.max()))
 
     def state_dict(self) -> dict[str, object]:
@@ -169,6 +167,7 @@ class WeightSchedule:
         self.base = dict(base)
         self.spec = spec
         self.changes: list[tuple[int, dict[str, float]]] = []
+        self.reset_step = 0
 
     def add_source(self, name: str, weight: float) -> None:
         self.base[name] = weight
@@ -187,6 +186,8 @@ class WeightSchedule:
             for at, weights in self.changes:
                 if at > step:
                     break
+                if at < self.reset_step <= step:
+                    continue
                 if name in weights:
                     value = weights[name]
             out[i] = value
@@ -210,5 +211,17 @@ class WeightSchedule:
             for k in set(here) | set(nxt)
         }
 
+    def reset_at(self, step: int) -> None:
+        """From ``step`` on, ignore live changes made for earlier steps (a new plan rules)."""
+        self.reset_step = step
+
     def state_dict(self) -> dict[str, object]:
-        return {"changes": [[s, w] for s, w in self.changes], "base": dict(self.base)}
+        return {
+            "changes": [[s, w] for s, w in self.changes],
+            "base": dict(self.base),
+            "reset_step": self.reset_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.changes = [(int(s), {k: float(v) for k, v in w.items()}) for s, w in state["changes"]]
+        self.reset_step = int(state.get("reset_step", 0))

@@ -71,6 +71,7 @@ from .errors import PlanError
 __all__ = [
     "BatchSpec",
     "BucketSpec",
+    "CheckpointSpec",
     "CostSpec",
     "ImageSpec",
     "LayoutSpec",
@@ -83,6 +84,8 @@ __all__ = [
     "check_weights",
     "load_plan",
     "parse_plan",
+    "parse_source",
+    "source_dict",
 ]
 
 PLAN_VERSION = 1
@@ -361,12 +364,30 @@ class LoaderSpec:
     lookahead: int = 2
     retain_steps: int = 64
     read_retries: int = 2
+    standby: bool = True  # a second copy of upcoming batches and shards on another worker
     # Auto-partitioning (see :mod:`omniload_dask.autoscale`): read tasks last about
     # ``task_seconds`` (0: never split a unit); with ``quotas``, sources share
     # ``reads_per_thread`` in-flight reads per worker thread by weight x measured cost.
     task_seconds: float = 0.5
     quotas: bool = True
     reads_per_thread: int = 2
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Where and how often the data plane writes its differential checkpoint.
+
+    ``url`` is any fsspec URL (a folder). Deltas are flushed every ``flush_seconds`` (off the
+    data plane's loop); a new base snapshot is written every ``compact_every`` steps, and the
+    newest ``keep_bases`` bases (with their deltas) are kept, so any step since the oldest
+    kept base can be restored exactly.
+    """
+
+    url: str
+    flush_seconds: float = 2.0
+    compact_every: int = 1000
+    keep_bases: int = 3
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -383,6 +404,7 @@ class Plan:
     loader: LoaderSpec = field(default_factory=LoaderSpec)
     mixing: MixingSpec = field(default_factory=MixingSpec)
     on_error: str = "raise"
+    checkpoint: CheckpointSpec | None = None
     version: int = PLAN_VERSION
     images: ImageSpec | None = None  # set when a source has images
 
@@ -426,27 +448,83 @@ class Plan:
         data["mixing"]["schedule"] = [
             {"at": p.at, "weights": dict(p.weights)} for p in self.mixing.schedule
         ]
-        for src in data["sources"]:
-            src["path"] = list(src.pop("paths"))
-            if src["format"] != "jsonl":
-                src.pop("unit_bytes")
-            if not src["image"]:
-                src.pop("image")
-            elif src["format"] == "parquet":
-                src["image"] = src["image"][0]
-            else:
-                src["image"] = list(src["image"])
-            if src["unit_records"] is None:
-                src.pop("unit_records")
+        data["sources"] = [source_dict(s) for s in self.sources]
+        if self.checkpoint is None:
+            data.pop("checkpoint")
         return data
+
+    def resume_key(self) -> dict[str, Any]:
+        """What must match between a checkpoint's plan and the plan resuming from it.
+
+        Weights, schedules, layout, loader tuning and the set of sources may change; the seed,
+        tokenizer, batch budget, document handling and image settings may not, nor may a source
+        that both plans name change its files, format, text or image field, or unit size.
+        """
+        batch = self.batch
+        return {
+            "seed": self.seed,
+            "tokenizer": source_free(asdict(self.tokenizer)),
+            "mixing.by": self.mixing.by,
+            "batch.global_tokens": batch.global_tokens,
+            "batch.global_documents": batch.global_documents,
+            "batch.long_documents": batch.long_documents,
+            "batch.max_document_tokens": batch.max_document_tokens,
+            "batch.seq_len": batch.seq_len,
+            "on_error": self.on_error,
+            "sources": {s.name: source_identity(s) for s in self.sources},
+            "images": asdict(self.images) if self.images is not None else None,
+        }
 
     def stream_fingerprint(self) -> str:
         """Hash of everything that decides the global sample stream (not loader tuning/layout)."""
         data = self.to_dict()
-        for key in ("loader", "layout", "cost", "name"):
-            data.pop(key)
+        for key in ("loader", "layout", "cost", "name", "checkpoint"):
+            data.pop(key, None)
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def source_dict(spec: SourceSpec) -> dict[str, Any]:
+    """A source spec as plan data (``parse_source`` reads it back)."""
+    data = asdict(spec)
+    data["path"] = list(data.pop("paths"))
+    data["storage_options"] = dict(spec.storage_options)
+    if spec.format != "jsonl":
+        data.pop("unit_bytes")
+    if spec.epochs is None:
+        data.pop("epochs")
+    if not spec.image:
+        data.pop("image")
+    elif spec.format == "parquet":
+        data["image"] = spec.image[0]
+    else:
+        data["image"] = list(spec.image)
+    if spec.unit_records is None:
+        data.pop("unit_records")
+    return data
+
+
+def parse_source(data: Any, path: str = "source") -> SourceSpec:
+    """Validate one source mapping (paths must already be absolute or URLs)."""
+    return _source(Fields(data, path), None)
+
+
+def source_identity(spec: SourceSpec) -> dict[str, Any]:
+    """What a source may not change across a resume: where and how its records are read."""
+    return {
+        "paths": list(spec.paths),
+        "format": spec.format,
+        "text": spec.text,
+        "unit_bytes": spec.unit_bytes if spec.format == "jsonl" else None,
+        "epochs": spec.epochs,
+        "image": list(spec.image),
+        "unit_records": spec.unit_records,
+    }
+
+
+def source_free(data: dict[str, Any]) -> dict[str, Any]:
+    """Drop credentials-like options from a dict before it is compared or stored."""
+    return {k: v for k, v in data.items() if k != "storage_options"}
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
@@ -479,6 +557,7 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     tokenizer = _tokenizer(top.mapping("tokenizer"), base_dir)
     cost = _cost(top.mapping("cost"))
     loader = _loader(top.mapping("loader"))
+    checkpoint = _checkpoint(top, base_dir)
     mixing_fields = top.mapping("mixing")
     sources = tuple(
         _source(Fields(raw, f"sources[{i}]"), base_dir)
@@ -508,6 +587,7 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
         layout=layout,
         cost=cost,
         loader=loader,
+        checkpoint=checkpoint,
         mixing=mixing,
         on_error=on_error,
         version=version,
@@ -870,6 +950,23 @@ def _model(f: Fields) -> dict[str, Any]:
     return out
 
 
+def _checkpoint(top: Fields, base_dir: str | os.PathLike[str] | None) -> CheckpointSpec | None:
+    if not top.has("checkpoint"):
+        top.raw("checkpoint")
+        return None
+    f = top.mapping("checkpoint")
+    d = CheckpointSpec(url="")
+    spec = CheckpointSpec(
+        url=resolve_path(f.text("url"), base_dir, field=f.at("url")),
+        flush_seconds=f.number("flush_seconds", d.flush_seconds, min=0, exclusive_min=True),
+        compact_every=f.integer("compact_every", d.compact_every, min=1),
+        keep_bases=f.integer("keep_bases", d.keep_bases, min=1),
+        storage_options=f.plain_mapping("storage_options"),
+    )
+    f.done()
+    return spec
+
+
 def _loader(f: Fields) -> LoaderSpec:
     d = LoaderSpec()
     spec = LoaderSpec(
@@ -880,6 +977,7 @@ def _loader(f: Fields) -> LoaderSpec:
         lookahead=f.integer("lookahead", d.lookahead, min=0, max=1024),
         retain_steps=f.integer("retain_steps", d.retain_steps, min=1),
         read_retries=f.integer("read_retries", d.read_retries, min=0, max=100),
+        standby=f.flag("standby", d.standby),
         task_seconds=_task_seconds(f, d.task_seconds),
         quotas=f.flag("quotas", d.quotas),
         reads_per_thread=f.integer("reads_per_thread", d.reads_per_thread, min=1, max=1024),

@@ -51,12 +51,13 @@ def run_plan(
     workers: int | None = None,
     progress: bool = True,
     job: Job | None = None,
+    resume: bool = False,
 ) -> RunReport:
     """Start (or use) the plan's job, drive all its ranks for ``steps`` steps, report."""
     t0 = time.perf_counter()
     own = job is None
     if job is None:
-        job = Job.start(plan, address=address, workers=workers)
+        job = Job.start(plan, address=address, workers=workers, resume=resume or None)
     started = time.perf_counter() - t0
     try:
         return _drive(job, steps, t0, started, progress)
@@ -68,7 +69,10 @@ def run_plan(
 def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> RunReport:
     layout = job.plan.layout
     ranks = layout.world_size
-    feeders = [job.feeder(rank=r, max_steps=steps, output="numpy") for r in range(ranks)]
+    first_step = int(job.info.get("start_step") or 0)
+    feeders = [
+        job.feeder(rank=r, max_steps=first_step + steps, output="numpy") for r in range(ranks)
+    ]
     tokens = np.zeros(ranks, dtype=np.int64)
     first: list[float] = []
     errors: list[BaseException] = []
@@ -102,22 +106,25 @@ def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> R
     waits = np.concatenate([np.asarray(f.waits) for f in feeders]) if feeders else np.zeros(1)
     warm = waits[len(waits) // 10 :] if len(waits) > 10 else waits
     stats = job.stats()
-    figures = [f for f in job.steps() if f["step"] < steps]
-    per_source = np.zeros(len(stats["sources"]), dtype=np.float64)
-    by = "source_documents" if job.plan.mixing_by == "documents" else "source_tokens"
-    for f in figures:  # shares of what the mix is by: tokens or documents
-        counts = np.asarray(f[by], dtype=np.float64)
-        per_source[: len(counts)] += counts
-    weights = np.asarray([s["weight"] for s in stats["sources"]], dtype=np.float64)
+    figures = [f for f in job.steps() if first_step <= f["step"] < first_step + steps]
+    # Realised and target shares over the steps of this run (targets may follow a schedule).
+    n = len(stats["sources"])
+    by_tokens = job.plan.mixing_by == "tokens"
+    got = np.zeros(n)
+    target = np.zeros(n)
+    for f in figures:
+        amounts = f["source_tokens"] if by_tokens else f["source_documents"]
+        got[: len(amounts)] += amounts
+        target[: len(f["target"])] += f["target"]
+    got = got / got.sum() if got.sum() else got
+    target = target / target.sum() if target.sum() else target
     sources = []
     for i, s in enumerate(stats["sources"]):
         sources.append(
             {
                 "name": s["name"],
-                "target_share": float(weights[i] / weights.sum()),
-                "realised_share": float(per_source[i] / per_source.sum())
-                if per_source.sum()
-                else 0,
+                "target_share": float(target[i]),
+                "realised_share": float(got[i]),
                 "skipped": s["skipped"],
                 "truncated_tokens": s["truncated_tokens"],
                 "epoch": s["epoch"],

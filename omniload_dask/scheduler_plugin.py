@@ -25,8 +25,16 @@ from distributed import Client, Future
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from . import _dask, autoscale, tasks
-from .coordinator import Coordinator, Release, SubmitConstruct, SubmitRead
-from .errors import JobError, OmniloadError
+from .checkpoint import (
+    Checkpoint,
+    CheckpointWriter,
+    apply_new_plan,
+    check_catalogs,
+    load_for_resume,
+    registry_plan,
+)
+from .coordinator import Coordinator, ReadSpec, Release, SubmitConstruct, SubmitRead
+from .errors import CheckpointError, JobError, MissingJobError, OmniloadError
 from .monitoring import JobMonitor, realised_shares
 from .plan import Plan, parse_plan
 
@@ -59,6 +67,10 @@ class _Job:
         self.images_read: defaultdict[int, int] = defaultdict(int)
         self.bad_images: defaultdict[int, int] = defaultdict(int)
         self.monitor = JobMonitor(len(plan.sources), self.started)
+        self.writer: CheckpointWriter | None = None
+        self.checkpoint_error: str | None = None
+        self.flushing: asyncio.Future[Any] | None = None
+        self.last_flush = time.monotonic()
 
     def notify(self) -> None:
         self.changed.set()
@@ -77,6 +89,8 @@ class OmniloadPlugin(SchedulerPlugin):
         self._runs: dict[str, str] = {}  # run id -> job name
         self._client: Client | None = None
         self._client_lock: asyncio.Lock | None = None
+        self._standby: Any = None  # AMM policy keeping second copies of upcoming batches
+        self._amm_soon = False
 
     # ------------------------------------------------------------------ plugin hooks
     async def start(self, scheduler: Any) -> None:
@@ -94,9 +108,11 @@ class OmniloadPlugin(SchedulerPlugin):
             "workers_wanted": self.workers_wanted,
             "jobs": self.list_jobs,
             "stop": self.stop_job,
+            "flush_checkpoint": self.flush_checkpoint,
         }
         for name, handler in handlers.items():
             scheduler.handlers[HANDLER_PREFIX + name] = handler
+        self._standby = _dask.install_standby(scheduler, _is_standby_key)
         try:  # watching must never keep the data plane from starting
             from . import dashboard
 
@@ -109,6 +125,8 @@ class OmniloadPlugin(SchedulerPlugin):
 
         metrics.unregister(self)
         for job in list(self.jobs.values()):
+            with contextlib.suppress(Exception):
+                await self._final_flush(job)
             self._drop(job)
         if self._client is not None:
             client, self._client = self._client, None
@@ -127,12 +145,16 @@ class OmniloadPlugin(SchedulerPlugin):
             meta = _dask.metadata_of(kwargs)
             if meta is not None:
                 self._on_report(job, key, meta, _dask.task_duration(kwargs))
+            if job.plan.loader.standby and key in job.futures:
+                self._keep_standby(key)  # shards too: a lost worker then costs no re-read
         elif finish == "memory" and key.startswith("omniload-batch-"):
             if not key.rsplit("-", 1)[-1].startswith("cp"):  # slices are not constructions
                 job.batches_built += 1
                 seconds = _dask.task_duration(kwargs)
                 if seconds is not None:
                     job.coord.on_construct(seconds)
+            if job.plan.loader.standby and key in job.futures:
+                self._keep_standby(key)
         elif finish == "erred":
             text = kwargs.get("exception_text") or _dask.erred_text(self.scheduler, key) or "failed"
             job.coord.on_failure(key, str(text))
@@ -158,8 +180,16 @@ class OmniloadPlugin(SchedulerPlugin):
             self._poke(job)
 
     # ------------------------------------------------------------------ handlers
-    async def start_job(self, plan: dict[str, Any], start_step: int = 0) -> dict[str, Any]:
-        """Start a job from a resolved plan, or return the running one with the same plan."""
+    async def start_job(
+        self, plan: dict[str, Any], start_step: int = 0, resume: bool | int | None = None
+    ) -> dict[str, Any]:
+        """Start a job from a resolved plan, or return the running one with the same plan.
+
+        ``resume``: True to continue from the plan's checkpoint (at the slowest rank's saved
+        position), a step number to continue from that step, None/False for a fresh job (which
+        refuses a checkpoint URL that already holds a checkpoint). ``start_step`` starts the
+        ranks of a fresh job at that step: earlier steps are drawn again but not built.
+        """
         parsed = parse_plan(plan)
         running = self.jobs.get(parsed.name)
         if running is not None:
@@ -172,26 +202,56 @@ class OmniloadPlugin(SchedulerPlugin):
                     "stop it first or give the plan another name"
                 )
             return running.info
+        if resume is not None and resume is not False and parsed.checkpoint is None:
+            raise CheckpointError(f"job {parsed.name!r}: resume needs checkpoint.url in the plan")
         client = await self._get_client()
         run_id = uuid.uuid4().hex[:8]
-        catalogs, tokenizer = await self._discover(client, parsed, run_id)
+        loop = asyncio.get_running_loop()
+        saved: Checkpoint | None = None
+        state = None
+        sources = parsed
+        if resume is not None and resume is not False:
+            assert parsed.checkpoint is not None
+            saved, state = await loop.run_in_executor(None, load_for_resume, parsed, resume)
+            sources = registry_plan(parsed, state)
+        catalogs, tokenizer = await self._discover(client, sources, run_id)
         if parsed.name in self.jobs:  # another caller started it while we discovered
             return self.jobs[parsed.name].info
-        coord = Coordinator(parsed, catalogs, run_id, start_step=start_step)
+        coord = Coordinator(sources, catalogs, run_id, start_step=start_step)
+        if state is not None:
+            assert saved is not None
+            check_catalogs(state, catalogs)
+            coord.load_state_dict(state)
+            if saved.plan.stream_fingerprint() != parsed.stream_fingerprint():
+                apply_new_plan(coord, parsed, catalogs)
+        writer = None
+        if parsed.checkpoint is not None:
+            spec = parsed.checkpoint
+            writer = CheckpointWriter(
+                spec.url,
+                parsed,
+                compact_every=spec.compact_every,
+                keep_bases=spec.keep_bases,
+                storage_options=dict(spec.storage_options),
+            )
+            await loop.run_in_executor(None, writer.start, coord.state_dict(), saved)
+            coord.take_deltas()  # the base holds them
         info = {
             "name": parsed.name,
             "run_id": run_id,
             "plan": parsed.to_dict(),
-            "sources": parsed.source_names,
+            "sources": coord.names,
             "files": [len(c.files) for c in catalogs],
             "units": [c.num_units for c in catalogs],
             "bytes": [c.total_bytes for c in catalogs],
             "tokenizer": tokenizer,
-            "start_step": start_step,
+            "start_step": coord.next_step if state is not None else start_step,
+            "resumed": state is not None,
         }
         job = _Job(parsed, coord, info)
         if _dask.worker_threads(self.scheduler)[1]:
             coord.on_workers(*_dask.worker_threads(self.scheduler))
+        job.writer = writer
         self.jobs[parsed.name] = job
         self._runs[run_id] = parsed.name
         self._poke(job)
@@ -398,7 +458,9 @@ class OmniloadPlugin(SchedulerPlugin):
             steps_per_second=mon.steps_per_second(now),
             prefetch=run.plan.loader.prefetch,
         )
-        out.setdefault("checkpoint", None)  # {"step", "time"} once checkpoints exist
+        out["checkpoint"] = run.writer.stats() if run.writer is not None else None
+        if run.checkpoint_error:
+            out["checkpoint_error"] = run.checkpoint_error
         return out
 
     def workers_wanted(self, job: str | None = None) -> dict[str, Any]:
@@ -432,19 +494,40 @@ class OmniloadPlugin(SchedulerPlugin):
     def list_jobs(self) -> list[str]:
         return sorted(self.jobs)
 
-    def stop_job(self, job: str) -> bool:
+    async def stop_job(self, job: str) -> bool:
+        """Stop a job; its checkpoint gets a last flush first."""
         run = self.jobs.get(job)
         if run is None:
             return False
+        await self._final_flush(run)
         self._drop(run)
         return True
+
+    async def flush_checkpoint(self, job: str) -> dict[str, Any] | None:
+        """Write the job's pending checkpoint deltas now; return the checkpoint's figures."""
+        run = self._job(job)
+        await self._final_flush(run)
+        return run.writer.stats() if run.writer is not None else None
+
+    async def _final_flush(self, run: _Job) -> None:
+        if run.writer is None:
+            return
+        if run.flushing is not None:
+            with contextlib.suppress(Exception):
+                await run.flushing
+        run.flushing = None
+        fut = self._checkpoint(run, force=True)
+        if fut is not None:
+            await fut
 
     # ------------------------------------------------------------------ internals
     def _job(self, name: str) -> _Job:
         run = self.jobs.get(name)
         if run is None:
             have = ", ".join(sorted(self.jobs)) or "none"
-            raise JobError(f"no omniload job named {name!r} on this scheduler (running: {have})")
+            raise MissingJobError(
+                f"no omniload job named {name!r} on this scheduler (running: {have})"
+            )
         return run
 
     def _job_of_key(self, key: str) -> _Job | None:
@@ -455,6 +538,8 @@ class OmniloadPlugin(SchedulerPlugin):
         return self.jobs.get(name) if name else None
 
     def _drop(self, job: _Job) -> None:
+        if self._standby is not None:
+            self._standby.keys.difference_update(job.futures)
         if self.jobs.get(job.plan.name) is job:
             del self.jobs[job.plan.name]
         self._runs.pop(job.info["run_id"], None)
@@ -553,6 +638,22 @@ class OmniloadPlugin(SchedulerPlugin):
                 meta.get("tokenize_seconds"),
             )
 
+    def _keep_standby(self, key: str) -> None:
+        """Ask for a second copy of a constructed batch on another worker (shadow loader)."""
+        if self._standby is None:
+            return
+        self._standby.keys.add(key)
+        if not self._amm_soon:  # one memory-manager run for a burst of finished batches
+            self._amm_soon = True
+            asyncio.get_running_loop().call_later(0.02, self._run_amm)
+
+    def _run_amm(self) -> None:
+        self._amm_soon = False
+        try:
+            _dask.run_memory_manager(self.scheduler)
+        except Exception:  # replication is best effort: lineage still recomputes lost data
+            logger.exception("omniload: standby replication failed")
+
     def _poke(self, job: _Job) -> None:
         """Schedule the job's pump (coalesced): draw, submit, release."""
         job.dirty = True
@@ -573,51 +674,72 @@ class OmniloadPlugin(SchedulerPlugin):
                 job.coord.error = job.coord.error or f"internal error: {exc!r}"
             if job.coord.next_step != before or actions:
                 job.dirty = True
+            self._checkpoint(job)
             job.notify()
             await asyncio.sleep(0)
+
+    def _checkpoint(self, job: _Job, force: bool = False) -> asyncio.Future[Any] | None:
+        """Queue the new deltas; flush them in a thread when due (never on this loop)."""
+        writer = job.writer
+        if writer is None:
+            return None
+        deltas = job.coord.take_deltas()
+        if deltas:
+            positions = {r: s.position for r, s in job.coord.ranks.items()}
+            writer.add(deltas, positions)
+        assert job.plan.checkpoint is not None
+        due = time.monotonic() - job.last_flush >= job.plan.checkpoint.flush_seconds
+        if not writer.pending() or not (due or force):
+            return job.flushing
+        if job.flushing is not None and not job.flushing.done():
+            return job.flushing
+        base = job.plan.checkpoint.compact_every
+        latest = writer.manifest.bases[-1]["step"] if writer.manifest.bases else 0
+        state = job.coord.state_dict() if job.coord.next_step - latest >= base else None
+        job.last_flush = time.monotonic()
+        job.flushing = asyncio.get_running_loop().run_in_executor(None, writer.flush, state)
+        job.flushing.add_done_callback(lambda f: self._flushed(job, f))
+        return job.flushing
+
+    def _flushed(self, job: _Job, fut: asyncio.Future[Any]) -> None:
+        exc = fut.exception() if not fut.cancelled() else None
+        if exc is not None:
+            logger.error("omniload checkpoint flush failed: %s", exc)
+            job.checkpoint_error = str(exc)
+        elif job.writer is not None and job.writer.pending():
+            self._poke(job)  # more arrived meanwhile
+
+    @staticmethod
+    def _submit_read(client: Client, job: _Job, r: ReadSpec) -> Future:
+        plan = job.plan
+        return client.submit(
+            tasks.read_unit,
+            job.coord.streams[r.source].spec,
+            r.source,
+            plan.tokenizer,
+            plan.on_error,
+            r.file_index,
+            r.file_url,
+            r.start,
+            r.stop,
+            images=plan.images,
+            key=r.key,
+            retries=plan.loader.read_retries,
+            priority=READ_PRIORITY,
+        )
 
     def _execute(self, job: _Job, actions: list[Any]) -> None:
         client = self._client
         assert client is not None
-        plan = job.plan
         for action in actions:
             if isinstance(action, SubmitRead):
-                r = action.read
-                job.futures[r.key] = client.submit(
-                    tasks.read_unit,
-                    job.coord.streams[r.source].spec,
-                    r.source,
-                    plan.tokenizer,
-                    plan.on_error,
-                    r.file_index,
-                    r.file_url,
-                    r.start,
-                    r.stop,
-                    images=plan.images,
-                    key=r.key,
-                    retries=plan.loader.read_retries,
-                    priority=READ_PRIORITY,
-                )
+                job.futures[action.read.key] = self._submit_read(client, job, action.read)
             elif isinstance(action, SubmitConstruct):
                 deps = []
                 for r in action.reads:
                     fut = job.futures.get(r.key)
                     if fut is None:  # a rebuild after the unit was released: read it again
-                        fut = client.submit(
-                            tasks.read_unit,
-                            job.coord.streams[r.source].spec,
-                            r.source,
-                            plan.tokenizer,
-                            plan.on_error,
-                            r.file_index,
-                            r.file_url,
-                            r.start,
-                            r.stop,
-                            images=plan.images,
-                            key=r.key,
-                            retries=plan.loader.read_retries,
-                            priority=READ_PRIORITY,
-                        )
+                        fut = self._submit_read(client, job, r)
                     deps.append(fut)
                 built = client.submit(
                     tasks.construct,
@@ -646,6 +768,12 @@ class OmniloadPlugin(SchedulerPlugin):
                     job.futures[action.key] = built
             elif isinstance(action, Release):
                 for key in action.keys:
+                    if self._standby is not None:
+                        self._standby.keys.discard(key)
                     fut = job.futures.pop(key, None)
                     if fut is not None:
                         fut.release()
+
+
+def _is_standby_key(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith(("omniload-batch-", "omniload-read-"))

@@ -74,6 +74,15 @@ class Unit:
         part = np.searchsorted(self.bounds, rows, side="right") - 1
         return part, rows - self.bounds[part]
 
+    _capped: tuple[int, int] | None = None
+
+    def capped_tokens(self, cap: int) -> int:
+        """Tokens of its records, each document counted up to ``cap`` (cached)."""
+        if self._capped is None or self._capped[0] != cap:
+            total = int(np.minimum(self.lengths, cap).sum()) if self.lengths is not None else 0
+            self._capped = (cap, total)
+        return self._capped[1]
+
 
 @dataclass
 class Candidates:
@@ -86,6 +95,34 @@ class Candidates:
     row_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     waiting: bool = False  # stopped at a unit whose report has not arrived
     complete: bool = False  # the source ends after these (its last epoch)
+    _running: np.ndarray | None = field(default=None, repr=False)  # cumulative lengths
+
+    def prefix(self, want_tokens: int, want_docs: int) -> Candidates:
+        """The shortest leading part with at least ``want_*`` (whole units are collected;
+        the mixer only needs what the wants ask for, and sorting less is faster)."""
+        if self._running is None:
+            self._running = np.cumsum(self.lengths)
+        keep = max(int(np.searchsorted(self._running, want_tokens)) + 1, want_docs)
+        if keep >= len(self.lengths):
+            return self
+        return Candidates(
+            self.lengths[:keep],
+            self.raw[:keep],
+            self.units,
+            self.unit_of[:keep],
+            self.row_of[:keep],
+            waiting=False,
+            complete=False,
+        )
+
+    def covers(self, want_tokens: int, want_docs: int) -> bool:
+        """True if these candidates answer a request for at least that much."""
+        if self.waiting or self.complete:
+            return True
+        if self._running is None:
+            self._running = np.cumsum(self.lengths)
+        total = int(self._running[-1]) if len(self._running) else 0
+        return total >= want_tokens and len(self.lengths) >= want_docs
 
 
 class SourceStream:
@@ -110,6 +147,8 @@ class SourceStream:
         self.skipped = 0
         self.truncated_tokens = 0
         self.retired = False  # removed from the job (its cursor is kept)
+        self._cache: tuple[int, Candidates] | None = None  # candidates while nothing changes
+        self.version = 0  # bumped whenever the cursor moves or a unit reports
 
     @property
     def exhausted(self) -> bool:
@@ -177,11 +216,26 @@ class SourceStream:
                 [g[2] if g[2] is not None else np.zeros(len(g[0])) for g in got]
             ).astype(np.float64)
         unit.order = self.row_order(unit, len(unit.lengths))
+        self._cache = None
+        self.version += 1
         return True
 
     # -- drawing -----------------------------------------------------------------------------
     def candidates(self, cap: int, want_tokens: int, want_docs: int) -> Candidates:
-        """Known upcoming documents, at least ``want_*`` of them if known that far."""
+        """Known upcoming documents, at least ``want_*`` of them if known that far.
+
+        Sources that a step does not touch are asked again every step: their answer is kept
+        until the cursor moves or a unit reports.
+        """
+        if (
+            self._cache is None
+            or self._cache[0] != cap
+            or not self._cache[1].covers(want_tokens, want_docs)
+        ):
+            self._cache = (cap, self._collect(cap, want_tokens, want_docs))
+        return self._cache[1].prefix(want_tokens, want_docs)
+
+    def _collect(self, cap: int, want_tokens: int, want_docs: int) -> Candidates:
         parts: list[np.ndarray] = []
         raw_parts: list[np.ndarray] = []
         unit_parts: list[np.ndarray] = []
@@ -248,6 +302,8 @@ class SourceStream:
         last = count - 1
         unit = cands.units[int(cands.unit_of[last])]
         row = int(cands.row_of[last]) + 1
+        self._cache = None
+        self.version += 1
         kept = int(cands.lengths[:count].sum())
         self.truncated_tokens += int(cands.raw[:count].sum()) - kept
         self.docs += count
@@ -266,13 +322,26 @@ class SourceStream:
         self.skipped += sum(u.skipped for u in finished)
         return finished
 
+    STATE_KEYS = (
+        "epoch",
+        "position",
+        "row",
+        "docs",
+        "tokens",
+        "skipped",
+        "truncated_tokens",
+        "retired",
+    )
+
     def state_dict(self) -> dict[str, int]:
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "row": self.row,
-            "docs": self.docs,
-            "tokens": self.tokens,
-            "skipped": self.skipped,
-            "truncated_tokens": self.truncated_tokens,
-        }
+        """The cursor and counters: everything that is not re-derived from the files."""
+        return {k: int(getattr(self, k)) for k in self.STATE_KEYS}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key in self.STATE_KEYS:
+            setattr(self, key, bool(state[key]) if key == "retired" else int(state[key]))
+        self.units.clear()
+        self.next_submit = (self.epoch, self.position)
+        self._orders.clear()
+        self._cache = None
+        self.version += 1

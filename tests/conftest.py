@@ -59,3 +59,12 @@ def make_plan(root: Path, **overrides: object) -> Plan:
 @pytest.fixture
 def small_plan(small_sources: Path) -> Plan:
     return make_plan(small_sources)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    write_jsonl(tmp_path / "a.jsonl", texts(300, seed=1, mean_words=20, prefix="a"))
+    write_jsonl(tmp_path / "b.jsonl", texts(200, seed=2, mean_words=60, prefix="b"))
+    write_parquet(tmp_path / "c.parquet", texts(100, seed=3, mean_words=150, prefix="c"))
+    write_jsonl(tmp_path / "d.jsonl", texts(100, seed=4, mean_words=40, prefix="d"))
+    return tmp_path

@@ -12,16 +12,7 @@ from omniload_dask.mixing import WeightSchedule
 from omniload_dask.plan import MixingSpec, SchedulePoint, SourceSpec, parse_plan
 from omniload_dask.testing import InlineDataPlane, batch_digest
 
-from .datagen import plan_dict, texts, write_jsonl, write_parquet
-
-
-@pytest.fixture
-def corpus(tmp_path: Path) -> Path:
-    write_jsonl(tmp_path / "a.jsonl", texts(300, seed=1, mean_words=20, prefix="a"))
-    write_jsonl(tmp_path / "b.jsonl", texts(200, seed=2, mean_words=60, prefix="b"))
-    write_parquet(tmp_path / "c.parquet", texts(100, seed=3, mean_words=150, prefix="c"))
-    write_jsonl(tmp_path / "d.jsonl", texts(100, seed=4, mean_words=40, prefix="d"))
-    return tmp_path
+from .datagen import plan_dict
 
 
 def sources(root: Path, **extra: dict) -> list[dict]:
