@@ -8,6 +8,7 @@ timing never changes the result.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import tasks
-from .batches import GroupBatch, Shard
+from .batches import IMAGE_FIELDS, GroupBatch, Shard
 from .checkpoint import (
     CheckpointWriter,
     apply_new_plan,
@@ -196,13 +197,21 @@ class InlineDataPlane:
 
 
 def batch_digest(batch: GroupBatch) -> list[tuple[int, ...]]:
-    """A comparable summary: every micro-batch's tokens and provenance as tuples."""
+    """A comparable summary: every micro-batch's tokens and provenance as tuples (with images,
+    also a hash of its image fields: patches, grids and where their tokens sit)."""
     out = []
     for mb in batch.micro_batches:
+        images: tuple[int, ...] = ()
+        if "pixel_patches" in mb:
+            h = hashlib.sha256()
+            for key in IMAGE_FIELDS:
+                h.update(np.ascontiguousarray(np.asarray(mb[key])).tobytes())
+            images = (int.from_bytes(h.digest()[:8], "little"),)
         out.append(
             tuple(np.asarray(mb["input_ids"]).tolist())
             + tuple(np.asarray(mb["doc_id"]).tolist())
             + tuple(np.asarray(mb["cu_seqlens"]).tolist())
+            + images
         )
     return out
 

@@ -30,7 +30,12 @@ from omniload_dask.plan import parse_plan
 from omniload_dask.preprocess.image import decode, patchify
 from omniload_dask.sources import decode_sample_id, discover_source, read_unit_records
 from omniload_dask.sources.webdataset import split_name
-from omniload_dask.testing import InlineDataPlane, assert_batches_equal
+from omniload_dask.testing import (
+    InlineDataPlane,
+    assert_batches_equal,
+    batch_digest,
+    check_resume_equivalence,
+)
 
 from .datagen import IMAGES, image_plan, plan_dict, texts, write_image_sources, write_jsonl
 
@@ -385,6 +390,18 @@ def test_stream_with_images_is_the_same_whatever_the_read_order_split_and_quotas
         any("-p" in key for key in variants[1].shards)
         or variants[1].reads > InlineDataPlane(plan).reads
     )
+
+
+def test_resuming_from_a_checkpoint_gives_the_same_image_batches(image_root, tmp_path):
+    plan = image_plan(
+        image_root, checkpoint={"url": str(tmp_path / "ckpt"), "compact_every": 3, "keep_bases": 20}
+    )
+    assert check_resume_equivalence(plan, 8, [0, 3, 6]) == 8 + 5 + 2
+    # The digest covers the images: a changed patch changes it.
+    batch = InlineDataPlane(image_plan(image_root)).step(0)[0]
+    before = batch_digest(batch)
+    batch.micro_batches[0]["pixel_patches"][0, 0, 0, 0] ^= 1
+    assert batch_digest(batch) != before
 
 
 def test_the_data_plane_balances_encoder_and_backbone_cost_together(image_root):
