@@ -12,6 +12,9 @@ One run, on generated data (no downloads: every picture is drawn from a seed, se
 - the limit: one process decoding every picture of the tar files with Pillow (``open`` +
   ``convert("RGB")``), and the same loop also resizing and patchifying as the loader does;
   as images per second of wall time and per CPU second;
+- the balance: global batches of image and text documents split over 8 DP ranks by the hybrid
+  cost (backbone plus vision encoder) and by the backbone cost alone, each scored by the
+  hybrid cost (mean/max of the ranks' costs per step; pure computation, no cluster);
 - omniload-dask on an embedded LocalCluster, ``ranks`` simulated trainer ranks (feeder
   threads): (a) trainers that take batches as fast as they come (loader-bound), 2 workers with
   quotas on and off (interleaved, ``repeat`` times), and 1 worker; (b) trainers that spend a
@@ -163,6 +166,55 @@ def per_sample_costs(plan_data: dict) -> dict[str, float]:
     return out
 
 
+def hybrid_balance(steps: int, dp: int = 8, seed: int = 0) -> dict[str, float]:
+    """Balance efficiency by the hybrid cost, balancing by it vs by the backbone alone.
+
+    Per step 64 documents per rank (about the 4 x 8192 tokens a rank holds): half image
+    documents (one image of 256 to 4096 patches, a quarter of that in tokens, plus a 20-60
+    token caption), half text (lognormal, median 300 tokens); a 1B-like backbone and a
+    ViT-L-like encoder (the plan's model forms).
+    """
+    from omniload_dask.balance import Bucket, balance
+    from omniload_dask.cost import CostModel, transformer_coefficients
+
+    lin, quad = transformer_coefficients(hidden=2048, layers=24, heads=16, ffn=8192, vocab=32000)
+    e_lin, e_quad = transformer_coefficients(
+        hidden=1024, layers=24, heads=16, ffn=4096, causal=False
+    )
+    cost = CostModel(lin, quad, encoder_linear=e_lin, encoder_quadratic=e_quad)
+    rng = np.random.default_rng(seed)
+    buckets = [Bucket(8192, 4)]
+    hybrid, backbone = [], []
+    for _ in range(steps):
+        n = 64 * dp
+        image = rng.random(n) < 0.5
+        patches = np.where(image, rng.integers(256, 4097, n), 0)
+        lengths = np.where(
+            image,
+            patches // 4 + rng.integers(20, 61, n),
+            np.clip(rng.lognormal(np.log(300), 0.8, n), 16, 4096).astype(np.int64),
+        )
+        extra = cost.encoder(patches)
+        bucket = np.zeros(n, dtype=np.int64)
+        for out, by in ((hybrid, extra), (backbone, None)):
+            a = balance(lengths, bucket, buckets, dp, cost, extra=by)
+            true = cost(a.length) + np.where(a.start == 0, extra[a.doc], 0.0)
+            loads = np.bincount(a.group, true, dp)
+            out.append(loads.mean() / loads.max())
+    encoder_share = float(
+        cost.encoder(patches).sum() / (cost.encoder(patches).sum() + cost(lengths).sum())
+    )
+    return {
+        "dp": dp,
+        "steps": steps,
+        "encoder_share_of_cost": round(encoder_share, 3),
+        "efficiency_hybrid_mean": round(float(np.mean(hybrid)), 4),
+        "efficiency_hybrid_min": round(float(np.min(hybrid)), 4),
+        "efficiency_backbone_only_mean": round(float(np.mean(backbone)), 4),
+        "efficiency_backbone_only_min": round(float(np.min(backbone)), 4),
+    }
+
+
 # ---------------------------------------------------------------------------------- loader
 def _cpu_seconds() -> float:
     import resource
@@ -263,6 +315,7 @@ def main() -> int:
     assert spec is not None
     limit = pillow_loop(tar_images(data), spec)
     limit_load = os.getloadavg()[0]
+    balance = hybrid_balance(10 if args.quick else 50)
 
     on_runs, off_runs = [], []
     for _ in range(repeat):  # interleaved, so a change in machine load hits both alike
@@ -295,6 +348,7 @@ def main() -> int:
         "pillow_load_avg_1m": round(limit_load, 2),
         "stream_identical_across_runs": same,
         "trainer_step_s_paced": round(pace, 4),
+        "balance": balance,
         "cpu_count": os.cpu_count(),
     }
     for name, r in runs.items():
@@ -318,6 +372,13 @@ def main() -> int:
         f"Pillow, 1 process: decode {limit['decode_per_s']:.0f} images/s, decode+resize+patchify "
         f"{limit['decode_resize_patchify_per_s']:.0f} images/s "
         f"({limit['decode_resize_patchify_per_cpu_s']:.0f} per CPU s; load {limit_load:.1f})"
+    )
+    print(
+        f"balance over {balance['dp']} ranks (encoder {balance['encoder_share_of_cost']:.0%} of "
+        f"the cost): hybrid {balance['efficiency_hybrid_mean']:.4f} (min "
+        f"{balance['efficiency_hybrid_min']:.4f}), backbone-only "
+        f"{balance['efficiency_backbone_only_mean']:.4f} (min "
+        f"{balance['efficiency_backbone_only_min']:.4f})"
     )
     print(
         f"{'run':<22}{'steps/s':>9}{'images/s':>10}{'img/cpu-s':>10}{'wait p50':>10}"
