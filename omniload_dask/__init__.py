@@ -27,6 +27,7 @@ from .plan import Plan, load_plan, parse_plan
 from .sources import decode_sample_id
 
 if TYPE_CHECKING:
+    from .adaptive import OmniloadAdaptive
     from .feeder import Feeder
     from .job import Job, local_cluster
     from .scheduler_plugin import OmniloadPlugin
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Feeder": "feeder",
     "Job": "job",
+    "OmniloadAdaptive": "adaptive",
     "OmniloadPlugin": "scheduler_plugin",
     "local_cluster": "job",
 }
@@ -55,6 +57,7 @@ __all__ = [
     "InternalError",
     "Job",
     "JobError",
+    "OmniloadAdaptive",
     "OmniloadError",
     "OmniloadPlugin",
     "Plan",

@@ -74,6 +74,12 @@ def worker_count(scheduler: Any) -> int:
     return len(scheduler.workers)
 
 
+def worker_threads(scheduler: Any) -> tuple[int, int]:
+    """``(workers, threads)`` the scheduler has now."""
+    workers = getattr(scheduler, "workers", None) or {}
+    return len(workers), sum(int(getattr(ws, "nthreads", 1)) for ws in workers.values())
+
+
 def inform_desire(client: Any, keys: list[str]) -> None:
     """Ask the scheduler (in order, on the client's stream) to report on ``keys`` again.
 

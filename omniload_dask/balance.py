@@ -21,6 +21,10 @@ Worked example: 2 groups, 1 micro-batch of 8 tokens each, cost = L, pieces 6, 5,
     6 -> g0 (load 0)    5 -> g1 (0)    3 -> g1 (5 < 6)    2 -> g0 (6 < 8)
     loads 8, 8: efficiency mean/max = 1.0
 
+A document's ``extra`` cost (the vision encoder's cost of its images, see :mod:`.cost`) is added
+to its first piece, where its images sit, so groups are balanced on backbone and encoder cost
+together; a piece cut while placing keeps it in its first chunk.
+
 Pass 3 matters when every group is full of tokens: LPT can then only give the last pieces to
 whoever has room, and only an exchange (a long piece for several short ones of as many tokens)
 moves attention cost. ``benchmarks/balance.py --compare`` measures what each pass adds.
@@ -187,12 +191,14 @@ def balance(
     by_length: np.ndarray | None = None,
     cut: bool = True,
     refine: bool = True,
+    extra: np.ndarray | None = None,
 ) -> Assignment:
     """Split documents of ``lengths`` (bucket ``doc_bucket``) among ``groups`` (module doc).
 
     Every micro-batch holds at most its bucket's ``seq_len`` tokens; a step gets more than a
     bucket's ``micro_batches`` only when its tokens need them, or (``cut=False``) when its
     pieces cannot be packed whole. ``refine=False`` skips pass 3 (for measurements).
+    ``extra`` is a cost per document on top of ``cost`` of its pieces (image encoder terms).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     doc_bucket = np.asarray(doc_bucket, dtype=np.int64).copy()
@@ -204,10 +210,14 @@ def balance(
     piece_bucket = doc_bucket[doc]
     length = np.minimum(lengths[doc] - start, seq[piece_bucket])
     costs = np.asarray(cost(length), dtype=np.float64)
+    piece_extra = None
+    if extra is not None:
+        piece_extra = np.where(start == 0, np.asarray(extra, np.float64)[doc], 0.0)
+        costs = costs + piece_extra
     need = np.bincount(piece_bucket, length, len(buckets)).astype(np.int64)
     micro = np.maximum(micro, -(-need // (seq * groups)))
     while True:
-        pieces = _Pieces.new(doc, start, length, costs, piece_bucket)
+        pieces = _Pieces.new(doc, start, length, costs, piece_bucket, piece_extra)
         stuck = _place(pieces, seq, micro, groups, cost, cut)
         if stuck is None and refine:
             touched = _refine(pieces, micro * seq, groups)
@@ -265,6 +275,7 @@ class _Pieces:
     group: np.ndarray
     micro: np.ndarray
     cuts: int = 0
+    extra: np.ndarray | None = None  # per piece: cost beyond cost(length) (image encoder)
 
     def __post_init__(self) -> None:
         self._more: list[tuple[int, int, int, float, int, int]] = []  # appended at flush()
@@ -272,14 +283,17 @@ class _Pieces:
     @classmethod
     def new(
         cls, doc: np.ndarray, start: np.ndarray, length: np.ndarray, cost: np.ndarray,
-        bucket: np.ndarray,
+        bucket: np.ndarray, extra: np.ndarray | None = None,
     ) -> _Pieces:  # fmt: skip
         n = len(doc)
-        return cls(doc, start, length, cost, bucket, np.zeros(n, np.int64), np.zeros(n, np.int64))
+        zeros = np.zeros(n, np.int64)
+        return cls(doc, start, length, cost, bucket, zeros, zeros.copy(), extra=extra)
 
     def cut(self, i: int, chunks: list[tuple[int, int, int]], cost: CostFunction) -> list[float]:
         """Piece i becomes ``chunks`` of (group, micro-batch, tokens); returns their costs."""
         costs = np.asarray(cost(np.asarray([n for _, _, n in chunks])), dtype=np.float64).tolist()
+        if self.extra is not None:
+            costs[0] += float(self.extra[i])  # the images stay with the first chunk
         g, m, n = chunks[0]
         self.group[i], self.micro[i], self.length[i], self.cost[i] = g, m, n, costs[0]
         offset = int(self.start[i]) + n
@@ -303,6 +317,8 @@ class _Pieces:
         self.cost = np.concatenate([self.cost, cost.astype(np.float64)])
         self.group = np.concatenate([self.group, group.astype(np.int64)])
         self.micro = np.concatenate([self.micro, micro.astype(np.int64)])
+        if self.extra is not None:
+            self.extra = np.concatenate([self.extra, np.zeros(len(src))])
         self._more = []
 
 

@@ -12,6 +12,28 @@ shards into a :class:`GroupBatch` in the packed ("varlen") layout::
     cu_seqlens   [0 3 5]                 (int32)
     seq_len      the micro-batch's capacity (its context bucket's sequence length)
 
+With images (plans with image-text sources) a micro-batch also carries the pixel patches of every
+image whose tokens it holds, and where those tokens sit. Patch size 14, merge 2, one 28 x 56
+image (a 2 x 4 grid: 8 patches, 2 tokens) before the text ``a b``::
+
+    input_ids          [BOS I I a b EOS]                I = the image placeholder token
+    labels             [-100 -100 a b EOS -100]         placeholders are never targets
+    pixel_patches      uint8 (8, 14, 14, 3)             all images' patches, in order
+    image_grid_hw      [[2 4]]                          int32 (images, 2): patch rows, columns
+    image_cu_patches   [0 8]                            int32: image i has patches [cu[i], cu[i+1])
+    image_cu_tokens    [0 2]                            int32: its tokens in the encoder output
+    image_token_map    [-1 0 1 -1 -1 -1]                int64 per position: -1 for text, else the
+                                                        index into the concatenated (merged)
+                                                        encoder output of this micro-batch
+    image_positions    [1]                              first position of each image's tokens
+    image_doc          [0]                              int32: its document (row of cu_seqlens)
+    image_index        [0]                              int32: which image of its record
+
+A model scatters with ``embeds[map >= 0] = encoder_out[map[map >= 0]]``; patches of a merge
+window are contiguous, so ``merge**2`` consecutive encoder outputs form one token. A document cut
+between micro-batches may cut an image's tokens: every micro-batch holding some of them carries
+the whole image and maps only the tokens it holds.
+
 Both classes register with ``dask.sizeof`` so the cluster's memory accounting is right.
 """
 
@@ -23,14 +45,79 @@ from typing import Any
 import numpy as np
 from dask.sizeof import sizeof
 
-__all__ = ["IGNORE_INDEX", "GroupBatch", "Recipe", "Shard", "build"]
+__all__ = ["IGNORE_INDEX", "IMAGE_FIELDS", "GroupBatch", "ImageTable", "Recipe", "Shard", "build"]
 
 IGNORE_INDEX = -100
+IMAGE_FIELDS = (
+    "pixel_patches",
+    "image_grid_hw",
+    "image_cu_patches",
+    "image_cu_tokens",
+    "image_token_map",
+    "image_positions",
+    "image_doc",
+    "image_index",
+)
+
+
+@dataclass
+class ImageTable:
+    """The images of a shard's records: patches, and where each image's tokens sit.
+
+    Images are in record order (then in their order within the record). Image i belongs to
+    record ``record[i]``, has patches ``patches[cu_patches[i]:cu_patches[i + 1]]`` on a
+    ``grid[i]`` (rows, columns) grid, and ``tokens[i]`` placeholder tokens from offset
+    ``token_start[i]`` inside its record's document.
+    """
+
+    patches: np.ndarray  # uint8 (patches, p, p, 3)
+    cu_patches: np.ndarray  # int64 (images + 1)
+    grid: np.ndarray  # int32 (images, 2)
+    record: np.ndarray  # int64 (images)
+    token_start: np.ndarray  # int64 (images)
+    tokens: np.ndarray  # int64 (images)
+
+    def __len__(self) -> int:
+        return len(self.record)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            int(a.nbytes)
+            for a in (self.patches, self.cu_patches, self.grid, self.record, self.token_start)
+        ) + int(self.tokens.nbytes)
+
+    def of_record(self, record: int) -> range:
+        """Indices of record ``record``'s images."""
+        lo = int(np.searchsorted(self.record, record, side="left"))
+        hi = int(np.searchsorted(self.record, record, side="right"))
+        return range(lo, hi)
+
+    def select(self, records: np.ndarray) -> ImageTable:
+        """The images of the kept ``records`` (a boolean mask), records renumbered."""
+        keep_img = records[self.record]
+        new_index = np.cumsum(records) - 1
+        spans = [
+            np.arange(self.cu_patches[i], self.cu_patches[i + 1])
+            for i in np.flatnonzero(keep_img).tolist()
+        ]
+        take = np.concatenate(spans) if spans else np.zeros(0, np.int64)
+        sizes = np.diff(self.cu_patches)[keep_img]
+        cu = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=cu[1:])
+        return ImageTable(
+            patches=self.patches[take],
+            cu_patches=cu,
+            grid=self.grid[keep_img],
+            record=new_index[self.record[keep_img]],
+            token_start=self.token_start[keep_img],
+            tokens=self.tokens[keep_img],
+        )
 
 
 @dataclass
 class Shard:
-    """Tokenized records of one read unit, in file order."""
+    """Tokenized records of one read unit, in file order (with their images, if any)."""
 
     source: int
     tokens: np.ndarray  # uint32, all documents concatenated
@@ -38,6 +125,7 @@ class Shard:
     sample_ids: np.ndarray  # int64 global sample ids
     skipped: int = 0
     bad: list[str] = field(default_factory=list)  # the first few reasons, for messages
+    images: ImageTable | None = None
 
     @property
     def lengths(self) -> np.ndarray:
@@ -65,6 +153,7 @@ class Recipe:
     pad_to_seq_len: bool = False
     pad_id: int = 0
     micro_seq_lens: tuple[int, ...] = ()
+    patch_size: int = 0  # > 0: the plan has images; micro-batches carry the image fields
 
     def capacity(self, micro_step: int) -> int:
         """Token capacity of micro-step ``micro_step``."""
@@ -86,7 +175,8 @@ class GroupBatch:
 
 @sizeof.register(Shard)
 def _sizeof_shard(shard: Shard) -> int:
-    return int(shard.tokens.nbytes + shard.offsets.nbytes + shard.sample_ids.nbytes) + 256
+    images = shard.images.nbytes if shard.images is not None else 0
+    return int(shard.tokens.nbytes + shard.offsets.nbytes + shard.sample_ids.nbytes) + images + 256
 
 
 @sizeof.register(GroupBatch)
@@ -135,6 +225,9 @@ def _micro_batch(recipe: Recipe, m: int, rows: np.ndarray, shards: list[Shard]) 
     if total:
         labels[: total - 1] = input_ids[1:total]
         labels[cu[1:] - 1] = IGNORE_INDEX
+    images = _images(recipe, rows, shards, cu, width) if recipe.patch_size else {}
+    if images and total:
+        labels[: total - 1][images["image_token_map"][1:total] >= 0] = IGNORE_INDEX
     return {
         "input_ids": input_ids,
         "labels": labels,
@@ -151,4 +244,61 @@ def _micro_batch(recipe: Recipe, m: int, rows: np.ndarray, shards: list[Shard]) 
         "micro_step": m,
         "num_micro_steps": recipe.num_micro_steps,
         "dp_rank": recipe.group,
+        **images,
     }
+
+
+def _images(
+    recipe: Recipe, rows: np.ndarray, shards: list[Shard], cu: np.ndarray, width: int
+) -> dict[str, Any]:
+    """The image fields of one micro-batch (module docstring): every image with tokens here."""
+    p = recipe.patch_size
+    token_map = np.full(width, -1, dtype=np.int64)
+    patches: list[np.ndarray] = []
+    grid: list[np.ndarray] = []
+    n_patches: list[int] = []
+    n_tokens: list[int] = []
+    positions: list[int] = []
+    docs: list[int] = []
+    index: list[int] = []
+    total_tokens = 0  # tokens of the images so far: where the next one's start in the output
+    for j, (_, slot, row, lo, hi) in enumerate(rows.tolist()):
+        table = shards[slot].images
+        if table is None:
+            continue
+        found = table.of_record(row)
+        for i in found:
+            start = int(table.token_start[i])
+            stop = start + int(table.tokens[i])
+            here_lo, here_hi = max(start, lo), min(stop, hi)
+            if here_lo >= here_hi:
+                continue
+            base = total_tokens + here_lo - start
+            at = int(cu[j]) + here_lo - lo
+            token_map[at : at + here_hi - here_lo] = np.arange(base, base + here_hi - here_lo)
+            patches.append(table.patches[table.cu_patches[i] : table.cu_patches[i + 1]])
+            grid.append(table.grid[i])
+            n_patches.append(int(table.cu_patches[i + 1] - table.cu_patches[i]))
+            n_tokens.append(stop - start)
+            total_tokens += stop - start
+            positions.append(at)
+            docs.append(j)
+            index.append(i - found.start)
+    return {
+        "pixel_patches": (
+            np.concatenate(patches) if patches else np.zeros((0, p, p, 3), dtype=np.uint8)
+        ),
+        "image_grid_hw": np.asarray(grid, dtype=np.int32).reshape(-1, 2),
+        "image_cu_patches": _cumulative(n_patches),
+        "image_cu_tokens": _cumulative(n_tokens),
+        "image_token_map": token_map,
+        "image_positions": np.asarray(positions, dtype=np.int64),
+        "image_doc": np.asarray(docs, dtype=np.int32),
+        "image_index": np.asarray(index, dtype=np.int32),
+    }
+
+
+def _cumulative(sizes: list[int]) -> np.ndarray:
+    out = np.zeros(len(sizes) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=out[1:])
+    return out

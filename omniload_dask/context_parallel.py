@@ -13,6 +13,9 @@ A slice keeps its tokens' own ``position_ids`` and ``labels`` (the label of a ch
 is the first token of the next chunk, taken before slicing), ``cu_seqlens`` over its local
 documents (each document's two chunks together), and the whole micro-batch's boundaries as
 ``cu_seqlens_global``, which ring attention needs to know where each document's chunks lie.
+With images, ``image_token_map`` is sliced like the tokens (each cp rank scatters the encoder
+outputs of the image tokens it holds); the per-image fields (patches, grids, positions) stay
+those of the whole micro-batch.
 """
 
 from __future__ import annotations
@@ -53,8 +56,10 @@ def slice_micro_batch(mb: dict[str, Any], cp: int, rank: int) -> dict[str, Any]:
     out = dict(mb)
     cu = np.zeros(len(local) + 1, dtype=np.int32)
     np.cumsum(local, out=cu[1:])
-    for key in ("input_ids", "labels", "position_ids"):
-        out[key] = mb[key][index]
+    per_token = ("input_ids", "labels", "position_ids", "image_token_map")
+    for key in per_token:
+        if key in mb:
+            out[key] = mb[key][index]
     width = len(mb["input_ids"])
     if width > int(mb["num_tokens"]):  # padded to seq_len: pad each slice to one width
         peers = [int(zigzag_index(mb["cu_seqlens"], cp, c)[1].sum()) for c in range(cp)]
@@ -62,6 +67,8 @@ def slice_micro_batch(mb: dict[str, Any], cp: int, rank: int) -> dict[str, Any]:
         out["input_ids"] = _pad(out["input_ids"], local_width, int(mb["input_ids"][-1]))
         out["labels"] = _pad(out["labels"], local_width, IGNORE_INDEX)
         out["position_ids"] = _pad(out["position_ids"], local_width, 0)
+        if "image_token_map" in mb:
+            out["image_token_map"] = _pad(out["image_token_map"], local_width, -1)
     out.update(
         cu_seqlens=cu,
         cu_seqlens_global=mb["cu_seqlens"],

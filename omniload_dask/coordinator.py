@@ -15,7 +15,9 @@ Tensor- and pipeline-parallel ranks of a group fetch the same key; context-paral
 fetches slice c, so no rank loads what a peer already loaded.
 
 Read units are submitted ahead of need (a window per source that covers the steps drawn ahead),
-and released as soon as the cursor has passed them and their constructions are submitted.
+and released as soon as the cursor has passed them and their constructions are submitted. How
+they are read is sized from measured costs (:mod:`.autoscale`): a costly unit is read in parts,
+and each source keeps at most its quota of reads in flight; neither changes the stream.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from . import autoscale
+from .autoscale import Meter
 from .balance import Assignment, Bucket, balance, route
 from .batches import Recipe
 from .cost import CostModel
@@ -165,6 +169,14 @@ class Coordinator:
         self.timing: dict[str, float] = {}  # milliseconds of the last step's planning phases
         self.planning_ms: deque[float] = deque(maxlen=256)
         self._step_weights = np.zeros(len(self.streams))
+        # Auto-partitioning (how data is read; never which): measured costs, worker threads.
+        loader = plan.loader
+        self.workers = loader.workers
+        self.threads = loader.workers * loader.threads_per_worker
+        self.meters = [Meter() for _ in self.streams]
+        self.construct_meter = Meter()
+        self._part_of: dict[str, tuple[int, int]] = {}  # part key -> (part, its size)
+        self._last_parts: dict[int, int] = {}  # source -> parts of its last submitted unit
         self.recorder = StateRecorder(self)
 
     # ---------------------------------------------------------------- keys and properties
@@ -311,13 +323,13 @@ class Coordinator:
                 stream.retired = True
                 dropped = list(stream.units.values())
                 for unit in dropped:
-                    self._keys.pop(unit.key, None)
+                    self._forget(unit)
                 stream.units.clear()
                 stream._cache = None
                 stream.version += 1
                 stream.next_submit = (stream.epoch, stream.position)
                 if dropped:
-                    self._actions.append(Release(tuple(u.key for u in dropped)))
+                    self._actions.append(Release(tuple(k for u in dropped for k in u.keys)))
 
     def _add_stream(self, spec: SourceSpec, catalog: Catalog) -> None:
         names = self.names
@@ -330,17 +342,54 @@ class Coordinator:
             if index >= 1024:
                 raise JobError("add_source: at most 1024 sources per job")
             self.streams.append(SourceStream(index, spec, catalog, self.plan.seed))
+            self.meters.append(Meter())
             self.caps.append(self.plan.batch.document_cap_for(spec.name))
             self.mixer.add_source()
             self._active = np.append(self._active, False)
         self.schedule.add_source(spec.name, spec.weight)
 
     # ---------------------------------------------------------------- events
-    def on_report(self, key: str, lengths: np.ndarray, skipped: int) -> None:
-        """A read task finished: its records' token counts (file order) and skipped count."""
+    def on_report(
+        self,
+        key: str,
+        lengths: np.ndarray,
+        skipped: int,
+        *,
+        seconds: float | None = None,
+        records: int | None = None,
+        patches: np.ndarray | None = None,
+        patches_sq: np.ndarray | None = None,
+    ) -> None:
+        """A read task finished: its records' token counts (file order) and skipped count.
+
+        Image sources also report each record's patches (sum, and sum of squares over its
+        images) for the encoder cost. ``seconds`` (the task's compute time) and ``records``
+        (read, bad ones included) feed the cost meters that size reads; they never change the
+        stream.
+        """
         where = self._keys.get(key)
-        if where is not None:
-            self.streams[where[0]].report(where[1], lengths, skipped)
+        if where is None:
+            return
+        part, size = self._part_of.get(key, (0, -1))
+        extra = None
+        if patches is not None and self.cost.has_encoder:
+            sq = patches_sq if patches_sq is not None else np.zeros(len(patches))
+            extra = self.cost.encoder_of(patches, sq)
+        stream = self.streams[where[0]]
+        if stream.report(where[1], lengths, skipped, part, extra) and seconds is not None:
+            if size < 0:
+                size = stream.catalog.size(stream.units[where[1]].catalog_index)
+            count = len(lengths) + skipped if records is None else records
+            self.meters[where[0]].add(seconds, size, count, float(np.sum(lengths)))
+
+    def on_construct(self, seconds: float) -> None:
+        """A batch construction finished after ``seconds`` of compute (for recommendations)."""
+        self.construct_meter.add(seconds, 1, 1, 0)
+
+    def on_workers(self, workers: int, threads: int) -> None:
+        """The cluster now has ``workers`` workers with ``threads`` threads in all."""
+        self.workers = max(0, int(workers))
+        self.threads = max(0, int(threads))
 
     def on_failure(self, key: str, message: str) -> None:
         """A task failed for good (after retries): the job stops with that message."""
@@ -509,7 +558,8 @@ class Coordinator:
         doc_unit = np.empty(len(order), dtype=np.int64)  # index into units
         rows = np.empty(len(order), dtype=np.int64)
         lengths = np.empty(len(order), dtype=np.int64)
-        units: list[Unit] = []
+        extra = np.zeros(len(order)) if self.cost.has_encoder else None
+        units: list[tuple[Unit, int]] = []  # (unit, part) read by a shard slot
         unit_source: list[int] = []
         by_source = np.argsort(src, kind="stable")  # one pass instead of one scan per source
         sources_in, first = np.unique(src[by_source], return_index=True)
@@ -521,17 +571,23 @@ class Coordinator:
             lengths[sel] = c.lengths[k]
             local = c.unit_of[k]
             for u in np.unique(local).tolist():
-                here = local == u
+                here = sel[local == u]
                 unit = c.units[u]
-                rows[sel[here]] = unit.order[c.row_of[k[here]]]
-                doc_unit[sel[here]] = len(units)
-                units.append(unit)
-                unit_source.append(s)
-        self._plan_step(step, src, units, unit_source, doc_unit, rows, lengths)
+                unit_rows = unit.order[c.row_of[k[local == u]]]
+                if extra is not None and unit.extra is not None:
+                    extra[here] = unit.extra[unit_rows]
+                part, part_rows = unit.locate(unit_rows)
+                for p in np.unique(part).tolist():
+                    mine = part == p
+                    rows[here[mine]] = part_rows[mine]
+                    doc_unit[here[mine]] = len(units)
+                    units.append((unit, p))
+                    unit_source.append(s)
+        self._plan_step(step, src, units, unit_source, doc_unit, rows, lengths, extra)
         if finished:
-            self._actions.append(Release(tuple(u.key for u in finished)))
+            self._actions.append(Release(tuple(k for u in finished for k in u.keys)))
             for u in finished:
-                self._keys.pop(u.key, None)
+                self._forget(u)
         self.next_step += 1
         for old in [t for t in self.steps if t < self.next_step - self.plan.loader.retain_steps]:
             if not self._held_count[old]:
@@ -542,15 +598,16 @@ class Coordinator:
         self,
         step: int,
         src: np.ndarray,
-        units: list[Unit],
+        units: list[tuple[Unit, int]],
         unit_source: list[int],
         doc_unit: np.ndarray,
         rows: np.ndarray,
         lengths: np.ndarray,
+        extra: np.ndarray | None = None,
     ) -> None:
         """Balance the step's documents over the DP groups; one recipe and construct each."""
         t0 = time.perf_counter()
-        plan = self.plan_split(src, lengths)
+        plan = self.plan_split(src, lengths, extra)
         t1 = time.perf_counter()
         recipes, reads = self._recipes(step, plan, units, unit_source, doc_unit, rows)
         self.timing.update(split_ms=(t1 - t0) * 1e3, recipes_ms=(time.perf_counter() - t1) * 1e3)
@@ -564,8 +621,13 @@ class Coordinator:
         self.steps[step] = _Step(recipes, reads, plan.group_costs, plan.group_tokens, source_tokens)
         self._record(step, plan, lengths, source_tokens, src)
 
-    def plan_split(self, src: np.ndarray, lengths: np.ndarray) -> Assignment:
-        """Route a step's documents to buckets and split them among the DP groups (pure)."""
+    def plan_split(
+        self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None
+    ) -> Assignment:
+        """Route a step's documents to buckets and split them among the DP groups (pure).
+
+        ``extra`` is each document's encoder cost (images), balanced with the backbone's.
+        """
         bucket, by_length = route(lengths, src, self.buckets, self.pinned)
         return balance(
             lengths,
@@ -575,13 +637,14 @@ class Coordinator:
             self.cost,
             by_length=by_length,
             cut=self.plan.batch.long_documents == "split",
+            extra=extra,
         )
 
     def _recipes(
         self,
         step: int,
         plan: Assignment,
-        units: list[Unit],
+        units: list[tuple[Unit, int]],
         unit_source: list[int],
         doc_unit: np.ndarray,
         rows: np.ndarray,
@@ -615,7 +678,7 @@ class Coordinator:
         used = (pair % nu)[by_use].tolist()
         bounds = np.searchsorted(group, np.arange(groups + 1)).tolist()
         pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1)).tolist()
-        specs = [self._read_spec(s, u) for s, u in zip(unit_source, units, strict=True)]
+        specs = [self._read_spec(s, *u) for s, u in zip(unit_source, units, strict=True)]
         capacity = tuple(plan.micro_capacity.tolist())
         batch = self.plan.batch
         recipes, reads = [], []
@@ -628,9 +691,10 @@ class Coordinator:
                     num_micro_steps=plan.num_micro_steps,
                     pieces=table[bounds[g] : bounds[g + 1]],
                     seq_len=batch.seq_len,
-                    slot_epochs=tuple(units[u].epoch for u in mine),
+                    slot_epochs=tuple(units[u][0].epoch for u in mine),
                     pad_to_seq_len=batch.pad_to_seq_len,
                     micro_seq_lens=capacity,
+                    patch_size=self.plan.images.patch_size if self.plan.images else 0,
                 )
             )
             reads.append(tuple(specs[u] for u in mine))
@@ -671,25 +735,44 @@ class Coordinator:
             )
         )
 
-    def _read_spec(self, source: int, unit: Unit) -> ReadSpec:
+    def _read_spec(self, source: int, unit: Unit, part: int = 0) -> ReadSpec:
         stream = self.streams[source]
         f, lo, hi = (int(v) for v in stream.catalog.units[unit.catalog_index])
-        return ReadSpec(unit.key, source, f, stream.catalog.files[f], lo, hi)
+        if unit.parts > 1:
+            lo, hi = stream.catalog.parts(unit.catalog_index, unit.parts)[part]
+        return ReadSpec(unit.keys[part], source, f, stream.catalog.files[f], lo, hi)
+
+    def _forget(self, unit: Unit) -> None:
+        for key in unit.keys:
+            self._keys.pop(key, None)
+            self._part_of.pop(key, None)
 
     def _submit_reads(self) -> None:
         # Read ahead for sources that take part now or within the lookahead (schedules).
         horizon = self.next_step + self.plan.loader.lookahead
         weights = np.maximum(self.weights_at(self.next_step), self.weights_at(horizon))
+        quota = self.read_quotas(weights) if self.plan.loader.quotas else None
         total = float(weights.sum())
         for i, stream in enumerate(self.streams):
             if weights[i] <= 0:
                 continue
-            seen = (stream.version, weights[i], total, i in self._starved, len(stream.units))
+            pending = stream.pending_reads()
+            limit = int(quota[i]) if quota is not None else -1
+            seen = (
+                stream.version,
+                weights[i],
+                total,
+                i in self._starved,
+                len(stream.units),
+                pending,  # a part of a unit reported (the quota has room)
+                limit,  # costs measured, weights or workers changed
+            )
             if self._reads_seen.get(i) == seen:
                 continue  # nothing changed for this source since the last look
             self._reads_seen[i] = seen
             window = self._read_window(i, weights)
-            # A draw waiting on this source gets its next unknown unit even past the window.
+            # A draw waiting on this source gets its next unknown unit even past the window
+            # and the quota.
             need = stream.first_unknown() if i in self._starved else (-1, -1)
             while True:
                 ref = stream.next_submit
@@ -698,11 +781,63 @@ class Coordinator:
                     break
                 if ahead >= MAX_UNITS_AHEAD or (ahead >= window and ref > need):
                     break
-                unit = Unit(self.read_key(i, ref), ref[0], ref[1], stream.catalog_index(ref))
+                if limit >= 0 and pending >= limit and ref > need:
+                    break
+                catalog_index = stream.catalog_index(ref)
+                unit = Unit(self.read_key(i, ref), ref[0], ref[1], catalog_index)
+                self._split(i, unit)
                 stream.units[ref] = unit
-                self._keys[unit.key] = (i, ref)
+                for p, key in enumerate(unit.keys):
+                    self._keys[key] = (i, ref)
+                    if unit.parts > 1:
+                        self._part_of[key] = (p, unit.part_sizes[p])
                 stream.next_submit = stream.successor(ref)
-                self._actions.append(SubmitRead(self._read_spec(i, unit)))
+                pending += unit.parts
+                for p in range(unit.parts):
+                    self._actions.append(SubmitRead(self._read_spec(i, unit, p)))
+
+    def _split(self, source: int, unit: Unit) -> None:
+        """Read ``unit`` in parts of about ``loader.task_seconds`` each (measured cost)."""
+        catalog = self.streams[source].catalog
+        u = unit.catalog_index
+        size = catalog.size(u)
+        parts = autoscale.part_count(
+            size, self.meters[source].per_size, self.plan.loader.task_seconds, catalog.max_parts(u)
+        )
+        self._last_parts[source] = parts
+        if parts > 1:
+            unit.parts = len(catalog.parts(u, parts))
+            n = unit.parts
+            unit.part_sizes = tuple((p + 1) * size // n - p * size // n for p in range(n))
+
+    def read_work(self, weights: np.ndarray) -> np.ndarray:
+        """Measured read seconds per step of each source at ``weights`` (NaN: not measured)."""
+        tokens, docs = self._budget()
+        total = weights.sum()
+        out = np.full(len(self.streams), np.nan)
+        for i, meter in enumerate(self.meters):
+            share = weights[i] / total if total > 0 else 0.0
+            if share <= 0:
+                out[i] = 0.0
+                continue
+            if tokens is not None and meter.per_token is not None:
+                out[i] = share * tokens * meter.per_token
+            elif docs is not None and meter.per_record is not None:
+                out[i] = share * docs * meter.per_record
+        return out
+
+    def read_quotas(self, weights: np.ndarray) -> np.ndarray:
+        """In-flight read tasks allowed per source (:func:`.autoscale.quotas`)."""
+        slots = max(1, self.plan.loader.reads_per_thread * max(self.threads, 1))
+        return autoscale.quotas(self.read_work(weights), slots)
+
+    def work_per_step(self) -> float | None:
+        """Measured worker seconds one step costs (reads of every source and constructions)."""
+        work = self.read_work(self.weights_at(self.next_step))
+        if not np.isfinite(work).all():
+            return None
+        per_construct = self.construct_meter.per_record or 0.0
+        return float(work.sum()) + per_construct * self.layout.dp
 
     def _read_window(self, i: int, weights: np.ndarray) -> int:
         """Units to keep submitted for source i: enough for the steps drawn ahead."""
@@ -749,6 +884,7 @@ class Coordinator:
         steps = self.steps_drawn
         recent = list(self.history)[-64:]
         weights = self.weights_at(self.next_step)
+        quotas = self.read_quotas(weights) if self.plan.loader.quotas else None
         return {
             "next_step": self.next_step,
             "end_step": self.end_step,
@@ -786,9 +922,15 @@ class Coordinator:
                     "units_in_flight": len(s.units),
                     "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
                     "read_window": self._read_window(i, weights) if weights[i] > 0 else 0,
+                    "read_tasks_pending": s.pending_reads(),
+                    "quota": int(quotas[i]) if quotas is not None else None,
+                    "seconds_per_record": self.meters[i].per_record,
+                    "read_parts": self._last_parts.get(i, 1),
                 }
                 for i, s in enumerate(self.streams)
             ],
+            "worker_threads": self.threads,
+            "work_per_step": self.work_per_step(),
         }
 
     def step_figures(self, start: int = 0) -> list[StepFigures]:

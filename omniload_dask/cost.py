@@ -21,9 +21,15 @@ Worked example, h=64, n=2, f=256 gated, V=256, no GQA::
     attention costs as much as the dense layers at L = 884736 / 768 = 1152 tokens
 
 Only ratios matter to the balancer (efficiency is mean/max of rank costs), so any unit will do.
-Image documents (a later issue) add an encoder term per image on top of the decoder cost of the
-piece that holds its tokens: :meth:`CostModel.encoder` computes ``encoder_linear * P +
-encoder_quadratic * P**2`` for P patch tokens; both are 0 until a plan declares them.
+Image documents add the vision encoder's cost of each of their images on top of the decoder cost
+of the piece that holds their tokens: :meth:`CostModel.encoder` computes ``encoder_linear * P +
+encoder_quadratic * P**2`` for an image of P patches (``cost.encoder`` in the plan; both 0
+unless declared). For a document with images of P1, P2, ... patches that is
+``encoder_linear * sum(P) + encoder_quadratic * sum(P**2)`` (:meth:`CostModel.encoder_of`)::
+
+    cost: {linear: 1.0, quadratic: 1.0e-4, encoder: {linear: 2.0, quadratic: 1.0e-3}}
+    a document of 300 tokens with one image of 1024 patches (256 tokens after a 2 x 2 merge):
+    decoder 300 + 9 = 309, encoder 2048 + 1048.6 = 3096.6, together 3405.6
 """
 
 from __future__ import annotations
@@ -119,7 +125,13 @@ class CostModel:
     def from_spec(cls, spec: Any) -> CostModel:
         """From a plan's :class:`~omniload_dask.plan.CostSpec` (imports its function, if any)."""
         function = load_function(spec.function) if spec.function else None
-        return cls(linear=spec.linear, quadratic=spec.quadratic, function=function)
+        return cls(
+            linear=spec.linear,
+            quadratic=spec.quadratic,
+            function=function,
+            encoder_linear=getattr(spec, "encoder_linear", 0.0),
+            encoder_quadratic=getattr(spec, "encoder_quadratic", 0.0),
+        )
 
     @classmethod
     def for_model(cls, description: Mapping[str, Any]) -> CostModel:
@@ -133,7 +145,18 @@ class CostModel:
         x = np.asarray(lengths, dtype=np.float64)
         return self.linear * x + self.quadratic * x * x
 
-    def encoder(self, patch_tokens: np.ndarray) -> np.ndarray:
-        """Encoder cost of images of ``patch_tokens`` tokens each (0 until images exist)."""
-        p = np.asarray(patch_tokens, dtype=np.float64)
+    @property
+    def has_encoder(self) -> bool:
+        return bool(self.encoder_linear or self.encoder_quadratic)
+
+    def encoder(self, patches: np.ndarray) -> np.ndarray:
+        """Encoder cost of images of ``patches`` patches each (0 unless the plan declares it)."""
+        p = np.asarray(patches, dtype=np.float64)
         return self.encoder_linear * p + self.encoder_quadratic * p * p
+
+    def encoder_of(self, patch_sum: np.ndarray, patch_sq: np.ndarray) -> np.ndarray:
+        """Encoder cost of documents whose images have ``patch_sum`` patches in all and
+        ``patch_sq`` as the sum of their squares."""
+        return self.encoder_linear * np.asarray(
+            patch_sum, np.float64
+        ) + self.encoder_quadratic * np.asarray(patch_sq, np.float64)

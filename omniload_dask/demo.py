@@ -7,7 +7,8 @@
     books/books-0000.parquet    long, heavy-tailed documents in column "body", row groups of 32
     tokenizer.json              a Hugging Face word-level tokenizer over the demo vocabulary
 
-The quickstart plan (plans/quickstart.yaml) reads them.
+and the image-text demo sources of :mod:`omniload_dask.demo_images`. The quickstart plan
+(plans/quickstart.yaml) reads the text sources, plans/vlm.yaml the image-text ones too.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ SYLLABLES = [
 ]
 PUNCT = [".", ",", ";", ":", "(", ")", "=", "+", "{", "}", "[", "]", "_", "-", "\n"]
 MARKER = ".omniload-demo-complete"
+VOCAB_SEED = 20260501
 
 
 def _vocabulary(rng: np.random.Generator, size: int = 3000) -> list[str]:
@@ -68,10 +70,13 @@ def _text(rng: np.random.Generator, vocab: list[str], words: int, code: bool = F
 
 def make_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
     """Write the demo sources into ``folder`` (skipped if already complete); return it."""
+    from .demo_images import make_image_demo_data
+
     folder = Path(folder)
+    make_image_demo_data(folder, scale=scale)
     if (folder / MARKER).exists():
         return folder
-    rng = np.random.default_rng(20260501)
+    rng = np.random.default_rng(VOCAB_SEED)
     vocab = _vocabulary(rng)
     for sub in ("web", "code", "books"):
         (folder / sub).mkdir(parents=True, exist_ok=True)

@@ -191,6 +191,23 @@ class Job:
         """Per source: target and realised share over the last ``window`` steps and overall."""
         return _dask.call(self.client, "mixture", job=self.name, window=window)
 
+    def adapt(self, minimum: int = 1, maximum: int = 8, **kwargs: Any) -> Any:
+        """Scale the embedded cluster adaptively, by Dask's and the data plane's needs.
+
+        On a cluster of your own, call ``cluster.adapt(Adaptive=OmniloadAdaptive, ...)``
+        (:mod:`omniload_dask.adaptive`) yourself.
+        """
+        if self.cluster is None:
+            raise JobError(
+                "Job.adapt: only for the embedded LocalCluster; on your own cluster call "
+                "cluster.adapt(Adaptive=omniload_dask.adaptive.OmniloadAdaptive, ...)"
+            )
+        from .adaptive import OmniloadAdaptive
+
+        return self.cluster.adapt(
+            Adaptive=OmniloadAdaptive, minimum=minimum, maximum=maximum, **kwargs
+        )
+
     @property
     def dashboard_link(self) -> str | None:
         return getattr(self.client, "dashboard_link", None)

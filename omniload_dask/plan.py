@@ -35,6 +35,14 @@ Mixing can follow a schedule (piecewise constant or linear, over steps or consum
         - {at: 0, weights: {web: 3, books: 1}}
         - {at: 10000, weights: {web: 1, books: 1}}
 
+Image-text sources (Parquet with an image column, or WebDataset-style tar shards) name their
+images with ``image``; the ``images`` section says how images become patches and tokens::
+
+    images: {patch_size: 14, merge: 2, min_pixels: 3136, max_pixels: 1003520}
+    sources:
+      - {name: captions, format: parquet, path: data/cap/*.parquet, image: jpeg, text: caption}
+      - {name: laion, format: webdataset, path: data/laion/*.tar, image: [jpg, png], text: txt}
+
 A source with ``epochs: N`` stops after N passes; without it, it starts a new epoch with a fresh
 shuffle. Every error names the field path and the value (``sources[1].weight: must be >= 0, got -1``).
 Relative local paths are resolved against the plan file's folder; ``${VAR}`` and
@@ -65,6 +73,7 @@ __all__ = [
     "BucketSpec",
     "CheckpointSpec",
     "CostSpec",
+    "ImageSpec",
     "LayoutSpec",
     "LoaderSpec",
     "MixingSpec",
@@ -80,7 +89,9 @@ __all__ = [
 ]
 
 PLAN_VERSION = 1
-FORMATS = ("jsonl", "parquet")
+FORMATS = ("jsonl", "parquet", "webdataset")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256, EOS 257)
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -97,6 +108,13 @@ class SourceSpec:
     unit_bytes: int = 4 * 2**20
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     epochs: int | None = None  # stop after this many passes; None: a new epoch, reshuffled
+    # Image-text sources: the image column (Parquet) or file extensions (WebDataset); () = text.
+    image: tuple[str, ...] = ()
+    unit_records: int | None = None  # records per read unit (Parquet: cuts row groups; tar)
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.image)
 
 
 @dataclass(frozen=True)
@@ -110,6 +128,33 @@ class TokenizerSpec:
     add_bos: bool = True
     add_eos: bool = True
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """How images become patches and placeholder tokens (NaViT-style variable resolution).
+
+    An image of h x w pixels is resized, keeping its aspect ratio as closely as the grid allows,
+    to H x W with both sides multiples of ``patch_size * merge`` and ``min_pixels <= H * W <=
+    max_pixels``; it is cut into ``(H / patch_size) * (W / patch_size)`` patches of
+    ``patch_size`` squared RGB pixels (uint8), and takes ``patches / merge**2`` tokens in its
+    document (``merge`` x ``merge`` neighbouring patches become one token after the encoder).
+    Images of more than ``max_input_pixels`` before resizing are bad records. ``placeholder`` is
+    the token that stands for image tokens: a token string or id of a Hugging Face tokenizer
+    (required there), or 258 for the byte tokenizer.
+    """
+
+    patch_size: int = 14
+    merge: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    max_input_pixels: int = 64 * 2**20
+    placeholder: str | int = BYTE_IMAGE_TOKEN
+
+    @property
+    def factor(self) -> int:
+        """Image sides are multiples of this many pixels."""
+        return self.patch_size * self.merge
 
 
 @dataclass(frozen=True)
@@ -278,20 +323,34 @@ class CostSpec:
     vocab, gated, causal), or ``function``: ``package.module:function`` taking an array of
     lengths and returning their costs, imported (and tried once) wherever the plan is loaded:
     the data plane on the scheduler and every feeder, so it must be importable there.
+
+    ``encoder`` adds the vision encoder's cost of each image of P patches,
+    ``encoder_linear * P + encoder_quadratic * P**2``: give ``{linear, quadratic}`` or a
+    ``model`` description of the encoder (bidirectional unless it says ``causal: true``).
     """
 
     linear: float = 1.0
     quadratic: float = 1.0 / (6 * 4096)
     model: Mapping[str, Any] | None = None
     function: str | None = None
+    encoder_linear: float = 0.0
+    encoder_quadratic: float = 0.0
+    encoder_model: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The form the plan gave (coefficients derived from a model are not repeated)."""
+        out: dict[str, Any]
         if self.function is not None:
-            return {"function": self.function}
-        if self.model is not None:
-            return {"model": dict(self.model)}
-        return {"linear": self.linear, "quadratic": self.quadratic}
+            out = {"function": self.function}
+        elif self.model is not None:
+            out = {"model": dict(self.model)}
+        else:
+            out = {"linear": self.linear, "quadratic": self.quadratic}
+        if self.encoder_model is not None:
+            out["encoder"] = {"model": dict(self.encoder_model)}
+        elif self.encoder_linear or self.encoder_quadratic:
+            out["encoder"] = {"linear": self.encoder_linear, "quadratic": self.encoder_quadratic}
+        return out
 
 
 @dataclass(frozen=True)
@@ -306,6 +365,12 @@ class LoaderSpec:
     retain_steps: int = 64
     read_retries: int = 2
     standby: bool = True  # a second copy of upcoming batches and shards on another worker
+    # Auto-partitioning (see :mod:`omniload_dask.autoscale`): read tasks last about
+    # ``task_seconds`` (0: never split a unit); with ``quotas``, sources share
+    # ``reads_per_thread`` in-flight reads per worker thread by weight x measured cost.
+    task_seconds: float = 0.5
+    quotas: bool = True
+    reads_per_thread: int = 2
 
 
 @dataclass(frozen=True)
@@ -341,6 +406,11 @@ class Plan:
     on_error: str = "raise"
     checkpoint: CheckpointSpec | None = None
     version: int = PLAN_VERSION
+    images: ImageSpec | None = None  # set when a source has images
+
+    @property
+    def has_images(self) -> bool:
+        return any(s.has_images for s in self.sources)
 
     @property
     def mixing_by(self) -> str:
@@ -373,6 +443,8 @@ class Plan:
         else:
             batch.pop("buckets")
         data["cost"] = self.cost.to_dict()
+        if data["images"] is None:
+            del data["images"]
         data["mixing"]["schedule"] = [
             {"at": p.at, "weights": dict(p.weights)} for p in self.mixing.schedule
         ]
@@ -385,8 +457,8 @@ class Plan:
         """What must match between a checkpoint's plan and the plan resuming from it.
 
         Weights, schedules, layout, loader tuning and the set of sources may change; the seed,
-        tokenizer, batch budget and document handling may not, nor may a source that both
-        plans name change its files, format or text field.
+        tokenizer, batch budget, document handling and image settings may not, nor may a source
+        that both plans name change its files, format, text or image field, or unit size.
         """
         batch = self.batch
         return {
@@ -400,6 +472,7 @@ class Plan:
             "batch.seq_len": batch.seq_len,
             "on_error": self.on_error,
             "sources": {s.name: source_identity(s) for s in self.sources},
+            "images": asdict(self.images) if self.images is not None else None,
         }
 
     def stream_fingerprint(self) -> str:
@@ -420,6 +493,14 @@ def source_dict(spec: SourceSpec) -> dict[str, Any]:
         data.pop("unit_bytes")
     if spec.epochs is None:
         data.pop("epochs")
+    if not spec.image:
+        data.pop("image")
+    elif spec.format == "parquet":
+        data["image"] = spec.image[0]
+    else:
+        data["image"] = list(spec.image)
+    if spec.unit_records is None:
+        data.pop("unit_records")
     return data
 
 
@@ -436,6 +517,8 @@ def source_identity(spec: SourceSpec) -> dict[str, Any]:
         "text": spec.text,
         "unit_bytes": spec.unit_bytes if spec.format == "jsonl" else None,
         "epochs": spec.epochs,
+        "image": list(spec.image),
+        "unit_records": spec.unit_records,
     }
 
 
@@ -491,6 +574,9 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     if sum(s.weight for s in sources) <= 0:
         fail("sources", "at least one source needs a weight > 0", [s.weight for s in sources])
     _check_bucket_sources(batch, [s.name for s in sources])
+    images = None
+    if top.has("images") or any(s.has_images for s in sources):
+        images = _images(top.mapping("images"), tokenizer)
     top.done()
     return Plan(
         name=name,
@@ -505,6 +591,47 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
         mixing=mixing,
         on_error=on_error,
         version=version,
+        images=images,
+    )
+
+
+def _images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
+    d = ImageSpec()
+    patch = f.integer("patch_size", d.patch_size, min=1, max=1024)
+    merge = f.integer("merge", d.merge, min=1, max=16)
+    factor = patch * merge
+    min_pixels = f.integer("min_pixels", max(d.min_pixels, factor * factor), min=factor * factor)
+    max_pixels = f.integer("max_pixels", max(d.max_pixels, min_pixels), min=min_pixels)
+    max_input = f.integer("max_input_pixels", d.max_input_pixels, min=1)
+    raw = f.raw("placeholder")
+    if tokenizer.kind == "byte":
+        if raw is not None and raw != BYTE_IMAGE_TOKEN:
+            fail(
+                f.at("placeholder"), f"the byte tokenizer's image token is {BYTE_IMAGE_TOKEN}", raw
+            )
+        placeholder: str | int = BYTE_IMAGE_TOKEN
+    elif raw is None:
+        fail(
+            f.at("placeholder"),
+            "is required with a huggingface tokenizer (the image token, e.g. '<|image_pad|>')",
+        )
+    elif (
+        isinstance(raw, bool)
+        or not isinstance(raw, (str, int))
+        or raw == ""
+        or (isinstance(raw, int) and raw < 0)
+    ):
+        fail(f.at("placeholder"), "must be a token string or a token id >= 0", raw)
+    else:
+        placeholder = raw
+    f.done()
+    return ImageSpec(
+        patch_size=patch,
+        merge=merge,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        max_input_pixels=max_input,
+        placeholder=placeholder,
     )
 
 
@@ -757,12 +884,14 @@ def _cost(f: Fields) -> CostSpec:
         fail(
             f.at(forms[1]), f"give one of linear/quadratic, model or function (also got {forms[0]})"
         )
+    encoder = _encoder(f.mapping("encoder")) if f.has("encoder") else {}
+    f.raw("encoder")
     default = CostSpec()
     if f.has("model"):
         model = _model(f.mapping("model"))
         linear, quadratic = transformer_coefficients(**model)
         f.done()
-        return CostSpec(linear=linear, quadratic=quadratic, model=model)
+        return CostSpec(linear=linear, quadratic=quadratic, model=model, **encoder)
     if f.has("function"):
         ref = f.text("function")
         try:
@@ -770,13 +899,30 @@ def _cost(f: Fields) -> CostSpec:
         except ValueError as exc:
             fail(f.at("function"), str(exc), ref)
         f.done()
-        return CostSpec(function=ref)
+        return CostSpec(function=ref, **encoder)
     linear = f.number("linear", default.linear, min=0)
     quadratic = f.number("quadratic", default.quadratic, min=0)
     if linear == 0 and quadratic == 0:
         fail(f.at("linear"), "linear and quadratic cannot both be 0", 0)
     f.done()
-    return CostSpec(linear=linear, quadratic=quadratic)
+    return CostSpec(linear=linear, quadratic=quadratic, **encoder)
+
+
+def _encoder(f: Fields) -> dict[str, Any]:
+    """``cost.encoder``: coefficients per patch and patch squared, or an encoder model."""
+    if f.has("model"):
+        for key in ("linear", "quadratic"):
+            if f.has(key):
+                fail(f.at(key), "give linear/quadratic or model, not both", f.raw(key))
+        model = _model(f.mapping("model"))
+        model.setdefault("causal", False)  # vision encoders attend both ways
+        linear, quadratic = transformer_coefficients(**model)
+        f.done()
+        return {"encoder_linear": linear, "encoder_quadratic": quadratic, "encoder_model": model}
+    linear = f.number("linear", 0.0, min=0)
+    quadratic = f.number("quadratic", 0.0, min=0)
+    f.done()
+    return {"encoder_linear": linear, "encoder_quadratic": quadratic}
 
 
 def _model(f: Fields) -> dict[str, Any]:
@@ -832,9 +978,19 @@ def _loader(f: Fields) -> LoaderSpec:
         retain_steps=f.integer("retain_steps", d.retain_steps, min=1),
         read_retries=f.integer("read_retries", d.read_retries, min=0, max=100),
         standby=f.flag("standby", d.standby),
+        task_seconds=_task_seconds(f, d.task_seconds),
+        quotas=f.flag("quotas", d.quotas),
+        reads_per_thread=f.integer("reads_per_thread", d.reads_per_thread, min=1, max=1024),
     )
     f.done()
     return spec
+
+
+def _task_seconds(f: Fields, default: float) -> float:
+    value = f.number("task_seconds", default, min=0)
+    if 0 < value < 0.01 or value > 600:
+        fail(f.at("task_seconds"), "must be 0 (never split) or between 0.01 and 600", value)
+    return value
 
 
 def _source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpec:
@@ -855,7 +1011,15 @@ def _source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpec:
         )
     paths = tuple(resolve_path(p, base_dir, field=f.at("path")) for p in raw_paths)
     weight = f.number("weight", 1.0, min=0)
-    text = f.text("text", "text")
+    text = f.text("text", "txt" if fmt == "webdataset" else "text")
+    image = _image_field(f, fmt)
+    if fmt == "parquet" and image and image[0] == text:
+        fail(f.at("image"), "must be another column than sources[].text", image[0])
+    unit_records = f.optional_int("unit_records", min=1)
+    if unit_records is not None and fmt == "jsonl":
+        fail(f.at("unit_records"), "only applies to parquet and webdataset", unit_records)
+    if fmt == "webdataset" and unit_records is None:
+        unit_records = 64
     unit_bytes = f.size("unit_bytes", 4 * 2**20)
     if f.has("unit_bytes") and fmt != "jsonl":
         fail(
@@ -875,7 +1039,32 @@ def _source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpec:
         text=text,
         unit_bytes=unit_bytes,
         storage_options=opts,
+        image=image,
+        unit_records=unit_records,
     )
+
+
+def _image_field(f: Fields, fmt: str) -> tuple[str, ...]:
+    """``sources[].image``: a column (parquet) or the image files' extensions (webdataset)."""
+    raw = f.raw("image")
+    if raw is None:
+        return IMAGE_EXTENSIONS if fmt == "webdataset" else ()
+    if fmt == "jsonl":
+        fail(f.at("image"), "images come from parquet or webdataset sources", raw)
+    if fmt == "parquet":
+        if isinstance(raw, (list, tuple)) and len(raw) == 1:
+            raw = raw[0]
+        if not isinstance(raw, str) or not raw:
+            fail(f.at("image"), "must be the name of the image column", raw)
+        return (raw,)
+    items = raw.split(";") if isinstance(raw, str) else raw
+    if (
+        not isinstance(items, (list, tuple))
+        or not items
+        or not all(isinstance(x, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", x) for x in items)
+    ):
+        fail(f.at("image"), "must be file extensions, e.g. [jpg, png] or 'jpg;png'", raw)
+    return tuple(x.lower().lstrip(".") for x in items)
 
 
 def resolve_path(path: str, base_dir: str | os.PathLike[str] | None, field: str = "path") -> str:

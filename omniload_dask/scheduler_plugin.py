@@ -24,7 +24,7 @@ import numpy as np
 from distributed import Client, Future
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from . import _dask, tasks
+from . import _dask, autoscale, tasks
 from .checkpoint import (
     Checkpoint,
     CheckpointWriter,
@@ -64,6 +64,8 @@ class _Job:
         self.batches_built = 0
         self.read_seconds: defaultdict[int, float] = defaultdict(float)
         self.reads_done: defaultdict[int, int] = defaultdict(int)
+        self.images_read: defaultdict[int, int] = defaultdict(int)
+        self.bad_images: defaultdict[int, int] = defaultdict(int)
         self.monitor = JobMonitor(len(plan.sources), self.started)
         self.writer: CheckpointWriter | None = None
         self.checkpoint_error: str | None = None
@@ -103,6 +105,7 @@ class OmniloadPlugin(SchedulerPlugin):
             "mixture": self.mixture,
             "stats": self.stats,
             "steps": self.steps,
+            "workers_wanted": self.workers_wanted,
             "jobs": self.list_jobs,
             "stop": self.stop_job,
             "flush_checkpoint": self.flush_checkpoint,
@@ -147,6 +150,9 @@ class OmniloadPlugin(SchedulerPlugin):
         elif finish == "memory" and key.startswith("omniload-batch-"):
             if not key.rsplit("-", 1)[-1].startswith("cp"):  # slices are not constructions
                 job.batches_built += 1
+                seconds = _dask.task_duration(kwargs)
+                if seconds is not None:
+                    job.coord.on_construct(seconds)
             if job.plan.loader.standby and key in job.futures:
                 self._keep_standby(key)
         elif finish == "erred":
@@ -159,6 +165,19 @@ class OmniloadPlugin(SchedulerPlugin):
     def update_graph(self, scheduler: Any, **kwargs: Any) -> None:
         for job in self.jobs.values():
             job.notify()
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        self._workers_changed()
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self._workers_changed()
+
+    def _workers_changed(self) -> None:
+        """Read quotas count worker threads: tell every job (``cluster.scale`` and losses)."""
+        workers, threads = _dask.worker_threads(self.scheduler)
+        for job in self.jobs.values():
+            job.coord.on_workers(workers, threads)
+            self._poke(job)
 
     # ------------------------------------------------------------------ handlers
     async def start_job(
@@ -233,6 +252,8 @@ class OmniloadPlugin(SchedulerPlugin):
             "resumed": state is not None,
         }
         job = _Job(parsed, coord, info)
+        if _dask.worker_threads(self.scheduler)[1]:
+            coord.on_workers(*_dask.worker_threads(self.scheduler))
         job.writer = writer
         self.jobs[parsed.name] = job
         self._runs[run_id] = parsed.name
@@ -318,7 +339,7 @@ class OmniloadPlugin(SchedulerPlugin):
         run = self._job(job)
         new = parse_plan(plan)
         old = run.plan
-        for field in ("seed", "tokenizer", "batch", "layout", "cost", "on_error"):
+        for field in ("seed", "tokenizer", "batch", "layout", "cost", "on_error", "images"):
             if getattr(new, field) != getattr(old, field):
                 raise JobError(
                     f"update_plan: {field} cannot change while the job runs (start a new job)"
@@ -328,14 +349,15 @@ class OmniloadPlugin(SchedulerPlugin):
         live = {s.spec.name: s for s in run.coord.streams if not s.retired}
         for spec in new.sources:
             stream = live.get(spec.name)
-            if stream is not None and (stream.spec.paths, stream.spec.format, stream.spec.text) != (
-                spec.paths,
-                spec.format,
-                spec.text,
-            ):
+            if stream is not None and (
+                stream.spec.paths,
+                stream.spec.format,
+                stream.spec.text,
+                stream.spec.image,
+            ) != (spec.paths, spec.format, spec.text, spec.image):
                 raise JobError(
-                    f"update_plan: source {spec.name!r} changed its path, format or "
-                    "text field; add it under a new name instead"
+                    f"update_plan: source {spec.name!r} changed its path, format, "
+                    "text or image field; add it under a new name instead"
                 )
         added = [s for s in new.sources if s.name not in live]
         removed = [n for n in live if n not in new.source_names]
@@ -415,6 +437,8 @@ class OmniloadPlugin(SchedulerPlugin):
             src["tokenize_seconds"] = round(float(mon.tokenize_seconds[i]), 4)
             src["records_per_s"] = float(records_rate[i])
             src["tokens_per_s"] = float(tokens_rate[i])
+            src["images_read"] = run.images_read[i]
+            src["bad_images"] = run.bad_images[i]
         for rank, state in out["ranks"].items():
             fed = mon.feeders.get(int(rank))
             if fed is not None:
@@ -444,6 +468,29 @@ class OmniloadPlugin(SchedulerPlugin):
         out["checkpoint"] = run.writer.stats() if run.writer is not None else None
         if run.checkpoint_error:
             out["checkpoint_error"] = run.checkpoint_error
+        return out
+
+    def workers_wanted(self, job: str | None = None) -> dict[str, Any]:
+        """Workers that keep the job's trainers fed (every job's if none is named): what
+        :class:`~omniload_dask.adaptive.OmniloadAdaptive` offers Dask's adaptive scaling."""
+        runs = [self._job(job)] if job is not None else list(self.jobs.values())
+        workers, threads = _dask.worker_threads(self.scheduler)
+        per_worker = threads / workers if workers else 1.0
+        now = time.time()
+        out: dict[str, Any] = {"workers": workers, "wanted": 0, "jobs": {}}
+        for run in runs:
+            work = run.coord.work_per_step()
+            rate = run.monitor.steps_per_second(now)
+            waits = [f.wait_p50 for f in run.monitor.feeders.values() if f.wait_p50 is not None]
+            wait = max(waits, default=0.0) * run.plan.batch.micro_batches
+            wanted = autoscale.recommend_workers(work, rate, wait, per_worker, workers)
+            out["jobs"][run.plan.name] = {
+                "wanted": wanted,
+                "work_per_step": work,
+                "steps_per_second": rate,
+                "wait_per_step": wait,
+            }
+            out["wanted"] = max(out["wanted"], wanted)
         return out
 
     def steps(self, job: str, start: int = 0) -> list[dict[str, Any]]:
@@ -542,7 +589,11 @@ class OmniloadPlugin(SchedulerPlugin):
             for i, spec in enumerate(plan.sources)
         ]
         tok = client.submit(
-            tasks.check_tokenizer, plan.tokenizer, key=f"omniload-tokenizer-{run_id}", priority=100
+            tasks.check_tokenizer,
+            plan.tokenizer,
+            plan.images,
+            key=f"omniload-tokenizer-{run_id}",
+            priority=100,
         )
         try:
             results = await asyncio.wait_for(client.gather([*futures, tok]), DISCOVERY_TIMEOUT)
@@ -565,12 +616,25 @@ class OmniloadPlugin(SchedulerPlugin):
         seconds: float | None,
     ) -> None:
         lengths = np.frombuffer(meta["lengths"], dtype=np.int32)
-        job.coord.on_report(key, lengths, int(meta["skipped"]))
+        patches = meta.get("patches")
+        job.coord.on_report(
+            key,
+            lengths,
+            int(meta["skipped"]),
+            seconds=seconds,
+            records=meta.get("records"),
+            patches=np.frombuffer(patches, dtype=np.int64) if patches is not None else None,
+            patches_sq=(
+                np.frombuffer(meta["patches_sq"], dtype=np.int64) if patches is not None else None
+            ),
+        )
         source = int(key.split("-")[3])
         if source < len(job.coord.streams):
             job.monitor.grow(len(job.coord.streams))
             job.bad[source].extend(meta.get("bad") or [])
             job.reads_done[source] += 1
+            job.images_read[source] += int(meta.get("images", 0))
+            job.bad_images[source] += int(meta.get("bad_images", 0))
             job.read_seconds[source] += seconds or 0.0
             job.monitor.on_read(
                 source,
@@ -665,6 +729,7 @@ class OmniloadPlugin(SchedulerPlugin):
             r.file_url,
             r.start,
             r.stop,
+            images=plan.images,
             key=r.key,
             retries=plan.loader.read_retries,
             priority=READ_PRIORITY,

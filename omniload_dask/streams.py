@@ -9,6 +9,10 @@ The stream of source s in epoch e is fixed by the seed alone::
 The cursor ``(epoch, position, row)`` is the whole consumption state. Record counts per unit
 are learned when the unit's read task reports, so the stream is only known up to the first unit
 that has not reported yet; :meth:`SourceStream.candidates` says how far it is known.
+
+A unit may be read in several parts (tasks over sub-ranges that together hold its records in
+file order, see :mod:`.autoscale`); it is known once every part has reported, and its rows are
+then numbered across the parts exactly as if it had been read whole.
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ UnitRef = tuple[int, int]  # (epoch, position in that epoch's unit order)
 
 @dataclass
 class Unit:
-    """A submitted read unit; ``lengths``/``order`` arrive with its read task's report."""
+    """A submitted read unit; ``lengths``/``order`` arrive with its read tasks' reports.
+
+    ``extra`` is a cost per record beyond its tokens' (image encoder terms), when the source
+    reports one. With ``parts > 1`` the unit is read by tasks ``keys[p]``; ``bounds`` numbers
+    their records: part p holds the unit's rows ``bounds[p]:bounds[p + 1]``.
+    """
 
     key: str
     epoch: int
@@ -38,6 +47,33 @@ class Unit:
     lengths: np.ndarray | None = None
     order: np.ndarray | None = None
     skipped: int = 0
+    extra: np.ndarray | None = None
+    parts: int = 1
+    part_sizes: tuple[int, ...] = ()
+    bounds: np.ndarray | None = None
+    _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None]] = field(
+        default_factory=dict, repr=False
+    )
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys of its read tasks (the unit's own key when it is read whole)."""
+        if self.parts == 1:
+            return (self.key,)
+        return tuple(f"{self.key}-p{p}" for p in range(self.parts))
+
+    @property
+    def pending(self) -> int:
+        """Read tasks of this unit that have not reported yet."""
+        return 0 if self.lengths is not None else self.parts - len(self._reported)
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(part, row within the part)`` of the unit's ``rows``."""
+        if self.parts == 1 or self.bounds is None:
+            return np.zeros(len(rows), dtype=np.int64), rows
+        part = np.searchsorted(self.bounds, rows, side="right") - 1
+        return part, rows - self.bounds[part]
+
     _capped: tuple[int, int] | None = None
 
     def capped_tokens(self, cap: int) -> int:
@@ -148,14 +184,38 @@ class SourceStream:
         """Units submitted from the cursor's unit on (the read-ahead window in use)."""
         return sum(1 for ref in self.units if ref >= (self.epoch, self.position))
 
-    def report(self, ref: UnitRef, lengths: np.ndarray, skipped: int) -> bool:
-        """A read task reported; returns False if the unit is no longer tracked."""
+    def pending_reads(self) -> int:
+        """Read tasks submitted and not reported yet (what the in-flight quota counts)."""
+        return sum(unit.pending for unit in self.units.values())
+
+    def report(
+        self,
+        ref: UnitRef,
+        lengths: np.ndarray,
+        skipped: int,
+        part: int = 0,
+        extra: np.ndarray | None = None,
+    ) -> bool:
+        """A read task reported; returns False if the unit is no longer tracked.
+
+        A unit read in parts is complete (``lengths`` set) once all its parts have reported.
+        """
         unit = self.units.get(ref)
-        if unit is None or unit.lengths is not None:
+        if unit is None or unit.lengths is not None or part in unit._reported:
             return False
-        unit.lengths = np.asarray(lengths, dtype=np.int64)
+        unit._reported[part] = (np.asarray(lengths, dtype=np.int64), int(skipped), extra)
+        if len(unit._reported) < unit.parts:
+            return True
+        got = [unit._reported[p] for p in range(unit.parts)]
+        unit._reported = {}
+        unit.bounds = np.concatenate([[0], np.cumsum([len(g[0]) for g in got])]).astype(np.int64)
+        unit.lengths = np.concatenate([g[0] for g in got])
+        unit.skipped = sum(g[1] for g in got)
+        if any(g[2] is not None for g in got):
+            unit.extra = np.concatenate(
+                [g[2] if g[2] is not None else np.zeros(len(g[0])) for g in got]
+            ).astype(np.float64)
         unit.order = self.row_order(unit, len(unit.lengths))
-        unit.skipped = skipped
         self._cache = None
         self.version += 1
         return True

@@ -8,14 +8,15 @@ timing never changes the result.
 
 from __future__ import annotations
 
+import hashlib
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from . import tasks
-from .batches import GroupBatch, Shard
+from .batches import IMAGE_FIELDS, GroupBatch, Shard
 from .checkpoint import (
     CheckpointWriter,
     apply_new_plan,
@@ -42,9 +43,11 @@ class InlineDataPlane:
         shuffle_reports: int | None = None,
         build: bool = True,
         resume: bool | int | None = None,
+        timing: Callable[[Any, Shard], float] | None = None,
     ) -> None:
         self.plan = plan
         self.build = build
+        self.timing = timing  # seconds a read "took" (feeds the cost meters), or None
         saved = state = None
         sources = plan
         if resume is not None and resume is not False:
@@ -108,6 +111,7 @@ class InlineDataPlane:
             read.file_url,
             read.start,
             read.stop,
+            images=self.plan.images,
         )
         self.reads += 1
         self.shards[read.key] = shard
@@ -139,7 +143,10 @@ class InlineDataPlane:
             except OmniloadError as exc:  # what the plugin does with an erred read task
                 self.coord.on_failure(read.key, str(exc))
                 continue
-            self.coord.on_report(read.key, shard.lengths, shard.skipped)
+            seconds = self.timing(read, shard) if self.timing is not None else None
+            self.coord.on_report(
+                read.key, shard.lengths, shard.skipped, seconds=seconds, **tasks.report_of(shard)
+            )
 
     def step(self, step: int, ranks: list[int] | None = None) -> dict[int, GroupBatch]:
         """The whole batches of ``step`` for every DP group (every rank asks for one step)."""
@@ -190,13 +197,21 @@ class InlineDataPlane:
 
 
 def batch_digest(batch: GroupBatch) -> list[tuple[int, ...]]:
-    """A comparable summary: every micro-batch's tokens and provenance as tuples."""
+    """A comparable summary: every micro-batch's tokens and provenance as tuples (with images,
+    also a hash of its image fields: patches, grids and where their tokens sit)."""
     out = []
     for mb in batch.micro_batches:
+        images: tuple[int, ...] = ()
+        if "pixel_patches" in mb:
+            h = hashlib.sha256()
+            for key in IMAGE_FIELDS:
+                h.update(np.ascontiguousarray(np.asarray(mb[key])).tobytes())
+            images = (int.from_bytes(h.digest()[:8], "little"),)
         out.append(
             tuple(np.asarray(mb["input_ids"]).tolist())
             + tuple(np.asarray(mb["doc_id"]).tolist())
             + tuple(np.asarray(mb["cu_seqlens"]).tolist())
+            + images
         )
     return out
 

@@ -77,3 +77,49 @@ def plan_dict(sources: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]
         else:
             plan[key] = value
     return plan
+
+
+IMAGES = {"patch_size": 8, "merge": 2, "min_pixels": 1024, "max_pixels": 16384}
+
+
+def write_image_sources(root: Path) -> Path:
+    """Parquet with JPEG/PNG/WebP bytes (40 rows), two tar shards (30 + 20), and JSON Lines."""
+    from omniload_dask.demo_images import write_image_parquet, write_image_tar
+
+    write_image_parquet(root / "pq" / "a.parquet", 40, seed=1, row_group_size=16)
+    write_image_tar(root / "tar" / "a.tar", 30, seed=2)
+    write_image_tar(root / "tar" / "b.tar", 20, seed=3)
+    write_jsonl(root / "txt" / "a.jsonl", texts(120, seed=4))
+    return root
+
+
+def image_plan(root: Path, **overrides: Any) -> Any:
+    """Two image-text sources and one text source over :func:`write_image_sources`' files."""
+    from omniload_dask.plan import parse_plan
+
+    sources = [
+        {
+            "name": "cap",
+            "format": "parquet",
+            "path": str(root / "pq"),
+            "image": "image",
+            "text": "caption",
+            "weight": 1,
+        },
+        {
+            "name": "wds",
+            "format": "webdataset",
+            "path": str(root / "tar"),
+            "unit_records": 8,
+            "weight": 1,
+        },
+        {"name": "txt", "format": "jsonl", "path": str(root / "txt"), "weight": 1},
+    ]
+    data = plan_dict(
+        sources,
+        batch={"seq_len": 512, "micro_batches": 2, "global_tokens": 2048},
+        images=IMAGES,
+        cost={"encoder": {"linear": 1.0, "quadratic": 0.001}},
+    )
+    data.update(overrides)
+    return parse_plan(data)

@@ -22,6 +22,9 @@ PURE = [
     "errors",
     "sources",
     "preprocess.tokenize",
+    "preprocess.image",
+    "preprocess.interleave",
+    "autoscale",
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -168,3 +169,30 @@ def test_when_both_groups_are_full_only_an_exchange_moves_attention_cost():
     assert move is not None
     to_light, to_heavy, delta = move
     assert len(to_light) == 1 and length[to_heavy].sum() == SEQ and delta == gap / 2
+
+
+def test_hybrid_balance_beats_backbone_only_when_encoders_cost():
+    """Images add encoder cost per document: balancing on it (hybrid) evens the ranks' real
+    cost; balancing on the backbone alone leaves the encoder work where it falls."""
+    rng = np.random.default_rng(0)
+    n, groups = 256, 8
+    lengths = rng.integers(200, 400, n)
+    patches = np.where(rng.random(n) < 0.5, rng.integers(64, 1024, n), 0)
+    cost = CostModel(linear=1.0, quadratic=1e-4, encoder_linear=2.0, encoder_quadratic=2e-3)
+    extra = cost.encoder(patches)
+    buckets = [Bucket(4096, 4)]
+    bucket = np.zeros(n, dtype=np.int64)
+    hybrid = balance(lengths, bucket, buckets, groups, cost, extra=extra)
+    backbone = balance(lengths, bucket, buckets, groups, cost)
+
+    def true_efficiency(a):
+        first = a.start == 0
+        loads = np.bincount(a.group, cost(a.length) + np.where(first, extra[a.doc], 0.0), groups)
+        return loads.mean() / loads.max()
+
+    assert hybrid.efficiency == pytest.approx(true_efficiency(hybrid))
+    assert true_efficiency(hybrid) > 0.98
+    assert true_efficiency(hybrid) > true_efficiency(backbone) + 0.05
+    # Every document still placed whole and once, within the token limits.
+    assert sorted(hybrid.doc.tolist()) == list(range(n))
+    assert (hybrid.micro_tokens <= 4096).all()

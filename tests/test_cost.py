@@ -85,3 +85,21 @@ def test_bad_cost_fields_are_named(cost, message):
     with pytest.raises(PlanError) as info:
         parse_plan(plan_dict([SRC], cost=cost))
     assert message in str(info.value)
+
+
+def test_encoder_terms_from_the_plan_match_the_worked_example():
+    src = {"name": "s", "format": "parquet", "path": "/x/*.parquet", "image": "img"}
+    plan = parse_plan(
+        plan_dict(
+            [src],
+            cost={"linear": 1.0, "quadratic": 1e-4, "encoder": {"linear": 2.0, "quadratic": 1e-3}},
+        )
+    )
+    model = CostModel.from_spec(plan.cost)
+    assert model.has_encoder
+    # cost.py: 300 tokens with one image of 1024 patches -> 309 + 3096.6
+    assert model(np.array([300]))[0] == pytest.approx(309.0)
+    assert model.encoder_of(np.array([1024]), np.array([1024**2]))[0] == pytest.approx(3096.576)
+    # Two images of 100 and 300 patches in one document: the sums of P and P^2.
+    both = model.encoder_of(np.array([400]), np.array([100**2 + 300**2]))[0]
+    assert both == pytest.approx(float(model.encoder(np.array([100, 300])).sum()))

@@ -22,3 +22,20 @@ def test_tiny_training_example_runs_on_feeder_batches(tmp_path):
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", proc.stdout)]
     assert len(losses) == 3
     assert all(0 < x < 20 for x in losses)
+
+
+def test_tiny_vlm_example_scatters_image_tokens_from_feeder_batches():
+    from omniload_dask.demo import make_demo_data
+
+    make_demo_data(REPO / "plans" / "demo-data")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "train_tiny_vlm.py"), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = re.findall(r"loss (\d+\.\d+)  (\d+) images", proc.stdout)
+    assert len(steps) == 2
+    assert all(0 < float(loss) < 20 for loss, _ in steps)
+    assert sum(int(n) for _, n in steps) > 0

@@ -22,6 +22,28 @@ def test_every_plan_in_plans_folder_loads():
         assert plan.sources
 
 
+def test_image_plan_round_trips_and_fills_defaults():
+    plan = parse_plan(
+        plan_dict(
+            [
+                {**SRC, "format": "parquet", "image": "jpeg", "unit_records": 32},
+                {**SRC, "name": "tars", "format": "webdataset", "image": ["JPG", ".png"]},
+            ],
+            cost={"encoder": {"model": {"hidden": 64, "layers": 2, "heads": 4}}},
+        )
+    )
+    assert plan.images is not None and plan.images.placeholder == 258
+    assert plan.sources[0].image == ("jpeg",) and plan.sources[0].unit_records == 32
+    assert plan.sources[1].image == ("jpg", "png") and plan.sources[1].text == "txt"
+    assert plan.sources[1].unit_records == 64
+    assert plan.cost.encoder_model == {"hidden": 64, "layers": 2, "heads": 4, "causal": False}
+    assert plan.cost.encoder_quadratic == 12 * 2 * 64  # bidirectional attention
+    again = parse_plan(plan.to_dict())
+    assert again == plan and again.stream_fingerprint() == plan.stream_fingerprint()
+    text_only = parse_plan(plan_dict([SRC]))
+    assert text_only.images is None and "images" not in text_only.to_dict()
+
+
 def test_resolved_plan_round_trips_through_to_dict():
     plan = parse_plan(plan_dict([SRC, {**SRC, "name": "b", "format": "parquet", "weight": 2}]))
     again = parse_plan(plan.to_dict())
@@ -133,6 +155,43 @@ def test_resolved_plan_round_trips_through_to_dict():
             {"layout": {"dp": 2, "order": "dp-tp-pp-cp", "rank_map": [[0, 0, 0, 0], [1, 0, 0, 0]]}},
             "layout.order: give order or rank_map, not both",
         ),
+        ({"sources": [{**SRC, "image": "img"}]}, "sources[0].image: images come from parquet"),
+        (
+            {"sources": [{**SRC, "format": "parquet", "image": "text"}]},
+            "sources[0].image: must be another column than sources[].text, got 'text'",
+        ),
+        (
+            {"sources": [{**SRC, "format": "webdataset", "image": "jpg;p g"}]},
+            "sources[0].image: must be file extensions",
+        ),
+        ({"sources": [{**SRC, "unit_records": 8}]}, "sources[0].unit_records: only applies to"),
+        ({"images": {"patch_size": 0}}, "images.patch_size: must be >= 1, got 0"),
+        (
+            {"images": {"merge": 2, "patch_size": 14, "min_pixels": 100}},
+            "images.min_pixels: must be >= 784",
+        ),
+        (
+            {"images": {"max_pixels": 1000, "min_pixels": 3136}},
+            "images.max_pixels: must be >= 3136",
+        ),
+        (
+            {"images": {"placeholder": 300}},
+            "images.placeholder: the byte tokenizer's image token is 258",
+        ),
+        (
+            {
+                "tokenizer": {"kind": "huggingface", "path": "t.json", "bos": "<s>", "eos": "</s>"},
+                "sources": [{**SRC, "format": "webdataset"}],
+            },
+            "images.placeholder: is required with a huggingface tokenizer",
+        ),
+        ({"cost": {"encoder": {"linear": -1}}}, "cost.encoder.linear: must be >= 0, got -1"),
+        (
+            {"cost": {"encoder": {"linear": 1, "model": {"hidden": 8, "layers": 1}}}},
+            "cost.encoder.linear: give linear/quadratic or model, not both",
+        ),
+        ({"loader": {"task_seconds": 0.001}}, "loader.task_seconds: must be 0 (never split)"),
+        ({"loader": {"quotas": "yes"}}, "loader.quotas: must be true or false"),
     ],
 )
 def test_bad_fields_are_named_with_path_and_value(change, message):

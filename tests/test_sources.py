@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -67,15 +68,51 @@ def test_jsonl_reads_plain_and_compressed(tmp_path, compression):
     assert offsets == sorted(offsets)
 
 
-def test_parquet_units_are_row_groups_and_offsets_are_row_numbers(tmp_path):
+def test_parquet_units_are_row_groups_as_row_ranges_and_offsets_are_row_numbers(tmp_path):
     docs = texts(50)
     write_parquet(tmp_path / "a.parquet", docs, row_group_size=16)
     sp = spec(str(tmp_path / "a.parquet"), fmt="parquet")
     cat = discover_source(sp)
-    assert cat.units.tolist() == [[0, 0, 1], [0, 1, 2], [0, 2, 3], [0, 3, 4]]
+    assert cat.units.tolist() == [[0, 0, 16], [0, 16, 32], [0, 32, 48], [0, 48, 50]]
     assert cat.rows.tolist() == [16, 16, 16, 2]
     got, offsets, _ = read_all(sp)
     assert got == docs and offsets == list(range(50))
+
+
+def test_parquet_unit_records_cut_row_groups_never_across_them(tmp_path):
+    docs = texts(50)
+    write_parquet(tmp_path / "a.parquet", docs, row_group_size=16)
+    sp = dataclasses.replace(spec(str(tmp_path / "a.parquet"), fmt="parquet"), unit_records=6)
+    cat = discover_source(sp)
+    assert cat.units[:4].tolist() == [[0, 0, 6], [0, 6, 12], [0, 12, 16], [0, 16, 22]]
+    assert int(cat.rows.sum()) == 50
+    got, offsets, _ = read_all(sp)
+    assert got == docs and offsets == list(range(50))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_parts_of_a_unit_hold_exactly_its_records_in_file_order(tmp_path, fmt):
+    docs = texts(300 if fmt == "parquet" else 3000, seed=5)
+    if fmt == "parquet":
+        write_parquet(tmp_path / "a.parquet", docs, row_group_size=100)
+        sp = spec(str(tmp_path / "a.parquet"), fmt="parquet")
+    else:
+        write_jsonl(tmp_path / "a.jsonl", docs)
+        sp = spec(str(tmp_path / "a.jsonl"), unit_bytes=3 * 65536)
+    cat = discover_source(sp)
+    for u in range(cat.num_units):
+        f, lo, hi = cat.units[u].tolist()
+        whole = read_unit_records(sp, cat.files[f], lo, hi)
+        for count in (2, 3, 7):
+            parts = cat.parts(u, count)
+            assert len(parts) == min(count, cat.max_parts(u))
+            texts_, offsets = [], []
+            for a, b in parts:
+                got = read_unit_records(sp, cat.files[f], a, b)
+                texts_ += got.texts
+                offsets += got.offsets.tolist()
+            assert texts_ == whole.texts and offsets == whole.offsets.tolist()
+    assert max(cat.max_parts(u) for u in range(cat.num_units)) >= 3
 
 
 def test_sample_ids_round_trip():

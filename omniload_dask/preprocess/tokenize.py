@@ -22,6 +22,7 @@ from ..errors import TokenizerError
 from ..plan import TokenizerSpec
 
 BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 258
+BYTE_IMAGE = 258  # the byte tokenizer's image placeholder (vocabulary 259 with images)
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,16 @@ class TokenizerInfo:
 class _Encoder(Protocol):
     info: TokenizerInfo
 
+    def token_id(self, token: str | int) -> int | None: ...
+
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class ByteTokenizer:
     info = TokenizerInfo(vocab_size=BYTE_VOCAB, bos_id=BYTE_BOS, eos_id=BYTE_EOS)
+
+    def token_id(self, token: str | int) -> int | None:
+        return BYTE_IMAGE if token == BYTE_IMAGE else None
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         encoded = [t.encode("utf-8") for t in texts]
@@ -82,6 +88,12 @@ class HuggingFaceTokenizer:
                 f"tokenizer.{field}: token {token!r} is not in the vocabulary of {spec.path!r}"
             )
         return int(token_id)
+
+    def token_id(self, token: str | int) -> int | None:
+        if isinstance(token, int):
+            return token if 0 <= token < self.info.vocab_size else None
+        found = self._tok.token_to_id(token)
+        return None if found is None else int(found)
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         encodings = self._tok.encode_batch(texts, add_special_tokens=False)
@@ -154,7 +166,31 @@ def add_specials(
     return out, offsets
 
 
-def describe(spec: TokenizerSpec) -> dict[str, Any]:
-    """Load the tokenizer and report its vocabulary and special ids (start-up check)."""
+def image_token_id(spec: TokenizerSpec, token: str | int) -> int:
+    """The id of the image placeholder ``token`` (``images.placeholder``)."""
+    encoder = load_tokenizer(spec)
+    found = encoder.token_id(token)
+    if found is None:
+        where = f"of {spec.path!r}" if spec.path else "of the byte tokenizer"
+        raise TokenizerError(
+            f"images.placeholder: token {token!r} is not in the vocabulary {where}"
+        )
+    return found
+
+
+def describe(spec: TokenizerSpec, placeholder: str | int | None = None) -> dict[str, Any]:
+    """Load the tokenizer and report its vocabulary and special ids (start-up check).
+
+    With ``placeholder`` (plans with images) also the image token's id.
+    """
     info = load_tokenizer(spec).info
-    return {"vocab_size": info.vocab_size, "bos_id": info.bos_id, "eos_id": info.eos_id}
+    out: dict[str, Any] = {
+        "vocab_size": info.vocab_size,
+        "bos_id": info.bos_id,
+        "eos_id": info.eos_id,
+    }
+    if placeholder is not None:
+        out["image_token_id"] = image_token_id(spec, placeholder)
+        if spec.kind == "byte":
+            out["vocab_size"] = BYTE_VOCAB + 1
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,12 +18,35 @@ from .ids import MAX_FILES
 _GLOB_CHARS = set("*?[")
 
 
+SPLIT_KINDS = ("none", "rows", "bytes", "marks")
+MIN_PART_BYTES = 64 * 1024  # a byte-range part is at least this long
+
+
+@dataclass(frozen=True)
+class Units:
+    """What a format's ``units()`` returns: the read units and how a unit may be split.
+
+    ``table`` rows are ``(file index, start, stop)``; ``rows`` the records per unit where known
+    up front, else -1. ``split`` says how :meth:`Catalog.parts` cuts a unit into smaller reads
+    with the same records: ``rows`` (start/stop are row numbers), ``bytes`` (byte ranges whose
+    records are those starting inside, as JSON Lines), ``marks`` (records start at the byte
+    offsets ``marks[mark_index[u]:mark_index[u + 1]]``), or ``none``.
+    """
+
+    table: np.ndarray
+    rows: np.ndarray
+    split: str = "none"
+    marks: np.ndarray | None = None
+    mark_index: np.ndarray | None = None
+
+
 @dataclass(frozen=True)
 class Catalog:
     """What discovery found for one source: its files and read units, in a fixed order.
 
     ``units`` is an int64 array of rows ``(file index, start, stop)``. ``rows`` holds the number
-    of records per unit where the format knows it up front (Parquet), else -1.
+    of records per unit where the format knows it up front (Parquet, tar shards), else -1.
+    A unit can be read in parts (:meth:`parts`); which records it holds never depends on that.
     """
 
     source: str
@@ -30,19 +54,63 @@ class Catalog:
     units: np.ndarray
     rows: np.ndarray
     total_bytes: int = 0
+    split: str = "none"
+    marks: np.ndarray | None = None
+    mark_index: np.ndarray | None = None
 
     @property
     def num_units(self) -> int:
         return len(self.units)
 
+    def size(self, u: int) -> int:
+        """What a unit's read cost is measured per: its records if known, else its bytes."""
+        if self.rows[u] >= 0:
+            return int(self.rows[u])
+        _, start, stop = (int(v) for v in self.units[u])
+        return max(1, stop - start) if stop >= 0 else 1
+
+    def max_parts(self, u: int) -> int:
+        """How many parts unit ``u`` can be read in (1: it cannot be split)."""
+        _, start, stop = (int(v) for v in self.units[u])
+        if self.split in ("rows", "marks"):
+            return max(1, int(self.rows[u]))
+        if self.split == "bytes" and stop >= 0:
+            return max(1, (stop - start) // MIN_PART_BYTES)
+        return 1
+
+    def parts(self, u: int, count: int) -> list[tuple[int, int]]:
+        """``(start, stop)`` of each of ``count`` reads that together hold unit ``u``'s records,
+        in file order (``count`` is capped by :meth:`max_parts`)::
+
+            rows   unit (f, 100, 164), 2 parts -> (100, 132), (132, 164)
+            bytes  unit (f, 0, 4096), 2 parts  -> (0, 2048), (2048, 4096)
+            marks  records at 0, 700, 1900 of unit (f, 0, 2400), 2 parts -> (0, 700), (700, 2400)
+        """
+        _, start, stop = (int(v) for v in self.units[u])
+        count = max(1, min(int(count), self.max_parts(u)))
+        if count == 1:
+            return [(start, stop)]
+        if self.split == "rows" or self.split == "bytes":
+            cuts = [start + p * (stop - start) // count for p in range(count + 1)]
+        else:  # marks
+            assert self.marks is not None and self.mark_index is not None
+            first, last = int(self.mark_index[u]), int(self.mark_index[u + 1])
+            n = last - first
+            cuts = [int(self.marks[first + p * n // count]) for p in range(count)] + [stop]
+        return list(itertools.pairwise(cuts))
+
 
 @dataclass
 class RawRecords:
-    """Texts of one read unit in file order, with their offsets and the records that failed."""
+    """Records of one read unit in file order: texts, offsets, and the records that failed.
+
+    ``images`` (image-text sources) holds each record's encoded images, in order.
+    """
 
     texts: list[str]
     offsets: np.ndarray
     bad: list[tuple[int, str]] = field(default_factory=list)
+    images: list[list[bytes]] | None = None
 
 
 class SourceFormat(Protocol):
@@ -57,7 +125,7 @@ class SourceFormat(Protocol):
         fs: Any,
         files: list[str],
         sizes: list[int],
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> Units:
         """Split files into read units; check each file (schema, footer) on the way."""
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
@@ -65,9 +133,13 @@ class SourceFormat(Protocol):
 
 
 def _formats() -> Mapping[str, SourceFormat]:
-    from . import jsonl, parquet
+    from . import jsonl, parquet, webdataset
 
-    formats: dict[str, SourceFormat] = {"jsonl": jsonl.FORMAT, "parquet": parquet.FORMAT}
+    formats: dict[str, SourceFormat] = {
+        "jsonl": jsonl.FORMAT,
+        "parquet": parquet.FORMAT,
+        "webdataset": webdataset.FORMAT,
+    }
     return formats
 
 
@@ -133,9 +205,16 @@ def discover_source(spec: SourceSpec) -> Catalog:
     """List a source's files and split them into read units (runs on a worker)."""
     fmt = get_format(spec.format)
     fs, files, sizes = list_files(spec, fmt)
-    units, rows = fmt.units(spec, fs, files, sizes)
+    found = fmt.units(spec, fs, files, sizes)
     return Catalog(
-        source=spec.name, files=tuple(files), units=units, rows=rows, total_bytes=int(sum(sizes))
+        source=spec.name,
+        files=tuple(files),
+        units=found.table,
+        rows=found.rows,
+        total_bytes=int(sum(sizes)),
+        split=found.split,
+        marks=found.marks,
+        mark_index=found.mark_index,
     )
 
 

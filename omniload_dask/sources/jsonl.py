@@ -9,7 +9,8 @@ unit), so neighbouring units never share or drop a line::
     units   [0 ...... 16)  [16 ....... 32)
     unit 0 reads a, b (b starts at 7 <= 16); unit 1 reads c (starts at 22) and d.
 
-Compressed files cannot be entered in the middle, so each is one unit. A record's offset (and
+The same rule lets a unit be read in parts (byte sub-ranges) that together hold exactly its
+lines. Compressed files cannot be entered in the middle, so each is one unit, read whole. A record's offset (and
 so its sample id) is the byte offset of its line, in the decompressed stream where compressed.
 """
 
@@ -23,7 +24,7 @@ from fsspec.utils import infer_compression
 
 from ..errors import SourceError
 from ..plan import SourceSpec
-from .base import RawRecords, open_file
+from .base import RawRecords, Units, open_file
 from .ids import MAX_OFFSET
 
 _TAIL_CHUNK = 1 << 16
@@ -51,7 +52,7 @@ class JsonLines:
         fs: Any,
         files: list[str],
         sizes: list[int],
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> Units:
         rows: list[tuple[int, int, int]] = []
         for i, (url, size) in enumerate(zip(files, sizes, strict=True)):
             if infer_compression(url):
@@ -67,7 +68,7 @@ class JsonLines:
             )
         self._check_first_record(spec, fs, files)
         units = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-        return units, np.full(len(units), -1, dtype=np.int64)
+        return Units(units, np.full(len(units), -1, dtype=np.int64), split="bytes")
 
     def _check_first_record(self, spec: SourceSpec, fs: Any, files: list[str]) -> None:
         """Fail at start-up if the first record of the first file lacks the text field."""

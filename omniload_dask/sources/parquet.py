@@ -1,8 +1,17 @@
-"""Parquet: one read unit per row group; the text column is named by ``sources[].text``.
+"""Parquet: read units are runs of rows inside one row group; text and image columns by name.
+
+A unit is ``(file index, first row, stop row)`` in the file's row numbers: a whole row group,
+or with ``sources[].unit_records`` runs of at most that many rows of one row group::
+
+    row groups of 100 rows, unit_records 40 -> (0, 40) (40, 80) (80, 100) (100, 140) ...
 
 Discovery reads every file's footer once (row groups, row counts, schema), so a corrupt file or
-a missing or non-text column fails at start-up, naming the file. A record's offset is its row
+a missing or mistyped column fails at start-up, naming the file. A record's offset is its row
 number in the file.
+
+Image-text sources name the image column with ``sources[].image``. It may hold the encoded image
+(``binary``), a struct with a ``bytes`` field (the Hugging Face ``Image`` feature), or a list of
+either (several images per record, in order; an empty list is a text-only record).
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import pyarrow.parquet as pq
 
 from ..errors import SourceError
 from ..plan import SourceSpec
-from .base import RawRecords, open_file
+from .base import RawRecords, Units, open_file
 from .ids import MAX_OFFSET
 
 
@@ -29,21 +38,29 @@ class Parquet:
         fs: Any,
         files: list[str],
         sizes: list[int],
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> Units:
         units: list[tuple[int, int, int]] = []
-        rows: list[int] = []
         for i, url in enumerate(files):
             meta = self._footer(spec, fs, url)
-            _text_field(spec, url, meta.schema.to_arrow_schema())
+            schema = meta.schema.to_arrow_schema()
+            _text_field(spec, url, schema)
+            if spec.has_images:
+                _image_kind(spec, url, schema)
             if meta.num_rows >= MAX_OFFSET:
                 raise SourceError(
                     f"source {spec.name!r}: file {url!r} has {meta.num_rows} rows; "
                     f"at most {MAX_OFFSET - 1}"
                 )
+            first = 0
             for rg in range(meta.num_row_groups):
-                units.append((i, rg, rg + 1))
-                rows.append(meta.row_group(rg).num_rows)
-        return (np.asarray(units, dtype=np.int64).reshape(-1, 3), np.asarray(rows, dtype=np.int64))
+                n = meta.row_group(rg).num_rows
+                step = spec.unit_records or max(n, 1)
+                units.extend(
+                    (i, lo, min(lo + step, first + n)) for lo in range(first, first + n, step)
+                )
+                first += n
+        table = np.asarray(units, dtype=np.int64).reshape(-1, 3)
+        return Units(table, table[:, 2] - table[:, 1], split="rows")
 
     def _footer(self, spec: SourceSpec, fs: Any, url: str) -> pq.FileMetaData:
         try:
@@ -55,32 +72,87 @@ class Parquet:
             ) from None
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
+        """Rows ``[start, stop)`` of the file (they lie in one or more whole or part row groups)."""
         url = fs.unstrip_protocol(path)
+        columns = [spec.text, *spec.image]
         with open_file(fs, path) as f:
             pf = pq.ParquetFile(f)
             _text_field(spec, url, pf.schema_arrow)
-            first_row = sum(pf.metadata.row_group(g).num_rows for g in range(start))
-            table = pf.read_row_groups(list(range(start, stop)), columns=[spec.text])
-        column = table.column(0)
-        if pa.types.is_dictionary(column.type):
-            column = column.cast(column.type.value_type)
-        values = column.to_pylist()
-        texts: list[str] = []
-        offsets: list[int] = []
-        bad: list[tuple[int, str]] = []
-        for row, value in enumerate(values, start=first_row):
-            if value is None:
-                bad.append((row, f"column {spec.text!r} is null"))
-            elif isinstance(value, bytes):
-                try:
-                    texts.append(value.decode("utf-8"))
-                    offsets.append(row)
-                except UnicodeDecodeError as exc:
-                    bad.append((row, f"column {spec.text!r} is not UTF-8 ({exc})"))
-            else:
-                texts.append(value)
-                offsets.append(row)
-        return RawRecords(texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad)
+            if spec.has_images:
+                _image_kind(spec, url, pf.schema_arrow)
+            meta = pf.metadata
+            bounds = np.cumsum(
+                [0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            )
+            first_group = int(np.searchsorted(bounds, start, side="right")) - 1
+            last_group = int(np.searchsorted(bounds, stop, side="left"))
+            table = pf.read_row_groups(list(range(first_group, last_group)), columns=columns)
+        table = table.slice(start - int(bounds[first_group]), stop - start)
+        texts, offsets, bad, keep = _texts(spec, table.column(0), start)
+        if not spec.has_images:
+            return RawRecords(texts=texts, offsets=offsets, bad=bad)
+        images, offsets, texts, bad = _images(spec, table.column(1), start, keep, texts, bad)
+        return RawRecords(texts=texts, offsets=offsets, bad=bad, images=images)
+
+
+def _texts(
+    spec: SourceSpec, column: Any, first_row: int
+) -> tuple[list[str], np.ndarray, list[tuple[int, str]], list[int]]:
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    texts: list[str] = []
+    rows: list[int] = []
+    bad: list[tuple[int, str]] = []
+    for row, value in enumerate(column.to_pylist(), start=first_row):
+        if value is None:
+            bad.append((row, f"column {spec.text!r} is null"))
+        elif isinstance(value, bytes):
+            try:
+                texts.append(value.decode("utf-8"))
+                rows.append(row)
+            except UnicodeDecodeError as exc:
+                bad.append((row, f"column {spec.text!r} is not UTF-8 ({exc})"))
+        else:
+            texts.append(value)
+            rows.append(row)
+    return texts, np.asarray(rows, dtype=np.int64), bad, [r - first_row for r in rows]
+
+
+def _images(
+    spec: SourceSpec,
+    column: Any,
+    first_row: int,
+    keep: list[int],
+    texts: list[str],
+    bad: list[tuple[int, str]],
+) -> tuple[list[list[bytes]], np.ndarray, list[str], list[tuple[int, str]]]:
+    """Each kept record's encoded images; records whose image cell is unusable become bad."""
+    name = spec.image[0]
+    values = column.to_pylist()
+    images: list[list[bytes]] = []
+    out_texts: list[str] = []
+    rows: list[int] = []
+    for text, index in zip(texts, keep, strict=True):
+        row = first_row + index
+        cell = values[index]
+        items = cell if isinstance(cell, list) else [cell]
+        blobs: list[bytes] = []
+        reason = None
+        for j, item in enumerate(items):
+            blob = item.get("bytes") if isinstance(item, dict) else item
+            if blob is None:
+                where = f"column {name!r}" + (f" item {j}" if isinstance(cell, list) else "")
+                reason = f"{where} holds no image bytes (null)"
+                break
+            blobs.append(blob)
+        if reason is not None:
+            bad.append((row, reason))
+            continue
+        images.append(blobs)
+        out_texts.append(text)
+        rows.append(row)
+    bad.sort()
+    return images, np.asarray(rows, dtype=np.int64), out_texts, bad
 
 
 def _text_field(spec: SourceSpec, url: str, schema: pa.Schema) -> pa.Field:
@@ -103,6 +175,32 @@ def _text_field(spec: SourceSpec, url: str, schema: pa.Schema) -> pa.Field:
             "expected a string column"
         )
     return field
+
+
+def _is_blob(kind: pa.DataType) -> bool:
+    if pa.types.is_struct(kind):
+        names = [kind.field(i).name for i in range(kind.num_fields)]
+        return "bytes" in names and _is_blob(kind.field("bytes").type)
+    return (
+        pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind)
+    )
+
+
+def _image_kind(spec: SourceSpec, url: str, schema: pa.Schema) -> None:
+    """Check the image column: binary, struct{bytes}, or a list of those."""
+    name = spec.image[0]
+    if name not in schema.names:
+        raise SourceError(
+            f"source {spec.name!r}: file {url!r} has no column {name!r} "
+            f"(columns: {', '.join(schema.names)}); set sources[].image"
+        )
+    kind = schema.field(name).type
+    inner = kind.value_type if pa.types.is_list(kind) or pa.types.is_large_list(kind) else kind
+    if not _is_blob(inner):
+        raise SourceError(
+            f"source {spec.name!r}: file {url!r}: column {name!r} has type {kind}, expected "
+            "encoded images: binary, struct<bytes: binary>, or a list of either"
+        )
 
 
 FORMAT = Parquet()
