@@ -14,6 +14,10 @@ here and depends only on the plan, the seed, t and the reported lengths, never o
 Tensor- and pipeline-parallel ranks of a group fetch the same key; context-parallel rank c
 fetches slice c, so no rank loads what a peer already loaded.
 
+The coordinator is assembled from parts, one concern each: live changes (:mod:`.plane_live`),
+read-ahead (:mod:`.plane_reads`) and figures (:mod:`.plane_figures`); its state as plain data
+for checkpoints is :mod:`.plane_state`, and its actions are in :mod:`.actions`.
+
 Read units are submitted ahead of need (a window per source that covers the steps drawn ahead),
 and released as soon as the cursor has passed them and their constructions are submitted. How
 they are read is sized from measured costs (:mod:`.autoscale`): a costly unit is read in parts,
@@ -23,66 +27,32 @@ and each source keeps at most its quota of reads in flight; neither changes the 
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import autoscale
+from .actions import Action, ReadSpec, Release, SubmitConstruct, SubmitRead
 from .autoscale import Meter
 from .balance import Assignment, Bucket, balance, route
 from .batches import Recipe
 from .cost import CostModel
 from .errors import JobError
 from .mixing import Mixer, NeedMore, WeightSchedule
-from .plan import Plan, SourceSpec, check_weights, source_dict
-from .plane_state import StateRecorder, catalog_fingerprint, restore, snapshot
+from .plan import Plan
+from .plane_figures import Figures, StepFigures
+from .plane_live import LiveChanges
+from .plane_reads import ReadAhead
+from .plane_state import StateRecorder, restore, snapshot
 from .sources import Catalog
 from .streams import Candidates, SourceStream, Unit, UnitRef
 
 __all__ = ["Coordinator", "ReadSpec", "Release", "SubmitConstruct", "SubmitRead"]
 
-MAX_UNITS_AHEAD = 256
 HISTORY = 4096
-
-
-@dataclass(frozen=True)
-class ReadSpec:
-    """Everything a read task needs; the key is deterministic within a run."""
-
-    key: str
-    source: int
-    file_index: int
-    file_url: str
-    start: int
-    stop: int
-
-
-@dataclass(frozen=True)
-class SubmitRead:
-    read: ReadSpec
-
-
-@dataclass(frozen=True)
-class SubmitConstruct:
-    """Build one group's batch; with ``slices``, also cut slice c of it under ``slices[c]``."""
-
-    key: str
-    recipe: Recipe
-    reads: tuple[ReadSpec, ...]  # in shard-slot order
-    slices: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Release:
-    keys: tuple[str, ...]
-
-
-Action = SubmitRead | SubmitConstruct | Release
 
 
 @dataclass
@@ -104,20 +74,7 @@ class _Rank:
     last_seen: float = 0.0
 
 
-@dataclass
-class StepFigures:
-    step: int
-    efficiency: float
-    num_micro_steps: int
-    tokens: int
-    documents: int
-    source_tokens: list[int] = field(default_factory=list)
-    source_documents: list[int] = field(default_factory=list)
-    target: list[float] = field(default_factory=list)  # weight shares the step was drawn with
-    cuts: int = 0
-
-
-class Coordinator:
+class Coordinator(LiveChanges, ReadAhead, Figures):
     """Single source of truth for cursors, the mix, and which batch each rank gets."""
 
     def __init__(
@@ -205,74 +162,6 @@ class Coordinator:
         return w
 
     # ---------------------------------------------------------------- live changes
-    def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> int:
-        """Change source weights from ``at_step`` (default: the first step not yet drawn).
-
-        Batches already drawn never change; the change is logged so a replay reproduces it.
-        Returns the step it takes effect at.
-        """
-        step = self._future_step(at_step, "set_weights")
-        live = [s.spec.name for s in self.streams if not s.retired]
-        clean = (
-            check_weights("weights", weights, live)
-            if any(v > 0 for v in _finite_values(weights))
-            else _zero_weights(weights, live)
-        )
-        trial = WeightSchedule(dict(self.schedule.base), self.schedule.spec)
-        trial.changes = [*self.schedule.changes, (step, clean)]
-        w = trial.at(self.names, step, self.tokens)
-        usable = [not (s.retired or s.exhausted) for s in self.streams]
-        if not any(w[i] > 0 for i in range(len(w)) if usable[i]):
-            raise JobError(
-                f"set_weights: {clean} would leave no source with a weight > 0 at step {step}"
-            )
-        self.schedule.change(step, clean)
-        self._log({"step": step, "kind": "weights", "weights": clean})
-        return step
-
-    def add_source(self, spec: SourceSpec, catalog: Catalog, at_step: int | None = None) -> int:
-        """Add (or bring back) a source from ``at_step`` on; returns that step."""
-        step = self._future_step(at_step, "add_source")
-        known = {s.spec.name: s for s in self.streams}
-        old = known.get(spec.name)
-        if old is not None and not old.retired:
-            raise JobError(f"add_source: source {spec.name!r} is already in the job")
-        if old is not None and (old.spec.paths, old.spec.format) != (spec.paths, spec.format):
-            raise JobError(
-                f"add_source: source {spec.name!r} was in the job with other paths or "
-                "format; add it under a new name"
-            )
-        self._pending.append((step, "add", (spec, catalog)))
-        self._pending.sort(key=lambda p: p[0])
-        self._log(
-            {
-                "step": step,
-                "kind": "add",
-                "source": spec.name,
-                "spec": source_dict(spec),
-                "catalog": catalog_fingerprint(catalog),
-            }
-        )
-        return step
-
-    def remove_source(self, name: str, at_step: int | None = None) -> int:
-        """Stop drawing from ``name`` from ``at_step`` on (its cursor is kept); returns it."""
-        step = self._future_step(at_step, "remove_source")
-        live = [s.spec.name for s in self.streams if not s.retired]
-        if name not in live:
-            raise JobError(
-                f"remove_source: no source {name!r} in the job (sources: {', '.join(live)})"
-            )
-        if len(live) == 1:
-            raise JobError(f"remove_source: {name!r} is the job's last source")
-        self._pending.append((step, "remove", name))
-        self._pending.sort(key=lambda p: p[0])
-        self._log({"step": step, "kind": "remove", "source": name})
-        return step
-
-    def _log(self, entry: dict[str, Any]) -> None:
-        self.log.append(entry)
-        self.recorder.log(entry)
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -299,54 +188,6 @@ class Coordinator:
     def take_deltas(self) -> list[dict[str, Any]]:
         """Deltas of the steps drawn (and changes logged) since the last call."""
         return self.recorder.take()
-
-    def _future_step(self, at_step: int | None, what: str) -> int:
-        if at_step is None:
-            return self.next_step
-        if isinstance(at_step, bool) or not isinstance(at_step, int):
-            raise JobError(f"{what}: at_step must be an integer, got {at_step!r}")
-        if at_step < self.next_step:
-            raise JobError(
-                f"{what}: step {at_step} is already drawn (the first step not yet "
-                f"drawn is {self.next_step}); batches already drawn never change"
-            )
-        return at_step
-
-    def _apply_pending(self, step: int) -> None:
-        while self._pending and self._pending[0][0] <= step:
-            _, kind, payload = self._pending.pop(0)
-            if kind == "add":
-                spec, catalog = payload
-                self._add_stream(spec, catalog)
-            else:
-                stream = self.streams[self.names.index(payload)]
-                stream.retired = True
-                dropped = list(stream.units.values())
-                for unit in dropped:
-                    self._forget(unit)
-                stream.units.clear()
-                stream._cache = None
-                stream.version += 1
-                stream.next_submit = (stream.epoch, stream.position)
-                if dropped:
-                    self._actions.append(Release(tuple(k for u in dropped for k in u.keys)))
-
-    def _add_stream(self, spec: SourceSpec, catalog: Catalog) -> None:
-        names = self.names
-        if spec.name in names:  # coming back: keep its cursor
-            stream = self.streams[names.index(spec.name)]
-            stream.retired = False
-            stream.spec = spec
-        else:
-            index = len(self.streams)
-            if index >= 1024:
-                raise JobError("add_source: at most 1024 sources per job")
-            self.streams.append(SourceStream(index, spec, catalog, self.plan.seed))
-            self.meters.append(Meter())
-            self.caps.append(self.plan.batch.document_cap_for(spec.name))
-            self.mixer.add_source()
-            self._active = np.append(self._active, False)
-        self.schedule.add_source(spec.name, spec.weight)
 
     # ---------------------------------------------------------------- events
     def on_report(
@@ -700,164 +541,6 @@ class Coordinator:
             reads.append(tuple(specs[u] for u in mine))
         return recipes, reads
 
-    def _record(
-        self,
-        step: int,
-        plan: Assignment,
-        lengths: np.ndarray,
-        source_tokens: np.ndarray,
-        sources: np.ndarray,
-    ) -> None:
-        efficiency = plan.efficiency
-        self.documents += len(lengths)
-        self.tokens += int(lengths.sum())
-        self.capacity_tokens += self.layout.dp * int(plan.micro_capacity.sum())
-        declared = sum(b.micro_batches for b in self.buckets)
-        self.extra_micro_steps += max(0, plan.num_micro_steps - declared)
-        self.cuts += plan.cuts
-        self.spilled += plan.spilled
-        self.steps_drawn += 1
-        self.efficiency_sum += efficiency
-        self.efficiency_min = min(self.efficiency_min, efficiency)
-        self.history.append(
-            StepFigures(
-                step=step,
-                efficiency=efficiency,
-                num_micro_steps=plan.num_micro_steps,
-                tokens=int(lengths.sum()),
-                documents=len(lengths),
-                source_tokens=source_tokens.astype(int).tolist(),
-                source_documents=np.bincount(sources, minlength=len(self.streams)).tolist(),
-                target=(self._step_weights / max(self._step_weights.sum(), 1e-300))
-                .round(6)
-                .tolist(),
-                cuts=plan.cuts,
-            )
-        )
-
-    def _read_spec(self, source: int, unit: Unit, part: int = 0) -> ReadSpec:
-        stream = self.streams[source]
-        f, lo, hi = (int(v) for v in stream.catalog.units[unit.catalog_index])
-        if unit.parts > 1:
-            lo, hi = stream.catalog.parts(unit.catalog_index, unit.parts)[part]
-        return ReadSpec(unit.keys[part], source, f, stream.catalog.files[f], lo, hi)
-
-    def _forget(self, unit: Unit) -> None:
-        for key in unit.keys:
-            self._keys.pop(key, None)
-            self._part_of.pop(key, None)
-
-    def _submit_reads(self) -> None:
-        # Read ahead for sources that take part now or within the lookahead (schedules).
-        horizon = self.next_step + self.plan.loader.lookahead
-        weights = np.maximum(self.weights_at(self.next_step), self.weights_at(horizon))
-        quota = self.read_quotas(weights) if self.plan.loader.quotas else None
-        total = float(weights.sum())
-        for i, stream in enumerate(self.streams):
-            if weights[i] <= 0:
-                continue
-            pending = stream.pending_reads()
-            limit = int(quota[i]) if quota is not None else -1
-            seen = (
-                stream.version,
-                weights[i],
-                total,
-                i in self._starved,
-                len(stream.units),
-                pending,  # a part of a unit reported (the quota has room)
-                limit,  # costs measured, weights or workers changed
-            )
-            if self._reads_seen.get(i) == seen:
-                continue  # nothing changed for this source since the last look
-            self._reads_seen[i] = seen
-            window = self._read_window(i, weights)
-            # A draw waiting on this source gets its next unknown unit even past the window
-            # and the quota.
-            need = stream.first_unknown() if i in self._starved else (-1, -1)
-            while True:
-                ref = stream.next_submit
-                ahead = stream.submitted_ahead()
-                if not stream.within_epochs(ref):
-                    break
-                if ahead >= MAX_UNITS_AHEAD or (ahead >= window and ref > need):
-                    break
-                if limit >= 0 and pending >= limit and ref > need:
-                    break
-                catalog_index = stream.catalog_index(ref)
-                unit = Unit(self.read_key(i, ref), ref[0], ref[1], catalog_index)
-                self._split(i, unit)
-                stream.units[ref] = unit
-                for p, key in enumerate(unit.keys):
-                    self._keys[key] = (i, ref)
-                    if unit.parts > 1:
-                        self._part_of[key] = (p, unit.part_sizes[p])
-                stream.next_submit = stream.successor(ref)
-                pending += unit.parts
-                for p in range(unit.parts):
-                    self._actions.append(SubmitRead(self._read_spec(i, unit, p)))
-
-    def _split(self, source: int, unit: Unit) -> None:
-        """Read ``unit`` in parts of about ``loader.task_seconds`` each (measured cost)."""
-        catalog = self.streams[source].catalog
-        u = unit.catalog_index
-        size = catalog.size(u)
-        parts = autoscale.part_count(
-            size, self.meters[source].per_size, self.plan.loader.task_seconds, catalog.max_parts(u)
-        )
-        self._last_parts[source] = parts
-        if parts > 1:
-            unit.parts = len(catalog.parts(u, parts))
-            n = unit.parts
-            unit.part_sizes = tuple((p + 1) * size // n - p * size // n for p in range(n))
-
-    def read_work(self, weights: np.ndarray) -> np.ndarray:
-        """Measured read seconds per step of each source at ``weights`` (NaN: not measured)."""
-        tokens, docs = self._budget()
-        total = weights.sum()
-        out = np.full(len(self.streams), np.nan)
-        for i, meter in enumerate(self.meters):
-            share = weights[i] / total if total > 0 else 0.0
-            if share <= 0:
-                out[i] = 0.0
-                continue
-            if tokens is not None and meter.per_token is not None:
-                out[i] = share * tokens * meter.per_token
-            elif docs is not None and meter.per_record is not None:
-                out[i] = share * docs * meter.per_record
-        return out
-
-    def read_quotas(self, weights: np.ndarray) -> np.ndarray:
-        """In-flight read tasks allowed per source (:func:`.autoscale.quotas`)."""
-        slots = max(1, self.plan.loader.reads_per_thread * max(self.threads, 1))
-        return autoscale.quotas(self.read_work(weights), slots)
-
-    def work_per_step(self) -> float | None:
-        """Measured worker seconds one step costs (reads of every source and constructions)."""
-        work = self.read_work(self.weights_at(self.next_step))
-        if not np.isfinite(work).all():
-            return None
-        per_construct = self.construct_meter.per_record or 0.0
-        return float(work.sum()) + per_construct * self.layout.dp
-
-    def _read_window(self, i: int, weights: np.ndarray) -> int:
-        """Units to keep submitted for source i: enough for the steps drawn ahead."""
-        loader = self.plan.loader
-        stream = self.streams[i]
-        known = [u for u in stream.units.values() if u.lengths is not None]
-        tokens, docs = self._budget()
-        share = weights[i] / weights.sum()
-        if not known:
-            return loader.read_ahead
-        if tokens is not None:
-            sizes = [u.capped_tokens(self.caps[i]) for u in known]
-            per_step = share * tokens
-        else:
-            sizes = [len(u.lengths) for u in known]  # type: ignore[arg-type]
-            per_step = share * docs
-        per_unit = max(1.0, float(np.mean(sizes)))
-        steps_ahead = loader.lookahead + loader.prefetch
-        return loader.read_ahead + math.ceil(per_step * steps_ahead / per_unit)
-
     def _hold(self, step: int, group: int, key: str) -> None:
         if (step, group) not in self.held:
             heapq.heappush(self._held_steps[group], step)
@@ -879,117 +562,3 @@ class Coordinator:
             self._actions.append(Release(tuple(keys)))
 
     # ---------------------------------------------------------------- figures
-    def stats(self) -> dict[str, Any]:
-        """Counters for feeders, the report and monitoring (plain data)."""
-        steps = self.steps_drawn
-        recent = list(self.history)[-64:]
-        weights = self.weights_at(self.next_step)
-        quotas = self.read_quotas(weights) if self.plan.loader.quotas else None
-        return {
-            "next_step": self.next_step,
-            "end_step": self.end_step,
-            "log": list(self.log),
-            "error": self.error,
-            "documents": self.documents,
-            "tokens": self.tokens,
-            "capacity_tokens": self.capacity_tokens,
-            "extra_micro_steps": self.extra_micro_steps,
-            "documents_cut": self.cuts,
-            "documents_spilled": self.spilled,
-            "steps_drawn": steps,
-            "efficiency_mean": self.efficiency_sum / steps if steps else None,
-            "efficiency_min": self.efficiency_min if steps else None,
-            "efficiency_recent": [round(f.efficiency, 4) for f in recent],
-            "planning_ms_p50": float(np.median(self.planning_ms)) if self.planning_ms else None,
-            "held_batches": len(self.held),
-            "units_in_flight": sum(len(s.units) for s in self.streams),
-            "ranks": {
-                r: {"position": s.position, "requested_end": s.requested_end}
-                for r, s in self.ranks.items()
-            },
-            "sources": [
-                {
-                    "name": s.spec.name,
-                    "weight": float(weights[i]),
-                    "epoch": s.epoch,
-                    "epochs": s.spec.epochs,
-                    "exhausted": s.exhausted,
-                    "retired": s.retired,
-                    "documents": s.docs,
-                    "tokens": s.tokens,
-                    "skipped": s.skipped,
-                    "truncated_tokens": s.truncated_tokens,
-                    "units_in_flight": len(s.units),
-                    "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
-                    "read_window": self._read_window(i, weights) if weights[i] > 0 else 0,
-                    "read_tasks_pending": s.pending_reads(),
-                    "quota": int(quotas[i]) if quotas is not None else None,
-                    "seconds_per_record": self.meters[i].per_record,
-                    "read_parts": self._last_parts.get(i, 1),
-                }
-                for i, s in enumerate(self.streams)
-            ],
-            "worker_threads": self.threads,
-            "work_per_step": self.work_per_step(),
-        }
-
-    def step_figures(self, start: int = 0) -> list[StepFigures]:
-        return [f for f in self.history if f.step >= start]
-
-    def mixture(self, window: int = 100) -> list[dict[str, Any]]:
-        """Per source: target and realised share, over the last ``window`` steps and overall.
-
-        Shares are of tokens or of documents, as the plan's ``mixing.by`` says; the target of a
-        window is the mean of its steps' normalised target weights.
-        """
-        by_tokens = self.plan.mixing_by == "tokens"
-        n = len(self.streams)
-        recent = list(self.history)[-window:]
-
-        def pad(values: list[Any]) -> np.ndarray:
-            return np.asarray(list(values) + [0] * (n - len(values)), dtype=np.float64)
-
-        got = np.zeros(n)
-        target = np.zeros(n)
-        for f in recent:
-            got += pad(f.source_tokens if by_tokens else f.source_documents)
-            target += pad(f.target)
-        total = np.asarray([s.tokens if by_tokens else s.docs for s in self.streams], float)
-        now = self.weights_at(self.next_step)
-        out = []
-        for i, stream in enumerate(self.streams):
-            out.append(
-                {
-                    "name": stream.spec.name,
-                    "target_now": float(now[i] / now.sum()) if now.sum() else 0.0,
-                    "target_window": float(target[i] / len(recent)) if recent else 0.0,
-                    "realised_window": float(got[i] / got.sum()) if got.sum() else 0.0,
-                    "realised_total": float(total[i] / total.sum()) if total.sum() else 0.0,
-                    "epoch": stream.epoch,
-                    "exhausted": stream.exhausted,
-                    "retired": stream.retired,
-                }
-            )
-        return out
-
-
-def _finite_values(weights: dict[str, Any]) -> list[float]:
-    return [
-        float(v)
-        for v in weights.values()
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    ]
-
-
-def _zero_weights(weights: dict[str, Any], names: list[str]) -> dict[str, float]:
-    """Validate a change that only sets weights to 0 (allowed if others stay positive)."""
-    from ._validate import check_number
-
-    if not weights:
-        raise JobError("set_weights: give at least one source weight")
-    out = {}
-    for name, value in weights.items():
-        if name not in names:
-            raise JobError(f"weights.{name}: unknown source (sources: {', '.join(names)})")
-        out[str(name)] = check_number(f"weights.{name}", value, min=0)
-    return out

@@ -25,6 +25,7 @@ from distributed import Client, Future
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from . import _dask, autoscale, tasks
+from .actions import ReadSpec, Release, SubmitConstruct, SubmitRead
 from .checkpoint import (
     Checkpoint,
     CheckpointWriter,
@@ -33,7 +34,7 @@ from .checkpoint import (
     load_for_resume,
     registry_plan,
 )
-from .coordinator import Coordinator, ReadSpec, Release, SubmitConstruct, SubmitRead
+from .coordinator import Coordinator
 from .errors import CheckpointError, JobError, MissingJobError, OmniloadError
 from .monitoring import JobMonitor, realised_shares
 from .plan import Plan, parse_plan

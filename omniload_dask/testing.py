@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import tasks
+from .actions import Release, SubmitConstruct, SubmitRead
 from .batches import IMAGE_FIELDS, GroupBatch, Shard
 from .checkpoint import (
     CheckpointWriter,
@@ -24,7 +25,7 @@ from .checkpoint import (
     load_for_resume,
     registry_plan,
 )
-from .coordinator import Coordinator, Release, SubmitConstruct, SubmitRead
+from .coordinator import Coordinator
 from .errors import JobError, OmniloadError
 from .plan import Plan
 
