@@ -74,10 +74,29 @@ def worker_count(scheduler: Any) -> int:
     return len(scheduler.workers)
 
 
+READ_RESOURCE = "omniload-read"
+
+
 def worker_threads(scheduler: Any) -> tuple[int, int]:
-    """``(workers, threads)`` the scheduler has now."""
+    """``(workers, read slots)``: threads, or the read resource where every worker has it."""
     workers = getattr(scheduler, "workers", None) or {}
+    if read_resource(scheduler):
+        return len(workers), sum(int(ws.resources[READ_RESOURCE]) for ws in workers.values())
     return len(workers), sum(int(getattr(ws, "nthreads", 1)) for ws in workers.values())
+
+
+def read_resource(scheduler: Any) -> bool:
+    """True when every worker offers the ``omniload-read`` resource (Dask worker resources).
+
+    Read tasks then ask for one unit of it, so a worker runs at most that many reads at once
+    and keeps its other threads for constructions, which are short and must not queue behind
+    a read. The embedded cluster sets this up; on other clusters start workers with
+    ``--resources omniload-read=1`` and one thread more than that.
+    """
+    workers = getattr(scheduler, "workers", None) or {}
+    return bool(workers) and all(
+        (getattr(ws, "resources", None) or {}).get(READ_RESOURCE, 0) > 0 for ws in workers.values()
+    )
 
 
 def inform_desire(client: Any, keys: list[str]) -> None:

@@ -21,8 +21,8 @@ the sample stream (that stays a function of plan, seed, step and weight log):
 Worked example, 8 slots (4 workers x 1 thread x 2), by documents, 64 documents per step::
 
     source   share   cost/doc   work/step            quota
-    text     0.5     1 ms       32 x 1 ms  = 32 ms   max(1, round(8 * 32 / 672)) = 1 (0.38)
-    images   0.5     20 ms      32 x 20 ms = 640 ms  round(8 * 640 / 672) = 8 (7.6)
+    text     0.5     1 ms       32 x 1 ms  = 32 ms   8 * 32 / 672 = 0.38 -> at least 1
+    images   0.5     20 ms      32 x 20 ms = 640 ms  8 * 640 / 672 = 7.62 -> the other 7
     read work 0.672 s per step; trainers taking 10 steps/s -> 6.72 thread-seconds per second,
     x 1.2 headroom -> 9 workers of 1 thread
 """
@@ -90,21 +90,43 @@ def part_count(size: int, per_size: float | None, target: float, max_parts: int)
 
 
 def quotas(work: np.ndarray, slots: int) -> np.ndarray:
-    """In-flight reads per source: ``slots`` shared in proportion to ``work`` (at least 1 each).
+    """In-flight reads per source: ``slots`` shared in proportion to ``work``, at least 1 each.
 
     ``work[i]`` is source i's read seconds per step (0 for sources not read now; NaN when not
     measured yet, which counts as the mean of the measured ones, or equal shares if none is).
+    The quotas add up to exactly ``slots`` (or to the number of sources read now, if that is
+    more): a source whose proportional share is under one slot gets one, the others share the
+    remaining slots in proportion, rounded by largest remainder (ties to the lower index).
     """
     work = np.asarray(work, dtype=np.float64)
     active = ~(work == 0)
+    out = np.zeros(len(work), dtype=np.int64)
+    n = int(active.sum())
+    if n == 0:
+        return out
     known = active & np.isfinite(work)
     fill = float(work[known].mean()) if known.any() else 1.0
     need = np.where(active, np.where(np.isfinite(work), work, fill), 0.0)
-    total = need.sum()
-    if total <= 0:
-        return np.zeros(len(work), dtype=np.int64)
-    out = np.maximum(1, np.round(slots * need / total)).astype(np.int64)
-    return np.where(active, out, 0)
+    # Sources whose share is under one slot get one; the others share what is left, again
+    # in proportion (repeated until every remaining share is at least one slot).
+    floor_one = np.zeros(len(work), dtype=bool)
+    while True:
+        rest = active & ~floor_one
+        room = max(int(slots) - int(floor_one.sum()), 0)
+        total = need[rest].sum()
+        ideal = np.where(rest, room * need / total if total > 0 else 0.0, 0.0)
+        small = rest & (ideal < 1)
+        if not small.any():
+            break
+        floor_one |= small
+    out[floor_one] = 1
+    out[rest] = np.floor(ideal[rest]).astype(np.int64)
+    left = int(slots) - int(out.sum())
+    if left > 0:
+        remainder = np.where(rest, ideal - np.floor(ideal), -1.0)
+        for i in np.argsort(-remainder, kind="stable")[:left]:
+            out[i] += 1
+    return out
 
 
 def recommend_workers(

@@ -43,11 +43,14 @@ def local_cluster(
     dashboard_address: str | None = ":0",
     **kwargs: Any,
 ) -> LocalCluster:
-    """The embedded cluster: worker processes, one thread each by default.
+    """The embedded cluster: worker processes with ``threads_per_worker`` read slots each.
 
+    Each worker also gets one more thread, for constructions: reads ask for the
+    ``omniload-read`` resource, so a short construction never waits behind a long read.
     ``dashboard_address=None`` turns the Bokeh dashboard off; the scheduler's small HTTP server
     (``/metrics``, ``/health``) then listens on a free port instead of 8787.
     """
+    kwargs.setdefault("resources", {"omniload-read": threads_per_worker})
     if dashboard_address is None:
         kwargs["scheduler_kwargs"] = {
             "dashboard_address": ":0",
@@ -56,7 +59,7 @@ def local_cluster(
     with dask.config.set(_DASK_CONFIG):
         return LocalCluster(
             n_workers=workers,
-            threads_per_worker=threads_per_worker,
+            threads_per_worker=threads_per_worker + 1,
             processes=processes,
             dashboard_address=dashboard_address,
             **kwargs,

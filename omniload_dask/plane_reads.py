@@ -65,9 +65,13 @@ class ReadAhead(PlaneBase):
                 ahead = stream.submitted_ahead()
                 if not stream.within_epochs(ref):
                     break
-                if ahead >= MAX_UNITS_AHEAD or (ahead >= window and ref > need):
+                # The window counts units read ahead (memory); reads in flight up to the quota
+                # come on top, so workers keep reading while trainers consume as fast as they
+                # can, and stop once the window is full of read units.
+                in_flight = limit if limit >= 0 else self.plan.loader.read_ahead
+                if ahead >= MAX_UNITS_AHEAD or (ahead >= window + in_flight and ref > need):
                     break
-                if limit >= 0 and pending >= limit and ref > need:
+                if (ahead - pending >= window or (limit >= 0 and pending >= limit)) and ref > need:
                     break
                 catalog_index = stream.catalog_index(ref)
                 unit = Unit(self.read_key(i, ref), ref[0], ref[1], catalog_index)

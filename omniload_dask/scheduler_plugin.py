@@ -717,9 +717,9 @@ class OmniloadPlugin(SchedulerPlugin):
         elif job.writer is not None and job.writer.pending():
             self._poke(job)  # more arrived meanwhile
 
-    @staticmethod
-    def _submit_read(client: Client, job: _Job, r: ReadSpec) -> Future:
+    def _submit_read(self, client: Client, job: _Job, r: ReadSpec) -> Future:
         plan = job.plan
+        resources = {_dask.READ_RESOURCE: 1} if _dask.read_resource(self.scheduler) else None
         return client.submit(
             tasks.read_unit,
             job.coord.streams[r.source].spec,
@@ -734,6 +734,7 @@ class OmniloadPlugin(SchedulerPlugin):
             key=r.key,
             retries=plan.loader.read_retries,
             priority=READ_PRIORITY,
+            resources=resources,
         )
 
     def _execute(self, job: _Job, actions: list[Any]) -> None:

@@ -44,12 +44,21 @@ def test_part_count_aims_at_the_target_task_time(size, per_size, target, cap, pa
 
 def test_quotas_follow_weight_times_cost():
     # The module docstring's example: text 32 ms, images 640 ms of reads per step, 8 slots.
-    assert quotas(np.array([0.032, 0.640]), 8).tolist() == [1, 8]
+    assert quotas(np.array([0.032, 0.640]), 8).tolist() == [1, 7]
     # Equal work, equal slots; a source not read now gets none; unmeasured counts as average.
     assert quotas(np.array([1.0, 1.0, 0.0]), 8).tolist() == [4, 4, 0]
     assert quotas(np.array([np.nan, 1.0, 3.0]), 12).tolist() == [4, 2, 6]
     assert quotas(np.array([np.nan, np.nan]), 4).tolist() == [2, 2]
     assert quotas(np.array([0.0, 0.0]), 4).tolist() == [0, 0]
+    # The quotas add up to the slots exactly, or to one per source read now when that is more.
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        work = rng.choice([0.0, np.nan, 0.001, 0.02, 0.5], size=int(rng.integers(1, 9)))
+        slots = int(rng.integers(1, 40))
+        q = quotas(work, slots)
+        active = int((work != 0).sum())
+        assert q.sum() == (max(slots, active) if active else 0)
+        assert ((q >= 1) == (work != 0)).all()
 
 
 def test_recommend_workers_from_work_and_the_trainers_pace():
@@ -101,7 +110,7 @@ def test_in_flight_reads_stay_within_quotas_that_follow_weight_times_cost(small_
         plane.step(t)
     stats = plane.coord.stats()["sources"]
     q = [s["quota"] for s in stats]
-    assert sum(q) <= 4 * plan.loader.reads_per_thread + len(q)
+    assert sum(q) == 4 * plan.loader.reads_per_thread
     work = plane.coord.read_work(plane.coord.weights_at(plane.coord.next_step))
     expect = quotas(work, 4 * plan.loader.reads_per_thread)
     assert q == expect.tolist()
@@ -123,7 +132,7 @@ def test_quotas_react_to_weight_changes_and_worker_counts(small_sources):
     assert after[2] > before[2] and after[0] <= before[0]
     coord.on_workers(8, 16)  # cluster.scale(8), two threads each
     scaled = coord.read_quotas(coord.weights_at(coord.next_step))
-    assert scaled.sum() >= 16 * plan.loader.reads_per_thread - 1 and scaled[2] > after[2]
+    assert scaled.sum() == 16 * plan.loader.reads_per_thread and scaled[2] > after[2]
     assert coord.stats()["worker_threads"] == 16
 
 
