@@ -44,6 +44,8 @@ __all__ = ["Assignment", "Bucket", "CostModel", "balance", "route", "split_docum
 
 REFINE_TOLERANCE = 2e-3  # stop once the heaviest group is within 0.2% of the mean
 REFINE_PARTNERS = 4  # lightest groups tried against the heaviest before giving up
+REFINE_PROGRESS = 1e-4  # a run of moves must lower the heaviest group by this fraction ...
+# ... within as many moves as there are groups (each move evens one heavy group), or it stops
 
 
 @dataclass(frozen=True)
@@ -492,10 +494,16 @@ def _refine(p: _Pieces, cap: np.ndarray, groups: int, max_moves: int | None = No
     tokens = tokens.reshape(groups, nb)
     touched = np.zeros(groups, dtype=bool)
     ids = np.arange(groups)
+    peak, stalled = float(load.max()), 0
     for _ in range(max_moves if max_moves is not None else 8 * groups + 64):
         heavy = int(np.argmax(load))
         if load[heavy] - load.mean() <= REFINE_TOLERANCE * load[heavy]:
             break
+        if load[heavy] < peak * (1 - REFINE_PROGRESS):
+            peak, stalled = float(load[heavy]), 0
+        elif stalled > max(groups, 4):
+            break  # tiny gains only: not worth the planning time
+        stalled += 1
         mine = np.flatnonzero(group == heavy)
         for light in np.lexsort((ids, load))[:REFINE_PARTNERS].tolist():
             gap = load[heavy] - load[light]
