@@ -9,7 +9,11 @@ In one run, on the same data and tokenizer:
    mixing, packing or transport; tokens/s = all tokens / the slowest process's time;
 2. omniload-dask: an embedded LocalCluster with ``workers`` worker processes and ``ranks``
    simulated trainer ranks (feeder threads consuming as fast as they can) drawing about the same
-   number of tokens; tokens/s over the steady phase (first batch to last) and overall.
+   number of tokens (twice that without ``--quick``); tokens/s from the first batch to the last,
+   over the second half of the delivered tokens (once every source's read-ahead window is full:
+   the start fills windows of whole read units, work that later steps consume), and overall.
+   Also the tokens the workers read against the tokens delivered (read-ahead still held at
+   the end of the run is read but not delivered).
 
 Also: time to first batch from launch (cluster start included) and the feeders' wait per
 micro-batch (p50/p99, warm: after the first 10% of micro-batches). Ends with ``RESULT {json}``.
@@ -118,12 +122,15 @@ def run_loader(plan_data: dict, target_tokens: int) -> dict:
     feeders = [job.feeder(rank=r, max_steps=steps, output="numpy") for r in range(ranks)]
     first = [None] * ranks
     tokens = np.zeros(ranks, dtype=np.int64)
+    marks: list[list[tuple[float, int]]] = [[] for _ in range(ranks)]
 
     def consume(r: int) -> None:
         for mb in feeders[r]:
+            now = time.perf_counter()
             if first[r] is None:
-                first[r] = time.perf_counter()
+                first[r] = now
             tokens[r] += int(mb["num_tokens"])
+            marks[r].append((now, int(mb["num_tokens"])))
 
     threads = [threading.Thread(target=consume, args=(r,)) for r in range(ranks)]
     for t in threads:
@@ -138,6 +145,12 @@ def run_loader(plan_data: dict, target_tokens: int) -> dict:
     job.close()
     first_batch = min(t for t in first if t is not None)
     total = int(tokens.sum())
+    timeline = np.array(sorted(m for rank in marks for m in rank))
+    cum = np.cumsum(timeline[:, 1])
+    half = int(np.searchsorted(cum, total / 2))
+    t_half = float(timeline[half, 0])
+    second_half = total - int(cum[half])
+    tokens_read = sum(int(s.get("tokens_read") or 0) for s in stats["sources"])
     return {
         "steps": steps,
         "ranks": ranks,
@@ -148,6 +161,8 @@ def run_loader(plan_data: dict, target_tokens: int) -> dict:
         "total_s": end - t_launch,
         "tokens_per_s_steady": total / (end - first_batch),
         "tokens_per_s_total": total / (end - t_launch),
+        "tokens_per_s_second_half": second_half / max(end - t_half, 1e-9),
+        "tokens_read": tokens_read,
         "wait_p50_ms": float(np.percentile(warm, 50) * 1e3),
         "wait_p99_ms": float(np.percentile(warm, 99) * 1e3),
         "wait_p50_ms_all": float(np.percentile(waits, 50) * 1e3),
@@ -171,7 +186,7 @@ def main() -> int:
 
     one = read_limit(plan_data, 1)
     limit = read_limit(plan_data, args.workers)
-    loader = run_loader(plan_data, limit["tokens"])
+    loader = run_loader(plan_data, limit["tokens"] * (1 if args.quick else 2))
     ratio = loader["tokens_per_s_steady"] / limit["tokens_per_s"]
     result = {
         "benchmark": "throughput",
@@ -184,6 +199,11 @@ def main() -> int:
         "loader_tokens_per_s_total": round(loader["tokens_per_s_total"]),
         "ratio_vs_limit": round(ratio, 3),
         "ratio_total_vs_limit": round(loader["tokens_per_s_total"] / limit["tokens_per_s"], 3),
+        "loader_tokens_per_s_second_half": round(loader["tokens_per_s_second_half"]),
+        "ratio_second_half_vs_limit": round(
+            loader["tokens_per_s_second_half"] / limit["tokens_per_s"], 3
+        ),
+        "tokens_read_per_delivered": round(loader["tokens_read"] / max(loader["tokens"], 1), 3),
         "first_batch_s": round(loader["first_batch_s"], 3),
         "startup_s": round(loader["startup_s"], 3),
         "wait_p50_ms": round(loader["wait_p50_ms"], 4),
@@ -202,7 +222,13 @@ def main() -> int:
         f"omniload-dask, {args.ranks} ranks, steady:        "
         f"{loader['tokens_per_s_steady']:>12,.0f} tokens/s  ({ratio:.2f} of the limit)"
     )
+    half = loader["tokens_per_s_second_half"]
+    print(
+        f"omniload-dask, second half of tokens:  {half:>12,.0f} tokens/s  "
+        f"({half / limit['tokens_per_s']:.2f} of the limit)"
+    )
     print(f"omniload-dask, including start-up:     {loader['tokens_per_s_total']:>12,.0f} tokens/s")
+    print(f"tokens read by workers per delivered:  {result['tokens_read_per_delivered']:>12.3f}")
     print(f"first batch after launch:              {loader['first_batch_s']:>12.2f} s")
     print(
         f"feeder wait (warm) p50 / p99:          {loader['wait_p50_ms']:>9.3f} ms / "
