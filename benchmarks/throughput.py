@@ -111,6 +111,22 @@ def read_limit(plan_data: dict, processes: int) -> dict:
     }
 
 
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU seconds so far of this process and of its child processes (the workers)."""
+    import psutil
+
+    me = psutil.Process()
+    own = me.cpu_times()
+    children = 0.0
+    for child in me.children(recursive=True):
+        try:
+            t = child.cpu_times()
+            children += t.user + t.system
+        except psutil.Error:
+            pass
+    return own.user + own.system, children
+
+
 def run_loader(plan_data: dict, target_tokens: int) -> dict:
     plan = parse_plan(plan_data)
     budget = plan.batch.global_tokens or 1
@@ -123,12 +139,17 @@ def run_loader(plan_data: dict, target_tokens: int) -> dict:
     first = [None] * ranks
     tokens = np.zeros(ranks, dtype=np.int64)
     marks: list[list[tuple[float, int]]] = [[] for _ in range(ranks)]
+    cpu_at_first: list[tuple[float, float, float]] = []
+    lock = threading.Lock()
 
     def consume(r: int) -> None:
         for mb in feeders[r]:
             now = time.perf_counter()
             if first[r] is None:
                 first[r] = now
+                with lock:
+                    if not cpu_at_first:
+                        cpu_at_first.append((now, *_cpu_seconds()))
             tokens[r] += int(mb["num_tokens"])
             marks[r].append((now, int(mb["num_tokens"])))
 
@@ -138,6 +159,7 @@ def run_loader(plan_data: dict, target_tokens: int) -> dict:
     for t in threads:
         t.join()
     end = time.perf_counter()
+    cpu_end = _cpu_seconds()
     waits = np.concatenate([np.asarray(f.waits) for f in feeders])
     per_rank_warm = [np.asarray(f.waits)[len(f.waits) // 10 :] for f in feeders]
     warm = np.concatenate(per_rank_warm)
@@ -163,6 +185,10 @@ def run_loader(plan_data: dict, target_tokens: int) -> dict:
         "tokens_per_s_total": total / (end - t_launch),
         "tokens_per_s_second_half": second_half / max(end - t_half, 1e-9),
         "tokens_read": tokens_read,
+        # CPU cores busy from the first batch to the end: this process (scheduler, data plane,
+        # feeders: the control plane shares the 2 cores with the workers here) and the workers.
+        "driver_cpu_cores": (cpu_end[0] - cpu_at_first[0][1]) / (end - cpu_at_first[0][0]),
+        "workers_cpu_cores": (cpu_end[1] - cpu_at_first[0][2]) / (end - cpu_at_first[0][0]),
         "wait_p50_ms": float(np.percentile(warm, 50) * 1e3),
         "wait_p99_ms": float(np.percentile(warm, 99) * 1e3),
         "wait_p50_ms_all": float(np.percentile(waits, 50) * 1e3),
@@ -203,6 +229,8 @@ def main() -> int:
         "ratio_second_half_vs_limit": round(
             loader["tokens_per_s_second_half"] / limit["tokens_per_s"], 3
         ),
+        "driver_cpu_cores": round(loader["driver_cpu_cores"], 2),
+        "workers_cpu_cores": round(loader["workers_cpu_cores"], 2),
         "tokens_read_per_delivered": round(loader["tokens_read"] / max(loader["tokens"], 1), 3),
         "first_batch_s": round(loader["first_batch_s"], 3),
         "startup_s": round(loader["startup_s"], 3),
@@ -229,6 +257,10 @@ def main() -> int:
     )
     print(f"omniload-dask, including start-up:     {loader['tokens_per_s_total']:>12,.0f} tokens/s")
     print(f"tokens read by workers per delivered:  {result['tokens_read_per_delivered']:>12.3f}")
+    print(
+        f"CPU cores busy (steady): driver {loader['driver_cpu_cores']:.2f} (scheduler, data "
+        f"plane, feeders), workers {loader['workers_cpu_cores']:.2f}"
+    )
     print(f"first batch after launch:              {loader['first_batch_s']:>12.2f} s")
     print(
         f"feeder wait (warm) p50 / p99:          {loader['wait_p50_ms']:>9.3f} ms / "
