@@ -33,7 +33,7 @@ import numpy as np
 
 from omniload_dask import Job, parse_plan
 from omniload_dask.checkpoint import Checkpoint
-from omniload_dask.demo import make_demo_data
+from omniload_dask.demo import demo_sources, demo_tokenizer, make_demo_data
 from omniload_dask.testing import InlineDataPlane
 
 
@@ -42,39 +42,12 @@ def demo_plan(data: Path, name: str, checkpoint: str | None, dp: int = 4) -> dic
         "version": 1,
         "name": name,
         "seed": 5,
-        "tokenizer": {
-            "kind": "huggingface",
-            "path": str(data / "tokenizer.json"),
-            "bos": "<s>",
-            "eos": "</s>",
-        },
+        "tokenizer": demo_tokenizer(data),
         "batch": {"seq_len": 2048, "micro_batches": 2, "global_tokens": 2048 * 2 * dp},
         "layout": {"dp": dp},
         "on_error": "skip",
         "loader": {"prefetch": 2},
-        "sources": [
-            {
-                "name": "web",
-                "format": "jsonl",
-                "path": str(data / "web" / "*.jsonl"),
-                "weight": 0.5,
-                "unit_bytes": "1MiB",
-            },
-            {
-                "name": "code",
-                "format": "jsonl",
-                "path": str(data / "code" / "*.jsonl.zst"),
-                "text": "content",
-                "weight": 0.3,
-            },
-            {
-                "name": "books",
-                "format": "parquet",
-                "path": str(data / "books" / "*.parquet"),
-                "text": "body",
-                "weight": 0.2,
-            },
-        ],
+        "sources": demo_sources(data, web_unit_bytes="1MiB"),
     }
     if checkpoint:
         plan["checkpoint"] = {"url": checkpoint, "flush_seconds": 1.0}

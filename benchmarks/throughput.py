@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from omniload_dask import Job, parse_plan, tasks
-from omniload_dask.demo import make_demo_data
+from omniload_dask.demo import demo_sources, demo_tokenizer, make_demo_data
 
 
 def bench_plan(data: Path, ranks: int, workers: int) -> dict:
@@ -42,39 +42,12 @@ def bench_plan(data: Path, ranks: int, workers: int) -> dict:
         "version": 1,
         "name": "bench",
         "seed": 1,
-        "tokenizer": {
-            "kind": "huggingface",
-            "path": str(data / "tokenizer.json"),
-            "bos": "<s>",
-            "eos": "</s>",
-        },
+        "tokenizer": demo_tokenizer(data),
         "batch": {"seq_len": 4096, "micro_batches": 2},
         "layout": {"dp": ranks},
         "on_error": "skip",
         "loader": {"workers": workers, "prefetch": 4, "lookahead": 4},
-        "sources": [
-            {
-                "name": "web",
-                "format": "jsonl",
-                "path": str(data / "web" / "*.jsonl"),
-                "weight": 0.5,
-                "unit_bytes": "2MiB",
-            },
-            {
-                "name": "code",
-                "format": "jsonl",
-                "path": str(data / "code" / "*.jsonl.zst"),
-                "text": "content",
-                "weight": 0.3,
-            },
-            {
-                "name": "books",
-                "format": "parquet",
-                "path": str(data / "books" / "*.parquet"),
-                "text": "body",
-                "weight": 0.2,
-            },
-        ],
+        "sources": demo_sources(data, web_unit_bytes="2MiB"),
     }
 
 

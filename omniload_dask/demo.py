@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-__all__ = ["make_demo_data"]
+__all__ = ["demo_sources", "demo_tokenizer", "make_demo_data"]
 
 SYLLABLES = [
     "ka",
@@ -66,6 +66,44 @@ def _text(rng: np.random.Generator, vocab: list[str], words: int, code: bool = F
         marks = rng.integers(0, len(PUNCT), words)
         tokens = [t + PUNCT[int(m)] if m < 8 else t for t, m in zip(tokens, marks, strict=True)]
     return " ".join(tokens)
+
+
+def demo_sources(folder: str | Path, web_unit_bytes: str = "2MiB") -> list[dict[str, object]]:
+    """Plan ``sources`` entries for the demo text sources in ``folder`` (weights 0.5/0.3/0.2)."""
+    folder = Path(folder)
+    return [
+        {
+            "name": "web",
+            "format": "jsonl",
+            "path": str(folder / "web" / "*.jsonl"),
+            "weight": 0.5,
+            "unit_bytes": web_unit_bytes,
+        },
+        {
+            "name": "code",
+            "format": "jsonl",
+            "path": str(folder / "code" / "*.jsonl.zst"),
+            "text": "content",
+            "weight": 0.3,
+        },
+        {
+            "name": "books",
+            "format": "parquet",
+            "path": str(folder / "books" / "*.parquet"),
+            "text": "body",
+            "weight": 0.2,
+        },
+    ]
+
+
+def demo_tokenizer(folder: str | Path) -> dict[str, object]:
+    """The plan ``tokenizer`` entry for the demo data's word-level tokenizer."""
+    return {
+        "kind": "huggingface",
+        "path": str(Path(folder) / "tokenizer.json"),
+        "bos": "<s>",
+        "eos": "</s>",
+    }
 
 
 def make_demo_data(folder: str | Path, scale: float = 1.0) -> Path:

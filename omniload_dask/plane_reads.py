@@ -60,15 +60,15 @@ class ReadAhead(PlaneBase):
             # A draw waiting on this source gets its next unknown unit even past the window
             # and the quota.
             need = stream.first_unknown() if i in self._starved else (-1, -1)
+            # The window counts units read ahead (memory); reads in flight up to the quota come
+            # on top, so workers keep reading while trainers consume as fast as they can, and
+            # stop once the window is full of read units.
+            in_flight = limit if limit >= 0 else self.plan.loader.read_ahead
             while True:
                 ref = stream.next_submit
                 ahead = stream.submitted_ahead()
                 if not stream.within_epochs(ref):
                     break
-                # The window counts units read ahead (memory); reads in flight up to the quota
-                # come on top, so workers keep reading while trainers consume as fast as they
-                # can, and stop once the window is full of read units.
-                in_flight = limit if limit >= 0 else self.plan.loader.read_ahead
                 if ahead >= MAX_UNITS_AHEAD or (ahead >= window + in_flight and ref > need):
                     break
                 if (ahead - pending >= window or (limit >= 0 and pending >= limit)) and ref > need:

@@ -92,11 +92,15 @@ class OmniloadPlugin(SchedulerPlugin):
         self._client_lock: asyncio.Lock | None = None
         self._standby: Any = None  # AMM policy keeping second copies of upcoming batches
         self._amm_soon = False
+        # Resources every read task asks for (None: the workers lack the read resource);
+        # decided when workers come and go, not per submitted read.
+        self._read_resources: dict[str, int] | None = None
 
     # ------------------------------------------------------------------ plugin hooks
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self._client_lock = asyncio.Lock()
+        self._workers_changed()  # workers already there when the plugin is registered
         handlers = {
             "start": self.start_job,
             "batches": self.batches,
@@ -176,6 +180,8 @@ class OmniloadPlugin(SchedulerPlugin):
     def _workers_changed(self) -> None:
         """Read quotas count worker threads: tell every job (``cluster.scale`` and losses)."""
         workers, threads = _dask.worker_threads(self.scheduler)
+        resource = _dask.read_resource(self.scheduler)
+        self._read_resources = {_dask.READ_RESOURCE: 1} if resource else None
         for job in self.jobs.values():
             job.coord.on_workers(workers, threads)
             self._poke(job)
@@ -253,8 +259,9 @@ class OmniloadPlugin(SchedulerPlugin):
             "resumed": state is not None,
         }
         job = _Job(parsed, coord, info)
-        if _dask.worker_threads(self.scheduler)[1]:
-            coord.on_workers(*_dask.worker_threads(self.scheduler))
+        workers, threads = _dask.worker_threads(self.scheduler)
+        if threads:
+            coord.on_workers(workers, threads)
         job.writer = writer
         self.jobs[parsed.name] = job
         self._runs[run_id] = parsed.name
@@ -719,7 +726,6 @@ class OmniloadPlugin(SchedulerPlugin):
 
     def _submit_read(self, client: Client, job: _Job, r: ReadSpec) -> Future:
         plan = job.plan
-        resources = {_dask.READ_RESOURCE: 1} if _dask.read_resource(self.scheduler) else None
         return client.submit(
             tasks.read_unit,
             job.coord.streams[r.source].spec,
@@ -734,7 +740,7 @@ class OmniloadPlugin(SchedulerPlugin):
             key=r.key,
             retries=plan.loader.read_retries,
             priority=READ_PRIORITY,
-            resources=resources,
+            resources=self._read_resources,
         )
 
     def _execute(self, job: _Job, actions: list[Any]) -> None:
