@@ -3,8 +3,12 @@
 Sources are served like flows in weighted fair queueing. Each source carries a finish tag
 ``F`` (a source that joins, or whose weight rises from 0, starts at the current virtual time); its j-th upcoming document gets the tag ``F + (cumulative size up to j) / weight``,
 where size is the token count (``by: tokens``) or 1 (``by: documents``). A global batch takes
-documents in increasing tag order (ties: lower source index) until the budget is reached, and
-stops at the first document that does not fit, which stays first in line for the next batch.
+documents in increasing tag order (ties: lower source index) until the budget is reached. With a
+token budget, a source whose next document does not fit in the room left is closed for this
+batch (that document stays first in line for the next one, and keeps its low tag, so it is served
+first there); the other sources go on in tag order while room is left. So a 60k-token document
+at the end of a step does not leave 60k tokens of padding, and each source still yields its
+documents in stream order. With a document budget the batch is simply the first N in tag order.
 
 Worked example, weights web=3, code=1, by documents, budget 4 documents, tags start at 0::
 
@@ -111,15 +115,24 @@ class Mixer:
             take = int(np.searchsorted(total, budget_tokens, side="right"))
         else:
             take = min(int(budget_documents), len(order))  # type: ignore[arg-type]
-        if take < len(order):
+        if take == len(order):  # everything shown fits: only exhausted sources are settled
+            short = tuple(i for i in active if np.isfinite(last_tag[i]))
+            if short:
+                return NeedMore(short)
+            chosen = order
+        elif budget_tokens is None:
             # The first document left out ends the batch; no unseen document may precede it.
             brk = tags[order[take]]
             short = tuple(i for i in active if last_tag[i] < brk)
-        else:  # everything shown fits: only sources with nothing more to show are settled
-            short = tuple(i for i in active if np.isfinite(last_tag[i]))
-        if short:
-            return NeedMore(short)
-        chosen = order[:take]
+            if short:
+                return NeedMore(short)
+            chosen = order[:take]
+        else:
+            room = budget_tokens - (int(total[take - 1]) if take else 0)
+            fill = _fill(order[take:], srcs, lengths, tags, last_tag, len(shown), room)
+            if isinstance(fill, NeedMore):
+                return fill
+            chosen = np.concatenate([order[:take], fill])
         counts = np.bincount(srcs[chosen], minlength=len(weights)).astype(np.int64)
         return Selection(
             counts=counts, order=np.stack([srcs[chosen], idxs[chosen]], axis=1), tags=tags[chosen]
@@ -225,3 +238,46 @@ class WeightSchedule:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.changes = [(int(s), {k: float(v) for k, v in w.items()}) for s, w in state["changes"]]
         self.reset_step = int(state.get("reset_step", 0))
+
+
+def _fill(
+    tail: np.ndarray,
+    srcs: np.ndarray,
+    lengths: np.ndarray,
+    tags: np.ndarray,
+    last_tag: np.ndarray,
+    num_shown: int,
+    room: int,
+) -> np.ndarray | NeedMore:
+    """Fill the ``room`` left by the first document that did not fit (see the module doc).
+
+    ``tail`` are the candidates after the batch's prefix, in tag order. A source whose next
+    document does not fit is closed for this batch; the others go on in tag order while room is
+    left. Every document looked at must have no unseen document of an open, truncated source
+    before it (``last_tag``), so the answer never depends on how many candidates were shown.
+    """
+    src_of, tag_of, len_of = srcs[tail].tolist(), tags[tail].tolist(), lengths[tail].tolist()
+    closed: set[int] = set()
+    pending = {int(i): float(t) for i, t in enumerate(last_tag.tolist()) if np.isfinite(t)}
+    limit = min(pending.values(), default=np.inf)
+    taken: list[int] = []
+    for k, s in enumerate(src_of):
+        if s in closed:
+            continue
+        if tag_of[k] > limit:
+            return NeedMore(tuple(sorted(i for i, t in pending.items() if t < tag_of[k])))
+        if len_of[k] <= room:
+            taken.append(k)
+            room -= len_of[k]
+            if room == 0:
+                break
+            continue
+        closed.add(s)
+        if len(closed) == num_shown:
+            break
+        if pending.pop(s, None) is not None:
+            limit = min(pending.values(), default=np.inf)
+    else:  # every shown document was looked at and room is left
+        if pending:
+            return NeedMore(tuple(sorted(pending)))
+    return tail[np.asarray(taken, dtype=np.int64)]

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from omniload_dask.mixing import Mixer, NeedMore, Selection
 
@@ -88,3 +90,56 @@ def test_selection_is_deterministic_and_state_round_trips():
     ra = a.select(np.array([1.0, 2, 3]), cands, [True] * 3, budget_tokens=4096)
     rb = b.select(np.array([1.0, 2, 3]), cands, [True] * 3, budget_tokens=4096)
     assert np.array_equal(ra.order, rb.order)
+
+
+def test_a_document_that_does_not_fit_closes_only_its_source():
+    # web's 90 does not fit after 80 tokens of code: code fills the last 20 tokens instead of
+    # leaving them as padding, and web's 90 leads the next batch.
+    mixer = Mixer(2, "tokens")
+    cands = [np.array([90, 5, 80]), np.full(20, 10)]
+    sel = mixer.select(np.array([1.0, 1.0]), cands, [True, True], budget_tokens=100)
+    assert isinstance(sel, Selection)
+    assert sel.counts.tolist() == [0, 10]
+    mixer.commit(sel)
+    nxt = mixer.select(
+        np.array([1.0, 1.0]), [cands[0], cands[1][10:]], [True, True], budget_tokens=100
+    )
+    assert isinstance(nxt, Selection) and nxt.order[0].tolist() == [0, 0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    weights=st.lists(st.floats(0.1, 5.0), min_size=1, max_size=4),
+    seed=st.integers(0, 2**32 - 1),
+    budget=st.integers(64, 3000),
+    shown=st.lists(st.integers(0, 60), min_size=4, max_size=4),
+)
+def test_token_batches_are_maximal_and_independent_of_how_much_is_shown(
+    weights, seed, budget, shown
+):
+    rng = np.random.default_rng(seed)
+    n = len(weights)
+    w = np.asarray(weights)
+    full = [rng.integers(1, 64 if i % 2 else budget + 1, 400) for i in range(n)]
+    ref = Mixer(n, "tokens").select(w, full, [True] * n, budget_tokens=budget)
+    assert isinstance(ref, Selection)
+    taken = sum(int(full[s][k]) for s, k in ref.order.tolist())
+    assert taken <= budget
+    for s in range(n):  # each source gives a prefix of its stream, in stream order
+        assert sorted(k for src, k in ref.order.tolist() if src == s) == list(
+            range(int(ref.counts[s]))
+        )
+        # maximal: every source's next document is too long for the room left
+        assert full[s][ref.counts[s]] > budget - taken
+    # Showing fewer candidates, and more of those named by NeedMore (as the coordinator does),
+    # ends in the same batch.
+    shown = shown[:n]
+    while True:
+        part = [full[i][: shown[i]] for i in range(n)]
+        got = Mixer(n, "tokens").select(w, part, [True] * n, budget_tokens=budget)
+        if isinstance(got, Selection):
+            break
+        assert got.sources and all(shown[i] < 400 for i in got.sources)
+        for i in got.sources:
+            shown[i] = min(400, 2 * shown[i] + 1)
+    assert np.array_equal(got.order, ref.order)
