@@ -273,6 +273,10 @@ class Coordinator(LiveChanges, ReadAhead, Figures):
         actions, self._actions = self._actions, []
         return actions
 
+    def has_actions(self) -> bool:
+        """Whether actions wait for the next :meth:`advance` (e.g. a rebuild just queued)."""
+        return bool(self._actions)
+
     def batch_for(self, rank: int, step: int) -> str | None:
         """The key ``rank`` fetches for ``step`` if drawn (rebuilt if released), else None.
 

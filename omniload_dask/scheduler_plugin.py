@@ -60,6 +60,7 @@ class _Job:
         self.changed = asyncio.Event()
         self.dirty = False
         self.pump: asyncio.Task[None] | None = None
+        self.pumps = 0  # data-plane runs (advance + execute), for diagnostics
         self.started = time.time()
         self.bad: defaultdict[int, deque[str]] = defaultdict(lambda: deque(maxlen=5))
         self.batches_built = 0
@@ -307,7 +308,8 @@ class OmniloadPlugin(SchedulerPlugin):
                 if key is None:
                     break
                 keys.append(key)
-            self._poke(run)
+            if run.coord.has_actions():
+                self._poke(run)  # batch_for queued a rebuild of a released step
             ready = []
             for key in keys:
                 if not _dask.known(self.scheduler, key):
@@ -466,6 +468,7 @@ class OmniloadPlugin(SchedulerPlugin):
             workers=_dask.worker_count(self.scheduler),
             futures_held=len(run.futures),
             batches_built=run.batches_built,
+            data_plane_runs=run.pumps,
             scheduler_tasks=len(self.scheduler.tasks),
             mixing_by=run.plan.mixing_by,
             start_step=start_step,
@@ -678,19 +681,27 @@ class OmniloadPlugin(SchedulerPlugin):
     async def _pump(self, job: _Job) -> None:
         while job.dirty and self.jobs.get(job.plan.name) is job:
             job.dirty = False
-            before = job.coord.next_step
+            job.pumps += 1
+            coord = job.coord
+            before = (coord.next_step, coord.end_step, coord.error)
+            actions: list[Any] = []
             try:
-                actions = job.coord.advance(max_steps=1)
+                actions = coord.advance(max_steps=1)
                 self._execute(job, actions)
             except OmniloadError as exc:
-                job.coord.error = job.coord.error or str(exc)
+                coord.error = coord.error or str(exc)
             except Exception as exc:  # a bug: surface it to feeders instead of stalling them
                 logger.exception("omniload data plane failed")
-                job.coord.error = job.coord.error or f"internal error: {exc!r}"
-            if job.coord.next_step != before or actions:
+                coord.error = coord.error or f"internal error: {exc!r}"
+            moved = (coord.next_step, coord.end_step, coord.error) != before
+            if moved or actions:
                 job.dirty = True
             self._checkpoint(job)
-            job.notify()
+            if moved:
+                # Waiting feeders look again only when a step was drawn or the job ended or
+                # failed (new keys wake them through update_graph): waking them on every
+                # pump would have them poke the pump again, a busy loop while reads run.
+                job.notify()
             await asyncio.sleep(0)
 
     def _checkpoint(self, job: _Job, force: bool = False) -> asyncio.Future[Any] | None:

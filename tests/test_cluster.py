@@ -5,13 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from distributed import Client
 
-from omniload_dask import Job, JobError, SourceError, TokenizerError, local_cluster
+from omniload_dask import Job, JobError, SourceError, TokenizerError, _dask, local_cluster
 from omniload_dask.plan import parse_plan
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
@@ -389,3 +390,24 @@ def test_bad_rpc_arguments_are_named(small_sources, cluster):
         with pytest.raises(JobError, match="no omniload job named 'nope'"):
             _dask.call(client, "stats", job="nope")
         job.stop()
+
+
+def test_a_waiting_feeder_does_not_spin_the_data_plane(small_plan):
+    # With no worker left nothing can change while a rank long-polls for a step that is not
+    # read yet, so the data plane has nothing to do. It used to run once per wake-up of the
+    # poll, which woke the poll again: thousands of runs a second, on the scheduler's loop.
+    with Job.start(small_plan, workers=1, dashboard_address=None) as job:
+        with job.feeder(rank=0, max_steps=1, output="numpy") as f:
+            assert len(list(f)) > 0
+        job.cluster.scale(0)
+        deadline = time.monotonic() + 30
+        while job.stats()["workers"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert job.stats()["workers"] == 0
+        ask = dict(job=job.plan.name, rank=0, start=40, count=1, client=job.client.id)
+        _dask.call(job.client, "batches", **ask, timeout=1.0)  # draws what known lengths allow
+        before = job.stats()["data_plane_runs"]
+        reply = _dask.call(job.client, "batches", **ask, timeout=1.5)  # then nothing can move
+        runs = job.stats()["data_plane_runs"] - before
+        assert reply["keys"] == []
+        assert 1 <= runs <= 3, runs
