@@ -37,13 +37,15 @@ from omniload_dask import Job, parse_plan, tasks
 from omniload_dask.demo import demo_sources, demo_tokenizer, make_demo_data
 
 
-def bench_plan(data: Path, ranks: int, workers: int) -> dict:
+def bench_plan(
+    data: Path, ranks: int, workers: int, seq_len: int = 8192, micro_batches: int = 8
+) -> dict:
     return {
         "version": 1,
         "name": "bench",
         "seed": 1,
         "tokenizer": demo_tokenizer(data),
-        "batch": {"seq_len": 4096, "micro_batches": 2},
+        "batch": {"seq_len": seq_len, "micro_batches": micro_batches},
         "layout": {"dp": ranks},
         "on_error": "skip",
         "loader": {"workers": workers, "prefetch": 4, "lookahead": 4},
@@ -176,11 +178,15 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--data", help="folder for the generated data (default: a temp dir)")
+    parser.add_argument("--seq-len", type=int, default=8192, help="tokens per sequence")
+    parser.add_argument(
+        "--micro-batches", type=int, default=8, help="micro-batches per rank and step"
+    )
     args = parser.parse_args()
     scale = 2.0 if args.quick else 8.0
     root = Path(args.data) if args.data else Path(tempfile.gettempdir()) / "omniload-bench"
     data = make_demo_data(root / f"scale{scale:g}", scale=scale)
-    plan_data = bench_plan(data, args.ranks, args.workers)
+    plan_data = bench_plan(data, args.ranks, args.workers, args.seq_len, args.micro_batches)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     one = read_limit(plan_data, 1)
@@ -192,6 +198,9 @@ def main() -> int:
         "quick": args.quick,
         "workers": args.workers,
         "ranks": args.ranks,
+        "seq_len": args.seq_len,
+        "micro_batches": args.micro_batches,
+        "tokens_per_step": args.ranks * args.micro_batches * args.seq_len,
         "limit_1proc_tokens_per_s": round(one["tokens_per_s"]),
         "limit_tokens_per_s": round(limit["tokens_per_s"]),
         "loader_tokens_per_s_steady": round(loader["tokens_per_s_steady"]),

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 METADATA_FIELD = "omniload"
@@ -50,17 +49,12 @@ def task_duration(kwargs: dict[str, Any]) -> float | None:
     return total if found else None
 
 
-def desire_keys(scheduler: Any, keys: Iterable[str], client: str) -> list[str]:
-    """Register ``client`` as wanting ``keys`` (those the scheduler knows); return them."""
-    known = [k for k in keys if k in scheduler.tasks]
-    if known:
-        scheduler.client_desires_keys(keys=known, client=client)
-    return known
-
-
-def known(scheduler: Any, key: str) -> bool:
+def holders(scheduler: Any, key: str) -> list[str] | None:
+    """Addresses of the workers holding ``key`` in memory, or None if it is not in memory."""
     ts = scheduler.tasks.get(key)
-    return ts is not None and ts.state not in ("forgotten", "erred")
+    if ts is None or ts.state != "memory" or not ts.who_has:
+        return None
+    return [ws.address for ws in ts.who_has]
 
 
 def erred_text(scheduler: Any, key: str) -> str | None:
@@ -99,16 +93,50 @@ def read_resource(scheduler: Any) -> bool:
     )
 
 
-def inform_desire(client: Any, keys: list[str]) -> None:
-    """Ask the scheduler (in order, on the client's stream) to report on ``keys`` again.
+FETCH_CONNECT_TIMEOUT = 1.0  # seconds to reach a worker before trying another holder
 
-    The data plane already registered the client as wanting them; this second message makes the
-    scheduler send their state after the client has created its futures, so none is missed.
+
+class _QuickConnect:
+    """A client's connection pool that gives up connecting to a worker after ``timeout``.
+
+    Dask retries a refused connection until ``distributed.comm.timeouts.connect`` (30 s by
+    default): a feeder told of a worker that was just killed would wait that long before
+    trying the standby copy or asking the data plane again.
     """
-    if keys:
-        client._send_to_scheduler(
-            {"op": "client-desires-keys", "keys": list(keys), "client": client.id}
-        )
+
+    def __init__(self, pool: Any, timeout: float) -> None:
+        self._pool = pool
+        self._timeout = timeout
+        self.serializers = pool.serializers
+        self.deserializers = pool.deserializers
+
+    async def connect(self, addr: str, timeout: float | None = None) -> Any:
+        return await self._pool.connect(addr, timeout=self._timeout)
+
+    def reuse(self, addr: str, comm: Any) -> None:
+        self._pool.reuse(addr, comm)
+
+
+def fetch_from_workers(
+    client: Any, who_has: dict[str, list[str]]
+) -> tuple[dict[str, Any], set[Any]]:
+    """Get ``who_has``'s keys straight from the workers holding them (one RPC per worker).
+
+    Returns the values and the keys no listed worker could give (it left, or lost them). No
+    futures: the data plane holds the keys until the rank says it has them, so the scheduler
+    is not asked for their state, who has them, or to release them.
+    """
+    from distributed.utils_comm import gather_from_workers
+
+    rpc = _QuickConnect(client.rpc, FETCH_CONNECT_TIMEOUT)
+
+    async def fetch() -> tuple[dict[str, Any], set[Any]]:
+        wanted: dict[Any, list[str]] = dict(who_has)
+        data, missing, failed, _ = await gather_from_workers(wanted, rpc=rpc)  # type: ignore[arg-type]
+        return {str(k): v for k, v in data.items()}, set(missing) | set(failed)
+
+    result: tuple[dict[str, Any], set[Any]] = client.sync(fetch)
+    return result
 
 
 def call(client: Any, handler: str, /, **kwargs: Any) -> Any:

@@ -28,6 +28,9 @@ class ReadSpec:
 @dataclass(frozen=True)
 class SubmitRead:
     read: ReadSpec
+    # Steps of this source's data queued before this unit (-1: a draw waits for it): reads
+    # needed sooner run first.
+    lead: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from distributed import Client, Future
+from distributed import Client
 
 from . import _dask
 from .batches import GroupBatch
@@ -39,6 +39,7 @@ __all__ = ["Feeder", "resolve_rank"]
 
 STATE_VERSION = 1
 POLL_TIMEOUT = 2.0
+LOST_RETRY = 0.05  # seconds before asking again for a batch whose worker left
 REPORT_WAITS = 1024  # recent waits behind the p50/p99 a feeder reports to the data plane
 
 
@@ -311,7 +312,6 @@ class Feeder:
             rank=self.rank,
             start=start,
             count=count,
-            client=client.id,
             timeout=POLL_TIMEOUT,
             report=self._report(start),
         )
@@ -324,14 +324,17 @@ class Feeder:
                 self._lock.notify_all()
         if not keys:
             return []
-        futures: list[Future[GroupBatch]] = [Future(key, client) for key in keys]
-        _dask.inform_desire(client, keys)
-        try:
-            batches = client.gather(futures, direct=True)
-        finally:
-            for fut in futures:
-                fut.release()
-        return list(batches)
+        data, missing = _dask.fetch_from_workers(client, reply["who_has"])
+        got = []
+        for key in keys:  # the steps up to the first one lost since the reply, in order
+            if key in missing or key not in data:
+                break
+            got.append(data[key])
+        if not got:
+            # Its worker left after the reply: the data plane recomputes the batch (or finds
+            # its standby copy) once the scheduler notices; ask again after a moment.
+            time.sleep(LOST_RETRY)
+        return got
 
     def _report(self, start: int) -> dict[str, Any]:
         """This rank's figures for the data plane's monitoring (see ``FeederReport``)."""

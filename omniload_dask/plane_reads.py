@@ -16,6 +16,7 @@ from .plane_base import PlaneBase
 from .streams import Unit
 
 MAX_UNITS_AHEAD = 256
+IN_FLIGHT_STEPS = 2  # a source may always have this many steps' worth of units in flight
 
 
 class ReadAhead(PlaneBase):
@@ -43,7 +44,13 @@ class ReadAhead(PlaneBase):
             if weights[i] <= 0:
                 continue
             pending = stream.pending_reads()
-            limit = int(quota[i]) if quota is not None else -1
+            steps_per_unit = self._steps_per_unit(i, weights) or 0.0
+            limit = -1
+            if quota is not None:
+                # Never fewer in flight than the units of IN_FLIGHT_STEPS steps: a source of
+                # small units read one at a time would make every step wait for a round trip.
+                cover = math.ceil(IN_FLIGHT_STEPS / steps_per_unit) if steps_per_unit else 1
+                limit = max(int(quota[i]), cover)
             seen = (
                 stream.version,
                 weights[i],
@@ -83,8 +90,11 @@ class ReadAhead(PlaneBase):
                         self._part_of[key] = (p, unit.part_sizes[p])
                 stream.next_submit = stream.successor(ref)
                 pending += unit.parts
+                # How soon the unit is needed, in steps: the units queued before it feed that
+                # many. Workers run reads needed sooner first, whichever source they are of.
+                lead = -1.0 if ref <= need else ahead * steps_per_unit
                 for p in range(unit.parts):
-                    self._actions.append(SubmitRead(self._read_spec(i, unit, p)))
+                    self._actions.append(SubmitRead(self._read_spec(i, unit, p), lead))
 
     def _split(self, source: int, unit: Unit) -> None:
         """Read ``unit`` in parts of about ``loader.task_seconds`` each (measured cost)."""
@@ -129,21 +139,27 @@ class ReadAhead(PlaneBase):
         per_construct = self.construct_meter.per_record or 0.0
         return float(work.sum()) + per_construct * self.layout.dp
 
-    def _read_window(self, i: int, weights: np.ndarray) -> int:
-        """Units to keep submitted for source i: enough for the steps drawn ahead."""
-        loader = self.plan.loader
+    def _steps_per_unit(self, i: int, weights: np.ndarray) -> float | None:
+        """Steps that one read unit of source i feeds at ``weights`` (None: none measured)."""
         stream = self.streams[i]
         known = [u for u in stream.units.values() if u.lengths is not None]
+        if not known:
+            return None
         tokens, docs = self._budget()
         share = weights[i] / weights.sum()
-        if not known:
-            return loader.read_ahead
         if tokens is not None:
             sizes = [u.capped_tokens(self.caps[i]) for u in known]
             per_step = share * tokens
         else:
             sizes = [len(u.lengths) for u in known]  # type: ignore[arg-type]
             per_step = share * docs
-        per_unit = max(1.0, float(np.mean(sizes)))
+        return max(1.0, float(np.mean(sizes))) / max(per_step, 1e-9)
+
+    def _read_window(self, i: int, weights: np.ndarray) -> int:
+        """Units to keep submitted for source i: enough for the steps drawn ahead."""
+        loader = self.plan.loader
+        per_unit = self._steps_per_unit(i, weights)
+        if per_unit is None:
+            return loader.read_ahead
         steps_ahead = loader.lookahead + loader.prefetch
-        return loader.read_ahead + math.ceil(per_step * steps_ahead / per_unit)
+        return loader.read_ahead + math.ceil(steps_ahead / per_unit)

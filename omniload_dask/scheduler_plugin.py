@@ -46,7 +46,10 @@ HANDLER_PREFIX = "omniload_"
 KEY_PREFIX = "omniload-"
 DISCOVERY_TIMEOUT = 120.0
 SHARE_WINDOW = 64  # steps behind a source's realised share in stats()
-READ_PRIORITY, CONSTRUCT_PRIORITY = 0, 10
+# Worker queues run higher priorities first: constructions (short, wanted now), then reads a
+# draw waits for, then reads ahead, those needed in fewer steps first.
+READ_PRIORITY, URGENT_READ_PRIORITY, CONSTRUCT_PRIORITY = 0, 5, 10
+LEAD_LEVELS = 1000  # read-ahead priorities go down to READ_PRIORITY - LEAD_LEVELS
 
 
 class _Job:
@@ -61,6 +64,7 @@ class _Job:
         self.dirty = False
         self.pump: asyncio.Task[None] | None = None
         self.pumps = 0  # data-plane runs (advance + execute), for diagnostics
+        self.scheduler_closing = False
         self.started = time.time()
         self.bad: defaultdict[int, deque[str]] = defaultdict(lambda: deque(maxlen=5))
         self.batches_built = 0
@@ -133,6 +137,7 @@ class OmniloadPlugin(SchedulerPlugin):
         for job in list(self.jobs.values()):
             with contextlib.suppress(Exception):
                 await self._final_flush(job)
+            job.scheduler_closing = True  # feeders wait for a new scheduler, not fail
             self._drop(job)
         if self._client is not None:
             client, self._client = self._client, None
@@ -154,6 +159,7 @@ class OmniloadPlugin(SchedulerPlugin):
             if job.plan.loader.standby and key in job.futures:
                 self._keep_standby(key)  # shards too: a lost worker then costs no re-read
         elif finish == "memory" and key.startswith("omniload-batch-"):
+            job.notify()  # ranks long-polling for this batch can fetch it now
             if not key.rsplit("-", 1)[-1].startswith("cp"):  # slices are not constructions
                 job.batches_built += 1
                 seconds = _dask.task_duration(kwargs)
@@ -276,21 +282,20 @@ class OmniloadPlugin(SchedulerPlugin):
         rank: int,
         start: int,
         count: int,
-        client: str,
         timeout: float = 2.0,
         report: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Long-poll: keys of ``rank``'s batches from ``start`` on (up to ``count``).
+        """Long-poll: ``rank``'s batches from ``start`` on (up to ``count``) that are in memory.
 
-        Also says that ``rank`` has fetched every step below ``start``. The calling client is
-        registered as wanting the keys it gets, so they stay until it releases them.
+        Replies with their keys and the workers holding each (``who_has``), for the feeder to
+        fetch straight from them. Also says that ``rank`` has fetched every step below
+        ``start``: the data plane holds a batch until every rank of its group has said so, so
+        the keys given out stay in memory (or are recomputed) until then.
         ``report`` carries the feeder's own figures for monitoring (see ``FeederReport``).
         """
         run = self._job(job)
         rank, start = _integer("rank", rank), _integer("start", start)
         count, timeout = _integer("count", count), _number("timeout", timeout)
-        if not isinstance(client, str):
-            raise JobError(f"batches: client must be a client id string, got {client!r}")
         now = time.time()
         run.coord.on_request(rank, start, count, now)
         run.monitor.on_progress(now, min(r.position for r in run.coord.ranks.values()))
@@ -300,6 +305,8 @@ class OmniloadPlugin(SchedulerPlugin):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, float(timeout))
         while True:
+            if run.scheduler_closing:  # retried by feeders: the job may resume on a new one
+                raise MissingJobError(f"job {job!r}: the scheduler is shutting down")
             if run.coord.error:
                 raise JobError(f"job {job!r} failed: {run.coord.error}")
             keys = []
@@ -310,11 +317,13 @@ class OmniloadPlugin(SchedulerPlugin):
                 keys.append(key)
             if run.coord.has_actions():
                 self._poke(run)  # batch_for queued a rebuild of a released step
-            ready = []
+            ready, who_has = [], {}
             for key in keys:
-                if not _dask.known(self.scheduler, key):
+                where = _dask.holders(self.scheduler, key)
+                if where is None:
                     break
                 ready.append(key)
+                who_has[key] = where
             remaining = deadline - loop.time()
             ended = run.coord.end_step is not None and start + len(ready) >= run.coord.end_step
             if ready or remaining <= 0 or ended:
@@ -323,8 +332,7 @@ class OmniloadPlugin(SchedulerPlugin):
                 raise JobError(f"job {job!r} was stopped")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(run.changed.wait(), remaining)
-        desired = _dask.desire_keys(self.scheduler, ready, client)
-        return {"start": start, "keys": desired, "end": run.coord.end_step}
+        return {"start": start, "keys": ready, "who_has": who_has, "end": run.coord.end_step}
 
     def set_weights(
         self, job: str, weights: dict[str, float], at_step: int | None = None
@@ -735,7 +743,7 @@ class OmniloadPlugin(SchedulerPlugin):
         elif job.writer is not None and job.writer.pending():
             self._poke(job)  # more arrived meanwhile
 
-    def _submit_read(self, client: Client, job: _Job, r: ReadSpec) -> Future:
+    def _submit_read(self, client: Client, job: _Job, r: ReadSpec, lead: float = -1.0) -> Future:
         plan = job.plan
         return client.submit(
             tasks.read_unit,
@@ -750,7 +758,7 @@ class OmniloadPlugin(SchedulerPlugin):
             images=plan.images,
             key=r.key,
             retries=plan.loader.read_retries,
-            priority=READ_PRIORITY,
+            priority=_read_priority(lead),
             resources=self._read_resources,
         )
 
@@ -759,13 +767,15 @@ class OmniloadPlugin(SchedulerPlugin):
         assert client is not None
         for action in actions:
             if isinstance(action, SubmitRead):
-                job.futures[action.read.key] = self._submit_read(client, job, action.read)
+                job.futures[action.read.key] = self._submit_read(
+                    client, job, action.read, action.lead
+                )
             elif isinstance(action, SubmitConstruct):
                 deps = []
                 for r in action.reads:
                     fut = job.futures.get(r.key)
                     if fut is None:  # a rebuild after the unit was released: read it again
-                        fut = self._submit_read(client, job, r)
+                        fut = self._submit_read(client, job, r)  # a rebuild waits for it
                     deps.append(fut)
                 built = client.submit(
                     tasks.construct,
@@ -799,6 +809,13 @@ class OmniloadPlugin(SchedulerPlugin):
                     fut = job.futures.pop(key, None)
                     if fut is not None:
                         fut.release()
+
+
+def _read_priority(lead: float) -> int:
+    """Dask priority of a read whose data is needed in ``lead`` steps (< 0: now)."""
+    if lead < 0:
+        return URGENT_READ_PRIORITY
+    return READ_PRIORITY - min(int(lead), LEAD_LEVELS)
 
 
 def _is_standby_key(key: Any) -> bool:

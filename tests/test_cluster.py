@@ -384,7 +384,7 @@ def test_bad_rpc_arguments_are_named(small_sources, cluster):
         ]
         for kwargs, message in cases:
             with pytest.raises(JobError, match=message):
-                _dask.call(client, "batches", job="badrpc", client=client.id, **kwargs)
+                _dask.call(client, "batches", job="badrpc", **kwargs)
         with pytest.raises(JobError, match="window must be an integer >= 1"):
             _dask.call(client, "mixture", job="badrpc", window=0)
         with pytest.raises(JobError, match="no omniload job named 'nope'"):
@@ -404,7 +404,7 @@ def test_a_waiting_feeder_does_not_spin_the_data_plane(small_plan):
         while job.stats()["workers"] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert job.stats()["workers"] == 0
-        ask = dict(job=job.plan.name, rank=0, start=40, count=1, client=job.client.id)
+        ask = dict(job=job.plan.name, rank=0, start=40, count=1)
         _dask.call(job.client, "batches", **ask, timeout=1.0)  # draws what known lengths allow
         before = job.stats()["data_plane_runs"]
         reply = _dask.call(job.client, "batches", **ask, timeout=1.5)  # then nothing can move
