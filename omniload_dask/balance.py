@@ -44,6 +44,7 @@ __all__ = ["Assignment", "Bucket", "CostModel", "balance", "route", "split_docum
 
 REFINE_TOLERANCE = 2e-3  # stop once the heaviest group is within 0.2% of the mean
 REFINE_PARTNERS = 4  # lightest groups tried against the heaviest before giving up
+REFINE_BUDGET = 3_000_000  # piece pairs the refinement may weigh per global batch (~10 ms)
 REFINE_PROGRESS = 1e-4  # a run of moves must lower the heaviest group by this fraction ...
 # ... within as many moves as there are groups (each move evens one heavy group), or it stops
 
@@ -495,6 +496,7 @@ def _refine(p: _Pieces, cap: np.ndarray, groups: int, max_moves: int | None = No
     touched = np.zeros(groups, dtype=bool)
     ids = np.arange(groups)
     peak, stalled = float(load.max()), 0
+    budget = REFINE_BUDGET  # pairs weighed: a deterministic bound on the planning time
     for _ in range(max_moves if max_moves is not None else 8 * groups + 64):
         heavy = int(np.argmax(load))
         if load[heavy] - load.mean() <= REFINE_TOLERANCE * load[heavy]:
@@ -512,6 +514,9 @@ def _refine(p: _Pieces, cap: np.ndarray, groups: int, max_moves: int | None = No
             room_h = np.maximum(cap, tokens[heavy]) - tokens[heavy]
             room_l = np.maximum(cap, tokens[light]) - tokens[light]
             others = np.flatnonzero(group == light)
+            budget -= len(mine) * (len(others) + 1)
+            if budget < 0:
+                return touched  # few groups of many small pieces: near even already
             move = _best_move(mine, others, gap, length, cost, bucket, room_h, room_l)
             if move is None:
                 continue
