@@ -129,10 +129,17 @@ class Mixer:
             chosen = order[:take]
         else:
             room = budget_tokens - (int(total[take - 1]) if take else 0)
-            fill = _fill(order[take:], srcs, lengths, tags, last_tag, len(shown), room)
-            if isinstance(fill, NeedMore):
-                return fill
-            chosen = np.concatenate([order[:take], fill])
+            if room == 0:  # exactly full: only what precedes the last document taken matters
+                last = tags[order[take - 1]] if take else -np.inf
+                short = tuple(i for i in active if last_tag[i] < last)
+                if short:
+                    return NeedMore(short)
+                chosen = order[:take]
+            else:
+                fill = _fill(order[take:], srcs, lengths, tags, last_tag, len(shown), room)
+                if isinstance(fill, NeedMore):
+                    return fill
+                chosen = np.concatenate([order[:take], fill])
         counts = np.bincount(srcs[chosen], minlength=len(weights)).astype(np.int64)
         return Selection(
             counts=counts, order=np.stack([srcs[chosen], idxs[chosen]], axis=1), tags=tags[chosen]

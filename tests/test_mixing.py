@@ -143,3 +143,17 @@ def test_token_batches_are_maximal_and_independent_of_how_much_is_shown(
         for i in got.sources:
             shown[i] = min(400, 2 * shown[i] + 1)
     assert np.array_equal(got.order, ref.order)
+
+
+def test_an_exactly_full_batch_needs_no_more_candidates_than_its_own():
+    # Tags: source 0 at 50, 99, 104; source 1 at 1, then 101. 1 + 50 + 49 tokens fill the
+    # budget exactly, so the batch is settled once every source is known past tag 99 (the last
+    # document taken): source 1's unseen documents come after 101. Nothing after 99 can fit, so
+    # the document at 104 need not be preceded by known ones.
+    mixer = Mixer(2, "tokens")
+    cands = [np.array([50, 49, 5]), np.array([1])]
+    sel = mixer.select(np.array([1.0, 1.0]), cands, [True, True], budget_tokens=100)
+    assert isinstance(sel, NeedMore) and sel.sources == (1,)  # source 1 could still precede 99
+    cands = [np.array([50, 49, 5]), np.array([1, 100])]
+    sel = mixer.select(np.array([1.0, 1.0]), cands, [True, True], budget_tokens=100)
+    assert isinstance(sel, Selection) and sel.counts.tolist() == [2, 1]
