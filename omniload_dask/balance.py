@@ -45,6 +45,7 @@ __all__ = ["Assignment", "Bucket", "CostModel", "balance", "route", "split_docum
 REFINE_TOLERANCE = 2e-3  # stop once the heaviest group is within 0.2% of the mean
 REFINE_PARTNERS = 4  # lightest groups tried against the heaviest before giving up
 REFINE_BUDGET = 3_000_000  # piece pairs the refinement may weigh per global batch (~10 ms)
+SWAP_SAMPLE = 96  # pieces of each group weighed for moves and swaps (all, below that)
 REFINE_PROGRESS = 1e-4  # a run of moves must lower the heaviest group by this fraction ...
 # ... within as many moves as there are groups (each move evens one heavy group), or it stops
 
@@ -514,7 +515,7 @@ def _refine(p: _Pieces, cap: np.ndarray, groups: int, max_moves: int | None = No
             room_h = np.maximum(cap, tokens[heavy]) - tokens[heavy]
             room_l = np.maximum(cap, tokens[light]) - tokens[light]
             others = np.flatnonzero(group == light)
-            budget -= len(mine) * (len(others) + 1)
+            budget -= min(len(mine), SWAP_SAMPLE) * (min(len(others), SWAP_SAMPLE) + 1)
             if budget < 0:
                 return touched  # few groups of many small pieces: near even already
             move = _best_move(mine, others, gap, length, cost, bucket, room_h, room_l)
@@ -535,6 +536,15 @@ def _refine(p: _Pieces, cap: np.ndarray, groups: int, max_moves: int | None = No
     return touched
 
 
+def _spread(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of at most ``k`` of ``values``, evenly spaced over their sorted order."""
+    n = len(values)
+    if n <= k:
+        return np.arange(n)
+    order = np.argsort(values, kind="stable")
+    return np.unique(order[np.linspace(0, n - 1, k).round().astype(np.int64)])
+
+
 def _best_move(
     heavy: np.ndarray,
     light: np.ndarray,
@@ -551,24 +561,30 @@ def _best_move(
     """
     best: tuple[float, np.ndarray, np.ndarray, float] | None = None
     lh, ch, bh = length[heavy], cost[heavy], bucket[heavy]
-    # Moves (the last column: nothing comes back) and one-for-one swaps.
-    lq = np.append(length[light], 0)
-    cq = np.append(cost[light], 0.0)
-    bq = np.append(bucket[light], -1)
-    same = (bh[:, None] == bq[None, :]) | (bq[None, :] < 0)
-    fits_l = lh[:, None] - np.where(same, lq[None, :], 0) <= room_l[bh][:, None]
+    # Moves (the last column: nothing comes back) and one-for-one swaps, among at most
+    # SWAP_SAMPLE pieces of each group spread over its range of costs (groups of hundreds of
+    # small documents offer many near-equal choices; weighing all pairs cost milliseconds).
+    hs = _spread(ch, SWAP_SAMPLE)
+    ls = _spread(cost[light], SWAP_SAMPLE)
+    sub_h, sub_l = heavy[hs], light[ls]
+    lhs, chs, bhs = lh[hs], ch[hs], bh[hs]
+    lq = np.append(length[sub_l], 0)
+    cq = np.append(cost[sub_l], 0.0)
+    bq = np.append(bucket[sub_l], -1)
+    same = (bhs[:, None] == bq[None, :]) | (bq[None, :] < 0)
+    fits_l = lhs[:, None] - np.where(same, lq[None, :], 0) <= room_l[bhs][:, None]
     fits_h = np.where(
         same,
-        lq[None, :] - lh[:, None] <= room_h[bh][:, None],
+        lq[None, :] - lhs[:, None] <= room_h[bhs][:, None],
         lq[None, :] <= room_h[np.maximum(bq, 0)][None, :],
     )
-    delta = ch[:, None] - cq[None, :]
+    delta = chs[:, None] - cq[None, :]
     ok = fits_l & fits_h & (delta > 0) & (delta < gap)
     if ok.any():
         score = np.where(ok, np.abs(gap / 2 - delta), np.inf)
         i, j = np.unravel_index(int(np.argmin(score)), score.shape)
-        back = light[j : j + 1] if j < len(light) else light[:0]
-        best = (float(score[i, j]), heavy[i : i + 1], back, float(delta[i, j]))
+        back = sub_l[j : j + 1] if j < len(sub_l) else sub_l[:0]
+        best = (float(score[i, j]), sub_h[i : i + 1], back, float(delta[i, j]))
     # Exchanges: a heavy piece for the light group's shortest pieces of its bucket.
     for b in np.unique(bh).tolist():
         pool = light[bucket[light] == b]

@@ -122,6 +122,7 @@ class Coordinator(LiveChanges, ReadAhead, Figures):
         self._actions: list[Action] = []
         self._keys: dict[str, tuple[int, UnitRef]] = {}
         self._starved: set[int] = set()  # sources the last draw waited for
+        self._starved_seen: tuple[Any, ...] | None = None  # what that draw saw
         self._reads_seen: dict[int, tuple[Any, ...]] = {}
         self.timing: dict[str, float] = {}  # milliseconds of the last step's planning phases
         self.planning_ms: deque[float] = deque(maxlen=256)
@@ -341,6 +342,17 @@ class Coordinator(LiveChanges, ReadAhead, Figures):
         if not (weights > 0).any():
             self.end_step = self.next_step  # nothing left to draw from: the stream ends
             return False
+        # The last draw of this step waited for reads: until a source reports (or weights,
+        # caps or the budget change) it would wait again, so skip the candidates and the mixer.
+        seen = (
+            self.next_step,
+            weights.tobytes(),
+            tuple(self.caps),
+            (tokens, docs),
+            tuple(stream.version for stream in self.streams),
+        )
+        if self._starved and seen == self._starved_seen:
+            return False
         for joining in np.flatnonzero((weights > 0) & ~self._active).tolist():
             self.mixer.activate(joining)  # (re)joining sources start at the virtual time
         empty = Candidates(np.zeros(0, np.int64))
@@ -364,6 +376,7 @@ class Coordinator(LiveChanges, ReadAhead, Figures):
             waiting = {i for i in result.sources if cands[i].waiting}
             if waiting:
                 self._starved = waiting
+                self._starved_seen = seen
                 return False
             for i in result.sources:  # only the sources that fell short are asked for more
                 scale[i] *= 2
