@@ -139,6 +139,30 @@ def fetch_from_workers(
     return result
 
 
+def _tasks_running(dask_worker: Any) -> int:
+    return len(dask_worker.state.executing)
+
+
+def wait_workers_idle(client: Any, timeout: float) -> bool:
+    """Wait up to ``timeout`` s until no worker runs a task (True if they all went idle).
+
+    A stopped job's reads still run to their end on the workers (a thread cannot be
+    interrupted); closing the cluster under them makes every worker log a CancelledError.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if not any(client.run(_tasks_running).values()):
+                return True
+        except Exception:  # best effort: workers may be going away already
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def call(client: Any, handler: str, /, **kwargs: Any) -> Any:
     """Call the scheduler handler ``omniload_<handler>`` from a synchronous client.
 

@@ -29,6 +29,8 @@ from .feeder import Feeder
 from .plan import Plan, load_plan, parse_plan
 from .scheduler_plugin import OmniloadPlugin
 
+CLOSE_IDLE_TIMEOUT = 3.0  # seconds close() lets a stopped job's running reads finish
+
 __all__ = ["Job", "local_cluster"]
 
 # Read tasks are coarse; without root-task queuing small tasks start ~5x sooner.
@@ -230,6 +232,8 @@ class Job:
         self._feeders.clear()
         if self.cluster is not None:
             self.stop()
+            if self.client.status == "running":  # let reads in flight end before closing
+                _dask.wait_workers_idle(self.client, CLOSE_IDLE_TIMEOUT)
         if self._owns_client:
             self.client.close()
         if self.cluster is not None:

@@ -55,3 +55,21 @@ def test_run_prints_a_report_as_json(tmp_path):
     assert [s["name"] for s in report["sources"]] == ["a"]
     assert len(report["efficiency"]) == 5
     assert all(0 < e <= 1 for e in report["efficiency"])
+
+
+def test_run_of_the_quickstart_plan_shuts_down_cleanly():
+    # 20 steps end while read-ahead reads still run on the workers: closing the embedded
+    # cluster under them used to make every worker log a CancelledError.
+    from omniload_dask.demo import make_demo_data
+
+    make_demo_data(REPO / "plans" / "demo-data")
+    proc = subprocess.run(
+        [sys.executable, "-m", "omniload_dask.cli", "run", str(REPO / "plans" / "quickstart.yaml"),
+         "--steps", "20", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["steps"] == 20
+    assert "CancelledError" not in proc.stderr, proc.stderr[-2000:]
