@@ -26,6 +26,7 @@ documents.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,8 @@ import numpy as np
 from .plan import MixingSpec
 
 __all__ = ["Mixer", "NeedMore", "Selection", "WeightSchedule"]
+
+FILL_CHUNK = 256  # candidates converted to Python at a time while filling a batch's room
 
 
 @dataclass(frozen=True)
@@ -263,28 +266,33 @@ def _fill(
     left. Every document looked at must have no unseen document of an open, truncated source
     before it (``last_tag``), so the answer never depends on how many candidates were shown.
     """
-    src_of, tag_of, len_of = srcs[tail].tolist(), tags[tail].tolist(), lengths[tail].tolist()
     closed: set[int] = set()
-    pending = {int(i): float(t) for i, t in enumerate(last_tag.tolist()) if np.isfinite(t)}
-    limit = min(pending.values(), default=np.inf)
+    # Open truncated sources by the tag of their last shown document (closed ones are dropped
+    # lazily): the smallest is how far the scan may go.
+    pending = [(t, i) for i, t in enumerate(last_tag.tolist()) if t != np.inf]
+    heapq.heapify(pending)
     taken: list[int] = []
-    for k, s in enumerate(src_of):
-        if s in closed:
-            continue
-        if tag_of[k] > limit:
-            return NeedMore(tuple(sorted(i for i, t in pending.items() if t < tag_of[k])))
-        if len_of[k] <= room:
-            taken.append(k)
-            room -= len_of[k]
-            if room == 0:
-                break
-            continue
-        closed.add(s)
-        if len(closed) == num_shown:
-            break
-        if pending.pop(s, None) is not None:
-            limit = min(pending.values(), default=np.inf)
-    else:  # every shown document was looked at and room is left
-        if pending:
-            return NeedMore(tuple(sorted(pending)))
+    for lo in range(0, len(tail), FILL_CHUNK):  # most batches fill within the first chunk
+        part = tail[lo : lo + FILL_CHUNK]
+        chunk = zip(srcs[part].tolist(), tags[part].tolist(), lengths[part].tolist(), strict=True)
+        for k, (s, tag, n) in enumerate(chunk, start=lo):
+            if s in closed:
+                continue
+            while pending and pending[0][1] in closed:
+                heapq.heappop(pending)
+            if pending and tag > pending[0][0]:
+                return NeedMore(tuple(sorted({i for t, i in pending if t < tag} - closed)))
+            if n <= room:
+                taken.append(k)
+                room -= n
+                if room == 0:
+                    return tail[np.asarray(taken, dtype=np.int64)]
+                continue
+            closed.add(s)
+            if len(closed) == num_shown:
+                return tail[np.asarray(taken, dtype=np.int64)]
+    # Every shown document was looked at and room is left: open truncated sources must show more.
+    waiting = sorted({i for _, i in pending} - closed)
+    if waiting:
+        return NeedMore(tuple(waiting))
     return tail[np.asarray(taken, dtype=np.int64)]
