@@ -3,12 +3,14 @@
 - Workers attach a read task's sample metadata to the task's own finished message (the worker
   task state's ``metadata``), which the scheduler passes to plugins' ``transition`` hooks as
   ``metadata=...``: no extra RPC and no ordering race with the result landing in memory.
-- A feeder fetches batches by key; the scheduler side registers the feeder's client as wanting
-  those keys (``client_desires_keys``), since ``Future(key, client)`` alone does not.
+- A feeder fetches batches straight from the workers the scheduler names (``who_has`` of keys
+  in memory), with Dask's ``gather_from_workers`` and no futures: the data plane holds each
+  batch until every rank of its group has passed it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 METADATA_FIELD = "omniload"
@@ -117,25 +119,23 @@ class _QuickConnect:
         self._pool.reuse(addr, comm)
 
 
-def fetch_from_workers(
-    client: Any, who_has: dict[str, list[str]]
-) -> tuple[dict[str, Any], set[Any]]:
+def fetch_from_workers(client: Any, who_has: dict[str, list[str]]) -> dict[str, Any]:
     """Get ``who_has``'s keys straight from the workers holding them (one RPC per worker).
 
-    Returns the values and the keys no listed worker could give (it left, or lost them). No
-    futures: the data plane holds the keys until the rank says it has them, so the scheduler
-    is not asked for their state, who has them, or to release them.
+    Returns the values of the keys a listed worker could give; one that left, or lost a key,
+    leaves it out. No futures: the data plane holds the keys until the rank says it has them,
+    so the scheduler is not asked for their state, who has them, or to release them.
     """
     from distributed.utils_comm import gather_from_workers
 
     rpc = _QuickConnect(client.rpc, FETCH_CONNECT_TIMEOUT)
 
-    async def fetch() -> tuple[dict[str, Any], set[Any]]:
+    async def fetch() -> dict[str, Any]:
         wanted: dict[Any, list[str]] = dict(who_has)
-        data, missing, failed, _ = await gather_from_workers(wanted, rpc=rpc)  # type: ignore[arg-type]
-        return {str(k): v for k, v in data.items()}, set(missing) | set(failed)
+        data, _, _, _ = await gather_from_workers(wanted, rpc=rpc)  # type: ignore[arg-type]
+        return {str(k): v for k, v in data.items()}
 
-    result: tuple[dict[str, Any], set[Any]] = client.sync(fetch)
+    result: dict[str, Any] = client.sync(fetch)
     return result
 
 
@@ -149,8 +149,6 @@ def wait_workers_idle(client: Any, timeout: float) -> bool:
     A stopped job's reads still run to their end on the workers (a thread cannot be
     interrupted); closing the cluster under them makes every worker log a CancelledError.
     """
-    import time
-
     deadline = time.monotonic() + timeout
     while True:
         try:

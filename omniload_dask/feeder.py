@@ -324,10 +324,10 @@ class Feeder:
                 self._lock.notify_all()
         if not keys:
             return []
-        data, missing = _dask.fetch_from_workers(client, reply["who_has"])
+        data = _dask.fetch_from_workers(client, reply["who_has"])
         got = []
         for key in keys:  # the steps up to the first one lost since the reply, in order
-            if key in missing or key not in data:
+            if key not in data:
                 break
             got.append(data[key])
         if not got:

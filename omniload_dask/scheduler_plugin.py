@@ -174,10 +174,6 @@ class OmniloadPlugin(SchedulerPlugin):
             return
         self._poke(job)
 
-    def update_graph(self, scheduler: Any, **kwargs: Any) -> None:
-        for job in self.jobs.values():
-            job.notify()
-
     def add_worker(self, scheduler: Any, worker: str) -> None:
         self._workers_changed()
 
@@ -707,8 +703,9 @@ class OmniloadPlugin(SchedulerPlugin):
             self._checkpoint(job)
             if moved:
                 # Waiting feeders look again only when a step was drawn or the job ended or
-                # failed (new keys wake them through update_graph): waking them on every
-                # pump would have them poke the pump again, a busy loop while reads run.
+                # failed (a batch reaching memory wakes them in ``transition``): waking them
+                # on every pump would have them poke the pump again, a busy loop while reads
+                # run.
                 job.notify()
             await asyncio.sleep(0)
 
