@@ -44,26 +44,27 @@ class ReadAhead(PlaneBase):
             if weights[i] <= 0:
                 continue
             pending = stream.pending_reads()
-            steps_per_unit = self._steps_per_unit(i, weights) or 0.0
+            seen = (
+                stream.version,  # a unit reported or the cursor moved (unit sizes known)
+                weights[i],
+                total,
+                i in self._starved,
+                len(stream.units),
+                pending,  # a part of a unit reported (the quota has room)
+                int(quota[i]) if quota is not None else -1,  # costs, weights or workers
+            )
+            if self._reads_seen.get(i) == seen:
+                continue  # nothing changed for this source since the last look
+            self._reads_seen[i] = seen
+            per_unit = self._steps_per_unit(i, weights)
+            steps_per_unit = per_unit or 0.0
             limit = -1
             if quota is not None:
                 # Never fewer in flight than the units of IN_FLIGHT_STEPS steps: a source of
                 # small units read one at a time would make every step wait for a round trip.
                 cover = math.ceil(IN_FLIGHT_STEPS / steps_per_unit) if steps_per_unit else 1
                 limit = max(int(quota[i]), cover)
-            seen = (
-                stream.version,
-                weights[i],
-                total,
-                i in self._starved,
-                len(stream.units),
-                pending,  # a part of a unit reported (the quota has room)
-                limit,  # costs measured, weights or workers changed
-            )
-            if self._reads_seen.get(i) == seen:
-                continue  # nothing changed for this source since the last look
-            self._reads_seen[i] = seen
-            window = self._read_window(i, weights)
+            window = self._window_of(per_unit)
             # A draw waiting on this source gets its next unknown unit even past the window
             # and the quota.
             need = stream.first_unknown() if i in self._starved else (-1, -1)
@@ -157,9 +158,12 @@ class ReadAhead(PlaneBase):
 
     def _read_window(self, i: int, weights: np.ndarray) -> int:
         """Units to keep submitted for source i: enough for the steps drawn ahead."""
+        return self._window_of(self._steps_per_unit(i, weights))
+
+    def _window_of(self, steps_per_unit: float | None) -> int:
+        """The read-ahead window of a source whose units feed ``steps_per_unit`` steps each."""
         loader = self.plan.loader
-        per_unit = self._steps_per_unit(i, weights)
-        if per_unit is None:
+        if steps_per_unit is None:
             return loader.read_ahead
         steps_ahead = loader.lookahead + loader.prefetch
-        return loader.read_ahead + math.ceil(steps_ahead / per_unit)
+        return loader.read_ahead + math.ceil(steps_ahead / steps_per_unit)
