@@ -508,17 +508,18 @@ def _refine(p: _Pieces, cap: np.ndarray, groups: int, max_moves: int | None = No
             break  # tiny gains only: not worth the planning time
         stalled += 1
         mine = np.flatnonzero(group == heavy)
+        mine_sample = _spread(cost[mine], SWAP_SAMPLE)  # the same for every partner below
+        room_h = np.maximum(cap, tokens[heavy]) - tokens[heavy]
         for light in np.lexsort((ids, load))[:REFINE_PARTNERS].tolist():
             gap = load[heavy] - load[light]
             if gap <= 0:
                 break
-            room_h = np.maximum(cap, tokens[heavy]) - tokens[heavy]
             room_l = np.maximum(cap, tokens[light]) - tokens[light]
             others = np.flatnonzero(group == light)
             budget -= min(len(mine), SWAP_SAMPLE) * (min(len(others), SWAP_SAMPLE) + 1)
             if budget < 0:
                 return touched  # few groups of many small pieces: near even already
-            move = _best_move(mine, others, gap, length, cost, bucket, room_h, room_l)
+            move = _best_move(mine, others, gap, length, cost, bucket, room_h, room_l, mine_sample)
             if move is None:
                 continue
             to_light, to_heavy, delta = move
@@ -554,17 +555,21 @@ def _best_move(
     bucket: np.ndarray,
     room_h: np.ndarray,
     room_l: np.ndarray,
+    hs: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float] | None:
     """The move, swap or exchange between two groups whose cost shift is nearest ``gap / 2``.
 
-    A shift ``delta`` in (0, gap) lowers the pair's larger cost. ``room_*`` are per bucket.
+    A shift ``delta`` in (0, gap) lowers the pair's larger cost. ``room_*`` are per bucket;
+    ``hs``: the positions in ``heavy`` weighed for moves and swaps (its ``_spread``), when the
+    caller has them already.
     """
     best: tuple[float, np.ndarray, np.ndarray, float] | None = None
     lh, ch, bh = length[heavy], cost[heavy], bucket[heavy]
     # Moves (the last column: nothing comes back) and one-for-one swaps, among at most
     # SWAP_SAMPLE pieces of each group spread over its range of costs (groups of hundreds of
     # small documents offer many near-equal choices; weighing all pairs cost milliseconds).
-    hs = _spread(ch, SWAP_SAMPLE)
+    if hs is None:
+        hs = _spread(ch, SWAP_SAMPLE)
     ls = _spread(cost[light], SWAP_SAMPLE)
     sub_h, sub_l = heavy[hs], light[ls]
     lhs, chs, bhs = lh[hs], ch[hs], bh[hs]

@@ -129,8 +129,8 @@ class CostModel:
             linear=spec.linear,
             quadratic=spec.quadratic,
             function=function,
-            encoder_linear=getattr(spec, "encoder_linear", 0.0),
-            encoder_quadratic=getattr(spec, "encoder_quadratic", 0.0),
+            encoder_linear=spec.encoder_linear,
+            encoder_quadratic=spec.encoder_quadratic,
         )
 
     @classmethod

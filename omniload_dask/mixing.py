@@ -118,31 +118,25 @@ class Mixer:
             take = int(np.searchsorted(total, budget_tokens, side="right"))
         else:
             take = min(int(budget_documents), len(order))  # type: ignore[arg-type]
+        # Every source must be known up to ``settled``: no unseen document may come before it.
+        chosen = order[:take]
         if take == len(order):  # everything shown fits: only exhausted sources are settled
-            short = tuple(i for i in active if np.isfinite(last_tag[i]))
-            if short:
-                return NeedMore(short)
-            chosen = order
-        elif budget_tokens is None:
-            # The first document left out ends the batch; no unseen document may precede it.
-            brk = tags[order[take]]
-            short = tuple(i for i in active if last_tag[i] < brk)
-            if short:
-                return NeedMore(short)
-            chosen = order[:take]
+            settled = np.inf
+        elif budget_tokens is None:  # the first document left out ends the batch
+            settled = tags[order[take]]
         else:
             room = budget_tokens - (int(total[take - 1]) if take else 0)
-            if room == 0:  # exactly full: only what precedes the last document taken matters
-                last = tags[order[take - 1]] if take else -np.inf
-                short = tuple(i for i in active if last_tag[i] < last)
-                if short:
-                    return NeedMore(short)
-                chosen = order[:take]
+            if room == 0:  # exactly full: nothing after the last document taken fits
+                settled = tags[order[take - 1]] if take else -np.inf
             else:
                 fill = _fill(order[take:], srcs, lengths, tags, last_tag, len(shown), room)
                 if isinstance(fill, NeedMore):
                     return fill
-                chosen = np.concatenate([order[:take], fill])
+                chosen = np.concatenate([chosen, fill])
+                settled = -np.inf  # _fill checked every document it looked at
+        short = tuple(i for i in active if last_tag[i] < settled)
+        if short:
+            return NeedMore(short)
         counts = np.bincount(srcs[chosen], minlength=len(weights)).astype(np.int64)
         return Selection(
             counts=counts, order=np.stack([srcs[chosen], idxs[chosen]], axis=1), tags=tags[chosen]

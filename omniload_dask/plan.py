@@ -409,10 +409,6 @@ class Plan:
     images: ImageSpec | None = None  # set when a source has images
 
     @property
-    def has_images(self) -> bool:
-        return any(s.has_images for s in self.sources)
-
-    @property
     def mixing_by(self) -> str:
         return self.mixing.by
 

@@ -72,9 +72,10 @@ def read_unit(
     table = None
     bad_images = 0
     pixels: list[list[np.ndarray]] = []
+    image_spec = images or ImageSpec()
     if spec.has_images:
         before = len(records.bad)
-        records, pixels = _decode_images(records, images or ImageSpec())
+        records, pixels = _decode_images(records, image_spec)
         bad_images = len(records.bad) - before
     t2 = time.perf_counter()
     bad = [
@@ -85,7 +86,6 @@ def read_unit(
         raise RecordError(bad[0] + " (set on_error: skip to skip and count such records)")
     tokens, offsets = tokenize(tokenizer, records.texts)
     if spec.has_images:
-        image_spec = images or ImageSpec()
         placeholder = image_token_id(tokenizer, image_spec.placeholder)
         tokens, offsets, table = _place(tokens, offsets, pixels, image_spec, placeholder, tokenizer)
     t3 = time.perf_counter()

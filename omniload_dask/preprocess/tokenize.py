@@ -19,10 +19,10 @@ import fsspec
 import numpy as np
 
 from ..errors import TokenizerError
+from ..plan import BYTE_IMAGE_TOKEN as BYTE_IMAGE
 from ..plan import TokenizerSpec
 
 BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 258
-BYTE_IMAGE = 258  # the byte tokenizer's image placeholder (vocabulary 259 with images)
 
 
 @dataclass(frozen=True)

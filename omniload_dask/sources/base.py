@@ -18,7 +18,6 @@ from .ids import MAX_FILES
 _GLOB_CHARS = set("*?[")
 
 
-SPLIT_KINDS = ("none", "rows", "bytes", "marks")
 MIN_PART_BYTES = 64 * 1024  # a byte-range part is at least this long
 
 
