@@ -35,6 +35,13 @@ between micro-batches may cut an image's tokens: every micro-batch holding some 
 the whole image and maps only the tokens it holds.
 
 Both classes register with ``dask.sizeof`` so the cluster's memory accounting is right.
+
+On the wire. Constructor tasks build micro-batches in *wire form* (``build(..., wire=True)``):
+``input_ids`` as ``uint32`` (the tokenizer's own id type) and no ``labels`` or ``position_ids``,
+which follow from ``input_ids``, ``cu_seqlens`` and ``image_token_map``. That is 4 bytes per
+token held in worker memory and sent to a feeder instead of 24; the feeder restores the full
+layout with :func:`expand` (three vector passes per micro-batch, on the trainer's side).
+Context-parallel slices are built from the full form and stay full.
 """
 
 from __future__ import annotations
@@ -45,7 +52,16 @@ from typing import Any
 import numpy as np
 from dask.sizeof import sizeof
 
-__all__ = ["IGNORE_INDEX", "IMAGE_FIELDS", "GroupBatch", "ImageTable", "Recipe", "Shard", "build"]
+__all__ = [
+    "IGNORE_INDEX",
+    "IMAGE_FIELDS",
+    "GroupBatch",
+    "ImageTable",
+    "Recipe",
+    "Shard",
+    "build",
+    "expand",
+]
 
 IGNORE_INDEX = -100
 IMAGE_FIELDS = (
@@ -189,24 +205,64 @@ def _sizeof_batch(batch: GroupBatch) -> int:
     ) + 256 * len(batch.micro_batches)
 
 
-def build(recipe: Recipe, shards: list[Shard]) -> GroupBatch:
-    """Pack the recipe's document pieces into micro-batches (pure numpy, no I/O)."""
+def build(recipe: Recipe, shards: list[Shard], wire: bool = False) -> GroupBatch:
+    """Pack the recipe's document pieces into micro-batches (pure numpy, no I/O); in wire form
+    (see the module docstring) if ``wire``."""
     micro_batches = []
     pieces = recipe.pieces
     for m in range(recipe.num_micro_steps):
         rows = pieces[pieces[:, 0] == m]
-        micro_batches.append(_micro_batch(recipe, m, rows, shards))
+        mb = _micro_batch(recipe, m, rows, shards, wire)
+        micro_batches.append(mb)
     return GroupBatch(step=recipe.step, group=recipe.group, micro_batches=micro_batches)
 
 
-def _micro_batch(recipe: Recipe, m: int, rows: np.ndarray, shards: list[Shard]) -> dict[str, Any]:
+def expand(mb: dict[str, Any]) -> dict[str, Any]:
+    """The full packed layout of a micro-batch in wire form (a full one is returned as is)::
+
+    wire   input_ids [5 6 7 8 9] (uint32)   cu_seqlens [0 3 5]   num_tokens 5
+    full   input_ids [5 6 7 8 9] (int64)    labels [6 7 -100 9 -100]   position_ids [0 1 2 0 1]
+    """
+    if "labels" in mb:
+        return mb
+    out = dict(mb)
+    input_ids = mb["input_ids"].astype(np.int64)
+    out["input_ids"] = input_ids
+    out["position_ids"], out["labels"] = _derived(
+        input_ids, mb["cu_seqlens"], int(mb["num_tokens"]), mb.get("image_token_map")
+    )
+    return out
+
+
+def _derived(
+    input_ids: np.ndarray, cu: np.ndarray, total: int, token_map: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``position_ids`` and ``labels`` of a packed micro-batch (padding: 0 and -100)."""
+    width = len(input_ids)
+    bounds = cu.astype(np.int64)
+    starts = np.repeat(bounds[:-1], bounds[1:] - bounds[:-1])
+    position_ids = np.zeros(width, dtype=np.int64)
+    position_ids[:total] = np.arange(total, dtype=np.int64) - starts
+    labels = np.full(width, IGNORE_INDEX, dtype=np.int64)
+    if total:
+        labels[: total - 1] = input_ids[1:total]
+        labels[cu[1:] - 1] = IGNORE_INDEX
+        if token_map is not None:  # image placeholders are never targets
+            labels[: total - 1][token_map[1:total] >= 0] = IGNORE_INDEX
+    return position_ids, labels
+
+
+def _micro_batch(
+    recipe: Recipe, m: int, rows: np.ndarray, shards: list[Shard], wire: bool
+) -> dict[str, Any]:
     n = len(rows)
     lengths = (rows[:, 4] - rows[:, 3]).astype(np.int64)
     cu = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
     total = int(cu[-1])
     width = recipe.capacity(m) if recipe.pad_to_seq_len else total
-    input_ids = np.full(width, recipe.pad_id, dtype=np.int64)
+    compact = wire and 0 <= recipe.pad_id < 2**32
+    input_ids = np.full(width, recipe.pad_id, dtype=np.uint32 if compact else np.int64)
     doc_source = np.empty(n, dtype=np.int32)
     doc_id = np.empty(n, dtype=np.int64)
     doc_epoch = np.zeros(n, dtype=np.int32)
@@ -218,20 +274,14 @@ def _micro_batch(recipe: Recipe, m: int, rows: np.ndarray, shards: list[Shard]) 
         doc_id[j] = shard.sample_ids[row]
         if recipe.slot_epochs:
             doc_epoch[j] = recipe.slot_epochs[slot]
-    starts = np.repeat(cu[:-1].astype(np.int64), lengths)
-    position_ids = np.zeros(width, dtype=np.int64)
-    position_ids[:total] = np.arange(total, dtype=np.int64) - starts
-    labels = np.full(width, IGNORE_INDEX, dtype=np.int64)
-    if total:
-        labels[: total - 1] = input_ids[1:total]
-        labels[cu[1:] - 1] = IGNORE_INDEX
     images = _images(recipe, rows, shards, cu, width) if recipe.patch_size else {}
-    if images and total:
-        labels[: total - 1][images["image_token_map"][1:total] >= 0] = IGNORE_INDEX
+    derived: dict[str, np.ndarray] = {}
+    if not compact:
+        position_ids, labels = _derived(input_ids, cu, total, images.get("image_token_map"))
+        derived = {"labels": labels, "position_ids": position_ids}
     return {
         "input_ids": input_ids,
-        "labels": labels,
-        "position_ids": position_ids,
+        **derived,
         "cu_seqlens": cu,
         "max_seqlen": int(lengths.max()) if n else 0,
         "num_tokens": total,

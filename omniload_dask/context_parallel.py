@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .batches import IGNORE_INDEX, GroupBatch
+from .batches import IGNORE_INDEX, GroupBatch, expand
 
 __all__ = ["slice_batch", "slice_micro_batch", "zigzag_index"]
 
@@ -51,7 +51,9 @@ def zigzag_index(cu_seqlens: np.ndarray, cp: int, rank: int) -> tuple[np.ndarray
 
 
 def slice_micro_batch(mb: dict[str, Any], cp: int, rank: int) -> dict[str, Any]:
-    """Slice ``rank`` of one packed micro-batch (see the module docstring)."""
+    """Slice ``rank`` of one packed micro-batch (see the module docstring); a slice is in full
+    form (``batches.expand``), as its labels and positions no longer follow from its tokens."""
+    mb = expand(mb)
     index, local = zigzag_index(mb["cu_seqlens"], cp, rank)
     out = dict(mb)
     cu = np.zeros(len(local) + 1, dtype=np.int32)

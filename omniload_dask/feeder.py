@@ -31,7 +31,7 @@ import numpy as np
 from distributed import Client
 
 from . import _dask
-from .batches import GroupBatch
+from .batches import GroupBatch, expand
 from .errors import JobError, MissingJobError, OmniloadError
 from .plan import LayoutSpec, parse_plan
 
@@ -350,6 +350,7 @@ class Feeder:
 
     # ------------------------------------------------------------------ output
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:
+        mb = expand(mb)  # the wire form carries neither labels nor position_ids
         out = dict(mb)
         sources = mb["doc_source"]
         if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined

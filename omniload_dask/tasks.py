@@ -216,10 +216,10 @@ def _place(
 
 
 def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:
-    """Build one DP group's micro-batches for one step."""
-    return build(recipe, list(shards))
+    """Build one DP group's micro-batches for one step, in wire form (``batches.expand``)."""
+    return build(recipe, list(shards), wire=True)
 
 
 def cp_slice(batch: GroupBatch, cp: int, rank: int) -> GroupBatch:
-    """Context-parallel rank ``rank``'s slice of a constructed batch."""
+    """Context-parallel rank ``rank``'s slice of a constructed batch (in full form)."""
     return slice_batch(batch, cp, rank)

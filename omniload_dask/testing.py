@@ -17,7 +17,7 @@ import numpy as np
 
 from . import tasks
 from .actions import Release, SubmitConstruct, SubmitRead
-from .batches import IMAGE_FIELDS, GroupBatch, Shard
+from .batches import IMAGE_FIELDS, GroupBatch, Shard, expand
 from .checkpoint import (
     CheckpointWriter,
     apply_new_plan,
@@ -218,7 +218,9 @@ def batch_digest(batch: GroupBatch) -> list[tuple[int, ...]]:
 
 
 def assert_batches_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
-    """Micro-batches (numpy or torch) are identical in every array and field."""
+    """Micro-batches (numpy or torch; either may be in wire form) are identical in every array
+    and field of the full layout."""
+    a, b = expand(a), expand(b)
     assert set(a) == set(b), (sorted(a), sorted(b))
     for key in a:
         x, y = a[key], b[key]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omniload_dask.batches import IGNORE_INDEX, Recipe, Shard, build
+from omniload_dask.batches import IGNORE_INDEX, Recipe, Shard, build, expand
 
 
 def shard(source: int, docs: list[list[int]]) -> Shard:
@@ -68,3 +68,30 @@ def test_pieces_of_a_split_document_and_padding():
     mb = empty.micro_batches[0]
     assert mb["input_ids"].tolist() == [99] * 4 and mb["num_tokens"] == 0
     assert mb["labels"].tolist() == [IGNORE_INDEX] * 4
+
+
+def test_wire_form_expands_to_exactly_the_full_layout():
+    # documents cut across micro-batches, padding, and an empty micro-batch
+    a, b = shard(0, [[1, 2, 3, 4, 5, 6], [40, 41, 42]]), shard(1, [[7, 8], [9]])
+    pieces = np.array(
+        [[0, 0, 0, 0, 4], [1, 0, 0, 4, 6], [1, 1, 0, 0, 2], [1, 0, 1, 0, 1], [3, 1, 1, 0, 1]]
+    )
+    for pad in (False, True):
+        recipe = Recipe(
+            step=2, group=0, num_micro_steps=4, pieces=pieces, seq_len=6, pad_to_seq_len=pad
+        )
+        full = build(recipe, [a, b]).micro_batches
+        wire = build(recipe, [a, b], wire=True).micro_batches
+        for f, w in zip(full, wire, strict=True):
+            assert "labels" not in w and "position_ids" not in w
+            assert w["input_ids"].dtype == np.uint32
+            assert w["input_ids"].nbytes * 2 == f["input_ids"].nbytes
+            e = expand(w)
+            assert set(e) == set(f)
+            for key, value in f.items():
+                if isinstance(value, np.ndarray):
+                    assert e[key].dtype == value.dtype, key
+                    assert np.array_equal(e[key], value), key
+                else:
+                    assert e[key] == value, key
+            assert expand(f) is f  # a full micro-batch is left alone

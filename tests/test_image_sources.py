@@ -19,6 +19,7 @@ import pytest
 
 from omniload_dask import RecordError, SourceError
 from omniload_dask import tasks as worker
+from omniload_dask.batches import expand
 from omniload_dask.demo_images import (
     caption,
     encode_image,
@@ -257,6 +258,7 @@ def test_bad_images_are_skipped_and_counted_per_source(tmp_path):
 
 # ------------------------------------------------------------------------------ batches
 def _check_micro_batch(mb: dict, shards_by_id: dict) -> None:
+    mb = expand(mb)  # constructor tasks build the wire form; labels come from expand
     ids = mb["input_ids"]
     token_map = mb["image_token_map"]
     total = int(mb["num_tokens"])

@@ -26,7 +26,8 @@ class Units:
     """What a format's ``units()`` returns: the read units and how a unit may be split.
 
     ``table`` rows are ``(file index, start, stop)``; ``rows`` the records per unit where known
-    up front, else -1. ``split`` says how :meth:`Catalog.parts` cuts a unit into smaller reads
+    up front, else -1. A negative ``stop`` means "to the end of the file", and ``-stop - 1`` is
+    where that end is estimated to be (the last unit of a compressed JSON Lines file). ``split`` says how :meth:`Catalog.parts` cuts a unit into smaller reads
     with the same records: ``rows`` (start/stop are row numbers), ``bytes`` (byte ranges whose
     records are those starting inside, as JSON Lines), ``marks`` (records start at the byte
     offsets ``marks[mark_index[u]:mark_index[u + 1]]``), or ``none``.
@@ -66,15 +67,15 @@ class Catalog:
         if self.rows[u] >= 0:
             return int(self.rows[u])
         _, start, stop = (int(v) for v in self.units[u])
-        return max(1, stop - start) if stop >= 0 else 1
+        return max(1, _end(stop) - start)
 
     def max_parts(self, u: int) -> int:
         """How many parts unit ``u`` can be read in (1: it cannot be split)."""
         _, start, stop = (int(v) for v in self.units[u])
         if self.split in ("rows", "marks"):
             return max(1, int(self.rows[u]))
-        if self.split == "bytes" and stop >= 0:
-            return max(1, (stop - start) // MIN_PART_BYTES)
+        if self.split == "bytes":
+            return max(1, (_end(stop) - start) // MIN_PART_BYTES)
         return 1
 
     def parts(self, u: int, count: int) -> list[tuple[int, int]]:
@@ -90,13 +91,19 @@ class Catalog:
         if count == 1:
             return [(start, stop)]
         if self.split == "rows" or self.split == "bytes":
-            cuts = [start + p * (stop - start) // count for p in range(count + 1)]
+            end = _end(stop)
+            cuts = [start + p * (end - start) // count for p in range(count)] + [stop]
         else:  # marks
             assert self.marks is not None and self.mark_index is not None
             first, last = int(self.mark_index[u]), int(self.mark_index[u + 1])
             n = last - first
             cuts = [int(self.marks[first + p * n // count]) for p in range(count)] + [stop]
         return list(itertools.pairwise(cuts))
+
+
+def _end(stop: int) -> int:
+    """Where a unit ends: its stop, or the estimated end of a unit that reads to the end."""
+    return stop if stop >= 0 else -stop - 1
 
 
 @dataclass
@@ -235,7 +242,17 @@ def read_unit_records(spec: SourceSpec, file_url: str, start: int, stop: int) ->
 
 
 def open_file(fs: Any, path: str, compression: str | None = None) -> Any:
-    """Open for reading without read-ahead beyond what is asked (ranges are read exactly)."""
+    """Open for reading without read-ahead beyond what is asked (ranges are read exactly).
+
+    zstd is opened here rather than through fsspec, whose ``zstandard`` reader stops at the end
+    of the first frame: the rest of a multi-frame file (``pzstd``, concatenated files) would be
+    lost without a word.
+    """
+    if compression == "zstd":
+        import zstandard
+
+        raw = fs.open(path, "rb")
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
     if compression:
         return fsspec.core.OpenFile(fs, path, mode="rb", compression=compression).open()
     return fs.open(path, "rb", cache_type="none")

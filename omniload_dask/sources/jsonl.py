@@ -10,8 +10,19 @@ unit), so neighbouring units never share or drop a line::
     unit 0 reads a, b (b starts at 7 <= 16); unit 1 reads c (starts at 22) and d.
 
 The same rule lets a unit be read in parts (byte sub-ranges) that together hold exactly its
-lines. Compressed files cannot be entered in the middle, so each is one unit, read whole. A record's offset (and
-so its sample id) is the byte offset of its line, in the decompressed stream where compressed.
+lines. A record's offset (and so its sample id) is the byte offset of its line, in the
+decompressed stream where compressed.
+
+Compressed files are cut the same way, in ranges of the decompressed stream: a read
+decompresses from the start of the file and throws away the bytes before its range (cheap next
+to parsing and tokenizing them). How long the decompressed stream is can only be estimated
+without reading it all (the zstd frame header or the gzip trailer of the source's first
+compressed file gives the ratio, else ``DEFAULT_RATIO``), so the last unit of a compressed file
+runs to the end of the stream whatever its length: its stop is stored as ``-(estimated end) - 1``
+(see :class:`~omniload_dask.sources.base.Units`). A wrong estimate only makes units longer or
+shorter, or leaves some empty; it never drops or repeats a line. At most
+``MAX_COMPRESSED_UNITS`` units per file, which bounds the decompression thrown away at about
+that many halves of the file per pass.
 """
 
 from __future__ import annotations
@@ -28,6 +39,10 @@ from .base import RawRecords, Units, open_file
 from .ids import MAX_OFFSET
 
 _TAIL_CHUNK = 1 << 16
+_SKIP_CHUNK = 1 << 20
+MAX_COMPRESSED_UNITS = 16
+DEFAULT_RATIO = 4.0  # decompressed / compressed bytes, when no header tells
+_RATIO_RANGE = (1.0, 50.0)
 
 
 class JsonLines:
@@ -54,9 +69,13 @@ class JsonLines:
         sizes: list[int],
     ) -> Units:
         rows: list[tuple[int, int, int]] = []
+        ratio: float | None = None
         for i, (url, size) in enumerate(zip(files, sizes, strict=True)):
-            if infer_compression(url):
-                rows.append((i, 0, -1))
+            compression = infer_compression(url)
+            if compression:
+                if ratio is None:
+                    ratio = _ratio(fs, url, compression, size)
+                rows.extend(_compressed_units(i, int(size * ratio), spec.unit_bytes))
                 continue
             if size >= MAX_OFFSET:
                 raise SourceError(
@@ -95,10 +114,16 @@ class JsonLines:
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
         url = fs.unstrip_protocol(path)
         compression = infer_compression(path)
-        if stop < 0:
+        if compression:
             with open_file(fs, path, compression) as f:
-                data = f.read()
-            base, line_starts = 0, _line_starts(data, 0, len(data))
+                _skip(f, start)
+                if stop < 0:  # the last unit of the file: to the end of the stream
+                    data = f.read()
+                else:
+                    data = f.read(stop - start)
+                    data += _read_to_newline(f, data)
+            base = start
+            line_starts = _line_starts(data, start, stop if stop >= 0 else start + len(data))
         else:
             with open_file(fs, path) as f:
                 f.seek(start)
@@ -107,6 +132,49 @@ class JsonLines:
             base = start
             line_starts = _line_starts(data, start, stop)
         return _parse(spec, url, data, base, line_starts)
+
+
+def _compressed_units(index: int, estimate: int, unit_bytes: int) -> list[tuple[int, int, int]]:
+    """Units of one compressed file of about ``estimate`` decompressed bytes; the last one's stop
+    is ``-(end) - 1``: it reads to the end of the stream."""
+    estimate = max(1, estimate)
+    count = max(1, min(MAX_COMPRESSED_UNITS, -(-estimate // max(1, unit_bytes))))
+    step = -(-estimate // count)
+    rows = [(index, k * step, (k + 1) * step) for k in range(count - 1)]
+    last = (count - 1) * step
+    rows.append((index, last, -max(estimate, last + 1) - 1))
+    return rows
+
+
+def _ratio(fs: Any, url: str, compression: str, size: int) -> float:
+    """Decompressed over compressed bytes of one file, from its header or trailer if it says."""
+    path = fs._strip_protocol(url)
+    full: int | None = None
+    try:
+        if compression == "zstd" and size >= 18:
+            import zstandard
+
+            with fs.open(path, "rb", cache_type="none") as f:
+                n = zstandard.frame_content_size(f.read(18))
+            full = n if n > 0 else None
+        elif compression == "gzip" and size >= 18:
+            with fs.open(path, "rb", cache_type="none") as f:
+                f.seek(size - 4)
+                full = int.from_bytes(f.read(4), "little")  # ISIZE: modulo 2**32
+    except Exception:  # a bad header is the reader's to report, with its file and range
+        full = None
+    if not full or size <= 0:
+        return DEFAULT_RATIO
+    return min(max(full / size, _RATIO_RANGE[0]), _RATIO_RANGE[1])
+
+
+def _skip(f: Any, count: int) -> None:
+    """Read and drop ``count`` bytes of a decompressing stream (fewer if it ends first)."""
+    while count > 0:
+        chunk = f.read(min(count, _SKIP_CHUNK))
+        if not chunk:
+            return
+        count -= len(chunk)
 
 
 def _read_to_newline(f: Any, data: bytes) -> bytes:
