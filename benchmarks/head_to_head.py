@@ -2,9 +2,13 @@
 and simulated step time, for several numbers of trainer ranks and sources, in one run.
 
     python benchmarks/head_to_head.py [--quick] [--ranks 2,4,8,16] [--sources 3,4,16]
+                                      [--tokenizer words|bpe]
 
 Both systems get the same data (``manysources.py``: web-like JSON Lines, code-like zstd JSON
-Lines and books-like Parquet, repeated up to 16 sources), the same plan (weights, tokenizer,
+Lines and books-like Parquet, repeated up to 16 sources) and the same tokenizer: ``words`` (a
+word-level vocabulary of 4k words, ~3 MiB loaded) or ``bpe`` (a byte-level BPE of Llama 3's
+size, 128,256 ids, ~90 MiB loaded, trained on the same kind of text, so the token counts match),
+the same plan (weights, tokenizer,
 ``seq_len``, micro-batches, cost model) and the same trainer ranks: R separate OS processes
 that import torch, then consume packed micro-batches as fast as they can (no model).
 
@@ -85,11 +89,12 @@ MIN_SAMPLES = 3  # memory samples, after the throughput window, while all ranks 
 MAX_EXTRA_S = 180.0  # the longest the memory phase may take
 GIB = 2**30
 MIB = 2**20
+TOKENIZER_FILES = {"words": "tokenizer.json", "bpe": "tokenizer-bpe.json"}
 
 
 # ------------------------------------------------------------------ the plan
 def make_plan(data: Path, sources: int, ranks: int, seq_len: int, micro: int, dask_workers: int,
-              fill: float = 1.0) -> dict[str, Any]:  # fmt: skip
+              fill: float = 1.0, tokenizer: str = "words") -> dict[str, Any]:  # fmt: skip
     from manysources import source_specs
 
     return {
@@ -98,7 +103,7 @@ def make_plan(data: Path, sources: int, ranks: int, seq_len: int, micro: int, da
         "seed": 1,
         "tokenizer": {
             "kind": "huggingface",
-            "path": str(data / "tokenizer.json"),
+            "path": str(data / TOKENIZER_FILES[tokenizer]),
             "bos": "<s>",
             "eos": "</s>",
         },
@@ -172,7 +177,9 @@ def role_rank(spec: dict[str, Any]) -> None:
     if spec["system"] == "baseline":
         from rank_local import RankLocalLoader
 
-        loader: Any = RankLocalLoader(plan, rank, world, workers=spec["workers"])
+        loader: Any = RankLocalLoader(
+            plan, rank, world, workers=spec["workers"], tokenizer_in=spec["tokenizer_in"]
+        )
         state, produced = loader.state_bytes, loader.produced_tokens
     else:
         from omniload_dask import Feeder
@@ -345,7 +352,8 @@ def run_config(system: str, sources: int, ranks: int, args: argparse.Namespace, 
     import numpy as np
     from accounting import cpu_seconds, tree_sample
 
-    plan = make_plan(data, sources, ranks, args.seq_len, args.micro, args.dask_workers, args.fill)
+    plan = make_plan(data, sources, ranks, args.seq_len, args.micro, args.dask_workers, args.fill,
+                     args.tokenizer)  # fmt: skip
     name = f"{system}-s{sources}-r{ranks}"
     load0 = os.getloadavg()
     children: list[Child] = []
@@ -353,7 +361,8 @@ def run_config(system: str, sources: int, ranks: int, args: argparse.Namespace, 
     sampler: Sampler | None = None
     try:
         for r in range(ranks):
-            spec = {"system": system, "plan": plan, "rank": r, "workers": args.workers}
+            spec = {"system": system, "plan": plan, "rank": r, "workers": args.workers,
+                    "tokenizer_in": args.baseline_tokenizer_in}  # fmt: skip
             children.append(Child("rank", spec, logs / f"{name}-rank{r}.log"))
         for c in children:
             c.expect("READY", 180)
@@ -682,12 +691,26 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, help="measured window per run")
     parser.add_argument("--warmup", type=float, help="seconds after every rank's first batch")
     parser.add_argument("--seq-len", type=int, default=8192)
-    parser.add_argument("--micro", type=int, default=2, help="micro-batches per rank and step")
+    parser.add_argument("--micro", type=int, default=8, help="micro-batches per rank and step")
     parser.add_argument(
         "--fill", type=float, default=1.0, help="token budget per step, share of the capacity"
     )
+    parser.add_argument(
+        "--tokenizer",
+        choices=sorted(TOKENIZER_FILES),
+        default="bpe",
+        help="bpe (default): byte-level BPE of Llama 3's size, the model the cost model "
+        "describes; words: a 4k-word word-level vocabulary (cheap, small)",
+    )
+    parser.add_argument(
+        "--baseline-tokenizer-in",
+        choices=("worker", "rank"),
+        default="worker",
+        help="where the baseline loads its tokenizer: in each DataLoader worker (a copy each), "
+        "or in the rank before its workers fork (they share its pages)",
+    )
     parser.add_argument("--interval", type=float, default=0.5, help="memory sampling period")
-    parser.add_argument("--mem-budget-gib", type=float, default=12.0)
+    parser.add_argument("--mem-budget-gib", type=float, default=18.0)
     parser.add_argument("--max-procs", type=int, default=300)
     parser.add_argument("--systems", default="baseline,omniload")
     parser.add_argument("--data", help="data folder (default: a folder under the temp dir)")
@@ -766,7 +789,8 @@ def main() -> int:
                 )
     setup = (
         f"seq_len {args.seq_len}, {args.micro} micro-batches per rank and step, budget "
-        f"{args.fill:g} of capacity; baseline: {args.workers} DataLoader workers per source "
+        f"{args.fill:g} of capacity; tokenizer {args.tokenizer} (baseline: loaded in each "
+        f"{args.baseline_tokenizer_in}); baseline: {args.workers} DataLoader workers per source "
         f"per rank; omniload-dask: {args.dask_workers} Dask workers; throughput window "
         f"{args.seconds:g} s after {args.warmup:g} s; {os.cpu_count()} CPUs; load average at "
         f"the start {load_start[0]:.1f}, at the end {os.getloadavg()[0]:.1f}."
@@ -786,6 +810,9 @@ def main() -> int:
         "benchmark": "head_to_head",
         "quick": args.quick,
         "workers_per_source": args.workers,
+        "tokenizer": args.tokenizer,
+        "baseline_tokenizer_in": args.baseline_tokenizer_in,
+        "micro_batches": args.micro,
         "dask_workers": args.dask_workers,
         "seconds": round(time.monotonic() - t_start, 1),
         "cpu_count": os.cpu_count(),

@@ -4,6 +4,7 @@
 the same bytes on every machine::
 
     tokenizer.json                  a Hugging Face word-level tokenizer over the vocabulary
+    tokenizer-bpe.json              a byte-level BPE tokenizer of Llama 3's size (128,256 ids)
     s00-web/part-0000.jsonl ...     kind 0 (web): short documents, plain JSON Lines ("text")
     s01-code/part-0000.jsonl.zst    kind 1 (code): code-like files, zstd JSON Lines ("content")
     s02-books/part-0000.parquet     kind 2 (books): long, heavy-tailed documents, Parquet ("body")
@@ -29,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
-__all__ = ["KINDS", "make_sources", "source_specs"]
+__all__ = ["BPE_VOCAB", "KINDS", "make_sources", "source_specs", "write_bpe_tokenizer"]
 
 KINDS = ("web", "code", "books")
 KIND_WEIGHT = {"web": 0.5, "code": 0.3, "books": 0.2}
@@ -41,6 +42,7 @@ PUNCT = (".", ",", ";", ":", "(", ")", "=", "+", "{", "}", "[", "]", "_", "-")
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 SEED = 20261130
 ROWS_PER_GROUP = 8  # Parquet row group size (books); a group is one read unit of omniload-dask
+BPE_VOCAB = 128_256  # Llama 3's vocabulary, the size the cost model's 8B model has
 
 
 def _vocabulary(rng: np.random.Generator, size: int = 4000) -> list[str]:
@@ -101,10 +103,15 @@ def make_sources(
     if marker.exists():  # source i is the same whatever the count: more sources will do
         have = json.loads(marker.read_text())
         if have["sources"] >= sources and {**have, "sources": sources} == want:
+            if not (folder / "tokenizer-bpe.json").exists():  # data written before it existed
+                write_bpe_tokenizer(
+                    folder / "tokenizer-bpe.json", _vocabulary(np.random.default_rng(SEED))
+                )
             return folder
     rng = np.random.default_rng(SEED)
     vocab = _vocabulary(rng)
     _write_tokenizer(folder / "tokenizer.json", vocab)
+    write_bpe_tokenizer(folder / "tokenizer-bpe.json", vocab)
     vocab_arr = np.asarray(vocab)
     cctx = zstandard.ZstdCompressor(level=3)
     for i in range(sources):
@@ -160,4 +167,58 @@ def _write_tokenizer(path: Path, vocab: list[str]) -> None:
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
     )
+    path.write_text(tok.to_str())
+
+
+def write_bpe_tokenizer(path: Path, vocab: list[str], size: int = BPE_VOCAB) -> None:
+    """A byte-level BPE tokenizer with ``size`` ids, deterministic, for memory figures that
+    match a real model's tokenizer (nothing can be downloaded here).
+
+    Trained (``tokenizers``' BPE trainer) on text drawn like the sources' own (every kind), so
+    the benchmark's text gets the tokens a tokenizer trained on it would give, then padded up
+    to ``size`` ids with merges of pairs of earlier tokens (at most 16 characters, from a fixed
+    seed), which rank after the trained ones. Loaded, it takes about as much memory as a real
+    tokenizer of this size (its JSON is ~10 MB, Llama 3's ~9 MB).
+    """
+    rng = np.random.default_rng([SEED, 128])
+    words = np.asarray(vocab)
+    sample = [t for kind in KINDS for t in _texts(rng, words, kind, 1.0, 200_000)]
+    bpe_from_texts(path, sample, size, rng)
+
+
+def bpe_from_texts(
+    path: Path, sample: list[str], size: int = BPE_VOCAB, rng: np.random.Generator | None = None
+) -> None:
+    """Train a byte-level BPE on ``sample`` and pad it to ``size`` ids with merges drawn from
+    ``rng`` (see :func:`write_bpe_tokenizer`); write it to ``path``."""
+    from tokenizers import Tokenizer, decoders, models, trainers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    rng = rng if rng is not None else np.random.default_rng([SEED, 129])
+    trained = Tokenizer(models.BPE())
+    trained.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=32_000,
+        special_tokens=list(SPECIALS),
+        initial_alphabet=ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    trained.train_from_iterator(sample, trainer)
+    model = json.loads(trained.to_str())["model"]
+    table: dict[str, int] = dict(model["vocab"])
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    tokens = sorted(table, key=table.__getitem__)
+    while len(table) < size:
+        a = tokens[int(rng.integers(0, len(tokens)))]
+        b = tokens[int(rng.integers(0, min(len(tokens), 4096)))]
+        if len(a) + len(b) > 16 or a + b in table or a in SPECIALS or b in SPECIALS:
+            continue
+        merges.append((a, b))
+        table[a + b] = len(table)
+        tokens.append(a + b)
+    tok = Tokenizer(models.BPE(vocab=table, merges=merges))
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIALS))
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tok.to_str())

@@ -15,7 +15,10 @@ ship it, from the same plan (sources, weights, tokenizer, seq_len, micro-batches
 
 Every epoch a worker reshuffles the order of its files (seeded); records come in file order.
 Tokens come from the same tokenizer code as the loader's read tasks
-(``omniload_dask.preprocess.tokenize``), so both systems deliver the same kind of tokens.
+(``omniload_dask.preprocess.tokenize``), so both systems deliver the same kind of tokens. Each
+worker loads the tokenizer when it first tokenizes (``tokenizer_in="worker"``, a copy per
+worker), or the rank loads it before its workers fork (``"rank"``: the workers share its pages
+until they write to them).
 
 File-access state (:func:`RankLocalLoader.state_bytes`) is what the loader keeps between reads
 to know which files to read and where it is in them, summed over the rank and its workers:
@@ -43,7 +46,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from omniload_dask.cost import CostModel
 from omniload_dask.mixing import Mixer, NeedMore
 from omniload_dask.plan import Plan, SourceSpec, TokenizerSpec
-from omniload_dask.preprocess.tokenize import tokenize
+from omniload_dask.preprocess.tokenize import load_tokenizer, tokenize
 
 __all__ = ["RankLocalLoader", "SourceShard", "shard_files", "step_cost"]
 
@@ -273,7 +276,12 @@ class RankLocalLoader:
         prefetch_factor: int = 2,
         chunk_tokens: int = 8192,
         output: str = "torch",
+        tokenizer_in: str = "worker",
     ) -> None:
+        if tokenizer_in not in ("worker", "rank"):
+            raise ValueError(f"tokenizer_in must be 'worker' or 'rank', got {tokenizer_in!r}")
+        if tokenizer_in == "rank":  # loaded once here: the forked workers share its pages
+            load_tokenizer(plan.tokenizer)
         self.plan = plan
         self.rank = rank
         self.world = world

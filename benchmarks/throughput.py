@@ -1,6 +1,6 @@
 """Delivered tokens/s through feeders vs the read+tokenize limit of plain processes.
 
-    python benchmarks/throughput.py [--quick] [--workers 2] [--ranks 4]
+    python benchmarks/throughput.py [--quick] [--workers 2] [--ranks 4] [--tokenizer words|bpe]
 
 In one run, on the same data and tokenizer:
 
@@ -17,6 +17,12 @@ In one run, on the same data and tokenizer:
 
 Also: time to first batch from launch (cluster start included) and the feeders' wait per
 micro-batch (p50/p99, warm: after the first 10% of micro-batches). Ends with ``RESULT {json}``.
+
+Tokenizer (``--tokenizer``): ``bpe`` (the default), a byte-level BPE trained on the demo data
+and padded to Llama 3's 128,256 ids, the kind of tokenizer LLMs are trained with (about 1.6x
+the CPU per token of the other here, and the same token counts); or ``words``, the demo data's
+word-level tokenizer (a lookup in a 4k-word vocabulary: so cheap per token that everything
+besides tokenizing weighs more).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -86,6 +93,31 @@ def read_limit(plan_data: dict, processes: int) -> dict:
     }
 
 
+def bpe_tokenizer(data: Path, plan_data: dict) -> Path:
+    """A byte-level BPE trained on the data's first units (every source), padded to 128,256
+    ids (``manysources.bpe_from_texts``); written once next to the data."""
+    path = data / "tokenizer-bpe.json"
+    if path.exists():
+        return path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from manysources import bpe_from_texts
+
+    from omniload_dask.sources import read_unit_records
+
+    sample: list[str] = []
+    for spec in parse_plan(plan_data).sources:
+        cat = tasks.discover(spec)
+        chars = 0
+        for f, lo, hi in cat.units.tolist():
+            texts = read_unit_records(spec, cat.files[f], lo, hi).texts
+            sample += texts
+            chars += sum(map(len, texts))
+            if chars > 3_000_000:
+                break
+    bpe_from_texts(path, sample)
+    return path
+
+
 def _cpu_seconds() -> tuple[float, float]:
     """CPU seconds so far of this process and of its child processes (the workers)."""
     import psutil
@@ -102,45 +134,90 @@ def _cpu_seconds() -> tuple[float, float]:
     return own.user + own.system, children
 
 
-def run_loader(plan_data: dict, target_tokens: int) -> dict:
+def _rank_process(job: str, address: str, rank: int, steps: int, out: Any) -> None:
+    """A trainer rank of its own (``--rank-processes``): consume, then report marks and waits."""
+    from omniload_dask import Feeder
+
+    feeder = Feeder(job, address=address, rank=rank, max_steps=steps, output="numpy")
+    marks = []
+    for mb in feeder:
+        marks.append((time.time(), int(mb["num_tokens"])))
+        if len(marks) == 1:
+            out.put(("first", rank, marks[0][0]))
+    out.put(("done", rank, (marks, list(feeder.waits))))
+    feeder.close()
+
+
+def run_loader(plan_data: dict, target_tokens: int, rank_processes: bool = False) -> dict:
     plan = parse_plan(plan_data)
     budget = plan.batch.global_tokens or 1
     steps = max(8, int(target_tokens / budget))
-    t_launch = time.perf_counter()
+    t_launch = time.time()
     job = Job.start(plan, dashboard_address=None)
-    started = time.perf_counter() - t_launch
+    started = time.time() - t_launch
     ranks = plan.layout.world_size
-    feeders = [job.feeder(rank=r, max_steps=steps, output="numpy") for r in range(ranks)]
-    first = [None] * ranks
+    first: list[float | None] = [None] * ranks
     tokens = np.zeros(ranks, dtype=np.int64)
     marks: list[list[tuple[float, int]]] = [[] for _ in range(ranks)]
     cpu_at_first: list[tuple[float, float, float]] = []
     lock = threading.Lock()
+    if rank_processes:
+        # Each rank in its own process, as trainers are: their CPU counts with the workers'
+        # (children of this process); the first batch's CPU mark is taken when it is reported.
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        address = job.client.scheduler_info()["address"]
+        procs = [
+            ctx.Process(target=_rank_process, args=(job.name, address, r, steps, queue))
+            for r in range(ranks)
+        ]
+        for proc in procs:
+            proc.start()
+        all_waits: list[list[float]] = [[] for _ in range(ranks)]
+        done = 0
+        while done < ranks:
+            kind, r, payload = queue.get()
+            if kind == "first":
+                if not cpu_at_first:  # the first batch of any rank: start the CPU count
+                    cpu_at_first.append((payload, *_cpu_seconds()))
+                continue
+            marks[r], all_waits[r] = payload
+            first[r] = marks[r][0][0] if marks[r] else None
+            tokens[r] = sum(n for _, n in marks[r])
+            done += 1
+        end = max(m[-1][0] for m in marks if m)
+        cpu_end = _cpu_seconds()
+        for proc in procs:
+            proc.join()
+        waits = np.concatenate([np.asarray(w) for w in all_waits])
+        warm = np.concatenate([np.asarray(w)[len(w) // 10 :] for w in all_waits])
+    else:
+        feeders = [job.feeder(rank=r, max_steps=steps, output="numpy") for r in range(ranks)]
 
-    def consume(r: int) -> None:
-        for mb in feeders[r]:
-            now = time.perf_counter()
-            if first[r] is None:
-                first[r] = now
-                with lock:
-                    if not cpu_at_first:
-                        cpu_at_first.append((now, *_cpu_seconds()))
-            tokens[r] += int(mb["num_tokens"])
-            marks[r].append((now, int(mb["num_tokens"])))
+        def consume(r: int) -> None:
+            for mb in feeders[r]:
+                now = time.time()
+                if first[r] is None:
+                    first[r] = now
+                    with lock:
+                        if not cpu_at_first:
+                            cpu_at_first.append((now, *_cpu_seconds()))
+                tokens[r] += int(mb["num_tokens"])
+                marks[r].append((now, int(mb["num_tokens"])))
 
-    threads = [threading.Thread(target=consume, args=(r,)) for r in range(ranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    end = time.perf_counter()
-    cpu_end = _cpu_seconds()
-    waits = np.concatenate([np.asarray(f.waits) for f in feeders])
-    per_rank_warm = [np.asarray(f.waits)[len(f.waits) // 10 :] for f in feeders]
-    warm = np.concatenate(per_rank_warm)
+        threads = [threading.Thread(target=consume, args=(r,)) for r in range(ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        end = time.time()
+        cpu_end = _cpu_seconds()
+        waits = np.concatenate([np.asarray(f.waits) for f in feeders])
+        warm = np.concatenate([np.asarray(f.waits)[len(f.waits) // 10 :] for f in feeders])
     stats = job.stats()
     job.close()
     first_batch = min(t for t in first if t is not None)
+    assert first_batch is not None
     total = int(tokens.sum())
     timeline = np.array(sorted(m for rank in marks for m in rank))
     cum = np.cumsum(timeline[:, 1])
@@ -180,6 +257,17 @@ def main() -> int:
     parser.add_argument("--data", help="folder for the generated data (default: a temp dir)")
     parser.add_argument("--seq-len", type=int, default=8192, help="tokens per sequence")
     parser.add_argument(
+        "--tokenizer",
+        choices=("bpe", "words"),
+        default="bpe",
+        help="bpe (default): byte-level BPE of Llama 3's size; words: the demo's word-level one",
+    )
+    parser.add_argument(
+        "--rank-processes",
+        action="store_true",
+        help="each simulated rank in its own process (default: threads of this process)",
+    )
+    parser.add_argument(
         "--micro-batches", type=int, default=8, help="micro-batches per rank and step"
     )
     args = parser.parse_args()
@@ -187,11 +275,13 @@ def main() -> int:
     root = Path(args.data) if args.data else Path(tempfile.gettempdir()) / "omniload-bench"
     data = make_demo_data(root / f"scale{scale:g}", scale=scale)
     plan_data = bench_plan(data, args.ranks, args.workers, args.seq_len, args.micro_batches)
+    if args.tokenizer == "bpe":
+        plan_data["tokenizer"]["path"] = str(bpe_tokenizer(data, plan_data))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     one = read_limit(plan_data, 1)
     limit = read_limit(plan_data, args.workers)
-    loader = run_loader(plan_data, limit["tokens"] * (1 if args.quick else 2))
+    loader = run_loader(plan_data, limit["tokens"] * (1 if args.quick else 2), args.rank_processes)
     ratio = loader["tokens_per_s_steady"] / limit["tokens_per_s"]
     result = {
         "benchmark": "throughput",
@@ -200,6 +290,8 @@ def main() -> int:
         "ranks": args.ranks,
         "seq_len": args.seq_len,
         "micro_batches": args.micro_batches,
+        "tokenizer": args.tokenizer,
+        "rank_processes": args.rank_processes,
         "tokens_per_step": args.ranks * args.micro_batches * args.seq_len,
         "limit_1proc_tokens_per_s": round(one["tokens_per_s"]),
         "limit_tokens_per_s": round(limit["tokens_per_s"]),

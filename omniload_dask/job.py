@@ -33,15 +33,18 @@ CLOSE_IDLE_TIMEOUT = 3.0  # seconds close() lets a stopped job's running reads f
 
 __all__ = ["Job", "local_cluster"]
 
-# Read tasks are coarse; without root-task queuing small tasks start ~5x sooner.
-# The embedded cluster does one job, so it skips what costs CPU there and serves nobody: the
-# workers' statistical profiler (a stack sample every 10 ms per thread) and host-wide disk I/O
-# counters; process memory is checked every 0.5 s instead of every 0.1 s.
+# Settings of the embedded cluster (a cluster given by address keeps its own):
 _DASK_CONFIG = {
+    # reads are coarse tasks; without root-task queuing small tasks start ~5x sooner
     "distributed.scheduler.worker-saturation": "inf",
+    # the cluster does one job, so it skips what costs CPU and serves nobody here: the
+    # workers' statistical profiler (a stack sample every 10 ms per thread), host-wide disk
+    # I/O counters; process memory is checked every 0.5 s rather than every 0.1 s, and the
+    # event-loop health tick (it only warns) runs every 0.2 s rather than every 20 ms
     "distributed.worker.profile.enabled": False,
     "distributed.admin.system-monitor.disk": False,
     "distributed.worker.memory.monitor-interval": "500ms",
+    "distributed.admin.tick.interval": "200ms",
 }
 
 
