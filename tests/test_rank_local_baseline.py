@@ -132,3 +132,35 @@ def test_micro_batches_are_packed_within_capacity_and_follow_the_mix(data):
         assert step_cost(cost, mbs) > 0
     shares = per_source / per_source.sum()
     np.testing.assert_allclose(shares, [0.5, 0.3, 0.2], atol=0.02)
+
+
+def test_the_bpe_tokenizer_has_llama3s_size_and_the_word_level_token_counts(data):
+    from tokenizers import Tokenizer
+
+    bpe = Tokenizer.from_file(str(data / "tokenizer-bpe.json"))
+    words = Tokenizer.from_file(str(data / "tokenizer.json"))
+    assert bpe.get_vocab_size() == 128_256
+    spec = plan_for(data).sources[0]
+    text = " ".join(all_texts(spec, shard_files(spec, 0, 1))[:200])
+    n_bpe, n_words = len(bpe.encode(text).ids), len(words.encode(text).ids)
+    assert abs(n_bpe - n_words) <= 0.05 * n_words
+    assert bpe.decode(bpe.encode(text).ids) == text
+
+
+def test_a_tokenizer_loaded_in_the_rank_gives_the_same_batches(data):
+    plan = plan_for(data)
+    got = {}
+    for where in ("worker", "rank"):
+        loader = RankLocalLoader(
+            plan, rank=1, world=2, workers=2, chunk_tokens=2000, tokenizer_in=where
+        )
+        try:
+            it = iter(loader)
+            got[where] = [next(it) for _ in range(6)]
+        finally:
+            loader.close()
+    for a, b in zip(got["worker"], got["rank"], strict=True):
+        assert np.array_equal(a["input_ids"].numpy(), b["input_ids"].numpy())
+        assert np.array_equal(a["doc_source"].numpy(), b["doc_source"].numpy())
+    with pytest.raises(ValueError, match="tokenizer_in"):
+        RankLocalLoader(plan, rank=0, world=2, tokenizer_in="nowhere")

@@ -27,8 +27,9 @@ class Units:
 
     ``table`` rows are ``(file index, start, stop)``; ``rows`` the records per unit where known
     up front, else -1. A negative ``stop`` means "to the end of the file", and ``-stop - 1`` is
-    where that end is estimated to be (the last unit of a compressed JSON Lines file). ``split`` says how :meth:`Catalog.parts` cuts a unit into smaller reads
-    with the same records: ``rows`` (start/stop are row numbers), ``bytes`` (byte ranges whose
+    where that end is estimated to be (the last unit of a compressed JSON Lines file).
+    ``split`` says how :meth:`Catalog.parts` cuts a unit into smaller reads with the same
+    records: ``rows`` (start/stop are row numbers), ``bytes`` (byte ranges whose
     records are those starting inside, as JSON Lines), ``marks`` (records start at the byte
     offsets ``marks[mark_index[u]:mark_index[u + 1]]``), or ``none``.
     """
