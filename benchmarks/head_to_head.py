@@ -683,7 +683,7 @@ def warm_cache(data: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 and 4 ranks, 4 sources, short")
+    parser.add_argument("--quick", action="store_true", help="2 and 4 ranks, 3 sources, short")
     parser.add_argument("--ranks", help="comma-separated (default 2,4,8,16)")
     parser.add_argument("--sources", help="comma-separated (default 3,4,16)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per source")
@@ -726,7 +726,7 @@ def main() -> int:
         return 0
 
     ranks = [int(x) for x in (args.ranks or ("2,4" if args.quick else "2,4,8,16")).split(",")]
-    counts = [int(x) for x in (args.sources or ("4" if args.quick else "3,4,16")).split(",")]
+    counts = [int(x) for x in (args.sources or ("3" if args.quick else "3,4,16")).split(",")]
     systems = args.systems.split(",")
     args.seconds = args.seconds or (4.0 if args.quick else 12.0)
     args.warmup = args.warmup if args.warmup is not None else (1.5 if args.quick else 4.0)

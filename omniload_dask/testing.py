@@ -150,7 +150,8 @@ class InlineDataPlane:
             )
 
     def step(self, step: int, ranks: list[int] | None = None) -> dict[int, GroupBatch]:
-        """The whole batches of ``step`` for every DP group (every rank asks for one step)."""
+        """The whole batches of ``step`` for every DP group (every rank asks for one step), as
+        constructor tasks build them: in wire form (``batches.expand`` gives the full layout)."""
         fetched = self.fetch(step, ranks)
         layout = self.plan.layout
         out: dict[int, GroupBatch] = {}
