@@ -411,3 +411,21 @@ def test_a_waiting_feeder_does_not_spin_the_data_plane(small_plan):
         runs = job.stats()["data_plane_runs"] - before
         assert reply["keys"] == []
         assert 1 <= runs <= 3, runs
+
+
+def test_the_embedded_cluster_skips_the_profiler_and_checks_less_often():
+    """Its worker processes and scheduler get the embedded cluster's settings (job.py)."""
+    with local_cluster(1, dashboard_address=None) as cluster, Client(cluster) as client:
+        workers = client.run(
+            lambda dask_worker: (
+                sorted(dask_worker.periodic_callbacks),
+                dask_worker.periodic_callbacks["tick"].callback_time,
+                dask_worker.periodic_callbacks["memory_monitor"].callback_time,
+            )
+        )
+        tick = client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.periodic_callbacks["tick"].callback_time
+        )
+    ((callbacks, worker_tick, memory),) = workers.values()
+    assert "profile" not in callbacks and "heartbeat" in callbacks
+    assert (worker_tick, memory, tick) == (200.0, 500.0, 200.0)
