@@ -333,7 +333,9 @@ def main() -> int:
     print(f"tokens read by workers per delivered:  {result['tokens_read_per_delivered']:>12.3f}")
     print(
         f"CPU cores busy (steady): driver {loader['driver_cpu_cores']:.2f} (scheduler, data "
-        f"plane, feeders), workers {loader['workers_cpu_cores']:.2f}"
+        f"plane{'' if args.rank_processes else ', feeders'}), "
+        f"workers {loader['workers_cpu_cores']:.2f}"
+        + (" (and the rank processes)" if args.rank_processes else "")
     )
     print(f"first batch after launch:              {loader['first_batch_s']:>12.2f} s")
     print(
