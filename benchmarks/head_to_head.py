@@ -732,10 +732,12 @@ def main() -> int:
     args.warmup = args.warmup if args.warmup is not None else (1.5 if args.quick else 4.0)
     files = 8 if args.quick else 32
     words = 24_000 if args.quick else 48_000
-    from manysources import make_sources
+    from manysources import bpe_tokenizer, make_sources
 
     root = Path(args.data) if args.data else Path(tempfile.gettempdir()) / "omniload-h2h"
     data = make_sources(root / f"f{files}-w{words}", max(counts), files, words)
+    if args.tokenizer == "bpe":
+        bpe_tokenizer(data)
     warm_cache(data)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

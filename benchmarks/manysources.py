@@ -4,7 +4,8 @@
 the same bytes on every machine::
 
     tokenizer.json                  a Hugging Face word-level tokenizer over the vocabulary
-    tokenizer-bpe.json              a byte-level BPE tokenizer of Llama 3's size (128,256 ids)
+    tokenizer-bpe.json              a byte-level BPE of Llama 3's size (128,256 ids), written
+                                    by bpe_tokenizer(folder) when first asked for
     s00-web/part-0000.jsonl ...     kind 0 (web): short documents, plain JSON Lines ("text")
     s01-code/part-0000.jsonl.zst    kind 1 (code): code-like files, zstd JSON Lines ("content")
     s02-books/part-0000.parquet     kind 2 (books): long, heavy-tailed documents, Parquet ("body")
@@ -34,6 +35,7 @@ __all__ = [
     "BPE_VOCAB",
     "KINDS",
     "bpe_from_texts",
+    "bpe_tokenizer",
     "make_sources",
     "source_specs",
     "write_bpe_tokenizer",
@@ -110,15 +112,10 @@ def make_sources(
     if marker.exists():  # source i is the same whatever the count: more sources will do
         have = json.loads(marker.read_text())
         if have["sources"] >= sources and {**have, "sources": sources} == want:
-            if not (folder / "tokenizer-bpe.json").exists():  # data written before it existed
-                write_bpe_tokenizer(
-                    folder / "tokenizer-bpe.json", _vocabulary(np.random.default_rng(SEED))
-                )
             return folder
     rng = np.random.default_rng(SEED)
     vocab = _vocabulary(rng)
     _write_tokenizer(folder / "tokenizer.json", vocab)
-    write_bpe_tokenizer(folder / "tokenizer-bpe.json", vocab)
     vocab_arr = np.asarray(vocab)
     cctx = zstandard.ZstdCompressor(level=3)
     for i in range(sources):
@@ -175,6 +172,16 @@ def _write_tokenizer(path: Path, vocab: list[str]) -> None:
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
     )
     path.write_text(tok.to_str())
+
+
+def bpe_tokenizer(folder: str | Path) -> Path:
+    """``folder``'s BPE tokenizer (:func:`write_bpe_tokenizer`), written the first time it is
+    asked for: training it takes a few seconds that runs with the word-level one need not pay."""
+    path = Path(folder) / "tokenizer-bpe.json"
+    if not path.exists():
+        # the vocabulary is the seed's first draw, as in make_sources
+        write_bpe_tokenizer(path, _vocabulary(np.random.default_rng(SEED)))
+    return path
 
 
 def write_bpe_tokenizer(path: Path, vocab: list[str], size: int = BPE_VOCAB) -> None:

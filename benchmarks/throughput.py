@@ -99,8 +99,7 @@ def bpe_tokenizer(data: Path, plan_data: dict) -> Path:
     path = data / "tokenizer-bpe.json"
     if path.exists():
         return path
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from manysources import bpe_from_texts
+    from manysources import bpe_from_texts  # benchmarks/ is on the path: this script's folder
 
     from omniload_dask.sources import read_unit_records
 

@@ -212,8 +212,7 @@ def build(recipe: Recipe, shards: list[Shard], wire: bool = False) -> GroupBatch
     pieces = recipe.pieces
     for m in range(recipe.num_micro_steps):
         rows = pieces[pieces[:, 0] == m]
-        mb = _micro_batch(recipe, m, rows, shards, wire)
-        micro_batches.append(mb)
+        micro_batches.append(_micro_batch(recipe, m, rows, shards, wire))
     return GroupBatch(step=recipe.step, group=recipe.group, micro_batches=micro_batches)
 
 

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from manysources import make_sources, source_specs  # noqa: E402
+from manysources import bpe_tokenizer, make_sources, source_specs  # noqa: E402
 from rank_local import RankLocalLoader, SourceShard, shard_files, step_cost  # noqa: E402
 
 from omniload_dask import parse_plan  # noqa: E402
@@ -137,7 +137,7 @@ def test_micro_batches_are_packed_within_capacity_and_follow_the_mix(data):
 def test_the_bpe_tokenizer_has_llama3s_size_and_the_word_level_token_counts(data):
     from tokenizers import Tokenizer
 
-    bpe = Tokenizer.from_file(str(data / "tokenizer-bpe.json"))
+    bpe = Tokenizer.from_file(str(bpe_tokenizer(data)))
     words = Tokenizer.from_file(str(data / "tokenizer.json"))
     assert bpe.get_vocab_size() == 128_256
     spec = plan_for(data).sources[0]
