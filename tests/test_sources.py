@@ -115,6 +115,25 @@ def test_compressed_jsonl_is_cut_in_decompressed_ranges_that_hold_every_line_onc
         assert joined == whole.texts
 
 
+@pytest.mark.parametrize("how", ["gzip", "zstd"])
+def test_a_truncated_compressed_file_is_an_error_naming_it_never_fewer_records(tmp_path, how):
+    raw = ("\n".join(json.dumps({"text": "x" * 50 + str(i)}) for i in range(3000)) + "\n").encode()
+    ext = ".gz" if how == "gzip" else ".zst"
+    whole = _compress(raw, how)
+    (tmp_path / f"a.jsonl{ext}").write_bytes(whole)
+    (tmp_path / f"b.jsonl{ext}").write_bytes(whole[: len(whole) // 2])
+    sp = spec(str(tmp_path / f"*.jsonl{ext}"), unit_bytes=16 * 1024)
+    cat = discover_source(sp)
+    last = [r for r in cat.units.tolist() if r[0] == 1][-1]  # b's last unit reads to its end
+    with pytest.raises(SourceError, match=rf"file '.*b\.jsonl\{ext}', unit \[\d+, -\d+\)"):
+        read_unit_records(sp, cat.files[1], last[1], last[2])
+    if how == "gzip":
+        return  # gzip decodes the start of a truncated file: only the read of its end fails
+    # a zstd block (up to 128 KiB) this file cuts gives nothing: the start-up check fails
+    with pytest.raises(SourceError, match=rf"source 's': file '.*b\.jsonl\{ext}': cannot read"):
+        discover_source(spec(str(tmp_path / f"b.jsonl{ext}")))
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 60), min_size=0, max_size=40),

@@ -246,14 +246,57 @@ def open_file(fs: Any, path: str, compression: str | None = None) -> Any:
     """Open for reading without read-ahead beyond what is asked (ranges are read exactly).
 
     zstd is opened here rather than through fsspec, whose ``zstandard`` reader stops at the end
-    of the first frame: the rest of a multi-frame file (``pzstd``, concatenated files) would be
-    lost without a word.
+    of the first frame (the rest of a multi-frame file, from ``pzstd`` or concatenated files,
+    would be lost without a word) and returns nothing, without an error, for a truncated file.
     """
     if compression == "zstd":
-        import zstandard
-
-        raw = fs.open(path, "rb")
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        return _ZstdFrames(fs.open(path, "rb"))
     if compression:
         return fsspec.core.OpenFile(fs, path, mode="rb", compression=compression).open()
     return fs.open(path, "rb", cache_type="none")
+
+
+class _ZstdFrames:
+    """The decompressed bytes of every frame of a zstd file, read in order; a file that ends
+    inside a frame raises instead of ending early."""
+
+    CHUNK = 1 << 17
+
+    def __init__(self, raw: Any) -> None:
+        import zstandard
+
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._frame = self._dctx.decompressobj()
+        self._in_frame = False  # bytes of a frame fed, and its end not reached yet
+        self._out = bytearray()
+        self._done = False
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._done and (size < 0 or len(self._out) < size):
+            data = self._raw.read(self.CHUNK)
+            if not data:
+                self._done = True
+                if self._in_frame:
+                    raise ValueError("truncated zstd file: it ends inside a frame")
+            while data:  # one chunk may end a frame and start the next
+                self._in_frame = True
+                self._out += self._frame.decompress(data)
+                if not self._frame.eof:
+                    break
+                data = self._frame.unused_data
+                self._frame = self._dctx.decompressobj()
+                self._in_frame = False
+        cut = len(self._out) if size < 0 else min(size, len(self._out))
+        out = bytes(self._out[:cut])
+        del self._out[:cut]
+        return out
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> _ZstdFrames:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

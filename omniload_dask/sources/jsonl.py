@@ -94,8 +94,14 @@ class JsonLines:
         if not files:
             return
         path = fs._strip_protocol(files[0])
-        with open_file(fs, path, infer_compression(files[0])) as f:
-            first = _read_to_newline(f, b"")
+        try:
+            with open_file(fs, path, infer_compression(files[0])) as f:
+                first = _read_to_newline(f, b"")
+        except (OSError, ValueError, EOFError) as exc:  # corrupt or truncated compression
+            raise SourceError(
+                f"source {spec.name!r}: file {files[0]!r}: cannot read ({type(exc).__name__}: "
+                f"{exc})"
+            ) from None
         if not first.strip():
             return
         try:
