@@ -38,9 +38,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omniload_dask.balance import Bucket, balance, route, split_documents
-from omniload_dask.cost import CostModel, transformer_coefficients
-from omniload_dask.mixing import Mixer, NeedMore
+from omniload_dask.batching.balance import Bucket, balance, route, split_documents
+from omniload_dask.batching.cost import CostModel, transformer_coefficients
+from omniload_dask.batching.mixing import Mixer, NeedMore
 
 SEQ_LEN = 8192
 MICRO = 4
@@ -219,7 +219,7 @@ def write_source(folder: Path, name: str, lengths: np.ndarray, rng: np.random.Ge
 
 def coordinator_timing(dp: int, steps: int, seed: int) -> dict[str, Any]:
     """The data plane's own per-step planning (draw, balance, recipes) on real files."""
-    from omniload_dask.coordinator import Coordinator
+    from omniload_dask.core.coordinator import Coordinator
     from omniload_dask.plan import parse_plan
     from omniload_dask.testing import InlineDataPlane
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from omniload_dask import Job, parse_plan
-from omniload_dask.checkpoint import Checkpoint
-from omniload_dask.demo import demo_sources, demo_tokenizer, make_demo_data
+from omniload_dask.checkpoint.store import Checkpoint
+from omniload_dask.demo.text import demo_sources, demo_tokenizer, make_demo_data
 from omniload_dask.testing import InlineDataPlane
 
 
@@ -114,7 +114,7 @@ def delta_size_300_sources(steps: int) -> float:
     plan, catalogs, medians = mixing.synthetic_plan(
         300, 8, {"global_tokens": 8 * 4 * 8192}, "tokens"
     )
-    from omniload_dask.coordinator import Coordinator, SubmitRead
+    from omniload_dask.core.coordinator import Coordinator, SubmitRead
 
     coord = Coordinator(plan, catalogs, "bench")
     rng = np.random.default_rng(1)

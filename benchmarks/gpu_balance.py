@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from balance import Shape, Stream, baseline_costs
 
-from omniload_dask.balance import Bucket, balance, route
-from omniload_dask.cost import CostModel, transformer_coefficients
+from omniload_dask.batching.balance import Bucket, balance, route
+from omniload_dask.batching.cost import CostModel, transformer_coefficients
 
 MODEL = {"hidden": 2048, "layers": 12, "heads": 16, "kv_heads": 16, "ffn": 5632,
          "vocab": 32000, "gated": True}  # fmt: skip

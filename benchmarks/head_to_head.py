@@ -169,7 +169,7 @@ def role_rank(spec: dict[str, Any]) -> None:
         return
     stop = threading.Event()
     _watch_stdin(stop)
-    from omniload_dask.cost import CostModel
+    from omniload_dask.batching.cost import CostModel
     from omniload_dask.plan import parse_plan
 
     plan = parse_plan(spec["plan"])

@@ -43,9 +43,10 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask import Job, parse_plan, tasks
-from omniload_dask.demo import _text, _vocabulary, _write_tokenizer
-from omniload_dask.demo_images import write_image_tar
+from omniload_dask import Job, parse_plan
+from omniload_dask.cluster import tasks
+from omniload_dask.demo.images import write_image_tar
+from omniload_dask.demo.text import _text, _vocabulary, _write_tokenizer
 from omniload_dask.plan import ImageSpec
 from omniload_dask.preprocess.image import decode, patchify
 
@@ -174,8 +175,8 @@ def hybrid_balance(steps: int, dp: int = 8, seed: int = 0) -> dict[str, float]:
     token caption), half text (lognormal, median 300 tokens); a 1B-like backbone and a
     ViT-L-like encoder (the plan's model forms).
     """
-    from omniload_dask.balance import Bucket, balance
-    from omniload_dask.cost import CostModel, transformer_coefficients
+    from omniload_dask.batching.balance import Bucket, balance
+    from omniload_dask.batching.cost import CostModel, transformer_coefficients
 
     lin, quad = transformer_coefficients(hidden=2048, layers=24, heads=16, ffn=8192, vocab=32000)
     e_lin, e_quad = transformer_coefficients(

@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-from omniload_dask.coordinator import Coordinator, SubmitRead
-from omniload_dask.mixing import Mixer
+from omniload_dask.batching.mixing import Mixer
+from omniload_dask.core.coordinator import Coordinator, SubmitRead
 from omniload_dask.plan import parse_plan
 from omniload_dask.sources import Catalog
 

@@ -9,7 +9,7 @@ ship it, from the same plan (sources, weights, tokenizer, seq_len, micro-batches
         file kept open, tokenizes ~chunk_tokens at a time, yields numpy chunks
       source 1 ... S-1: the same, one DataLoader each (S * W worker processes per rank)
       rank process: documents cut into pieces of at most seq_len, drawn with the data plane's
-        weighted-fair rule (omniload_dask.mixing.Mixer, by tokens) up to the rank's share of
+        weighted-fair rule (omniload_dask.batching.mixing.Mixer, by tokens) up to the rank's share of
         the plan's token budget (by default micro * seq_len) per step, packed first fit in stream order (a piece that fits nowhere is cut
         to fill), built into the packed layout: input_ids, labels, position_ids, cu_seqlens
 
@@ -43,8 +43,8 @@ import numpy as np
 from accounting import deep_sizeof
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from omniload_dask.cost import CostModel
-from omniload_dask.mixing import Mixer, NeedMore
+from omniload_dask.batching.cost import CostModel
+from omniload_dask.batching.mixing import Mixer, NeedMore
 from omniload_dask.plan import Plan, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.tokenize import load_tokenizer, tokenize
 

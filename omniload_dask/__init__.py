@@ -13,7 +13,7 @@ that need Dask (``Job``, ``Feeder``, ``OmniloadPlugin``, ``local_cluster``) load
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from omniload_dask.errors import (
     CheckpointError,
     InternalError,
     JobError,
@@ -23,21 +23,21 @@ from .errors import (
     SourceError,
     TokenizerError,
 )
-from .plan import Plan, load_plan, parse_plan
-from .sources import decode_sample_id
+from omniload_dask.plan import Plan, load_plan, parse_plan
+from omniload_dask.sources import decode_sample_id
 
 if TYPE_CHECKING:
-    from .adaptive import OmniloadAdaptive
-    from .feeder import Feeder
-    from .job import Job, local_cluster
-    from .scheduler_plugin import OmniloadPlugin
+    from omniload_dask.cluster.adaptive import OmniloadAdaptive
+    from omniload_dask.cluster.job import Job, local_cluster
+    from omniload_dask.cluster.plugin import OmniloadPlugin
+    from omniload_dask.trainer.feeder import Feeder
 
 _LAZY = {
-    "Feeder": "feeder",
-    "Job": "job",
-    "OmniloadAdaptive": "adaptive",
-    "OmniloadPlugin": "scheduler_plugin",
-    "local_cluster": "job",
+    "Feeder": "omniload_dask.trainer.feeder",
+    "Job": "omniload_dask.cluster.job",
+    "OmniloadAdaptive": "omniload_dask.cluster.adaptive",
+    "OmniloadPlugin": "omniload_dask.cluster.plugin",
+    "local_cluster": "omniload_dask.cluster.job",
 }
 
 
@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .scheduler_plugin import OmniloadPlugin
+from omniload_dask.cluster.plugin import OmniloadPlugin
 
 
 def dask_setup(scheduler: Any) -> None:

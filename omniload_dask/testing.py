@@ -15,19 +15,19 @@ from typing import Any
 
 import numpy as np
 
-from . import tasks
-from .actions import Release, SubmitConstruct, SubmitRead
-from .batches import IMAGE_FIELDS, GroupBatch, Shard, expand
-from .checkpoint import (
+from omniload_dask.batching.formats import IMAGE_FIELDS, GroupBatch, Shard, expand
+from omniload_dask.checkpoint.store import (
     CheckpointWriter,
     apply_new_plan,
     check_catalogs,
     load_for_resume,
     registry_plan,
 )
-from .coordinator import Coordinator
-from .errors import JobError, OmniloadError
-from .plan import Plan
+from omniload_dask.cluster import tasks
+from omniload_dask.core.actions import Release, SubmitConstruct, SubmitRead
+from omniload_dask.core.coordinator import Coordinator
+from omniload_dask.errors import JobError, OmniloadError
+from omniload_dask.plan.specs import Plan
 
 __all__ = ["InlineDataPlane", "assert_batches_equal", "batch_digest", "check_resume_equivalence"]
 

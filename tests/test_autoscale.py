@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from omniload_dask import autoscale
-from omniload_dask.autoscale import Meter, part_count, quotas, recommend_workers
-from omniload_dask.coordinator import SubmitRead
+from omniload_dask.core import autoscale
+from omniload_dask.core.autoscale import Meter, part_count, quotas, recommend_workers
+from omniload_dask.core.coordinator import SubmitRead
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
 from .conftest import make_plan

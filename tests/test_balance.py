@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload_dask.balance import (
+from omniload_dask.batching.balance import (
     Assignment,
     Bucket,
     _best_move,
@@ -15,7 +15,7 @@ from omniload_dask.balance import (
     route,
     split_documents,
 )
-from omniload_dask.cost import CostModel
+from omniload_dask.batching.cost import CostModel
 
 SEQ = 64
 COST = CostModel(1.0, 1.0 / 16)  # attention matters: a full piece costs 5x its tokens

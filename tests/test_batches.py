@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omniload_dask.batches import IGNORE_INDEX, Recipe, Shard, build, expand
+from omniload_dask.batching.formats import IGNORE_INDEX, Recipe, Shard, build, expand
 
 
 def shard(source: int, docs: list[list[int]]) -> Shard:

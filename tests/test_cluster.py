@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from distributed import Client
 
-from omniload_dask import Job, JobError, SourceError, TokenizerError, _dask, local_cluster
+from omniload_dask import Job, JobError, SourceError, TokenizerError, local_cluster
+from omniload_dask.cluster import internals as _dask
 from omniload_dask.plan import parse_plan
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
@@ -319,7 +320,7 @@ def test_input_ids_cover_the_token_budget(small_plan):
 def test_a_2x2x1x2_layout_shares_batches_with_tp_peers_and_slices_them_for_cp_peers(
     small_sources, cluster
 ):
-    from omniload_dask.context_parallel import slice_micro_batch
+    from omniload_dask.batching.context_parallel import slice_micro_batch
 
     plan = make_plan(small_sources, name="hybrid", layout={"dp": 2, "tp": 2, "pp": 1, "cp": 2})
     layout = plan.layout
@@ -370,7 +371,7 @@ def test_a_2x2x1x2_layout_shares_batches_with_tp_peers_and_slices_them_for_cp_pe
 
 
 def test_bad_rpc_arguments_are_named(small_sources, cluster):
-    from omniload_dask import _dask
+    from omniload_dask.cluster import internals as _dask
 
     plan = make_plan(small_sources, name="badrpc")
     with Client(cluster) as client:

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload_dask.batches import IGNORE_INDEX, Recipe, Shard, build
-from omniload_dask.context_parallel import slice_micro_batch, zigzag_index
+from omniload_dask.batching.context_parallel import slice_micro_batch, zigzag_index
+from omniload_dask.batching.formats import IGNORE_INDEX, Recipe, Shard, build
 
 
 def micro_batch(lengths: list[int], pad_to: int | None = None) -> dict:

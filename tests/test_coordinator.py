@@ -224,21 +224,3 @@ def test_context_parallel_ranks_fetch_their_slices_and_tensor_parallel_peers_one
     assert not any(step < 3 for step, _ in plane.coord.held)
 
 
-def test_pure_modules_import_neither_torch_nor_distributed():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    package = Path(__file__).resolve().parents[1] / "omniload_dask"
-    code = (
-        "import sys, types\n"
-        "pkg = types.ModuleType('omniload_dask'); pkg.__path__ = [sys.argv[1]]\n"
-        "sys.modules['omniload_dask'] = pkg  # skip the package's __init__ (the Dask API)\n"
-        "import omniload_dask.plan, omniload_dask.mixing, omniload_dask.balance\n"
-        "import omniload_dask.cost, omniload_dask.context_parallel, omniload_dask.coordinator\n"
-        "print(sorted(m for m in ('torch', 'distributed') if m in sys.modules))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(package)], capture_output=True, text=True, check=True
-    )
-    assert out.stdout.strip() == "[]"

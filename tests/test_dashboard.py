@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omniload_dask import Job
 from omniload_dask.cli import main
-from omniload_dask.dashboard import JobPage
+from omniload_dask.observe.dashboard import JobPage
 
 from .conftest import make_plan
 from .datagen import texts, write_jsonl, write_parquet

@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from omniload_dask import RecordError, SourceError
-from omniload_dask import tasks as worker
-from omniload_dask.batches import expand
-from omniload_dask.demo_images import (
+from omniload_dask.batching.formats import expand
+from omniload_dask.cluster import tasks as worker
+from omniload_dask.demo.images import (
     caption,
     encode_image,
     synthetic_image,
@@ -424,7 +424,7 @@ def test_the_data_plane_balances_encoder_and_backbone_cost_together(image_root):
 
 
 def test_placeholder_must_be_in_a_huggingface_vocabulary(image_root, tmp_path):
-    from omniload_dask.demo import _write_tokenizer
+    from omniload_dask.demo.text import _write_tokenizer
 
     _write_tokenizer(tmp_path / "tok.json", ["hello"])
     tok = {"kind": "huggingface", "path": str(tmp_path / "tok.json"), "bos": "<s>", "eos": "</s>"}

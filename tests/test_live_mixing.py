@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from omniload_dask import JobError, PlanError
-from omniload_dask.mixing import WeightSchedule
+from omniload_dask.batching.mixing import WeightSchedule
 from omniload_dask.plan import MixingSpec, SchedulePoint, SourceSpec, parse_plan
 from omniload_dask.testing import InlineDataPlane, batch_digest
 

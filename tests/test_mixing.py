@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload_dask.mixing import Mixer, NeedMore, Selection
+from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
 
 
 def draw_many(mixer: Mixer, weights, lengths_of, steps: int, **budget) -> np.ndarray:

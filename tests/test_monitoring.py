@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omniload_dask.coordinator import StepFigures
+from omniload_dask.core.coordinator import StepFigures
 from omniload_dask.errors import JobError
-from omniload_dask.monitoring import (
+from omniload_dask.observe.monitoring import (
     FeederReport,
     JobMonitor,
     checkpoint_text,

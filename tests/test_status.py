@@ -8,8 +8,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from omniload_dask import metrics
-from omniload_dask.status import format_status
+from omniload_dask.observe import metrics
+from omniload_dask.observe.status import format_status
 
 
 def stats(ranks: int = 2, **extra: Any) -> dict[str, Any]:

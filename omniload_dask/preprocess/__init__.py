@@ -1,5 +1,5 @@
 """Preprocessing that runs on workers, one module per step (tokenize; images come later)."""
 
-from .tokenize import TokenizerInfo, load_tokenizer, tokenize
+from omniload_dask.preprocess.tokenize import TokenizerInfo, load_tokenizer, tokenize
 
 __all__ = ["TokenizerInfo", "load_tokenizer", "tokenize"]

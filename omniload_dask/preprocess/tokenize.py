@@ -18,9 +18,9 @@ from typing import Any, Protocol
 import fsspec
 import numpy as np
 
-from ..errors import TokenizerError
-from ..plan import BYTE_IMAGE_TOKEN as BYTE_IMAGE
-from ..plan import TokenizerSpec
+from omniload_dask.errors import TokenizerError
+from omniload_dask.plan.specs import BYTE_IMAGE_TOKEN as BYTE_IMAGE
+from omniload_dask.plan.specs import TokenizerSpec
 
 BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 258
 

@@ -9,8 +9,20 @@ holds the only cursors, and a worker only ever sees one unit at a time.
 
 from __future__ import annotations
 
-from .base import Catalog, RawRecords, SourceFormat, discover_source, read_unit_records
-from .ids import MAX_FILES, MAX_OFFSET, MAX_SOURCES, decode_sample_id, encode_sample_ids
+from omniload_dask.sources.base import (
+    Catalog,
+    RawRecords,
+    SourceFormat,
+    discover_source,
+    read_unit_records,
+)
+from omniload_dask.sources.ids import (
+    MAX_FILES,
+    MAX_OFFSET,
+    MAX_SOURCES,
+    decode_sample_id,
+    encode_sample_ids,
+)
 
 __all__ = [
     "MAX_FILES",

@@ -11,9 +11,9 @@ import fsspec
 import numpy as np
 from fsspec.core import url_to_fs
 
-from ..errors import SourceError
-from ..plan import SourceSpec
-from .ids import MAX_FILES
+from omniload_dask.errors import SourceError
+from omniload_dask.plan.specs import SourceSpec
+from omniload_dask.sources.ids import MAX_FILES
 
 _GLOB_CHARS = set("*?[")
 
@@ -140,7 +140,7 @@ class SourceFormat(Protocol):
 
 
 def _formats() -> Mapping[str, SourceFormat]:
-    from . import jsonl, parquet, webdataset
+    from omniload_dask.sources import jsonl, parquet, webdataset
 
     formats: dict[str, SourceFormat] = {
         "jsonl": jsonl.FORMAT,

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 from fsspec.utils import infer_compression
 
-from ..errors import SourceError
-from ..plan import SourceSpec
-from .base import RawRecords, Units, open_file
-from .ids import MAX_OFFSET
+from omniload_dask.errors import SourceError
+from omniload_dask.plan.specs import SourceSpec
+from omniload_dask.sources.base import RawRecords, Units, open_file
+from omniload_dask.sources.ids import MAX_OFFSET
 
 _TAIL_CHUNK = 1 << 16
 _SKIP_CHUNK = 1 << 20

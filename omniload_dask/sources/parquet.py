@@ -22,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import SourceError
-from ..plan import SourceSpec
-from .base import RawRecords, Units, open_file
-from .ids import MAX_OFFSET
+from omniload_dask.errors import SourceError
+from omniload_dask.plan.specs import SourceSpec
+from omniload_dask.sources.base import RawRecords, Units, open_file
+from omniload_dask.sources.ids import MAX_OFFSET
 
 
 class Parquet:

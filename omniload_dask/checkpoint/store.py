@@ -1,0 +1,496 @@
+"""Differential checkpoints of the data plane on any fsspec URL.
+
+A checkpoint is a folder::
+
+    MANIFEST.json                   format, version, plan, file list with sizes and sha256
+    base-000000001000-<run>.json.zst     a full snapshot at step 1000 (see plane_state)
+    delta-000000001000-000000001087-<run>-<n>.jsonl.zst   a line per drawn step / live change
+    ...
+
+The manifest is written last, to a temporary name and then moved over the old one, so a crash
+mid-write leaves the previous checkpoint whole. Every file is verified against the manifest's
+sha256 when read. Every ``compact_every`` steps a new base is written; the newest
+``keep_bases`` bases and the deltas after the oldest of them are kept, so any step from the
+oldest kept base to the latest flushed step can be restored exactly.
+
+Writing is split so that nothing blocks the data plane: :meth:`CheckpointWriter.add` only
+appends to memory (on the scheduler's loop); :meth:`CheckpointWriter.flush` does the I/O and
+runs in a thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import zstandard
+from fsspec.core import url_to_fs
+
+from omniload_dask.batching.mixing import WeightSchedule
+from omniload_dask.core.state import STATE_VERSION, apply_deltas, catalog_fingerprint
+from omniload_dask.errors import CheckpointError
+from omniload_dask.plan.specs import Plan, parse_plan, parse_source, source_dict
+
+if TYPE_CHECKING:
+    from omniload_dask.core.coordinator import Coordinator
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "Checkpoint",
+    "CheckpointWriter",
+    "apply_new_plan",
+    "check_catalogs",
+    "compare_resume_keys",
+    "load_for_resume",
+    "registry_plan",
+]
+
+FORMAT = "omniload-checkpoint"
+VERSION = 1
+MANIFEST = "MANIFEST.json"
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    try:
+        return url_to_fs(url, **options)
+    except (ImportError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {url!r}: cannot open it: {exc}") from None
+
+
+@dataclass
+class _Manifest:
+    plan: dict[str, Any]
+    bases: list[dict[str, Any]] = field(default_factory=list)  # {step, file, bytes, sha256}
+    segments: list[dict[str, Any]] = field(default_factory=list)  # + first, last
+    latest_step: int = 0
+    positions: dict[str, int] = field(default_factory=dict)
+    written_at: float = 0.0
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "state_version": STATE_VERSION,
+                "plan": self.plan,
+                "plan_fingerprint": parse_plan(self.plan).stream_fingerprint(),
+                "bases": self.bases,
+                "segments": self.segments,
+                "latest_step": self.latest_step,
+                "positions": self.positions,
+                "written_at": self.written_at,
+            },
+            indent=1,
+        ).encode()
+
+
+class Checkpoint:
+    """A checkpoint read back and verified; :meth:`state_at` rebuilds any kept step."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url
+        self.fs, self.root = _filesystem(url, dict(storage_options or {}))
+        path = f"{self.root}/{MANIFEST}"
+        try:
+            blob = self.fs.cat_file(path)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"checkpoint {url!r}: no {MANIFEST} (not a checkpoint, or none written yet)"
+            ) from None
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint {url!r}: cannot read {MANIFEST}: {type(exc).__name__}: {exc}"
+            ) from None
+        try:
+            data = json.loads(blob)
+        except ValueError as exc:
+            raise CheckpointError(
+                f"checkpoint {url!r}: {MANIFEST} is corrupt or truncated ({exc})"
+            ) from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise CheckpointError(
+                f"checkpoint {url!r}: {MANIFEST} is not an omniload checkpoint manifest"
+            )
+        if data.get("version") != VERSION or data.get("state_version") != STATE_VERSION:
+            raise CheckpointError(
+                f"checkpoint {url!r}: format version {data.get('version')!r} (state "
+                f"{data.get('state_version')!r}); this omniload-dask reads version {VERSION} "
+                f"(state {STATE_VERSION})"
+            )
+        try:
+            self.plan: Plan = parse_plan(data["plan"])
+            self.manifest = _Manifest(
+                plan=data["plan"],
+                bases=list(data["bases"]),
+                segments=list(data["segments"]),
+                latest_step=int(data["latest_step"]),
+                positions=dict(data.get("positions") or {}),
+                written_at=float(data.get("written_at") or 0),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {url!r}: {MANIFEST} is incomplete ({exc})") from None
+        if not self.manifest.bases:
+            raise CheckpointError(f"checkpoint {url!r}: {MANIFEST} lists no base snapshot")
+
+    @property
+    def first_step(self) -> int:
+        return int(self.manifest.bases[0]["step"])
+
+    @property
+    def latest_step(self) -> int:
+        return self.manifest.latest_step
+
+    def _read(self, entry: dict[str, Any]) -> bytes:
+        path = f"{self.root}/{entry['file']}"
+        try:
+            blob = self.fs.cat_file(path)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"checkpoint {self.url!r}: file {entry['file']!r} listed in {MANIFEST} is missing"
+            ) from None
+        if len(blob) != entry["bytes"] or _digest(blob) != entry["sha256"]:
+            raise CheckpointError(
+                f"checkpoint {self.url!r}: file {entry['file']!r} is corrupt "
+                f"or truncated ({len(blob)} bytes, {entry['bytes']} expected)"
+            )
+        if entry["file"].endswith(".zst"):
+            try:
+                return zstandard.ZstdDecompressor().decompress(blob)
+            except zstandard.ZstdError as exc:
+                raise CheckpointError(
+                    f"checkpoint {self.url!r}: file {entry['file']!r} does not decompress ({exc})"
+                ) from None
+        return bytes(blob)
+
+    def state_at(self, step: int | None = None) -> dict[str, Any]:
+        """The data-plane state at ``step`` (default: the latest flushed step)."""
+        step = self.latest_step if step is None else int(step)
+        if not self.first_step <= step <= self.latest_step:
+            raise CheckpointError(
+                f"checkpoint {self.url!r} can restore steps {self.first_step} to "
+                f"{self.latest_step}, not {step}"
+            )
+        base = max((b for b in self.manifest.bases if b["step"] <= step), key=lambda b: b["step"])
+        state = json.loads(self._read(base))
+        deltas: list[dict[str, Any]] = []
+        for seg in self.manifest.segments:  # later ones too: they may hold logged changes
+            if seg["last"] >= base["step"]:
+                for line in self._read(seg).splitlines():
+                    deltas.append(json.loads(line))
+        return apply_deltas(state, deltas, step)
+
+    def summary(self) -> dict[str, Any]:
+        """What ``omniload checkpoint inspect`` shows."""
+        state = self.state_at()
+        files = self.manifest.bases + self.manifest.segments
+        return {
+            "url": self.url,
+            "plan": self.plan.name,
+            "plan_fingerprint": self.plan.stream_fingerprint(),
+            "restorable_steps": [self.first_step, self.latest_step],
+            "bases": [b["step"] for b in self.manifest.bases],
+            "segments": len(self.manifest.segments),
+            "bytes": sum(int(f["bytes"]) for f in files),
+            "written_at": self.manifest.written_at,
+            "rank_positions": self.manifest.positions,
+            "sources": [
+                {
+                    "name": s["spec"]["name"],
+                    **(
+                        dict(
+                            zip(
+                                (
+                                    "epoch",
+                                    "position",
+                                    "row",
+                                    "documents",
+                                    "tokens",
+                                    "skipped",
+                                    "truncated_tokens",
+                                    "retired",
+                                ),
+                                s["state"],
+                                strict=True,
+                            )
+                        )
+                        if s["state"] is not None
+                        else {"joins_later": True}
+                    ),
+                }
+                for s in state["sources"]
+            ],
+            "log": state["log"],
+        }
+
+
+def compare_resume_keys(saved: Plan, new: Plan) -> list[str]:
+    """Why ``new`` cannot resume a checkpoint of ``saved`` (empty: it can)."""
+    a, b = saved.resume_key(), new.resume_key()
+    problems = [
+        f"{k}: {a[k]!r} in the checkpoint, {b[k]!r} now"
+        for k in a
+        if k != "sources" and a[k] != b[k]
+    ]
+    for name, ident in b["sources"].items():
+        old = a["sources"].get(name)
+        if old is not None and old != ident:
+            diff = [k for k in ident if ident[k] != old[k]]
+            problems.append(
+                f"sources.{name}: {', '.join(diff)} changed (add it under a new name instead)"
+            )
+    return problems
+
+
+class CheckpointWriter:
+    """Appends deltas in memory; :meth:`flush` writes them (call it from a thread)."""
+
+    def __init__(
+        self,
+        url: str,
+        plan: Plan,
+        *,
+        compact_every: int = 1000,
+        keep_bases: int = 3,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.url = url
+        self.fs, self.root = _filesystem(url, dict(storage_options or {}))
+        self.compact_every = compact_every
+        self.keep_bases = keep_bases
+        self.manifest = _Manifest(plan=plan.to_dict())
+        self._buffer: list[dict[str, Any]] = []
+        self._lock = threading.Lock()  # one flush at a time
+        self._token = uuid.uuid4().hex[:6]  # this writer's file names never reuse old ones
+        self._seq = 0
+        self.bytes_written = 0
+        self.steps_written = 0
+        self.flush_seconds = 0.0
+        self.flushes = 0
+        self.last_flush: float | None = None
+
+    def exists(self) -> bool:
+        return bool(self.fs.exists(f"{self.root}/{MANIFEST}"))
+
+    def start(self, state: dict[str, Any], resume: Checkpoint | None = None) -> None:
+        """Begin with a base at ``state``; continue ``resume``'s files if given.
+
+        A fresh start refuses a URL that already holds a checkpoint (nothing is overwritten).
+        """
+        if resume is None and self.exists():
+            raise CheckpointError(
+                f"checkpoint {self.url!r} already holds a checkpoint; resume from it "
+                "(Job.start(..., resume=True), omniload run --resume) or give the plan another "
+                "checkpoint.url"
+            )
+        superseded: list[str] = []
+        if resume is not None:
+            # Keep what is there (older steps stay restorable); the new timeline starts with a
+            # base at the restored step, and what the old one wrote after it is superseded.
+            start = int(state["step"])
+            old = resume.manifest
+            self.manifest.bases = [b for b in old.bases if b["step"] < start]
+            self.manifest.segments = [s for s in old.segments if s["last"] < start]
+            superseded = [
+                f["file"]
+                for f in old.bases + old.segments
+                if f not in self.manifest.bases + self.manifest.segments
+            ]
+        self.fs.makedirs(self.root, exist_ok=True)
+        self._write_base(state)
+        self._write_manifest()
+        for name in superseded:  # only once the new manifest no longer lists them
+            self.fs.rm(f"{self.root}/{name}")
+
+    def add(self, records: list[dict[str, Any]], positions: dict[int, int] | None = None) -> None:
+        """Queue deltas (cheap; on the data plane's loop)."""
+        self._buffer.extend(records)
+        if positions:
+            self.manifest.positions = {str(k): int(v) for k, v in positions.items()}
+
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def flush(self, state_now: dict[str, Any] | None = None) -> int:
+        """Write queued deltas (and a new base from ``state_now`` when compaction is due).
+
+        Returns the bytes written. Thread-safe against itself; never called on the loop.
+        """
+        with self._lock:
+            records, self._buffer = self._buffer, []
+            steps = [r["step"] for r in records if "step" in r]
+            if not records:
+                return 0
+            t0 = time.perf_counter()
+            first = min(steps) if steps else self.manifest.latest_step
+            last = max(steps) if steps else self.manifest.latest_step
+            lines = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+            blob = zstandard.ZstdCompressor(level=3).compress(lines)
+            self._seq += 1
+            name = f"delta-{first:012d}-{last:012d}-{self._token}-{self._seq:06d}.jsonl.zst"
+            self._put(name, blob)
+            self.manifest.segments.append(
+                {
+                    "file": name,
+                    "first": first,
+                    "last": last,
+                    "bytes": len(blob),
+                    "sha256": _digest(blob),
+                }
+            )
+            written = len(blob)
+            if steps:
+                self.manifest.latest_step = last + 1
+                self.steps_written += len(steps)
+            base_step = self.manifest.bases[-1]["step"] if self.manifest.bases else 0
+            if (
+                state_now is not None
+                and state_now["step"] >= self.manifest.latest_step
+                and state_now["step"] - base_step >= self.compact_every
+            ):
+                written += self._write_base(state_now)
+            dropped = self._compact()
+            written += self._write_manifest()
+            for name in dropped:
+                self.fs.rm(f"{self.root}/{name}")
+            self.bytes_written += written
+            self.flush_seconds += time.perf_counter() - t0
+            self.flushes += 1
+            self.last_flush = time.time()
+            return written
+
+    def _put(self, name: str, blob: bytes) -> None:
+        try:
+            self.fs.pipe_file(f"{self.root}/{name}", blob)
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint {self.url!r}: cannot write {name}: {type(exc).__name__}: {exc}"
+            ) from None
+
+    def _write_base(self, state: dict[str, Any]) -> int:
+        blob = zstandard.ZstdCompressor(level=3).compress(
+            json.dumps(state, separators=(",", ":")).encode()
+        )
+        name = f"base-{int(state['step']):012d}-{self._token}.json.zst"
+        self._put(name, blob)
+        self.manifest.bases = [b for b in self.manifest.bases if b["step"] != state["step"]]
+        self.manifest.bases.append(
+            {"file": name, "step": int(state["step"]), "bytes": len(blob), "sha256": _digest(blob)}
+        )
+        self.manifest.latest_step = max(self.manifest.latest_step, int(state["step"]))
+        return len(blob)
+
+    def _compact(self) -> list[str]:
+        """Forget bases beyond ``keep_bases`` and the deltas before the oldest kept base."""
+        bases = sorted(self.manifest.bases, key=lambda b: b["step"])
+        drop = bases[: max(0, len(bases) - self.keep_bases)]
+        self.manifest.bases = bases[len(drop) :]
+        oldest = self.manifest.bases[0]["step"]
+        old_segments = [s for s in self.manifest.segments if s["last"] < oldest]
+        self.manifest.segments = [s for s in self.manifest.segments if s["last"] >= oldest]
+        return [b["file"] for b in drop] + [s["file"] for s in old_segments]
+
+    def _write_manifest(self) -> int:
+        self.manifest.written_at = time.time()
+        blob = self.manifest.to_json()
+        tmp = f"{self.root}/{MANIFEST}.tmp"
+        try:
+            self.fs.pipe_file(tmp, blob)
+            self.fs.mv(tmp, f"{self.root}/{MANIFEST}")
+        except Exception as exc:
+            raise CheckpointError(
+                f"checkpoint {self.url!r}: cannot write {MANIFEST}: {type(exc).__name__}: {exc}"
+            ) from None
+        return len(blob)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "latest_step": self.manifest.latest_step,
+            "bases": [b["step"] for b in self.manifest.bases],
+            "bytes_written": self.bytes_written,
+            "steps_written": self.steps_written,
+            "bytes_per_step": self.bytes_written / self.steps_written
+            if self.steps_written
+            else None,
+            "flush_seconds_per_step": self.flush_seconds / self.steps_written
+            if self.steps_written
+            else None,
+            "time": self.last_flush,
+            "step": self.manifest.latest_step,
+            "pending": len(self._buffer),
+        }
+
+
+# ---------------------------------------------------------------------- resuming
+def load_for_resume(plan: Plan, resume: bool | int) -> tuple[Checkpoint, dict[str, Any]]:
+    """Read and check the plan's checkpoint; the state to resume at (runs in a thread)."""
+    assert plan.checkpoint is not None
+    saved = Checkpoint(plan.checkpoint.url, dict(plan.checkpoint.storage_options))
+    problems = compare_resume_keys(saved.plan, plan)
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {plan.checkpoint.url!r} belongs to another plan: " + "; ".join(problems)
+        )
+    if resume is True:
+        positions = [int(p) for p in saved.manifest.positions.values()]
+        step = min(positions) if positions else saved.latest_step
+        step = max(saved.first_step, min(step, saved.latest_step))
+    else:
+        step = min(int(resume), saved.latest_step)
+    return saved, saved.state_at(step)
+
+
+def registry_plan(plan: Plan, state: dict[str, Any]) -> Plan:
+    """The plan with the checkpoint's sources in their order (their indices are kept), then
+    the plan's new sources; ``state`` gains empty entries for those (they join on resume)."""
+    known = {src["spec"]["name"] for src in state["sources"]}
+    for spec in plan.sources:
+        if spec.name not in known:
+            state["sources"].append({"spec": source_dict(spec), "catalog": None, "state": None})
+            state["tags"].append(None)
+            state["active"].append(0)
+    specs = []
+    for i, src in enumerate(state["sources"]):
+        spec = parse_source(src["spec"], f"checkpoint.sources[{i}]")
+        mine = next((s for s in plan.sources if s.name == spec.name), None)
+        if mine is not None:  # credentials and options come from the new plan
+            spec = replace(spec, storage_options=mine.storage_options)
+        specs.append(spec)
+    return replace(plan, sources=tuple(specs))
+
+
+def check_catalogs(state: dict[str, Any], catalogs: list[Any]) -> None:
+    for src, catalog in zip(state["sources"], catalogs, strict=True):
+        if src["catalog"] is not None and catalog_fingerprint(catalog) != src["catalog"]:
+            raise CheckpointError(
+                f"source {src['spec']['name']!r}: its files or read units changed since the "
+                f"checkpoint ({len(catalog.files)} files now); the saved cursors would not "
+                "point at the same records"
+            )
+
+
+def apply_new_plan(coord: Coordinator, plan: Plan, catalogs: list[Any]) -> None:
+    """Resuming with a changed plan: its weights, schedule and sources rule from here on."""
+    step = coord.next_step
+    live = {s.spec.name for s in coord.streams if not s.retired}
+    by_name = {s.spec.name: (s, c) for s, c in zip(coord.streams, catalogs, strict=False)}
+    coord.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
+    coord.schedule.reset_at(step)
+    for entry in coord.log:
+        if entry["kind"] == "weights":
+            coord.schedule.change(int(entry["step"]), entry["weights"])
+    for spec in plan.sources:
+        if spec.name not in live:
+            coord.add_source(spec, by_name[spec.name][1], step)
+    for name in live - set(plan.source_names):
+        coord.remove_source(name, step)

@@ -1,0 +1,274 @@
+"""``omniload``: the command line, thin over the library.
+
+::
+
+    omniload validate PLAN                 print the resolved plan, or what is wrong with it
+    omniload run PLAN [--steps N]          run the plan with simulated ranks and print a report
+    omniload demo-data FOLDER              write the deterministic demo data
+    omniload status --address ADDR         watch running jobs (figures of the dashboard page)
+    omniload set-weights --address ADDR web=2 books=1 [--at-step N]   re-weight a running job
+    omniload update-plan --address ADDR PLAN [--at-step N]   add/remove sources live
+    omniload mixture --address ADDR        target vs realised share per source
+    omniload checkpoint inspect URL        what a data-plane checkpoint holds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from omniload_dask.errors import OmniloadError
+from omniload_dask.plan.specs import load_plan
+
+__all__ = ["main"]
+
+
+def _validate(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan)
+    data = plan.to_dict()
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    print(
+        f"# plan {plan.name!r} is valid: {len(plan.sources)} sources, "
+        f"stream fingerprint {plan.stream_fingerprint()}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from omniload_dask.cli.runner import format_report, run_plan
+
+    if args.make_demo_data:
+        from omniload_dask.demo.text import make_demo_data
+
+        make_demo_data(Path(args.plan).resolve().parent / "demo-data")
+    plan = load_plan(args.plan)
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)  # our errors say it better
+    report = run_plan(
+        plan,
+        steps=args.steps,
+        address=args.address,
+        workers=args.workers,
+        progress=not args.json,
+        resume=args.resume,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from omniload_dask.demo.text import make_demo_data
+
+    print(make_demo_data(args.folder))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from omniload_dask.errors import JobError
+    from omniload_dask.observe.status import connect, watch
+
+    if args.interval <= 0:
+        raise JobError(f"--interval must be > 0 seconds, got {args.interval:g}")
+    if args.timeout <= 0:
+        raise JobError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    client = connect(args.address, args.timeout)
+    try:
+        return watch(client, args.job, args.address, once=args.once, interval=args.interval)
+    finally:
+        client.close()
+
+
+def _one_job(client: object, job: str | None, address: str) -> str:
+    """The job named, or the only job on the scheduler."""
+    from omniload_dask.errors import JobError
+    from omniload_dask.observe.status import job_stats
+
+    names = [s["name"] for s in job_stats(client, job, address)]
+    if len(names) != 1:
+        raise JobError(
+            f"{len(names)} jobs run at {address!r} ({', '.join(names) or 'none'}); "
+            "name one with --job"
+        )
+    return names[0]
+
+
+def _parse_weights(items: list[str]) -> dict[str, float]:
+    from omniload_dask.errors import JobError
+
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = float(value)
+        except ValueError:
+            raise JobError(f"weights: expected SOURCE=WEIGHT, got {item!r}") from None
+    return out
+
+
+def _live(args: argparse.Namespace) -> int:
+    """set-weights, update-plan and mixture against a running job."""
+    from omniload_dask.cluster import internals as _dask
+    from omniload_dask.observe.status import connect
+
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    client = connect(args.address, args.timeout)
+    try:
+        job = _one_job(client, args.job, args.address)
+        if args.command == "set-weights":
+            reply = _dask.call(
+                client,
+                "set_weights",
+                job=job,
+                weights=_parse_weights(args.weights),
+                at_step=args.at_step,
+            )
+            print(f"job {job!r}: weights {reply['weights']} from step {reply['step']}")
+        elif args.command == "update-plan":
+            plan = load_plan(args.plan)
+            reply = _dask.call(
+                client, "update_plan", job=job, plan=plan.to_dict(), at_step=args.at_step
+            )
+            print(
+                f"job {job!r}: from step {reply['step']}: added {reply['added']}, "
+                f"removed {reply['removed']}, weights {reply['weights']}"
+            )
+        else:
+            rows = _dask.call(client, "mixture", job=job, window=args.window)
+            if args.json:
+                print(json.dumps(rows, indent=2))
+            else:
+                print(f"{'source':<16}{'target':>8}{'window':>9}{'total':>9}{'epoch':>7}")
+                for r in rows:
+                    state = " (removed)" if r["retired"] else " (done)" if r["exhausted"] else ""
+                    print(
+                        f"{r['name']:<16}{r['target_now']:>8.1%}{r['realised_window']:>9.1%}"
+                        f"{r['realised_total']:>9.1%}{r['epoch']:>7}{state}"
+                    )
+        return 0
+    finally:
+        client.close()
+
+
+def _checkpoint_inspect(args: argparse.Namespace) -> int:
+    from omniload_dask.checkpoint.store import Checkpoint
+
+    options = json.loads(args.storage_options) if args.storage_options else {}
+    summary = Checkpoint(args.url, options).summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    first, last = summary["restorable_steps"]
+    print(f"checkpoint {summary['url']}")
+    print(f"  plan            {summary['plan']} (stream fingerprint {summary['plan_fingerprint']})")
+    print(f"  restorable      steps {first} to {last}")
+    print(
+        f"  files           {len(summary['bases'])} bases at {summary['bases']}, "
+        f"{summary['segments']} delta segments, {summary['bytes']:,} bytes"
+    )
+    positions = summary["rank_positions"]
+    if positions:
+        print(
+            f"  rank positions  {min(positions.values())} to {max(positions.values())} "
+            f"({len(positions)} ranks)"
+        )
+    print(f"  {'source':<16}{'epoch':>6}{'position':>10}{'row':>7}{'documents':>11}{'skipped':>9}")
+    for src in summary["sources"]:
+        if src.get("joins_later"):
+            print(f"  {src['name']:<16} joins later")
+            continue
+        state = " (removed)" if src["retired"] else ""
+        print(
+            f"  {src['name']:<16}{src['epoch']:>6}{src['position']:>10}{src['row']:>7}"
+            f"{src['documents']:>11}{src['skipped']:>9}{state}"
+        )
+    for entry in summary["log"]:
+        print(
+            f"  change at step {entry['step']}: {entry['kind']} "
+            f"{entry.get('weights') or entry.get('source')}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omniload", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check a plan and print it resolved")
+    p.add_argument("plan")
+    p.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    p.set_defaults(func=_validate)
+    p = sub.add_parser("run", help="run a plan with simulated trainer ranks")
+    p.add_argument("plan")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--address", help="scheduler address (default: embedded LocalCluster)")
+    p.add_argument("--workers", type=int, help="workers of the embedded cluster")
+    p.add_argument(
+        "--make-demo-data",
+        action="store_true",
+        help="write the demo data next to the plan first (if missing)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the plan's checkpoint (checkpoint.url)"
+    )
+    p.set_defaults(func=_run)
+    p = sub.add_parser("demo-data", help="write the deterministic demo data")
+    p.add_argument("folder")
+    p.set_defaults(func=_demo)
+    p = sub.add_parser("status", help="watch running jobs: a compact live view")
+    p.add_argument("--address", required=True, help="scheduler address, e.g. tcp://host:8786")
+    p.add_argument("--job", help="one job by name (default: every job on the scheduler)")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
+    p.set_defaults(func=_status)
+    p = sub.add_parser("checkpoint", help="look at a data-plane checkpoint")
+    csub = p.add_subparsers(dest="action", required=True)
+    c = csub.add_parser("inspect", help="what a checkpoint holds")
+    c.add_argument("url", help="the checkpoint folder (any fsspec URL)")
+    c.add_argument("--storage-options", help="fsspec options as JSON (e.g. an S3 endpoint)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_checkpoint_inspect)
+    p = _add_live(sub, "set-weights", "change source weights of a running job")
+    p.add_argument("weights", nargs="+", metavar="SOURCE=WEIGHT")
+    p.add_argument("--at-step", type=int, help="first step to use them (default: next step)")
+    p = _add_live(sub, "update-plan", "apply a new plan version live (sources, weights)")
+    p.add_argument("plan")
+    p.add_argument("--at-step", type=int, help="first step to use it (default: next step)")
+    p = _add_live(sub, "mixture", "target and realised share per source")
+    p.add_argument("--window", type=int, default=100, help="steps in the recent window")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def _add_live(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--address", required=True, help="scheduler address, e.g. tcp://host:8786")
+    p.add_argument("--job", help="the job's name (default: the only job running)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
+    p.set_defaults(func=_live)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except OmniloadError as exc:
+        print(f"omniload: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,231 @@
+"""The functions that run on Dask workers: discover, read (+ tokenize), construct, slice.
+
+They keep nothing between calls: a read task gets one unit, returns a :class:`Shard` that stays
+in worker memory, and attaches the shard's sample lengths for the data plane to the task's
+finished message. A construct task gets a :class:`Recipe` and the shards it names.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from omniload_dask.batching.context_parallel import slice_batch
+from omniload_dask.batching.formats import GroupBatch, ImageTable, Recipe, Shard, build
+from omniload_dask.cluster import internals as _dask
+from omniload_dask.errors import RecordError, SourceError
+from omniload_dask.plan.specs import ImageSpec, SourceSpec, TokenizerSpec
+from omniload_dask.preprocess.image import BadImage, decode, patchify
+from omniload_dask.preprocess.interleave import place_images
+from omniload_dask.preprocess.tokenize import describe, image_token_id, tokenize
+from omniload_dask.sources import (
+    Catalog,
+    RawRecords,
+    discover_source,
+    encode_sample_ids,
+    read_unit_records,
+)
+
+__all__ = ["check_tokenizer", "construct", "cp_slice", "discover", "read_unit", "report_of"]
+
+MAX_REASONS = 5
+
+
+def discover(spec: SourceSpec) -> Catalog:
+    """List one source's files and read units (start-up)."""
+    return discover_source(spec)
+
+
+def check_tokenizer(spec: TokenizerSpec, images: ImageSpec | None = None) -> dict[str, Any]:
+    """Load the tokenizer where the work will run; report vocabulary and special ids.
+
+    With images, also check that Pillow is there to decode them.
+    """
+    if images is not None:
+        try:
+            import PIL  # noqa: F401
+        except ImportError:
+            raise SourceError(
+                "the plan has image sources but Pillow is not installed where the workers run "
+                "(pip install 'omniload-dask[images]')"
+            ) from None
+    return describe(spec, images.placeholder if images is not None else None)
+
+
+def read_unit(
+    spec: SourceSpec,
+    source_index: int,
+    tokenizer: TokenizerSpec,
+    on_error: str,
+    file_index: int,
+    file_url: str,
+    start: int,
+    stop: int,
+    images: ImageSpec | None = None,
+) -> Shard:
+    """Read, decode and tokenize one unit; bad records raise or are skipped and counted.
+
+    Image-text sources (``images``: the plan's image settings) decode every image on the way; a
+    record with a bad image is a bad record. The data plane gets the records' token counts
+    (image tokens included) and, for images, their patch counts, with the task's finished
+    message.
+    """
+    t0 = time.perf_counter()
+    records = read_unit_records(spec, file_url, start, stop)
+    t1 = time.perf_counter()
+    table = None
+    bad_images = 0
+    pixels: list[list[np.ndarray]] = []
+    image_spec = images or ImageSpec()
+    if spec.has_images:
+        before = len(records.bad)
+        records, pixels = _decode_images(records, image_spec)
+        bad_images = len(records.bad) - before
+    t2 = time.perf_counter()
+    bad = [
+        f"source {spec.name!r}: file {file_url!r}: record at offset {offset}: {reason}"
+        for offset, reason in records.bad
+    ]
+    if bad and on_error == "raise":
+        raise RecordError(bad[0] + " (set on_error: skip to skip and count such records)")
+    tokens, offsets = tokenize(tokenizer, records.texts)
+    if spec.has_images:
+        placeholder = image_token_id(tokenizer, image_spec.placeholder)
+        tokens, offsets, table = _place(tokens, offsets, pixels, image_spec, placeholder, tokenizer)
+    t3 = time.perf_counter()
+    ids = encode_sample_ids(source_index, file_index, records.offsets)
+    lengths = np.diff(offsets)
+    empty = lengths == 0
+    if empty.any():  # nothing to train on (empty text and no BOS/EOS): skip and count
+        bad += [
+            f"source {spec.name!r}: file {file_url!r}: record at offset {int(o)}: empty"
+            for o in records.offsets[empty][:MAX_REASONS]
+        ]
+        keep = ~empty
+        ids = ids[keep]
+        offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
+        lengths = lengths[keep]
+        if table is not None:
+            table = table.select(keep)
+    skipped = len(records.bad) + int(empty.sum())
+    shard = Shard(
+        source=source_index,
+        tokens=tokens,
+        offsets=offsets,
+        sample_ids=ids,
+        skipped=skipped,
+        bad=bad[:MAX_REASONS],
+        images=table,
+    )
+    meta: dict[str, Any] = {
+        "lengths": lengths.astype(np.int32).tobytes(),
+        "skipped": skipped,
+        "bad": bad[:MAX_REASONS],
+        "tokens": len(tokens),
+        "records": len(records.texts) + len(records.bad),
+        "read_seconds": t1 - t0,  # for monitoring: read+decode vs tokenize throughput
+        "tokenize_seconds": t3 - t2,
+    }
+    if table is not None:
+        p_sum, p_sq = patch_sums(table, len(lengths))
+        meta.update(
+            patches=p_sum.tobytes(),
+            patches_sq=p_sq.tobytes(),
+            images=len(table),
+            bad_images=bad_images,
+            image_seconds=t2 - t1,
+        )
+    _dask.set_task_metadata(meta)
+    return shard
+
+
+def report_of(shard: Shard) -> dict[str, Any]:
+    """The image figures of a shard as :meth:`Coordinator.on_report` takes them (inline runs)."""
+    if shard.images is None:
+        return {}
+    p_sum, p_sq = patch_sums(shard.images, len(shard))
+    return {"patches": p_sum, "patches_sq": p_sq}
+
+
+def patch_sums(table: ImageTable, records: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per record: its images' patches, and the sum of their squares (int64 each)."""
+    p = np.diff(table.cu_patches).astype(np.int64)
+    p_sum = np.bincount(table.record, weights=p, minlength=records).astype(np.int64)
+    p_sq = np.bincount(table.record, weights=p * p, minlength=records).astype(np.int64)
+    return p_sum, p_sq
+
+
+def _decode_images(
+    records: RawRecords, spec: ImageSpec
+) -> tuple[RawRecords, list[list[np.ndarray]]]:
+    """Decode every record's images into patch grids; a record with a bad image becomes bad."""
+    assert records.images is not None
+    texts: list[str] = []
+    offsets: list[int] = []
+    pixels: list[list[np.ndarray]] = []
+    bad = list(records.bad)
+    for text, offset, blobs in zip(
+        records.texts, records.offsets.tolist(), records.images, strict=True
+    ):
+        decoded = []
+        for j, blob in enumerate(blobs):
+            try:
+                decoded.append(decode(blob, spec))
+            except BadImage as exc:
+                label = f"image {j}" if len(blobs) > 1 else "image"
+                bad.append((offset, f"{label}: {exc}"))
+                break
+        else:
+            texts.append(text)
+            offsets.append(offset)
+            pixels.append(decoded)
+    bad.sort(key=lambda b: b[0])
+    out = RawRecords(texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad)
+    return out, pixels
+
+
+def _place(
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    pixels: list[list[np.ndarray]],
+    spec: ImageSpec,
+    placeholder: int,
+    tokenizer: TokenizerSpec,
+) -> tuple[np.ndarray, np.ndarray, ImageTable]:
+    """Patchify the decoded images and put their placeholder tokens into the documents."""
+    p, m = spec.patch_size, spec.merge
+    images = [img for imgs in pixels for img in imgs]
+    grid = np.asarray(
+        [(img.shape[0] // p, img.shape[1] // p) for img in images], dtype=np.int32
+    ).reshape(-1, 2)
+    record = np.repeat(np.arange(len(pixels), dtype=np.int64), [len(i) for i in pixels])
+    count = grid[:, 0].astype(np.int64) * grid[:, 1]
+    image_tokens = count // (m * m)
+    skip = 1 if tokenizer.add_bos else 0
+    tokens, offsets, starts = place_images(tokens, offsets, record, image_tokens, placeholder, skip)
+    cu = np.zeros(len(count) + 1, dtype=np.int64)
+    np.cumsum(count, out=cu[1:])
+    patches = np.empty((int(cu[-1]), p, p, 3), dtype=np.uint8)  # filled in place: one copy
+    for i, img in enumerate(images):
+        patchify(img, p, m, out=patches[cu[i] : cu[i + 1]])
+    table = ImageTable(
+        patches=patches,
+        cu_patches=cu,
+        grid=grid,
+        record=record,
+        token_start=starts,
+        tokens=image_tokens,
+    )
+    return tokens, offsets, table
+
+
+def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:
+    """Build one DP group's micro-batches for one step, in wire form (``batches.expand``)."""
+    return build(recipe, list(shards), wire=True)
+
+
+def cp_slice(batch: GroupBatch, cp: int, rank: int) -> GroupBatch:
+    """Context-parallel rank ``rank``'s slice of a constructed batch (in full form)."""
+    return slice_batch(batch, cp, rank)

@@ -1,0 +1,347 @@
+"""One source's sample stream: unit order per epoch, row order per unit, and the read cursor.
+
+The stream of source s in epoch e is fixed by the seed alone::
+
+    units in epoch e    = permutation of the catalog's units   (seed, source name, e)
+    rows in unit u      = permutation of its records            (seed, source name, e, u)
+    stream              = rows of unit order[0], then of order[1], ... then epoch e + 1
+
+The cursor ``(epoch, position, row)`` is the whole consumption state. Record counts per unit
+are learned when the unit's read task reports, so the stream is only known up to the first unit
+that has not reported yet; :meth:`SourceStream.candidates` says how far it is known.
+
+A unit may be read in several parts (tasks over sub-ranges that together hold its records in
+file order, see :mod:`.autoscale`); it is known once every part has reported, and its rows are
+then numbered across the parts exactly as if it had been read whole.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omniload_dask.errors import JobError
+from omniload_dask.plan.specs import SourceSpec
+from omniload_dask.sources import Catalog
+
+__all__ = ["SourceStream", "Unit", "UnitRef"]
+
+UnitRef = tuple[int, int]  # (epoch, position in that epoch's unit order)
+
+
+@dataclass
+class Unit:
+    """A submitted read unit; ``lengths``/``order`` arrive with its read tasks' reports.
+
+    ``extra`` is a cost per record beyond its tokens' (image encoder terms), when the source
+    reports one. With ``parts > 1`` the unit is read by tasks ``keys[p]``; ``bounds`` numbers
+    their records: part p holds the unit's rows ``bounds[p]:bounds[p + 1]``.
+    """
+
+    key: str
+    epoch: int
+    position: int
+    catalog_index: int
+    lengths: np.ndarray | None = None
+    order: np.ndarray | None = None
+    skipped: int = 0
+    extra: np.ndarray | None = None
+    parts: int = 1
+    part_sizes: tuple[int, ...] = ()
+    bounds: np.ndarray | None = None
+    _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None]] = field(
+        default_factory=dict, repr=False
+    )
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys of its read tasks (the unit's own key when it is read whole)."""
+        if self.parts == 1:
+            return (self.key,)
+        return tuple(f"{self.key}-p{p}" for p in range(self.parts))
+
+    @property
+    def pending(self) -> int:
+        """Read tasks of this unit that have not reported yet."""
+        return 0 if self.lengths is not None else self.parts - len(self._reported)
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(part, row within the part)`` of the unit's ``rows``."""
+        if self.parts == 1 or self.bounds is None:
+            return np.zeros(len(rows), dtype=np.int64), rows
+        part = np.searchsorted(self.bounds, rows, side="right") - 1
+        return part, rows - self.bounds[part]
+
+    _capped: tuple[int, int] | None = None
+
+    def capped_tokens(self, cap: int) -> int:
+        """Tokens of its records, each document counted up to ``cap`` (cached)."""
+        if self._capped is None or self._capped[0] != cap:
+            total = int(np.minimum(self.lengths, cap).sum()) if self.lengths is not None else 0
+            self._capped = (cap, total)
+        return self._capped[1]
+
+
+@dataclass
+class Candidates:
+    """Upcoming documents of one source: effective lengths and where each one lives."""
+
+    lengths: np.ndarray
+    raw: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # before the cap
+    units: list[Unit] = field(default_factory=list)
+    unit_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    row_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    waiting: bool = False  # stopped at a unit whose report has not arrived
+    complete: bool = False  # the source ends after these (its last epoch)
+    _running: np.ndarray | None = field(default=None, repr=False)  # cumulative lengths
+
+    def prefix(self, want_tokens: int, want_docs: int) -> Candidates:
+        """The shortest leading part with at least ``want_*`` (whole units are collected;
+        the mixer only needs what the wants ask for, and sorting less is faster)."""
+        if self._running is None:
+            self._running = np.cumsum(self.lengths)
+        keep = max(int(np.searchsorted(self._running, want_tokens)) + 1, want_docs)
+        if keep >= len(self.lengths):
+            return self
+        return Candidates(
+            self.lengths[:keep],
+            self.raw[:keep],
+            self.units,
+            self.unit_of[:keep],
+            self.row_of[:keep],
+            waiting=False,
+            complete=False,
+        )
+
+    def covers(self, want_tokens: int, want_docs: int) -> bool:
+        """True if these candidates answer a request for at least that much."""
+        if self.waiting or self.complete:
+            return True
+        if self._running is None:
+            self._running = np.cumsum(self.lengths)
+        total = int(self._running[-1]) if len(self._running) else 0
+        return total >= want_tokens and len(self.lengths) >= want_docs
+
+
+class SourceStream:
+    """Cursor and in-flight units of one source (pure; keys are made by the coordinator)."""
+
+    def __init__(self, index: int, spec: SourceSpec, catalog: Catalog, seed: int) -> None:
+        if catalog.num_units == 0:
+            raise JobError(f"source {spec.name!r}: its files hold no data (0 read units)")
+        self.index = index
+        self.spec = spec
+        self.catalog = catalog
+        self.seed = seed
+        self._name_hash = zlib.crc32(spec.name.encode())
+        self._orders: dict[int, np.ndarray] = {}
+        self.epoch = 0
+        self.position = 0
+        self.row = 0
+        self.next_submit: UnitRef = (0, 0)
+        self.units: dict[UnitRef, Unit] = {}
+        self.docs = 0
+        self.tokens = 0
+        self.skipped = 0
+        self.truncated_tokens = 0
+        self.retired = False  # removed from the job (its cursor is kept)
+        self._cache: tuple[int, Candidates] | None = None  # candidates while nothing changes
+        self.version = 0  # bumped whenever the cursor moves or a unit reports
+
+    @property
+    def exhausted(self) -> bool:
+        """True once the source has served its last epoch (``epochs`` in the plan)."""
+        return self.spec.epochs is not None and self.epoch >= self.spec.epochs
+
+    def within_epochs(self, ref: UnitRef) -> bool:
+        return self.spec.epochs is None or ref[0] < self.spec.epochs
+
+    # -- order -------------------------------------------------------------------------------
+    def unit_order(self, epoch: int) -> np.ndarray:
+        order = self._orders.get(epoch)
+        if order is None:
+            rng = np.random.default_rng([self.seed, self._name_hash, epoch])
+            order = rng.permutation(self.catalog.num_units)
+            self._orders = {e: o for e, o in self._orders.items() if e >= self.epoch}
+            self._orders[epoch] = order
+        return order
+
+    def row_order(self, unit: Unit, count: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, self._name_hash, unit.epoch, unit.catalog_index])
+        return rng.permutation(count)
+
+    def successor(self, ref: UnitRef) -> UnitRef:
+        epoch, pos = ref
+        return (epoch, pos + 1) if pos + 1 < self.catalog.num_units else (epoch + 1, 0)
+
+    def catalog_index(self, ref: UnitRef) -> int:
+        return int(self.unit_order(ref[0])[ref[1]])
+
+    # -- reading -----------------------------------------------------------------------------
+    def submitted_ahead(self) -> int:
+        """Units submitted from the cursor's unit on (the read-ahead window in use)."""
+        return sum(1 for ref in self.units if ref >= (self.epoch, self.position))
+
+    def pending_reads(self) -> int:
+        """Read tasks submitted and not reported yet (what the in-flight quota counts)."""
+        return sum(unit.pending for unit in self.units.values())
+
+    def report(
+        self,
+        ref: UnitRef,
+        lengths: np.ndarray,
+        skipped: int,
+        part: int = 0,
+        extra: np.ndarray | None = None,
+    ) -> bool:
+        """A read task reported; returns False if the unit is no longer tracked.
+
+        A unit read in parts is complete (``lengths`` set) once all its parts have reported.
+        """
+        unit = self.units.get(ref)
+        if unit is None or unit.lengths is not None or part in unit._reported:
+            return False
+        unit._reported[part] = (np.asarray(lengths, dtype=np.int64), int(skipped), extra)
+        if len(unit._reported) < unit.parts:
+            return True
+        got = [unit._reported[p] for p in range(unit.parts)]
+        unit._reported = {}
+        unit.bounds = np.concatenate([[0], np.cumsum([len(g[0]) for g in got])]).astype(np.int64)
+        unit.lengths = np.concatenate([g[0] for g in got])
+        unit.skipped = sum(g[1] for g in got)
+        if any(g[2] is not None for g in got):
+            unit.extra = np.concatenate(
+                [g[2] if g[2] is not None else np.zeros(len(g[0])) for g in got]
+            ).astype(np.float64)
+        unit.order = self.row_order(unit, len(unit.lengths))
+        self._cache = None
+        self.version += 1
+        return True
+
+    # -- drawing -----------------------------------------------------------------------------
+    def candidates(self, cap: int, want_tokens: int, want_docs: int) -> Candidates:
+        """Known upcoming documents, at least ``want_*`` of them if known that far.
+
+        Sources that a step does not touch are asked again every step: their answer is kept
+        until the cursor moves or a unit reports.
+        """
+        if (
+            self._cache is None
+            or self._cache[0] != cap
+            or not self._cache[1].covers(want_tokens, want_docs)
+        ):
+            self._cache = (cap, self._collect(cap, want_tokens, want_docs))
+        return self._cache[1].prefix(want_tokens, want_docs)
+
+    def _collect(self, cap: int, want_tokens: int, want_docs: int) -> Candidates:
+        parts: list[np.ndarray] = []
+        raw_parts: list[np.ndarray] = []
+        unit_parts: list[np.ndarray] = []
+        row_parts: list[np.ndarray] = []
+        units: list[Unit] = []
+        tokens = docs = 0
+        ref, row = (self.epoch, self.position), self.row
+        waiting = complete = False
+        empty_run = 0
+        while tokens < want_tokens or docs < want_docs:
+            if not self.within_epochs(ref):
+                complete = True
+                break
+            unit = self.units.get(ref)
+            if unit is None or unit.lengths is None:
+                waiting = True
+                break
+            rows = unit.order[row:]  # type: ignore[index]
+            if len(rows):
+                empty_run = 0
+                raw = unit.lengths[rows]
+                lengths = np.minimum(raw, cap)
+                parts.append(lengths)
+                raw_parts.append(raw)
+                unit_parts.append(np.full(len(rows), len(units), np.int64))
+                row_parts.append(np.arange(row, row + len(rows), dtype=np.int64))
+                tokens += int(lengths.sum())
+                docs += len(rows)
+            else:
+                empty_run += 1
+                if empty_run > self.catalog.num_units:
+                    raise JobError(f"source {self.spec.name!r}: a whole epoch held no records")
+            units.append(unit)
+            ref, row = self.successor(ref), 0
+        if not parts:
+            return Candidates(
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int64),
+                units,
+                waiting=waiting,
+                complete=complete,
+            )
+        return Candidates(
+            np.concatenate(parts),
+            np.concatenate(raw_parts),
+            units,
+            np.concatenate(unit_parts),
+            np.concatenate(row_parts),
+            waiting,
+            complete,
+        )
+
+    def first_unknown(self) -> UnitRef:
+        """The first unit from the cursor on whose report is missing."""
+        ref = (self.epoch, self.position)
+        while (unit := self.units.get(ref)) is not None and unit.lengths is not None:
+            ref = self.successor(ref)
+        return ref
+
+    def consume(self, cands: Candidates, count: int) -> list[Unit]:
+        """Move the cursor past the first ``count`` candidates; return units now finished."""
+        if count == 0:
+            return []
+        last = count - 1
+        unit = cands.units[int(cands.unit_of[last])]
+        row = int(cands.row_of[last]) + 1
+        self._cache = None
+        self.version += 1
+        kept = int(cands.lengths[:count].sum())
+        self.truncated_tokens += int(cands.raw[:count].sum()) - kept
+        self.docs += count
+        self.tokens += kept
+        finished = []
+        ref = (self.epoch, self.position)
+        while ref != (unit.epoch, unit.position):
+            finished.append(self.units.pop(ref))
+            ref = self.successor(ref)
+        if row >= len(unit.lengths):  # type: ignore[arg-type]
+            finished.append(self.units.pop(ref))
+            ref, row = self.successor(ref), 0
+        self.epoch, self.position = ref
+        self.row = row
+        # Skipped records count once per epoch, when the cursor has passed their unit.
+        self.skipped += sum(u.skipped for u in finished)
+        return finished
+
+    STATE_KEYS = (
+        "epoch",
+        "position",
+        "row",
+        "docs",
+        "tokens",
+        "skipped",
+        "truncated_tokens",
+        "retired",
+    )
+
+    def state_dict(self) -> dict[str, int]:
+        """The cursor and counters: everything that is not re-derived from the files."""
+        return {k: int(getattr(self, k)) for k in self.STATE_KEYS}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key in self.STATE_KEYS:
+            setattr(self, key, bool(state[key]) if key == "retired" else int(state[key]))
+        self.units.clear()
+        self.next_submit = (self.epoch, self.position)
+        self._orders.clear()
+        self._cache = None
+        self.version += 1

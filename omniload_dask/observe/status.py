@@ -1,0 +1,168 @@
+"""``omniload status``: a compact, live terminal view of running jobs (the page's figures).
+
+It asks the data plane for ``stats()`` (one RPC per job and refresh) and prints::
+
+    omniload job quickstart · run 1a2b3c4d · running · up 41 s · 2 workers · checkpoint: none yet
+      steps drawn 230 · every rank past step 228 · 5.10 steps/s · tokens drawn 1.21M
+      balance efficiency last 0.9981 · mean 0.9912 · min 0.9520 · capacity used 97.1%
+
+      source    target realised epoch  documents     tokens  records/s  tokens/s  reading/held  window  skipped
+      web        50.0%    49.8%     0      1,234    951,032      126.8     20.8k           0/3       3        0
+
+      rank   step  buffered  wait p50  wait p99
+         0    228       1/2   0.02 ms   1.90 ms
+
+Rates are the data plane's own, over its last 10 s of events, so ``--once`` shows them too.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from omniload_dask.cluster import internals as _dask
+from omniload_dask.errors import JobError
+from omniload_dask.observe.monitoring import checkpoint_text, format_si
+
+__all__ = ["connect", "format_status", "job_stats", "watch"]
+
+MAX_RANK_ROWS = 8
+
+
+def connect(address: str, timeout: float) -> Any:
+    """A client of the scheduler at ``address``; JobError naming the address if unreachable."""
+    from distributed import Client
+
+    try:
+        _dask.probe_scheduler(address, timeout)
+    except (ValueError, TypeError) as exc:
+        raise JobError(f"not a scheduler address: {address!r} ({exc})") from None
+    except (OSError, TimeoutError) as exc:
+        raise JobError(
+            f"cannot reach a Dask scheduler at {address!r} within {timeout:g} s: {exc}"
+        ) from None
+    return Client(address, timeout=timeout, set_as_default=False)
+
+
+def job_stats(client: Any, job: str | None, address: str) -> list[dict[str, Any]]:
+    """``stats()`` of job ``job``, or of every job when None (errors name what is wrong)."""
+    jobs = _dask.call(client, "jobs")
+    if jobs is None:  # Dask answers None for a handler it does not have
+        raise JobError(
+            f"the scheduler at {address!r} runs no omniload data plane: start a job there "
+            "(Job.start) or run it with `dask scheduler --preload omniload_dask.preload`"
+        )
+    if job is not None:
+        if job not in jobs:
+            have = ", ".join(jobs) or "none"
+            raise JobError(f"no omniload job named {job!r} at {address!r} (running: {have})")
+        jobs = [job]
+    return [_dask.call(client, "stats", job=name) for name in jobs]
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1e3:.3f} ms" if value < 1e-3 else f"{value * 1e3:.2f} ms"
+
+
+def format_status(stats: dict[str, Any], now: float | None = None) -> str:
+    """One job's figures as compact aligned text."""
+    now = time.time() if now is None else now
+    sources = stats["sources"]
+    recent = stats.get("efficiency_recent") or []
+    rate = stats.get("steps_per_second")
+    capacity = stats.get("capacity_tokens") or 0
+    state = f"failed: {stats['error']}" if stats.get("error") else "running"
+    consumed = stats["steps_fetched"]
+    lines = [
+        f"omniload job {stats['name']} · run {stats['run_id']} · {state} · "
+        f"up {stats['uptime']:.0f} s · {stats['workers']} workers · "
+        f"checkpoint: {checkpoint_text(stats.get('checkpoint'), now)}",
+        f"  steps drawn {stats['steps_drawn']} · "
+        + (
+            f"every rank fetched through step {stats['start_step'] + consumed - 1}"
+            if consumed
+            else "no step fetched by every rank yet"
+        )
+        + f" · {'-' if rate is None else f'{rate:.2f}'} steps/s · tokens drawn {format_si(stats['tokens'])}",
+        "  balance efficiency "
+        + (
+            f"last {recent[-1]:.4f} · mean {stats['efficiency_mean']:.4f} · "
+            f"min {stats['efficiency_min']:.4f}"
+            if recent
+            else "-"
+        )
+        + (f" · capacity used {stats['tokens'] / capacity:.1%}" if capacity else ""),
+        "",
+    ]
+    quota = any(s.get("quota") is not None for s in sources)
+    width = max([6, *(len(str(s["name"])) for s in sources)])
+    header = (
+        f"  {'source':<{width}} {'target':>7} {'realised':>8} {'epoch':>5} {'documents':>10} "
+        f"{'tokens':>11} {'records/s':>10} {'tokens/s':>9} {'reading/held':>13} "
+        f"{'quota' if quota else 'window':>7} {'skipped':>8}"
+    )
+    lines.append(header)
+    for s in sources:
+        realised = s.get("realised_share")
+        limit = s["quota"] if quota else s.get("read_window", 0)
+        held = s["units_in_flight"] - s["reads_pending"]
+        tasks = f"{s['reads_pending']}/{held}"
+        lines.append(
+            f"  {s['name']:<{width}} {s['target_share']:>7.1%} "
+            f"{'-' if realised is None else f'{realised:.1%}':>8} {s['epoch']:>5} "
+            f"{s['documents']:>10,} {s['tokens']:>11,} {format_si(s['records_per_s']):>10} "
+            f"{format_si(s['tokens_per_s']):>9} {tasks:>13} "
+            f"{'-' if limit is None else limit:>7} {s['skipped']:>8,}"
+        )
+    lines.append("")
+    ranks = sorted(((int(r), v) for r, v in stats["ranks"].items()), key=lambda kv: kv[0])
+    lines.append(f"  {'rank':>4} {'step':>6} {'buffered':>9} {'wait p50':>10} {'wait p99':>10}")
+    shown = ranks
+    if len(ranks) > MAX_RANK_ROWS:  # the ranks that wait longest matter; say how many are left
+        shown = sorted(ranks, key=lambda kv: -(kv[1].get("wait_p99") or 0.0))[:MAX_RANK_ROWS]
+        shown.sort(key=lambda kv: kv[0])
+    for rank, r in shown:
+        buffered = f"{r['buffered']}/{r['prefetch']}" if r.get("buffered") is not None else "-"
+        lines.append(
+            f"  {rank:>4} {r['position']:>6} {buffered:>9} {_ms(r.get('wait_p50')):>10} "
+            f"{_ms(r.get('wait_p99')):>10}"
+        )
+    if len(shown) < len(ranks):
+        lines.append(f"  ... {len(ranks) - len(shown)} more ranks (shown: longest p99 waits)")
+    for s in sources:
+        for example in (s.get("bad_examples") or [])[-1:]:
+            lines.append(f"  last skipped ({s['name']}): {example}")
+    return "\n".join(lines)
+
+
+def watch(
+    client: Any,
+    job: str | None,
+    address: str,
+    *,
+    once: bool,
+    interval: float,
+    out: TextIO | None = None,
+) -> int:
+    """Print the jobs' figures once, or redraw them every ``interval`` s until interrupted."""
+    out = sys.stdout if out is None else out
+    live = not once and out.isatty()
+    while True:
+        stats = job_stats(client, job, address)
+        text = (
+            "\n\n".join(format_status(s) for s in stats)
+            if stats
+            else f"no omniload job runs on the scheduler at {address}"
+        )
+        if live:
+            out.write("\x1b[H\x1b[J")  # cursor home, clear the screen
+        out.write(text + "\n")
+        if not live and not once:
+            out.write("\n")
+        out.flush()
+        if once:
+            return 0
+        time.sleep(interval)

@@ -1,0 +1,188 @@
+"""Small helpers that read untrusted mappings field by field and name the field path on error.
+
+A ``Fields`` wraps one mapping at one path (``sources[2]``); each getter checks type and range and
+raises :class:`~omniload_dask.errors.PlanError` with ``path.field: what is wrong, got value``.
+``done()`` rejects unknown keys, suggesting the closest known one, so typos never pass silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from omniload_dask.errors import PlanError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "ki": 2**10,
+    "kib": 2**10,
+    "mi": 2**20,
+    "mib": 2**20,
+    "gi": 2**30,
+    "gib": 2**30,
+    "ti": 2**40,
+    "tib": 2**40,
+}
+
+
+def fail(path: str, message: str, value: Any = ...) -> NoReturn:
+    """Raise a PlanError for ``path`` (``message`` says what is expected)."""
+    got = "" if value is ... else f", got {value!r}"
+    raise PlanError(f"{path}: {message}{got}")
+
+
+class Fields:
+    """Typed, path-aware access to one mapping of a plan."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if not isinstance(data, Mapping):
+            fail(path or "plan", "must be a mapping", data)
+        self.data = dict(data)
+        self.path = path
+        self._seen: set[str] = set()
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        self._seen.add(key)
+        value = self.data.get(key)
+        return default if value is None else value
+
+    def required(self, key: str) -> Any:
+        self._seen.add(key)
+        if self.data.get(key) is None:
+            fail(self.at(key), "is required")
+        return self.data[key]
+
+    def text(
+        self,
+        key: str,
+        default: str | None = None,
+        *,
+        pattern: str | None = None,
+        choices: Sequence[str] | None = None,
+    ) -> str:
+        value = self.required(key) if default is None else self.raw(key, default)
+        if not isinstance(value, str) or not value:
+            fail(self.at(key), "must be a non-empty string", value)
+        if choices is not None and value not in choices:
+            fail(self.at(key), f"must be one of {', '.join(map(repr, choices))}", value)
+        if pattern is not None and not re.fullmatch(pattern, value):
+            fail(self.at(key), f"must match {pattern}", value)
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            fail(self.at(key), "must be true or false", value)
+        return value
+
+    def integer(
+        self,
+        key: str,
+        default: int | None = None,
+        *,
+        min: int | None = None,
+        max: int | None = None,
+    ) -> int:
+        value = self.required(key) if default is None else self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            fail(self.at(key), "must be an integer", value)
+        if min is not None and value < min:
+            fail(self.at(key), f"must be >= {min}", value)
+        if max is not None and value > max:
+            fail(self.at(key), f"must be <= {max}", value)
+        return value
+
+    def optional_int(self, key: str, *, min: int | None = None) -> int | None:
+        if not self.has(key):
+            self._seen.add(key)
+            return None
+        return self.integer(key, min=min)
+
+    def number(
+        self,
+        key: str,
+        default: float | None = None,
+        *,
+        min: float | None = None,
+        exclusive_min: bool = False,
+    ) -> float:
+        value = self.required(key) if default is None else self.raw(key, default)
+        return check_number(self.at(key), value, min=min, exclusive_min=exclusive_min)
+
+    def size(self, key: str, default: int) -> int:
+        """A byte size: an integer or a string such as ``4MiB`` or ``512 KB``."""
+        value = self.raw(key, default)
+        return parse_size(self.at(key), value)
+
+    def mapping(self, key: str) -> Fields:
+        return Fields(self.raw(key, {}), self.at(key))
+
+    def plain_mapping(self, key: str) -> dict[str, Any]:
+        value = self.raw(key, {})
+        if not isinstance(value, Mapping):
+            fail(self.at(key), "must be a mapping", value)
+        return dict(value)
+
+    def sequence(self, key: str) -> list[Any]:
+        value = self.required(key)
+        if not isinstance(value, (list, tuple)) or not value:
+            fail(self.at(key), "must be a non-empty list", value)
+        return list(value)
+
+    def done(self) -> None:
+        """Reject keys that no getter asked for."""
+        for key, value in self.data.items():
+            if key in self._seen or value is None:  # null means absent
+                continue
+            close = difflib.get_close_matches(str(key), sorted(self._seen), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            known = ", ".join(sorted(self._seen))
+            fail(self.at(str(key)), f"unknown field (known: {known}){hint}")
+
+
+def check_number(
+    path: str, value: Any, *, min: float | None = None, exclusive_min: bool = False
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        fail(path, "must be a number", value)
+    if not math.isfinite(value):
+        fail(path, "must be a finite number", value)
+    if min is not None and (value <= min if exclusive_min else value < min):
+        fail(path, f"must be {'>' if exclusive_min else '>='} {min:g}", value)
+    return float(value)
+
+
+def parse_size(path: str, value: Any) -> int:
+    if isinstance(value, bool):
+        fail(path, "must be a byte size such as 4MiB", value)
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (m := _SIZE.match(value)):
+        unit = (m.group(2) or "").lower()
+        if unit not in _UNITS:
+            fail(path, "must be a byte size such as 4MiB", value)
+        size = int(float(m.group(1)) * _UNITS[unit])
+    else:
+        fail(path, "must be a byte size such as 4MiB", value)
+    if size < 1:
+        fail(path, "must be at least 1 byte", value)
+    return size
