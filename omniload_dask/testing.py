@@ -27,7 +27,7 @@ from omniload_dask.cluster import tasks
 from omniload_dask.core.actions import Release, SubmitConstruct, SubmitRead
 from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.errors import JobError, OmniloadError
-from omniload_dask.plan.specs import Plan
+from omniload_dask.plan import Plan
 
 __all__ = ["InlineDataPlane", "assert_batches_equal", "batch_digest", "check_resume_equivalence"]
 

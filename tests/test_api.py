@@ -12,8 +12,6 @@ def test_public_api_is_sorted_and_importable():
         assert getattr(omniload_dask, name) is not None
 
 
-
-
 def test_importing_the_package_does_not_import_torch():
     code = "import sys, omniload_dask; print('torch' in sys.modules)"
     out = subprocess.run(

@@ -222,5 +222,3 @@ def test_context_parallel_ranks_fetch_their_slices_and_tensor_parallel_peers_one
         plane.coord.on_request(rank, 3, 1)
     plane.coord.advance()
     assert not any(step < 3 for step, _ in plane.coord.held)
-
-

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.plan.specs import MixingSpec
+from omniload_dask.plan import MixingSpec
 
 __all__ = ["Mixer", "NeedMore", "Selection", "WeightSchedule"]
 

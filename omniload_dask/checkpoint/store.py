@@ -34,7 +34,7 @@ from fsspec.core import url_to_fs
 from omniload_dask.batching.mixing import WeightSchedule
 from omniload_dask.core.state import STATE_VERSION, apply_deltas, catalog_fingerprint
 from omniload_dask.errors import CheckpointError
-from omniload_dask.plan.specs import Plan, parse_plan, parse_source, source_dict
+from omniload_dask.plan import Plan, parse_plan, parse_source, source_dict
 
 if TYPE_CHECKING:
     from omniload_dask.core.coordinator import Coordinator

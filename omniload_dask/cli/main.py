@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from omniload_dask.errors import OmniloadError
-from omniload_dask.plan.specs import load_plan
+from omniload_dask.plan import load_plan
 
 __all__ = ["main"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from omniload_dask.cluster.job import Job
-from omniload_dask.plan.specs import Plan
+from omniload_dask.plan import Plan
 
 __all__ = ["RunReport", "format_report", "run_plan"]
 

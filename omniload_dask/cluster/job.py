@@ -26,7 +26,7 @@ from distributed import Client, LocalCluster
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster.plugin import OmniloadPlugin
 from omniload_dask.errors import JobError
-from omniload_dask.plan.specs import Plan, load_plan, parse_plan
+from omniload_dask.plan import Plan, load_plan, parse_plan
 from omniload_dask.trainer.feeder import Feeder
 
 CLOSE_IDLE_TIMEOUT = 3.0  # seconds close() lets a stopped job's running reads finish

@@ -39,7 +39,7 @@ from omniload_dask.core.actions import ReadSpec, Release, SubmitConstruct, Submi
 from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.errors import CheckpointError, JobError, MissingJobError, OmniloadError
 from omniload_dask.observe.monitoring import JobMonitor, realised_shares
-from omniload_dask.plan.specs import Plan, parse_plan
+from omniload_dask.plan import Plan, parse_plan
 
 __all__ = ["HANDLER_PREFIX", "OmniloadPlugin"]
 

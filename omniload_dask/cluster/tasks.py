@@ -16,7 +16,7 @@ from omniload_dask.batching.context_parallel import slice_batch
 from omniload_dask.batching.formats import GroupBatch, ImageTable, Recipe, Shard, build
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.errors import RecordError, SourceError
-from omniload_dask.plan.specs import ImageSpec, SourceSpec, TokenizerSpec
+from omniload_dask.plan import ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, tokenize

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from omniload_dask.core.figures import StepFigures
     from omniload_dask.core.state import StateRecorder
     from omniload_dask.core.streams import SourceStream, Unit, UnitRef
-    from omniload_dask.plan.specs import LayoutSpec, Plan
+    from omniload_dask.plan import LayoutSpec, Plan
 
 __all__ = ["PlaneBase"]
 

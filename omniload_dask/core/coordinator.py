@@ -47,7 +47,7 @@ from omniload_dask.core.reads import ReadAhead
 from omniload_dask.core.state import StateRecorder, restore, snapshot
 from omniload_dask.core.streams import Candidates, SourceStream, Unit, UnitRef
 from omniload_dask.errors import JobError
-from omniload_dask.plan.specs import Plan
+from omniload_dask.plan import Plan
 from omniload_dask.sources import Catalog
 
 __all__ = ["Coordinator", "ReadSpec", "Release", "SubmitConstruct", "SubmitRead"]

@@ -18,7 +18,7 @@ from omniload_dask.core.base import PlaneBase
 from omniload_dask.core.state import catalog_fingerprint
 from omniload_dask.core.streams import SourceStream
 from omniload_dask.errors import JobError
-from omniload_dask.plan.specs import SourceSpec, check_weights, source_dict
+from omniload_dask.plan import SourceSpec, check_weights, source_dict
 from omniload_dask.sources import Catalog
 
 

@@ -55,7 +55,7 @@ def _vector(coord: Coordinator, i: int) -> list[int]:
 
 def snapshot(coord: Coordinator) -> dict[str, Any]:
     """The full state at ``coord.next_step`` (JSON-able)."""
-    from omniload_dask.plan.specs import source_dict
+    from omniload_dask.plan import source_dict
 
     return {
         "version": STATE_VERSION,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omniload_dask.errors import JobError
-from omniload_dask.plan.specs import SourceSpec
+from omniload_dask.plan import SourceSpec
 from omniload_dask.sources import Catalog
 
 __all__ = ["SourceStream", "Unit", "UnitRef"]

@@ -1,4 +1,43 @@
 """Data plans: YAML in, validated and frozen plan objects out (see :mod:`.specs`)."""
 
-from omniload_dask.plan.specs import *  # noqa: F403
-from omniload_dask.plan.specs import __all__  # noqa: F401
+from omniload_dask.plan.specs import (
+    BYTE_IMAGE_TOKEN,
+    BatchSpec,
+    BucketSpec,
+    CheckpointSpec,
+    CostSpec,
+    ImageSpec,
+    LayoutSpec,
+    LoaderSpec,
+    MixingSpec,
+    Plan,
+    SchedulePoint,
+    SourceSpec,
+    TokenizerSpec,
+    check_weights,
+    load_plan,
+    parse_plan,
+    parse_source,
+    source_dict,
+)
+
+__all__ = [
+    "BYTE_IMAGE_TOKEN",
+    "BatchSpec",
+    "BucketSpec",
+    "CheckpointSpec",
+    "CostSpec",
+    "ImageSpec",
+    "LayoutSpec",
+    "LoaderSpec",
+    "MixingSpec",
+    "Plan",
+    "SchedulePoint",
+    "SourceSpec",
+    "TokenizerSpec",
+    "check_weights",
+    "load_plan",
+    "parse_plan",
+    "parse_source",
+    "source_dict",
+]

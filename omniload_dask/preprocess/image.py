@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.plan.specs import ImageSpec
+from omniload_dask.plan import ImageSpec
 
 __all__ = ["FORMATS", "BadImage", "decode", "patchify", "target_size", "tokens_of"]
 

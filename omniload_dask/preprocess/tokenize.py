@@ -19,8 +19,8 @@ import fsspec
 import numpy as np
 
 from omniload_dask.errors import TokenizerError
-from omniload_dask.plan.specs import BYTE_IMAGE_TOKEN as BYTE_IMAGE
-from omniload_dask.plan.specs import TokenizerSpec
+from omniload_dask.plan import BYTE_IMAGE_TOKEN as BYTE_IMAGE
+from omniload_dask.plan import TokenizerSpec
 
 BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 258
 

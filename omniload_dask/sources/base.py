@@ -12,7 +12,7 @@ import numpy as np
 from fsspec.core import url_to_fs
 
 from omniload_dask.errors import SourceError
-from omniload_dask.plan.specs import SourceSpec
+from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.ids import MAX_FILES
 
 _GLOB_CHARS = set("*?[")

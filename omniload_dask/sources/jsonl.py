@@ -34,7 +34,7 @@ import numpy as np
 from fsspec.utils import infer_compression
 
 from omniload_dask.errors import SourceError
-from omniload_dask.plan.specs import SourceSpec
+from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units, open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 

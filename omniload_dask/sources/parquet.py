@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from omniload_dask.errors import SourceError
-from omniload_dask.plan.specs import SourceSpec
+from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units, open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 

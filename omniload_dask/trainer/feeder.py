@@ -33,7 +33,7 @@ from distributed import Client
 from omniload_dask.batching.formats import GroupBatch, expand
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.errors import JobError, MissingJobError, OmniloadError
-from omniload_dask.plan.specs import LayoutSpec, parse_plan
+from omniload_dask.plan import LayoutSpec, parse_plan
 
 __all__ = ["Feeder", "resolve_rank"]
 
