@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from omniload_dask.batching.formats import IMAGE_FIELDS, GroupBatch, Shard, expand
-from omniload_dask.checkpoint.store import (
+from omniload_dask.checkpoint import (
     CheckpointWriter,
     apply_new_plan,
     check_catalogs,

@@ -164,7 +164,7 @@ def _live(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_inspect(args: argparse.Namespace) -> int:
-    from omniload_dask.checkpoint.store import Checkpoint
+    from omniload_dask.checkpoint import Checkpoint
 
     options = json.loads(args.storage_options) if args.storage_options else {}
     summary = Checkpoint(args.url, options).summary()
