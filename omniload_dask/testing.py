@@ -194,6 +194,7 @@ class InlineDataPlane:
                 raise RuntimeError(f"the data plane did not draw step {before}")
 
     def stream(self, steps: int, start: int = 0) -> Iterator[tuple[int, dict[int, GroupBatch]]]:
+        """``(step, batches by DP group)`` for ``steps`` steps from ``start``, as :meth:`step`."""
         for t in range(start, start + steps):
             yield t, self.step(t)
 

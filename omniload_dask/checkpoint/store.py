@@ -3,7 +3,7 @@
 A checkpoint is a folder::
 
     MANIFEST.json                   format, version, plan, file list with sizes and sha256
-    base-000000001000-<run>.json.zst     a full snapshot at step 1000 (see plane_state)
+    base-000000001000-<run>.json.zst     a full snapshot at step 1000 (see core.state)
     delta-000000001000-000000001087-<run>-<n>.jsonl.zst   a line per drawn step / live change
     ...
 
@@ -247,7 +247,6 @@ class CheckpointWriter:
         self.bytes_written = 0
         self.steps_written = 0
         self.flush_seconds = 0.0
-        self.flushes = 0
         self.last_flush: float | None = None
 
     def exists(self) -> bool:
@@ -338,7 +337,6 @@ class CheckpointWriter:
                 self.fs.rm(f"{self.root}/{name}")
             self.bytes_written += written
             self.flush_seconds += time.perf_counter() - t0
-            self.flushes += 1
             self.last_flush = time.time()
             return written
 
