@@ -80,6 +80,7 @@ class InlineDataPlane:
         self.reads = 0
 
     def _run(self, actions: list[Any]) -> None:
+        """Carry out the coordinator's actions: queue reads, build batches, drop shards."""
         for action in actions:
             if isinstance(action, SubmitRead):
                 self._pending.append(action.read)
@@ -96,12 +97,14 @@ class InlineDataPlane:
                     self.shards.pop(key, None)
 
     def _shard(self, read: Any) -> Shard:
+        """The shard of ``read``, read (again) when it is not held."""
         shard = self.shards.get(read.key)
         if shard is None:
             shard = self._read(read)
         return shard
 
     def _read(self, read: Any) -> Shard:
+        """Run the worker's read task inline and keep its shard."""
         spec = self.coord.streams[read.source].spec
         shard = tasks.read_unit(
             spec,

@@ -43,10 +43,12 @@ MANIFEST = "MANIFEST.json"
 
 
 def _digest(data: bytes) -> str:
+    """The sha256 the manifest lists for a file's bytes."""
     return hashlib.sha256(data).hexdigest()
 
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    """The fsspec filesystem and root path of ``url``; a CheckpointError if it cannot be opened."""
     try:
         return url_to_fs(url, **options)
     except (ImportError, ValueError) as exc:
@@ -65,6 +67,7 @@ class _Manifest:
     written_at: float = 0.0
 
     def to_json(self) -> bytes:
+        """The manifest file's bytes (with the plan's stream fingerprint, for ``inspect``)."""
         return json.dumps(
             {
                 "format": FORMAT,
@@ -141,6 +144,7 @@ class Checkpoint:
         return self.manifest.latest_step
 
     def _read(self, entry: dict[str, Any]) -> bytes:
+        """A listed file's bytes, verified against its size and sha256, decompressed."""
         path = f"{self.root}/{entry['file']}"
         try:
             blob = self.fs.cat_file(path)
@@ -341,6 +345,7 @@ class CheckpointWriter:
             return written
 
     def _put(self, name: str, blob: bytes) -> None:
+        """Write one file of the checkpoint; storage errors become a CheckpointError."""
         try:
             self.fs.pipe_file(f"{self.root}/{name}", blob)
         except Exception as exc:
@@ -349,6 +354,7 @@ class CheckpointWriter:
             ) from None
 
     def _write_base(self, state: dict[str, Any]) -> int:
+        """Write a base snapshot of ``state`` and list it (replacing one at the same step)."""
         blob = zstandard.ZstdCompressor(level=3).compress(
             json.dumps(state, separators=(",", ":")).encode()
         )
@@ -372,6 +378,7 @@ class CheckpointWriter:
         return [b["file"] for b in drop] + [s["file"] for s in old_segments]
 
     def _write_manifest(self) -> int:
+        """Replace the manifest atomically: write a temporary file, then move it over the old."""
         self.manifest.written_at = time.time()
         blob = self.manifest.to_json()
         tmp = f"{self.root}/{MANIFEST}.tmp"
