@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from omniload_dask import Job, parse_plan
-from omniload_dask.checkpoint.store import Checkpoint
-from omniload_dask.demo.text import demo_sources, demo_tokenizer, make_demo_data
+from omniload_dask.checkpoint import Checkpoint
+from omniload_dask.demo import demo_sources, demo_tokenizer, make_demo_data
 from omniload_dask.testing import InlineDataPlane
 
 

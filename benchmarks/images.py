@@ -3,7 +3,7 @@
     python benchmarks/images.py [--quick] [--ranks 2] [--repeat N] [--data FOLDER]
 
 One run, on generated data (no downloads: every picture is drawn from a seed, see
-``omniload_dask/demo_images.py``):
+``omniload_dask/demo/images.py``):
 
 - sources: ``img``, WebDataset tar shards of JPEG/PNG/WebP pictures of 192 to 448 pixels a side
   with short captions, and ``txt``, JSON Lines of ~150-word documents (a Hugging Face
@@ -45,8 +45,7 @@ import numpy as np
 
 from omniload_dask import Job, parse_plan
 from omniload_dask.cluster import tasks
-from omniload_dask.demo.images import write_image_tar
-from omniload_dask.demo.text import _text, _vocabulary, _write_tokenizer
+from omniload_dask.demo import demo_text, vocabulary, write_image_tar, write_tokenizer
 from omniload_dask.plan import ImageSpec
 from omniload_dask.preprocess.image import decode, patchify
 
@@ -65,14 +64,14 @@ def make_data(root: Path, images: int, texts: int) -> Path:
             root / "img" / f"shard-{s:04d}.tar", images // shards, seed=100 + s, sizes=IMAGE_SIDES
         )
     rng = np.random.default_rng(7)
-    vocab = _vocabulary(rng)
-    _write_tokenizer(root / "tokenizer.json", [*vocab, "<image>"])
+    vocab = vocabulary(rng)
+    write_tokenizer(root / "tokenizer.json", [*vocab, "<image>"])
     (root / "txt").mkdir(parents=True, exist_ok=True)
     for f in range(2):
         lines = []
         for _ in range(texts // 2):
             words = int(np.clip(rng.lognormal(np.log(TEXT_WORDS), 0.3), 20, 1000))
-            lines.append(json.dumps({"text": _text(rng, vocab, words)}))
+            lines.append(json.dumps({"text": demo_text(rng, vocab, words)}))
         (root / "txt" / f"txt-{f:04d}.jsonl").write_text("\n".join(lines) + "\n")
     marker.write_text("ok\n")
     return root

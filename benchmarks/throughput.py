@@ -42,7 +42,7 @@ import numpy as np
 
 from omniload_dask import Job, parse_plan
 from omniload_dask.cluster import tasks
-from omniload_dask.demo.text import demo_sources, demo_tokenizer, make_demo_data
+from omniload_dask.demo import demo_sources, demo_tokenizer, make_demo_data
 
 
 def bench_plan(

@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--make-demo-data", action="store_true")
     args = parser.parse_args()
     if args.make_demo_data:
-        from omniload_dask.demo.text import make_demo_data
+        from omniload_dask.demo import make_demo_data
 
         make_demo_data(Path(args.plan).resolve().parent / "demo-data")
     torch.manual_seed(0)

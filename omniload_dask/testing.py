@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from omniload_dask.batching.formats import IMAGE_FIELDS, GroupBatch, Shard, expand
-from omniload_dask.checkpoint.store import (
+from omniload_dask.checkpoint import (
     CheckpointWriter,
     apply_new_plan,
     check_catalogs,
@@ -80,6 +80,7 @@ class InlineDataPlane:
         self.reads = 0
 
     def _run(self, actions: list[Any]) -> None:
+        """Carry out the coordinator's actions: queue reads, build batches, drop shards."""
         for action in actions:
             if isinstance(action, SubmitRead):
                 self._pending.append(action.read)
@@ -96,12 +97,14 @@ class InlineDataPlane:
                     self.shards.pop(key, None)
 
     def _shard(self, read: Any) -> Shard:
+        """The shard of ``read``, read (again) when it is not held."""
         shard = self.shards.get(read.key)
         if shard is None:
             shard = self._read(read)
         return shard
 
     def _read(self, read: Any) -> Shard:
+        """Run the worker's read task inline and keep its shard."""
         spec = self.coord.streams[read.source].spec
         shard = tasks.read_unit(
             spec,
@@ -194,6 +197,7 @@ class InlineDataPlane:
                 raise RuntimeError(f"the data plane did not draw step {before}")
 
     def stream(self, steps: int, start: int = 0) -> Iterator[tuple[int, dict[int, GroupBatch]]]:
+        """``(step, batches by DP group)`` for ``steps`` steps from ``start``, as :meth:`step`."""
         for t in range(start, start + steps):
             yield t, self.step(t)
 

@@ -84,7 +84,7 @@ IMAGES = {"patch_size": 8, "merge": 2, "min_pixels": 1024, "max_pixels": 16384}
 
 def write_image_sources(root: Path) -> Path:
     """Parquet with JPEG/PNG/WebP bytes (40 rows), two tar shards (30 + 20), and JSON Lines."""
-    from omniload_dask.demo.images import write_image_parquet, write_image_tar
+    from omniload_dask.demo import write_image_parquet, write_image_tar
 
     write_image_parquet(root / "pq" / "a.parquet", 40, seed=1, row_group_size=16)
     write_image_tar(root / "tar" / "a.tar", 30, seed=2)

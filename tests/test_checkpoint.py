@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from omniload_dask import CheckpointError
-from omniload_dask.checkpoint.store import Checkpoint
+from omniload_dask.checkpoint import Checkpoint
 from omniload_dask.cli import main
 from omniload_dask.plan import SourceSpec
 from omniload_dask.testing import InlineDataPlane, batch_digest, check_resume_equivalence

@@ -60,7 +60,7 @@ def test_run_prints_a_report_as_json(tmp_path):
 def test_run_of_the_quickstart_plan_shuts_down_cleanly():
     # 20 steps end while read-ahead reads still run on the workers: closing the embedded
     # cluster under them used to make every worker log a CancelledError.
-    from omniload_dask.demo.text import make_demo_data
+    from omniload_dask.demo import make_demo_data
 
     make_demo_data(REPO / "plans" / "demo-data")
     proc = subprocess.run(

@@ -12,7 +12,7 @@ from distributed import Client
 
 from omniload_dask import Job, local_cluster
 from omniload_dask.cluster.adaptive import OmniloadAdaptive
-from omniload_dask.demo.images import encode_image, synthetic_image
+from omniload_dask.demo import encode_image, synthetic_image
 from omniload_dask.plan import parse_plan
 from omniload_dask.sources import decode_sample_id
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
@@ -26,7 +26,7 @@ STEPS = 6
 def image_root(tmp_path_factory) -> Path:
     root = write_image_sources(tmp_path_factory.mktemp("cluster-images"))
     # Plant bad images in a second Parquet file (on_error: skip counts them per source).
-    from omniload_dask.demo.images import write_image_parquet
+    from omniload_dask.demo import write_image_parquet
 
     truncated = encode_image(synthetic_image(5, 120, 120), "jpeg")[:500]
     write_image_parquet(

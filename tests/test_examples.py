@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_tiny_training_example_runs_on_feeder_batches(tmp_path):
-    from omniload_dask.demo.text import make_demo_data
+    from omniload_dask.demo import make_demo_data
 
     make_demo_data(REPO / "plans" / "demo-data")
     proc = subprocess.run(
@@ -25,7 +25,7 @@ def test_tiny_training_example_runs_on_feeder_batches(tmp_path):
 
 
 def test_tiny_vlm_example_scatters_image_tokens_from_feeder_batches():
-    from omniload_dask.demo.text import make_demo_data
+    from omniload_dask.demo import make_demo_data
 
     make_demo_data(REPO / "plans" / "demo-data")
     proc = subprocess.run(

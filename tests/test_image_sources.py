@@ -20,7 +20,7 @@ import pytest
 from omniload_dask import RecordError, SourceError
 from omniload_dask.batching.formats import expand
 from omniload_dask.cluster import tasks as worker
-from omniload_dask.demo.images import (
+from omniload_dask.demo import (
     caption,
     encode_image,
     synthetic_image,
@@ -424,9 +424,9 @@ def test_the_data_plane_balances_encoder_and_backbone_cost_together(image_root):
 
 
 def test_placeholder_must_be_in_a_huggingface_vocabulary(image_root, tmp_path):
-    from omniload_dask.demo.text import _write_tokenizer
+    from omniload_dask.demo import write_tokenizer
 
-    _write_tokenizer(tmp_path / "tok.json", ["hello"])
+    write_tokenizer(tmp_path / "tok.json", ["hello"])
     tok = {"kind": "huggingface", "path": str(tmp_path / "tok.json"), "bos": "<s>", "eos": "</s>"}
     plan = image_plan(image_root, tokenizer=tok, images={**IMAGES, "placeholder": "<image>"})
     from omniload_dask.errors import TokenizerError

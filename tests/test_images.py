@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from omniload_dask.demo.images import encode_image, synthetic_image
+from omniload_dask.demo import encode_image, synthetic_image
 from omniload_dask.plan import ImageSpec
 from omniload_dask.preprocess.image import BadImage, decode, patchify, target_size, tokens_of
 from omniload_dask.preprocess.interleave import place_images

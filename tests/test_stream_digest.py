@@ -32,7 +32,7 @@ NAMES = sorted(p.name for p in PLANS.glob("*.yaml"))
 
 def stream_digest(plan_file: Path, folder: Path) -> str:
     """SHA-256 over the first ``STEPS`` steps of ``plan_file`` run on demo data in ``folder``."""
-    from omniload_dask.demo.text import make_demo_data
+    from omniload_dask.demo import make_demo_data
 
     make_demo_data(folder / "demo-data")
     copy = folder / plan_file.name

@@ -3,7 +3,7 @@
 A checkpoint is a folder::
 
     MANIFEST.json                   format, version, plan, file list with sizes and sha256
-    base-000000001000-<run>.json.zst     a full snapshot at step 1000 (see plane_state)
+    base-000000001000-<run>.json.zst     a full snapshot at step 1000 (see core.state)
     delta-000000001000-000000001087-<run>-<n>.jsonl.zst   a line per drawn step / live change
     ...
 
@@ -25,31 +25,17 @@ import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import zstandard
 from fsspec.core import url_to_fs
 
-from omniload_dask.batching.mixing import WeightSchedule
-from omniload_dask.core.state import STATE_VERSION, apply_deltas, catalog_fingerprint
+from omniload_dask.core.state import STATE_VERSION, apply_deltas
 from omniload_dask.errors import CheckpointError
-from omniload_dask.plan import Plan, parse_plan, parse_source, source_dict
+from omniload_dask.plan import Plan, parse_plan
 
-if TYPE_CHECKING:
-    from omniload_dask.core.coordinator import Coordinator
-
-__all__ = [
-    "FORMAT",
-    "VERSION",
-    "Checkpoint",
-    "CheckpointWriter",
-    "apply_new_plan",
-    "check_catalogs",
-    "compare_resume_keys",
-    "load_for_resume",
-    "registry_plan",
-]
+__all__ = ["FORMAT", "VERSION", "Checkpoint", "CheckpointWriter"]
 
 FORMAT = "omniload-checkpoint"
 VERSION = 1
@@ -57,10 +43,12 @@ MANIFEST = "MANIFEST.json"
 
 
 def _digest(data: bytes) -> str:
+    """The sha256 the manifest lists for a file's bytes."""
     return hashlib.sha256(data).hexdigest()
 
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    """The fsspec filesystem and root path of ``url``; a CheckpointError if it cannot be opened."""
     try:
         return url_to_fs(url, **options)
     except (ImportError, ValueError) as exc:
@@ -69,6 +57,8 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
 
 @dataclass
 class _Manifest:
+    """What ``MANIFEST.json`` holds: the plan, the files with their digests, the positions."""
+
     plan: dict[str, Any]
     bases: list[dict[str, Any]] = field(default_factory=list)  # {step, file, bytes, sha256}
     segments: list[dict[str, Any]] = field(default_factory=list)  # + first, last
@@ -77,6 +67,7 @@ class _Manifest:
     written_at: float = 0.0
 
     def to_json(self) -> bytes:
+        """The manifest file's bytes (with the plan's stream fingerprint, for ``inspect``)."""
         return json.dumps(
             {
                 "format": FORMAT,
@@ -144,13 +135,16 @@ class Checkpoint:
 
     @property
     def first_step(self) -> int:
+        """The oldest step that can be restored (the oldest kept base's)."""
         return int(self.manifest.bases[0]["step"])
 
     @property
     def latest_step(self) -> int:
+        """The newest step the state can be restored at (every step before it is flushed)."""
         return self.manifest.latest_step
 
     def _read(self, entry: dict[str, Any]) -> bytes:
+        """A listed file's bytes, verified against its size and sha256, decompressed."""
         path = f"{self.root}/{entry['file']}"
         try:
             blob = self.fs.cat_file(path)
@@ -233,24 +227,6 @@ class Checkpoint:
         }
 
 
-def compare_resume_keys(saved: Plan, new: Plan) -> list[str]:
-    """Why ``new`` cannot resume a checkpoint of ``saved`` (empty: it can)."""
-    a, b = saved.resume_key(), new.resume_key()
-    problems = [
-        f"{k}: {a[k]!r} in the checkpoint, {b[k]!r} now"
-        for k in a
-        if k != "sources" and a[k] != b[k]
-    ]
-    for name, ident in b["sources"].items():
-        old = a["sources"].get(name)
-        if old is not None and old != ident:
-            diff = [k for k in ident if ident[k] != old[k]]
-            problems.append(
-                f"sources.{name}: {', '.join(diff)} changed (add it under a new name instead)"
-            )
-    return problems
-
-
 class CheckpointWriter:
     """Appends deltas in memory; :meth:`flush` writes them (call it from a thread)."""
 
@@ -275,10 +251,10 @@ class CheckpointWriter:
         self.bytes_written = 0
         self.steps_written = 0
         self.flush_seconds = 0.0
-        self.flushes = 0
         self.last_flush: float | None = None
 
     def exists(self) -> bool:
+        """Whether the URL already holds a checkpoint (a manifest)."""
         return bool(self.fs.exists(f"{self.root}/{MANIFEST}"))
 
     def start(self, state: dict[str, Any], resume: Checkpoint | None = None) -> None:
@@ -318,6 +294,7 @@ class CheckpointWriter:
             self.manifest.positions = {str(k): int(v) for k, v in positions.items()}
 
     def pending(self) -> int:
+        """Deltas queued and not yet flushed."""
         return len(self._buffer)
 
     def flush(self, state_now: dict[str, Any] | None = None) -> int:
@@ -364,11 +341,11 @@ class CheckpointWriter:
                 self.fs.rm(f"{self.root}/{name}")
             self.bytes_written += written
             self.flush_seconds += time.perf_counter() - t0
-            self.flushes += 1
             self.last_flush = time.time()
             return written
 
     def _put(self, name: str, blob: bytes) -> None:
+        """Write one file of the checkpoint; storage errors become a CheckpointError."""
         try:
             self.fs.pipe_file(f"{self.root}/{name}", blob)
         except Exception as exc:
@@ -377,6 +354,7 @@ class CheckpointWriter:
             ) from None
 
     def _write_base(self, state: dict[str, Any]) -> int:
+        """Write a base snapshot of ``state`` and list it (replacing one at the same step)."""
         blob = zstandard.ZstdCompressor(level=3).compress(
             json.dumps(state, separators=(",", ":")).encode()
         )
@@ -400,6 +378,7 @@ class CheckpointWriter:
         return [b["file"] for b in drop] + [s["file"] for s in old_segments]
 
     def _write_manifest(self) -> int:
+        """Replace the manifest atomically: write a temporary file, then move it over the old."""
         self.manifest.written_at = time.time()
         blob = self.manifest.to_json()
         tmp = f"{self.root}/{MANIFEST}.tmp"
@@ -413,6 +392,7 @@ class CheckpointWriter:
         return len(blob)
 
     def stats(self) -> dict[str, Any]:
+        """Figures for the job's status: steps and bytes written, cost per step, pending deltas."""
         return {
             "url": self.url,
             "latest_step": self.manifest.latest_step,
@@ -429,68 +409,3 @@ class CheckpointWriter:
             "step": self.manifest.latest_step,
             "pending": len(self._buffer),
         }
-
-
-# ---------------------------------------------------------------------- resuming
-def load_for_resume(plan: Plan, resume: bool | int) -> tuple[Checkpoint, dict[str, Any]]:
-    """Read and check the plan's checkpoint; the state to resume at (runs in a thread)."""
-    assert plan.checkpoint is not None
-    saved = Checkpoint(plan.checkpoint.url, dict(plan.checkpoint.storage_options))
-    problems = compare_resume_keys(saved.plan, plan)
-    if problems:
-        raise CheckpointError(
-            f"checkpoint {plan.checkpoint.url!r} belongs to another plan: " + "; ".join(problems)
-        )
-    if resume is True:
-        positions = [int(p) for p in saved.manifest.positions.values()]
-        step = min(positions) if positions else saved.latest_step
-        step = max(saved.first_step, min(step, saved.latest_step))
-    else:
-        step = min(int(resume), saved.latest_step)
-    return saved, saved.state_at(step)
-
-
-def registry_plan(plan: Plan, state: dict[str, Any]) -> Plan:
-    """The plan with the checkpoint's sources in their order (their indices are kept), then
-    the plan's new sources; ``state`` gains empty entries for those (they join on resume)."""
-    known = {src["spec"]["name"] for src in state["sources"]}
-    for spec in plan.sources:
-        if spec.name not in known:
-            state["sources"].append({"spec": source_dict(spec), "catalog": None, "state": None})
-            state["tags"].append(None)
-            state["active"].append(0)
-    specs = []
-    for i, src in enumerate(state["sources"]):
-        spec = parse_source(src["spec"], f"checkpoint.sources[{i}]")
-        mine = next((s for s in plan.sources if s.name == spec.name), None)
-        if mine is not None:  # credentials and options come from the new plan
-            spec = replace(spec, storage_options=mine.storage_options)
-        specs.append(spec)
-    return replace(plan, sources=tuple(specs))
-
-
-def check_catalogs(state: dict[str, Any], catalogs: list[Any]) -> None:
-    for src, catalog in zip(state["sources"], catalogs, strict=True):
-        if src["catalog"] is not None and catalog_fingerprint(catalog) != src["catalog"]:
-            raise CheckpointError(
-                f"source {src['spec']['name']!r}: its files or read units changed since the "
-                f"checkpoint ({len(catalog.files)} files now); the saved cursors would not "
-                "point at the same records"
-            )
-
-
-def apply_new_plan(coord: Coordinator, plan: Plan, catalogs: list[Any]) -> None:
-    """Resuming with a changed plan: its weights, schedule and sources rule from here on."""
-    step = coord.next_step
-    live = {s.spec.name for s in coord.streams if not s.retired}
-    by_name = {s.spec.name: (s, c) for s, c in zip(coord.streams, catalogs, strict=False)}
-    coord.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
-    coord.schedule.reset_at(step)
-    for entry in coord.log:
-        if entry["kind"] == "weights":
-            coord.schedule.change(int(entry["step"]), entry["weights"])
-    for spec in plan.sources:
-        if spec.name not in live:
-            coord.add_source(spec, by_name[spec.name][1], step)
-    for name in live - set(plan.source_names):
-        coord.remove_source(name, step)

@@ -47,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
     from omniload_dask.cli.runner import format_report, run_plan
 
     if args.make_demo_data:
-        from omniload_dask.demo.text import make_demo_data
+        from omniload_dask.demo import make_demo_data
 
         make_demo_data(Path(args.plan).resolve().parent / "demo-data")
     plan = load_plan(args.plan)
@@ -68,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from omniload_dask.demo.text import make_demo_data
+    from omniload_dask.demo import make_demo_data
 
     print(make_demo_data(args.folder))
     return 0
@@ -164,7 +164,7 @@ def _live(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_inspect(args: argparse.Namespace) -> int:
-    from omniload_dask.checkpoint.store import Checkpoint
+    from omniload_dask.checkpoint import Checkpoint
 
     options = json.loads(args.storage_options) if args.storage_options else {}
     summary = Checkpoint(args.url, options).summary()

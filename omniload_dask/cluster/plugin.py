@@ -24,7 +24,7 @@ import numpy as np
 from distributed import Client, Future
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from omniload_dask.checkpoint.store import (
+from omniload_dask.checkpoint import (
     Checkpoint,
     CheckpointWriter,
     apply_new_plan,

@@ -6,7 +6,7 @@ machine writes the same pixels. ``make_image_demo_data(folder)`` writes::
 
     images-parquet/captions-0000.parquet   columns image (encoded bytes), caption; row groups of 64
     images-tar/shard-0000.tar              WebDataset-style: 000000.jpg + 000000.txt, ...
-    tokenizer-vlm.json                     the demo tokenizer (see demo.py) plus an <image> token
+    tokenizer-vlm.json                     the demo tokenizer (see demo.vocabulary) plus <image>
 
 Tests and benchmarks use the pieces: :func:`synthetic_image`, :func:`encode_image`,
 :func:`write_image_parquet` and :func:`write_image_tar`.
@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from omniload_dask.demo.vocabulary import VOCAB_SEED, vocabulary, write_tokenizer
 
 __all__ = [
     "caption",
@@ -71,6 +73,7 @@ def encode_image(pixels: np.ndarray, fmt: str, quality: int = 85) -> bytes:
 
 
 def caption(seed: int, words: int = 12) -> str:
+    """The caption of record ``seed``: ``words`` words about colours and shapes."""
     rng = np.random.default_rng([seed, 1])
     return " ".join(_WORDS[int(i)] for i in rng.integers(0, len(_WORDS), words))
 
@@ -163,9 +166,7 @@ def make_image_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
         write_image_tar(
             folder / "images-tar" / f"shard-{f:04d}.tar", n // 2, seed=20 + f, sizes=(96, 384)
         )
-    from omniload_dask.demo.text import VOCAB_SEED, _vocabulary, _write_tokenizer
-
-    vocab = _vocabulary(np.random.default_rng(VOCAB_SEED))  # the demo's, same ids; <image> last
-    _write_tokenizer(folder / "tokenizer-vlm.json", [*vocab, "<image>"])
+    vocab = vocabulary(np.random.default_rng(VOCAB_SEED))  # the demo's, same ids; <image> last
+    write_tokenizer(folder / "tokenizer-vlm.json", [*vocab, "<image>"])
     (folder / MARKER).write_text("ok\n")
     return folder

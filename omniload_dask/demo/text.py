@@ -21,51 +21,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from omniload_dask.demo.images import make_image_demo_data
+from omniload_dask.demo.vocabulary import VOCAB_SEED, demo_text, vocabulary, write_tokenizer
+
 __all__ = ["demo_sources", "demo_tokenizer", "make_demo_data"]
 
-SYLLABLES = [
-    "ka",
-    "lo",
-    "mi",
-    "ne",
-    "ru",
-    "sa",
-    "to",
-    "vi",
-    "de",
-    "po",
-    "ga",
-    "shi",
-    "an",
-    "el",
-    "or",
-    "un",
-    "ta",
-    "ber",
-    "gon",
-    "lin",
-]
-PUNCT = [".", ",", ";", ":", "(", ")", "=", "+", "{", "}", "[", "]", "_", "-", "\n"]
 MARKER = ".omniload-demo-complete"
-VOCAB_SEED = 20260501
-
-
-def _vocabulary(rng: np.random.Generator, size: int = 3000) -> list[str]:
-    words: set[str] = set()
-    while len(words) < size:
-        n = int(rng.integers(1, 4))
-        words.add("".join(SYLLABLES[int(i)] for i in rng.integers(0, len(SYLLABLES), n)))
-    return sorted(words)
-
-
-def _text(rng: np.random.Generator, vocab: list[str], words: int, code: bool = False) -> str:
-    # Zipf-like word frequencies, as in natural text.
-    idx = np.minimum(rng.zipf(1.3, words) - 1, len(vocab) - 1)
-    tokens = [vocab[int(i)] for i in idx]
-    if code:
-        marks = rng.integers(0, len(PUNCT), words)
-        tokens = [t + PUNCT[int(m)] if m < 8 else t for t, m in zip(tokens, marks, strict=True)]
-    return " ".join(tokens)
 
 
 def demo_sources(folder: str | Path, web_unit_bytes: str = "2MiB") -> list[dict[str, object]]:
@@ -108,14 +69,12 @@ def demo_tokenizer(folder: str | Path) -> dict[str, object]:
 
 def make_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
     """Write the demo sources into ``folder`` (skipped if already complete); return it."""
-    from omniload_dask.demo.images import make_image_demo_data
-
     folder = Path(folder)
     make_image_demo_data(folder, scale=scale)
     if (folder / MARKER).exists():
         return folder
     rng = np.random.default_rng(VOCAB_SEED)
-    vocab = _vocabulary(rng)
+    vocab = vocabulary(rng)
     for sub in ("web", "code", "books"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     n_web = int(4000 * scale)
@@ -123,7 +82,7 @@ def make_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
         lines = []
         for i in range(n_web // 4):
             words = int(np.clip(rng.lognormal(4.6, 0.8), 5, 4000))
-            lines.append(json.dumps({"id": f"web-{f}-{i}", "text": _text(rng, vocab, words)}))
+            lines.append(json.dumps({"id": f"web-{f}-{i}", "text": demo_text(rng, vocab, words)}))
         (folder / "web" / f"web-{f:04d}.jsonl").write_text("\n".join(lines) + "\n")
     n_code = int(1200 * scale)
     cctx = zstandard.ZstdCompressor(level=3)
@@ -133,7 +92,7 @@ def make_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
             words = int(np.clip(rng.lognormal(5.5, 0.9), 20, 12000))
             lines.append(
                 json.dumps(
-                    {"path": f"src/m{f}_{i}.py", "content": _text(rng, vocab, words, code=True)}
+                    {"path": f"src/m{f}_{i}.py", "content": demo_text(rng, vocab, words, code=True)}
                 )
             )
         data = ("\n".join(lines) + "\n").encode()
@@ -143,21 +102,9 @@ def make_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
         bodies = []
         for _ in range(n_books // 2):
             words = int(np.clip(rng.pareto(1.5) * 800 + 300, 300, 40000))
-            bodies.append(_text(rng, vocab, words))
+            bodies.append(demo_text(rng, vocab, words))
         table = pa.table({"title": [f"book {f}-{i}" for i in range(len(bodies))], "body": bodies})
         pq.write_table(table, folder / "books" / f"books-{f:04d}.parquet", row_group_size=32)
-    _write_tokenizer(folder / "tokenizer.json", vocab)
+    write_tokenizer(folder / "tokenizer.json", vocab)
     (folder / MARKER).write_text("ok\n")
     return folder
-
-
-def _write_tokenizer(path: Path, vocab: list[str]) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    specials = ["<unk>", "<s>", "</s>", "<pad>"]
-    table = {tok: i for i, tok in enumerate(specials + PUNCT[:-1] + vocab)}
-    tok = Tokenizer(models.WordLevel(vocab=table, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]
-    )
-    path.write_text(tok.to_str())

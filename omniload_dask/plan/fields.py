@@ -2,15 +2,26 @@
 
 A ``Fields`` wraps one mapping at one path (``sources[2]``); each getter checks type and range and
 raises :class:`~omniload_dask.errors.PlanError` with ``path.field: what is wrong, got value``.
-``done()`` rejects unknown keys, suggesting the closest known one, so typos never pass silently.
+``done()`` rejects unknown keys, suggesting the closest known one, so typos never pass silently::
+
+    f = Fields({"seq_len": 4096, "micro_batch": 2}, "batch")
+    f.integer("seq_len", min=8)          # 4096
+    f.integer("micro_batches", 1)        # 1 (the default: the key is absent)
+    f.done()  # PlanError: batch.micro_batch: unknown field (known: micro_batches, seq_len);
+              #            did you mean 'micro_batches'?
+
+:func:`resolve_path` reads a path field: environment variables expanded, relative local paths
+taken from the plan file's folder.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from omniload_dask.errors import PlanError
@@ -36,6 +47,7 @@ _UNITS = {
     "ti": 2**40,
     "tib": 2**40,
 }
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def fail(path: str, message: str, value: Any = ...) -> NoReturn:
@@ -55,17 +67,21 @@ class Fields:
         self._seen: set[str] = set()
 
     def at(self, key: str) -> str:
+        """The path of ``key`` in this mapping, for messages (``sources[2].weight``)."""
         return f"{self.path}.{key}" if self.path else key
 
     def has(self, key: str) -> bool:
+        """Whether ``key`` is given and not null (does not mark it as read)."""
         return key in self.data and self.data[key] is not None
 
     def raw(self, key: str, default: Any = None) -> Any:
+        """The value of ``key`` unchecked (``default`` when absent or null); marks it as read."""
         self._seen.add(key)
         value = self.data.get(key)
         return default if value is None else value
 
     def required(self, key: str) -> Any:
+        """The value of ``key`` unchecked; a PlanError when it is absent or null."""
         self._seen.add(key)
         if self.data.get(key) is None:
             fail(self.at(key), "is required")
@@ -79,6 +95,10 @@ class Fields:
         pattern: str | None = None,
         choices: Sequence[str] | None = None,
     ) -> str:
+        """A non-empty string, one of ``choices`` or matching ``pattern`` when given.
+
+        Without a ``default`` the field is required.
+        """
         value = self.required(key) if default is None else self.raw(key, default)
         if not isinstance(value, str) or not value:
             fail(self.at(key), "must be a non-empty string", value)
@@ -89,6 +109,7 @@ class Fields:
         return value
 
     def flag(self, key: str, default: bool) -> bool:
+        """A ``true``/``false`` field."""
         value = self.raw(key, default)
         if not isinstance(value, bool):
             fail(self.at(key), "must be true or false", value)
@@ -102,6 +123,7 @@ class Fields:
         min: int | None = None,
         max: int | None = None,
     ) -> int:
+        """An integer (not a bool) within ``[min, max]``; required without a ``default``."""
         value = self.required(key) if default is None else self.raw(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
             fail(self.at(key), "must be an integer", value)
@@ -112,6 +134,7 @@ class Fields:
         return value
 
     def optional_int(self, key: str, *, min: int | None = None) -> int | None:
+        """An integer ``>= min``, or None when the field is absent."""
         if not self.has(key):
             self._seen.add(key)
             return None
@@ -125,6 +148,8 @@ class Fields:
         min: float | None = None,
         exclusive_min: bool = False,
     ) -> float:
+        """A finite number ``>= min`` (``> min`` with ``exclusive_min``); required without a
+        ``default``."""
         value = self.required(key) if default is None else self.raw(key, default)
         return check_number(self.at(key), value, min=min, exclusive_min=exclusive_min)
 
@@ -134,15 +159,18 @@ class Fields:
         return parse_size(self.at(key), value)
 
     def mapping(self, key: str) -> Fields:
+        """A nested section as its own :class:`Fields` (empty when absent)."""
         return Fields(self.raw(key, {}), self.at(key))
 
     def plain_mapping(self, key: str) -> dict[str, Any]:
+        """A mapping taken whole, its keys unchecked (``storage_options``, weights)."""
         value = self.raw(key, {})
         if not isinstance(value, Mapping):
             fail(self.at(key), "must be a mapping", value)
         return dict(value)
 
     def sequence(self, key: str) -> list[Any]:
+        """A required, non-empty list (its items are checked by the caller)."""
         value = self.required(key)
         if not isinstance(value, (list, tuple)) or not value:
             fail(self.at(key), "must be a non-empty list", value)
@@ -162,6 +190,8 @@ class Fields:
 def check_number(
     path: str, value: Any, *, min: float | None = None, exclusive_min: bool = False
 ) -> float:
+    """``value`` as a finite float ``>= min`` (``> min`` with ``exclusive_min``), or a PlanError
+    naming ``path``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         fail(path, "must be a number", value)
     if not math.isfinite(value):
@@ -172,6 +202,7 @@ def check_number(
 
 
 def parse_size(path: str, value: Any) -> int:
+    """A byte size in bytes: an integer, or a number with a unit (``4MiB``, ``512 KB``, ``1g``)."""
     if isinstance(value, bool):
         fail(path, "must be a byte size such as 4MiB", value)
     if isinstance(value, int):
@@ -186,3 +217,20 @@ def parse_size(path: str, value: Any) -> int:
     if size < 1:
         fail(path, "must be at least 1 byte", value)
     return size
+
+
+def resolve_path(path: str, base_dir: str | os.PathLike[str] | None, field: str = "path") -> str:
+    """Expand ``${VAR}`` / ``${VAR:-default}``; make relative local paths absolute."""
+
+    def expand(m: re.Match[str]) -> str:
+        value = os.environ.get(m.group(1))
+        if value is None:
+            if m.group(2) is None:
+                fail(field, f"environment variable {m.group(1)} is not set", path)
+            value = m.group(2)
+        return value
+
+    out = _ENV.sub(expand, path)
+    if "://" in out or os.path.isabs(out) or base_dir is None:
+        return out
+    return str(Path(base_dir) / out)

@@ -22,17 +22,35 @@ from omniload_dask.errors import TokenizerError
 from omniload_dask.plan import BYTE_IMAGE_TOKEN as BYTE_IMAGE
 from omniload_dask.plan import TokenizerSpec
 
+__all__ = [
+    "BYTE_BOS",
+    "BYTE_EOS",
+    "BYTE_VOCAB",
+    "ByteTokenizer",
+    "HuggingFaceTokenizer",
+    "TokenizerInfo",
+    "add_specials",
+    "describe",
+    "image_token_id",
+    "load_tokenizer",
+    "tokenize",
+]
+
 BYTE_BOS, BYTE_EOS, BYTE_VOCAB = 256, 257, 258
 
 
 @dataclass(frozen=True)
 class TokenizerInfo:
+    """What the data plane needs to know of a tokenizer: its vocabulary size and special ids."""
+
     vocab_size: int
     bos_id: int | None
     eos_id: int | None
 
 
 class _Encoder(Protocol):
+    """What both tokenizers offer (what :func:`load_tokenizer` returns)."""
+
     info: TokenizerInfo
 
     def token_id(self, token: str | int) -> int | None: ...
@@ -41,12 +59,16 @@ class _Encoder(Protocol):
 
 
 class ByteTokenizer:
+    """The built-in tokenizer: a token per UTF-8 byte; BOS 256, EOS 257, the image token 258."""
+
     info = TokenizerInfo(vocab_size=BYTE_VOCAB, bos_id=BYTE_BOS, eos_id=BYTE_EOS)
 
     def token_id(self, token: str | int) -> int | None:
+        """The id of ``token``; only the image token (258) is known by id here."""
         return BYTE_IMAGE if token == BYTE_IMAGE else None
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All ``texts``' bytes as one flat uint32 array, and each text's length (no BOS/EOS)."""
         encoded = [t.encode("utf-8") for t in texts]
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         body = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.uint32)
@@ -54,6 +76,12 @@ class ByteTokenizer:
 
 
 class HuggingFaceTokenizer:
+    """A Hugging Face ``tokenizers`` tokenizer read from the plan's tokenizer.json (any fsspec URL).
+
+    The plan's ``bos`` and ``eos`` tokens must be in its vocabulary; a :class:`TokenizerError`
+    naming the field says which is not.
+    """
+
     def __init__(self, spec: TokenizerSpec) -> None:
         from tokenizers import Tokenizer
 
@@ -90,12 +118,15 @@ class HuggingFaceTokenizer:
         return int(token_id)
 
     def token_id(self, token: str | int) -> int | None:
+        """The id of ``token`` (a token string, or an id checked against the vocabulary size)."""
         if isinstance(token, int):
             return token if 0 <= token < self.info.vocab_size else None
         found = self._tok.token_to_id(token)
         return None if found is None else int(found)
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All ``texts``' tokens as one flat uint32 array, and each text's length (no specials:
+        BOS/EOS are added by :func:`add_specials` as the plan says)."""
         encodings = self._tok.encode_batch(texts, add_special_tokens=False)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
         body = np.fromiter(

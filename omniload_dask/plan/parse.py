@@ -1,0 +1,144 @@
+"""Plan files and plan data in, a validated :class:`~omniload_dask.plan.plan.Plan` out.
+
+:func:`parse_plan` reads the top level and hands each section to its parser (``parse_*.py``),
+then checks what spans sections (duplicate source names, buckets naming sources, images against
+the tokenizer). The small run-time sections, ``loader`` and ``checkpoint``, are read here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from omniload_dask.errors import PlanError
+from omniload_dask.plan.fields import Fields, fail, resolve_path
+from omniload_dask.plan.parse_batch import check_bucket_sources, read_batch, read_layout
+from omniload_dask.plan.parse_cost import read_cost
+from omniload_dask.plan.parse_mixing import read_mixing
+from omniload_dask.plan.parse_sources import (
+    NAME_PATTERN,
+    read_images,
+    read_source,
+    read_tokenizer,
+)
+from omniload_dask.plan.plan import PLAN_VERSION, Plan
+from omniload_dask.plan.specs import CheckpointSpec, LoaderSpec
+
+__all__ = ["load_plan", "parse_plan"]
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read and validate a YAML plan file; relative paths are taken from its folder."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError(f"plan file {str(path)!r}: cannot read it ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PlanError(f"plan file {str(path)!r}: not valid YAML ({exc})") from None
+    return parse_plan(data, base_dir=path.resolve().parent)
+
+
+def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Plan:
+    """Validate plan data (as loaded from YAML or JSON) into a :class:`Plan`."""
+    if isinstance(data, Plan):
+        return data
+    top = Fields(data, "")
+    version = top.integer("version", PLAN_VERSION)
+    if version != PLAN_VERSION:
+        fail("version", f"this omniload-dask reads plan version {PLAN_VERSION}", version)
+    name = top.text("name", "omniload", pattern=NAME_PATTERN)
+    seed = top.integer("seed", 0, min=0, max=2**63 - 1)
+    on_error = top.text("on_error", "raise", choices=("raise", "skip"))
+    layout = read_layout(top.mapping("layout"))
+    batch = read_batch(top.mapping("batch"), layout)
+    tokenizer = read_tokenizer(top.mapping("tokenizer"), base_dir)
+    cost = read_cost(top.mapping("cost"))
+    loader = _loader(top.mapping("loader"))
+    checkpoint = _checkpoint(top, base_dir)
+    mixing_fields = top.mapping("mixing")
+    sources = tuple(
+        read_source(Fields(raw, f"sources[{i}]"), base_dir)
+        for i, raw in enumerate(top.sequence("sources"))
+    )
+    seen: dict[str, int] = {}
+    for i, src in enumerate(sources):
+        if src.name in seen:
+            fail(f"sources[{i}].name", f"duplicates sources[{seen[src.name]}].name", src.name)
+        seen[src.name] = i
+    mixing = read_mixing(mixing_fields, [s.name for s in sources])
+    if len(sources) > 1024:
+        fail("sources", "at most 1024 sources are supported", len(sources))
+    if sum(s.weight for s in sources) <= 0:
+        fail("sources", "at least one source needs a weight > 0", [s.weight for s in sources])
+    check_bucket_sources(batch, [s.name for s in sources])
+    images = None
+    if top.has("images") or any(s.has_images for s in sources):
+        images = read_images(top.mapping("images"), tokenizer)
+    top.done()
+    return Plan(
+        name=name,
+        seed=seed,
+        sources=sources,
+        tokenizer=tokenizer,
+        batch=batch,
+        layout=layout,
+        cost=cost,
+        loader=loader,
+        checkpoint=checkpoint,
+        mixing=mixing,
+        on_error=on_error,
+        version=version,
+        images=images,
+    )
+
+
+def _checkpoint(top: Fields, base_dir: str | os.PathLike[str] | None) -> CheckpointSpec | None:
+    """The optional ``checkpoint`` section (None without it)."""
+    if not top.has("checkpoint"):
+        top.raw("checkpoint")
+        return None
+    f = top.mapping("checkpoint")
+    d = CheckpointSpec(url="")
+    spec = CheckpointSpec(
+        url=resolve_path(f.text("url"), base_dir, field=f.at("url")),
+        flush_seconds=f.number("flush_seconds", d.flush_seconds, min=0, exclusive_min=True),
+        compact_every=f.integer("compact_every", d.compact_every, min=1),
+        keep_bases=f.integer("keep_bases", d.keep_bases, min=1),
+        storage_options=f.plain_mapping("storage_options"),
+    )
+    f.done()
+    return spec
+
+
+def _loader(f: Fields) -> LoaderSpec:
+    """The ``loader`` section (tuning only)."""
+    d = LoaderSpec()
+    spec = LoaderSpec(
+        workers=f.integer("workers", d.workers, min=1, max=1024),
+        threads_per_worker=f.integer("threads_per_worker", d.threads_per_worker, min=1, max=256),
+        read_ahead=f.integer("read_ahead", d.read_ahead, min=1, max=1024),
+        prefetch=f.integer("prefetch", d.prefetch, min=1, max=1024),
+        lookahead=f.integer("lookahead", d.lookahead, min=0, max=1024),
+        retain_steps=f.integer("retain_steps", d.retain_steps, min=1),
+        read_retries=f.integer("read_retries", d.read_retries, min=0, max=100),
+        standby=f.flag("standby", d.standby),
+        task_seconds=_task_seconds(f, d.task_seconds),
+        quotas=f.flag("quotas", d.quotas),
+        reads_per_thread=f.integer("reads_per_thread", d.reads_per_thread, min=1, max=1024),
+    )
+    f.done()
+    return spec
+
+
+def _task_seconds(f: Fields, default: float) -> float:
+    """``loader.task_seconds``: 0, or a read task's target duration in seconds."""
+    value = f.number("task_seconds", default, min=0)
+    if 0 < value < 0.01 or value > 600:
+        fail(f.at("task_seconds"), "must be 0 (never split) or between 0.01 and 600", value)
+    return value

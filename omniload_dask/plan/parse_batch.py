@@ -1,0 +1,178 @@
+"""Parsers of how steps are cut and split: ``batch`` (with context ``buckets``) and ``layout``.
+
+The layout comes first: a bucket's ``share`` of ``global_tokens`` becomes micro-batches per DP
+rank, ``ceil(share * global_tokens / (dp * seq_len))``. Which sources a bucket names is checked
+once the sources are known (:func:`check_bucket_sources`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from omniload_dask.plan.fields import Fields, fail
+from omniload_dask.plan.specs import BatchSpec, BucketSpec, LayoutSpec
+
+__all__ = ["check_bucket_sources", "read_batch", "read_layout"]
+
+
+def read_layout(f: Fields) -> LayoutSpec:
+    """The ``layout`` section: axis sizes and an ``order`` or an explicit ``rank_map``."""
+    axes = {axis: f.integer(axis, 1, min=1, max=65536) for axis in ("dp", "tp", "pp", "cp")}
+    if f.has("rank_map") and f.has("order"):
+        fail(f.at("order"), "give order or rank_map, not both", f.raw("order"))
+    order_raw = f.text("order", "tp-cp-dp-pp")
+    order = tuple(order_raw.split("-"))
+    if sorted(order) != ["cp", "dp", "pp", "tp"]:
+        fail(f.at("order"), "must name dp, tp, pp and cp once each, joined by '-'", order_raw)
+    rank_map = _rank_map(f, axes) if f.has("rank_map") else ()
+    f.done()
+    return LayoutSpec(order=order, rank_map=rank_map, **axes)
+
+
+def _rank_map(f: Fields, axes: dict[str, int]) -> tuple[tuple[int, int, int, int], ...]:
+    """``layout.rank_map``: one distinct ``[dp, tp, pp, cp]`` per rank of the world."""
+    raw = f.raw("rank_map")
+    world = axes["dp"] * axes["tp"] * axes["pp"] * axes["cp"]
+    if not isinstance(raw, (list, tuple)) or len(raw) != world:
+        fail(
+            f.at("rank_map"),
+            f"must list [dp, tp, pp, cp] for each of the {world} ranks (dp*tp*pp*cp)",
+            raw if not isinstance(raw, (list, tuple)) else f"{len(raw)} entries",
+        )
+    seen: dict[tuple[int, ...], int] = {}
+    out = []
+    for r, entry in enumerate(raw):
+        where = f"{f.at('rank_map')}[{r}]"
+        if (
+            not isinstance(entry, (list, tuple))
+            or len(entry) != 4
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in entry)
+        ):
+            fail(where, "must be [dp, tp, pp, cp], four integers", entry)
+        for value, axis in zip(entry, ("dp", "tp", "pp", "cp"), strict=True):
+            if not 0 <= value < axes[axis]:
+                fail(where, f"{axis} must be in [0, {axes[axis]})", list(entry))
+        coords = tuple(entry)
+        if coords in seen:
+            fail(where, f"duplicates rank_map[{seen[coords]}]", list(entry))
+        seen[coords] = r
+        out.append((coords[0], coords[1], coords[2], coords[3]))
+    return tuple(out)
+
+
+def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
+    """The ``batch`` section: one ``seq_len`` or context buckets, and the global budget."""
+    tokens = f.optional_int("global_tokens", min=1)
+    docs = f.optional_int("global_documents", min=1)
+    if tokens is not None and docs is not None:
+        fail(f.at("global_documents"), "give global_tokens or global_documents, not both", docs)
+    if f.has("buckets"):
+        for key in ("seq_len", "micro_batches"):
+            if f.has(key):
+                fail(f.at(key), "give it in each of batch.buckets instead (not both)", f.raw(key))
+        buckets = _buckets(f, layout, tokens)
+        seq_len = max(b.seq_len for b in buckets)
+        micro = sum(b.micro_batches for b in buckets)
+        capacity = layout.dp * sum(b.micro_batches * b.seq_len for b in buckets)
+    else:
+        buckets = ()
+        seq_len = f.integer("seq_len", min=8)
+        micro = f.integer("micro_batches", 1, min=1)
+        capacity = layout.dp * micro * seq_len
+    if tokens is None and docs is None:
+        tokens = capacity
+    long_docs = f.text("long_documents", "split", choices=("split", "truncate"))
+    max_doc = f.optional_int("max_document_tokens", min=1)
+    if max_doc is not None and long_docs == "truncate":
+        fail(f.at("max_document_tokens"), "only applies with long_documents: split", max_doc)
+    if tokens is not None and max_doc is not None and max_doc > tokens:
+        fail(f.at("max_document_tokens"), f"must be <= global_tokens ({tokens})", max_doc)
+    if tokens is not None and tokens < seq_len and long_docs == "truncate":
+        fail(f.at("global_tokens"), f"must be >= seq_len ({seq_len}) so any document fits", tokens)
+    pad = f.flag("pad_to_seq_len", False)
+    f.done()
+    return BatchSpec(
+        seq_len=seq_len,
+        micro_batches=micro,
+        global_tokens=tokens,
+        global_documents=docs,
+        long_documents=long_docs,
+        max_document_tokens=max_doc,
+        pad_to_seq_len=pad,
+        buckets=buckets,
+    )
+
+
+def _buckets(f: Fields, layout: LayoutSpec, tokens: int | None) -> tuple[BucketSpec, ...]:
+    """``batch.buckets``: each gives seq_len and either share (of global_tokens) or micro_batches."""
+    entries = [
+        Fields(raw, f"{f.at('buckets')}[{i}]") for i, raw in enumerate(f.sequence("buckets"))
+    ]
+    by_share = entries[0].has("share")
+    out = []
+    for e in entries:
+        seq_len = e.integer("seq_len", min=8)
+        if e.has("share") and e.has("micro_batches"):
+            fail(
+                e.at("micro_batches"),
+                "give share or micro_batches, not both",
+                e.raw("micro_batches"),
+            )
+        if e.has("share") != by_share:
+            fail(
+                e.at("micro_batches" if by_share else "share"),
+                "give share in every bucket or micro_batches in every bucket",
+                e.raw("micro_batches" if by_share else "share"),
+            )
+        share = None
+        if by_share:
+            share = e.number("share", exclusive_min=True, min=0)
+            if share > 1:
+                fail(e.at("share"), "must be <= 1", share)
+            if tokens is None:
+                fail(e.at("share"), "needs batch.global_tokens (or give micro_batches)", share)
+            micro = max(1, math.ceil(share * tokens / (layout.dp * seq_len) - 1e-9))
+        else:
+            micro = e.integer("micro_batches", 1, min=1)
+        raw_sources = e.raw("sources", [])
+        if not isinstance(raw_sources, (list, tuple)) or not all(
+            isinstance(x, str) and x for x in raw_sources
+        ):
+            fail(e.at("sources"), "must be a list of source names", raw_sources)
+        e.done()
+        out.append(BucketSpec(seq_len, micro, share, tuple(raw_sources)))
+    if by_share:
+        total = sum(b.share or 0.0 for b in out)
+        if abs(total - 1.0) > 1e-6:
+            fail(f.at("buckets"), "shares must add up to 1", [b.share for b in out])
+    free = [b.seq_len for b in out if not b.sources]
+    for i, b in enumerate(out):
+        if not b.sources and free.count(b.seq_len) > 1:
+            fail(
+                f"{f.at('buckets')}[{i}].seq_len",
+                "two buckets without sources have this seq_len (which one gets a document?)",
+                b.seq_len,
+            )
+    return tuple(out)
+
+
+def check_bucket_sources(batch: BatchSpec, names: list[str]) -> None:
+    """Buckets' ``sources`` name known sources, each at most once, and leave none without a bucket."""
+    pinned: dict[str, str] = {}
+    for i, bucket in enumerate(batch.buckets):
+        for j, name in enumerate(bucket.sources):
+            where = f"batch.buckets[{i}].sources[{j}]"
+            if name not in names:
+                fail(where, f"no source named {name!r} (have {', '.join(names)})", name)
+            if name in pinned:
+                fail(where, f"source already in {pinned[name]}", name)
+            pinned[name] = f"batch.buckets[{i}]"
+    if batch.buckets and all(b.sources for b in batch.buckets):
+        loose = [n for n in names if n not in pinned]
+        if loose:
+            fail(
+                "batch.buckets",
+                "every bucket lists its sources, so these sources have none "
+                "(list them or add a bucket without sources)",
+                loose,
+            )

@@ -1,0 +1,186 @@
+"""Parsers of what is read and how it becomes tokens: ``sources[]``, ``tokenizer``, ``images``.
+
+A source's ``path`` is one path/URL or a list of them (globs allowed); ``image`` names the image
+column of a Parquet source or the image files' extensions of a WebDataset source::
+
+    - {name: captions, format: parquet, path: data/cap/*.parquet, image: jpeg, text: caption}
+    - {name: laion, format: webdataset, path: data/laion/*.tar, image: [jpg, png], text: txt}
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from omniload_dask.plan.fields import Fields, fail, resolve_path
+from omniload_dask.plan.specs import BYTE_IMAGE_TOKEN, ImageSpec, SourceSpec, TokenizerSpec
+
+__all__ = [
+    "FORMATS",
+    "IMAGE_EXTENSIONS",
+    "NAME_PATTERN",
+    "parse_source",
+    "read_images",
+    "read_source",
+    "read_tokenizer",
+]
+
+FORMATS = ("jsonl", "parquet", "webdataset")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # plan and source names
+
+
+def parse_source(data: Any, path: str = "source") -> SourceSpec:
+    """Validate one source mapping (paths must already be absolute or URLs)."""
+    return read_source(Fields(data, path), None)
+
+
+def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpec:
+    """One ``sources[]`` entry; relative local paths are taken from ``base_dir``."""
+    name = f.text("name", pattern=NAME_PATTERN)
+    fmt = f.text("format", choices=FORMATS)
+    raw_path = f.required("path")
+    if isinstance(raw_path, str):
+        raw_paths = [raw_path]
+    elif (
+        isinstance(raw_path, (list, tuple))
+        and raw_path
+        and all(isinstance(p, str) and p for p in raw_path)
+    ):
+        raw_paths = list(raw_path)
+    else:
+        fail(
+            f.at("path"), "must be a path/URL (globs allowed) or a non-empty list of them", raw_path
+        )
+    paths = tuple(resolve_path(p, base_dir, field=f.at("path")) for p in raw_paths)
+    weight = f.number("weight", 1.0, min=0)
+    text = f.text("text", "txt" if fmt == "webdataset" else "text")
+    image = _image_field(f, fmt)
+    if fmt == "parquet" and image and image[0] == text:
+        fail(f.at("image"), "must be another column than sources[].text", image[0])
+    unit_records = f.optional_int("unit_records", min=1)
+    if unit_records is not None and fmt == "jsonl":
+        fail(f.at("unit_records"), "only applies to parquet and webdataset", unit_records)
+    if fmt == "webdataset" and unit_records is None:
+        unit_records = 64
+    unit_bytes = f.size("unit_bytes", 4 * 2**20)
+    if f.has("unit_bytes") and fmt != "jsonl":
+        fail(
+            f.at("unit_bytes"),
+            "only applies to format: jsonl (parquet reads row groups)",
+            f.raw("unit_bytes"),
+        )
+    opts = f.plain_mapping("storage_options")
+    epochs = f.optional_int("epochs", min=1)
+    f.done()
+    return SourceSpec(
+        name=name,
+        epochs=epochs,
+        format=fmt,
+        paths=paths,
+        weight=weight,
+        text=text,
+        unit_bytes=unit_bytes,
+        storage_options=opts,
+        image=image,
+        unit_records=unit_records,
+    )
+
+
+def _image_field(f: Fields, fmt: str) -> tuple[str, ...]:
+    """``sources[].image``: a column (parquet) or the image files' extensions (webdataset)."""
+    raw = f.raw("image")
+    if raw is None:
+        return IMAGE_EXTENSIONS if fmt == "webdataset" else ()
+    if fmt == "jsonl":
+        fail(f.at("image"), "images come from parquet or webdataset sources", raw)
+    if fmt == "parquet":
+        if isinstance(raw, (list, tuple)) and len(raw) == 1:
+            raw = raw[0]
+        if not isinstance(raw, str) or not raw:
+            fail(f.at("image"), "must be the name of the image column", raw)
+        return (raw,)
+    items = raw.split(";") if isinstance(raw, str) else raw
+    if (
+        not isinstance(items, (list, tuple))
+        or not items
+        or not all(isinstance(x, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", x) for x in items)
+    ):
+        fail(f.at("image"), "must be file extensions, e.g. [jpg, png] or 'jpg;png'", raw)
+    return tuple(x.lower().lstrip(".") for x in items)
+
+
+def read_tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> TokenizerSpec:
+    """The ``tokenizer`` section: ``byte``, or ``huggingface`` with its file and special tokens."""
+    kind = f.text("kind", "byte", choices=("byte", "huggingface"))
+    path = None
+    if kind == "huggingface":
+        path = resolve_path(f.text("path"), base_dir)
+    elif f.has("path"):
+        fail(f.at("path"), "only applies to kind: huggingface", f.raw("path"))
+    bos = f.raw("bos")
+    eos = f.raw("eos")
+    for key, value in (("bos", bos), ("eos", eos)):
+        if value is not None and not isinstance(value, str):
+            fail(f.at(key), "must be a token string such as '<s>'", value)
+        if value is not None and kind == "byte":
+            fail(f.at(key), "the byte tokenizer has fixed BOS (256) and EOS (257)", value)
+    add_bos = f.flag("add_bos", kind == "byte" or bos is not None)
+    add_eos = f.flag("add_eos", kind == "byte" or eos is not None)
+    if kind == "huggingface" and add_bos and bos is None:
+        fail(f.at("bos"), "is required when add_bos is true (name the BOS token, e.g. '<s>')")
+    if kind == "huggingface" and add_eos and eos is None:
+        fail(f.at("eos"), "is required when add_eos is true (name the EOS token, e.g. '</s>')")
+    opts = f.plain_mapping("storage_options")
+    f.done()
+    return TokenizerSpec(
+        kind=kind,
+        path=path,
+        bos=bos,
+        eos=eos,
+        add_bos=add_bos,
+        add_eos=add_eos,
+        storage_options=opts,
+    )
+
+
+def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
+    """The ``images`` section; the placeholder token must suit the tokenizer's kind."""
+    d = ImageSpec()
+    patch = f.integer("patch_size", d.patch_size, min=1, max=1024)
+    merge = f.integer("merge", d.merge, min=1, max=16)
+    factor = patch * merge
+    min_pixels = f.integer("min_pixels", max(d.min_pixels, factor * factor), min=factor * factor)
+    max_pixels = f.integer("max_pixels", max(d.max_pixels, min_pixels), min=min_pixels)
+    max_input = f.integer("max_input_pixels", d.max_input_pixels, min=1)
+    raw = f.raw("placeholder")
+    if tokenizer.kind == "byte":
+        if raw is not None and raw != BYTE_IMAGE_TOKEN:
+            fail(
+                f.at("placeholder"), f"the byte tokenizer's image token is {BYTE_IMAGE_TOKEN}", raw
+            )
+        placeholder: str | int = BYTE_IMAGE_TOKEN
+    elif raw is None:
+        fail(
+            f.at("placeholder"),
+            "is required with a huggingface tokenizer (the image token, e.g. '<|image_pad|>')",
+        )
+    elif (
+        isinstance(raw, bool)
+        or not isinstance(raw, (str, int))
+        or raw == ""
+        or (isinstance(raw, int) and raw < 0)
+    ):
+        fail(f.at("placeholder"), "must be a token string or a token id >= 0", raw)
+    else:
+        placeholder = raw
+    f.done()
+    return ImageSpec(
+        patch_size=patch,
+        merge=merge,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        max_input_pixels=max_input,
+        placeholder=placeholder,
+    )
