@@ -85,6 +85,7 @@ def register(plugin: Any) -> bool:
 
 
 def unregister(plugin: Any) -> None:
+    """Stop exporting ``plugin``'s jobs (its scheduler closes)."""
     _plugins.discard(plugin)
 
 
