@@ -112,6 +112,7 @@ class CheckpointSchedule:
         return self.writer.stats()
 
     def _flushed(self, fut: asyncio.Future[Any]) -> None:
+        """A flush ended: keep its error, or have the deltas that came meanwhile flushed."""
         exc = fut.exception() if not fut.cancelled() else None
         if exc is not None:
             logger.error("omniload checkpoint flush failed: %s", exc)

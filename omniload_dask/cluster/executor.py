@@ -114,6 +114,7 @@ class ActionExecutor:
         self.futures.clear()
 
     def _construct(self, action: SubmitConstruct) -> None:
+        """Submit a group's construction on its reads, and its context-parallel slices."""
         deps: list[Any] = []
         for read in action.reads:
             fut = self.futures.get(read.key)

@@ -3,11 +3,12 @@
 Starting a job has two phases, with the scheduler's loop free in between (the plugin checks
 there that no other caller started the same job meanwhile)::
 
-    prepare(client, plan, run_id, resume)    read the checkpoint to resume from (in a thread);
-                                             discover every source's files and units, and
-                                             check the tokenizer, as tasks on the workers
-    open_job(prepared, start_step, ...)      the coordinator (restored, new plan applied), the
-                                             checkpoint writer, the job's executor
+    prepare(data_client, plan, run_id, resume)   read the checkpoint to resume from (in a
+                                                 thread); discover every source's files and
+                                                 units, check the tokenizer (worker tasks)
+    open_job(client, prepared, start_step, ...)  the coordinator (restored, a changed plan
+                                                 applied), the checkpoint writer, the
+                                                 job's executor
 
 A live plan change (``update_plan``) is checked against the running job by
 :func:`plan_change`, its new sources discovered by :func:`discover_added`, and applied to the
@@ -142,11 +143,12 @@ async def open_job(
     *,
     standby: StandbyCopies,
     read_resources: Callable[[], dict[str, int] | None],
-    workers: tuple[int, int],
+    workers: Callable[[], tuple[int, int]],
 ) -> RunningJob:
     """The running job: its coordinator (restored when resuming), checkpoint writer, executor.
 
-    ``workers`` is ``(workers, read slots)`` of the cluster now.
+    ``workers()`` tells ``(workers, read slots)`` of the cluster now; it is asked last, after
+    the writer's first base is written (workers may come and go meanwhile).
     """
     plan, state, catalogs = prepared.plan, prepared.state, prepared.catalogs
     coord = Coordinator(prepared.sources, catalogs, prepared.run_id, start_step=start_step)
@@ -175,8 +177,9 @@ async def open_job(
         client, plan, lambda i: coord.streams[i].spec, standby, read_resources
     )
     job = RunningJob(plan, coord, info, executor, writer)
-    if workers[1]:
-        coord.on_workers(*workers)
+    count, threads = workers()
+    if threads:
+        coord.on_workers(count, threads)
     return job
 
 

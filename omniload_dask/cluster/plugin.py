@@ -181,7 +181,7 @@ class OmniloadPlugin(SchedulerPlugin):
             start_step,
             standby=self._standby,
             read_resources=lambda: self._read_resources,
-            workers=_dask.worker_threads(self.scheduler),
+            workers=lambda: _dask.worker_threads(self.scheduler),
         )
         self.jobs[job.name] = job
         self._runs[job.run_id] = job.name
@@ -299,6 +299,7 @@ class OmniloadPlugin(SchedulerPlugin):
 
     # ------------------------------------------------------------------ helpers
     def _job(self, name: str) -> RunningJob:
+        """The running job ``name``; MissingJobError (feeders retry it) naming those that run."""
         run = self.jobs.get(name)
         if run is None:
             have = ", ".join(sorted(self.jobs)) or "none"
@@ -308,6 +309,7 @@ class OmniloadPlugin(SchedulerPlugin):
         return run
 
     def _job_of_key(self, key: str) -> RunningJob | None:
+        """The running job a task key belongs to, by the run id in it (None: an old run's)."""
         parts = key.split("-", 3)  # omniload-<kind>-<run id>-...
         if len(parts) < 4:
             return None
@@ -315,6 +317,7 @@ class OmniloadPlugin(SchedulerPlugin):
         return self.jobs.get(name) if name else None
 
     def _drop(self, job: RunningJob) -> None:
+        """Forget ``job`` and stop it (its tasks' events are ignored from now on)."""
         if self.jobs.get(job.name) is job:
             del self.jobs[job.name]
         self._runs.pop(job.run_id, None)

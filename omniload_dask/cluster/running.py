@@ -180,6 +180,7 @@ class RunningJob:
             self._pump = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
+        """The pump: run the data plane while something may have moved."""
         coord = self.coord
         while self._dirty and not self.stopped:
             self._dirty = False
@@ -224,6 +225,7 @@ class RunningJob:
 
     # ------------------------------------------------------------------ helpers
     def _on_report(self, key: str, report: ReadReport, seconds: float | None) -> None:
+        """Lengths to the coordinator (they decide the stream); the rest to the monitor."""
         coord = self.coord
         coord.on_report(
             key,

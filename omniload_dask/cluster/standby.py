@@ -57,6 +57,7 @@ class StandbyCopies:
             self._policy.keys.difference_update(keys)
 
     def _run(self) -> None:
+        """One memory-manager run for the keys kept since the last one."""
         self._run_soon = False
         try:
             _dask.run_memory_manager(self._scheduler)

@@ -111,6 +111,7 @@ class JobPage:
             logger.exception("omniload dashboard page: update failed")
 
     def _update(self) -> None:
+        """Follow the jobs that run now; rebuild for a new run; refresh what changed."""
         plugin = _dask.scheduler_plugin(self.scheduler, "omniload")
         jobs = sorted(plugin.jobs) if plugin is not None else []
         if list(self.select.options) != jobs:
@@ -139,6 +140,7 @@ class JobPage:
         self._refresh_sources(stats)
 
     def _on_select(self, attr: str, old: Any, new: Any) -> None:
+        """The browser picked another job: show it now (Bokeh's ``on_change`` callback)."""
         if new and new != self.job:
             self.job = new
             self._run_id = None
@@ -155,6 +157,7 @@ class JobPage:
         self.body.children = build_body(self, names, ranks, quota, stats.get("mixing_by", "tokens"))
 
     def _new_sources(self) -> None:
+        """Empty data sources, named for the browser (see the class docstring)."""
         from bokeh.models import ColumnDataSource
 
         def lines(name: str) -> ColumnDataSource:
@@ -178,6 +181,7 @@ class JobPage:
 
     # ------------------------------------------------------------------ data
     def _refresh_rates(self, run: Any, now: float) -> None:
+        """Throughput per source over time, from the job's monitor (binned read events)."""
         t, records, tokens = run.monitor.throughput_series(now, RATE_BINS)
         for cds, values in ((self.read_rate, records), (self.token_rate, tokens)):
             cds.data = {
@@ -188,6 +192,8 @@ class JobPage:
             }
 
     def _refresh_steps(self, run: Any, stats: dict[str, Any]) -> None:
+        """Per step: the realised vs target mix and the balance efficiency, from the
+        coordinator's recent step figures (only when a new step was drawn)."""
         figures = list(run.coord.history)[-(STEPS_SHOWN + MIX_WINDOW) :]
         steps, target, realised = realised_shares(
             figures, len(self.names), stats.get("mixing_by", "tokens"), MIX_WINDOW
@@ -211,6 +217,7 @@ class JobPage:
         }
 
     def _refresh_ranks(self, stats: dict[str, Any]) -> None:
+        """Per rank: its feeder's last reported waits (in ms) and prefetch depth."""
         ranks = sorted(int(r) for r in stats["ranks"])
         states = {int(r): s for r, s in stats["ranks"].items()}
         nan = float("nan")
@@ -227,6 +234,7 @@ class JobPage:
         }
 
     def _refresh_sources(self, stats: dict[str, Any]) -> None:
+        """Per source: read tasks in flight against their limit, and the table's row."""
         sources = stats["sources"]
 
         def limit(s: dict[str, Any]) -> Any:

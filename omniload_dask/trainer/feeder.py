@@ -2,9 +2,10 @@
 
 A background thread asks the data plane for the keys of the next ``prefetch`` steps (one RPC
 for several steps, which also reports how far this rank has fetched), gathers those batches
-straight from the workers that built them, and keeps them in a small local buffer; iterating
-only takes from that buffer. Each item is one micro-batch in the packed layout (see
-:mod:`omniload_dask.batching.formats`), as torch tensors when torch is installed, else numpy arrays::
+straight from the workers that built them (one round trip: :mod:`.fetch`), and keeps them in a
+small local buffer; iterating only takes from that buffer. Each item is one micro-batch in the
+packed layout (see :mod:`omniload_dask.batching.formats`), as torch tensors when torch is
+installed, else numpy arrays::
 
     feeder = job.feeder(dp_rank=0)
     for mb in feeder:
@@ -234,6 +235,8 @@ class Feeder:
 
     # ------------------------------------------------------------------ fetching
     def _ensure_thread(self) -> None:
+        """Start the fetching thread on first use (not in ``__init__``: a feeder made and
+        never iterated asks the data plane for nothing)."""
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._fetch_loop, daemon=True, name=f"omniload-feeder-{self.rank}"
@@ -249,6 +252,12 @@ class Feeder:
                 self.client = Client(self._address, set_as_default=False, timeout=5)
 
     def _fetch_loop(self) -> None:
+        """The fetching thread: keep up to ``prefetch`` steps ahead of the trainer.
+
+        Lost connections and a missing job are retried with backoff for
+        ``reconnect_timeout`` seconds (the scheduler may be restarting); a job failure is
+        raised to the trainer at its next ``next()``.
+        """
         failing_since: float | None = None
         attempt = 0
         while True:
@@ -303,6 +312,7 @@ class Feeder:
                 self._lock.notify_all()
 
     def _fetch(self, start: int, count: int) -> list[GroupBatch]:
+        """One round trip: the ready steps from ``start`` on (possibly none)."""
         report = wait_report(self._recent_waits, max(0, start - self._step), self.prefetch)
         reply = ask_for_steps(self.client, self.job, self.rank, start, count, report)
         if reply.get("end") is not None:
@@ -313,16 +323,22 @@ class Feeder:
 
     # ------------------------------------------------------------------ output
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:
+        """A micro-batch as the trainer gets it: full form, source names, torch or numpy."""
         mb = expand(mb)  # the wire form carries neither labels nor position_ids
-        out = dict(mb)
         sources = mb["doc_source"]
         if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined
             self.source_names = list(_dask.call(self.client, "info", job=self.job)["sources"])
-        out["doc_source_name"] = [self.source_names[int(s)] for s in sources]
-        if self.output == "torch":
-            import torch
+        return _output(mb, self.source_names, self.output)
 
-            for key, value in mb.items():
-                if isinstance(value, np.ndarray):
-                    out[key] = torch.from_numpy(value)
-        return out
+
+def _output(mb: dict[str, Any], source_names: list[str], output: str) -> dict[str, Any]:
+    """``mb`` with each document's source name, its arrays as torch tensors for "torch"."""
+    out = dict(mb)
+    out["doc_source_name"] = [source_names[int(s)] for s in mb["doc_source"]]
+    if output == "torch":
+        import torch
+
+        for key, value in mb.items():
+            if isinstance(value, np.ndarray):
+                out[key] = torch.from_numpy(value)
+    return out
