@@ -7,13 +7,8 @@ import pytest
 
 from omniload_dask.core.coordinator import StepFigures
 from omniload_dask.errors import JobError
-from omniload_dask.observe.monitoring import (
-    FeederReport,
-    JobMonitor,
-    checkpoint_text,
-    format_si,
-    realised_shares,
-)
+from omniload_dask.observe.formatting import checkpoint_text, format_si
+from omniload_dask.observe.monitoring import FeederReport, JobMonitor, realised_shares
 
 
 def test_rates_count_only_reads_finished_in_the_window():

@@ -10,25 +10,33 @@
     omniload update-plan --address ADDR PLAN [--at-step N]   add/remove sources live
     omniload mixture --address ADDR        target vs realised share per source
     omniload checkpoint inspect URL        what a data-plane checkpoint holds
+
+Each subcommand parses its arguments, calls the library (plans, :class:`Job` via
+:mod:`.runner`, :mod:`omniload_dask.observe.status`, the data plane's handlers, the checkpoint
+store) and prints the answer; an error of the library prints one line and exits with 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from omniload_dask.errors import OmniloadError
 from omniload_dask.plan import load_plan
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _validate(args: argparse.Namespace) -> int:
+    """``omniload validate``: the resolved plan on stdout, the verdict on stderr."""
     plan = load_plan(args.plan)
     data = plan.to_dict()
     if args.json:
@@ -44,6 +52,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """``omniload run``: drive every rank of the plan for ``--steps`` steps; print the report."""
     from omniload_dask.cli.runner import format_report, run_plan
 
     if args.make_demo_data:
@@ -68,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """``omniload demo-data``: write the deterministic demo data; print where."""
     from omniload_dask.demo import make_demo_data
 
     print(make_demo_data(args.folder))
@@ -75,6 +85,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    """``omniload status``: the running jobs' figures, once or live."""
     from omniload_dask.errors import JobError
     from omniload_dask.observe.status import connect, watch
 
@@ -105,6 +116,7 @@ def _one_job(client: object, job: str | None, address: str) -> str:
 
 
 def _parse_weights(items: list[str]) -> dict[str, float]:
+    """``["web=2", "books=1"]`` -> ``{"web": 2.0, "books": 1.0}`` (JobError names a bad one)."""
     from omniload_dask.errors import JobError
 
     out = {}
@@ -119,51 +131,67 @@ def _parse_weights(items: list[str]) -> dict[str, float]:
     return out
 
 
-def _live(args: argparse.Namespace) -> int:
-    """set-weights, update-plan and mixture against a running job."""
-    from omniload_dask.cluster import internals as _dask
+@contextlib.contextmanager
+def _running_job(args: argparse.Namespace) -> Iterator[tuple[Any, str]]:
+    """A client of ``--address`` and the job to act on (``--job``, or the only one)."""
     from omniload_dask.observe.status import connect
 
     logging.getLogger("distributed").setLevel(logging.CRITICAL)
     client = connect(args.address, args.timeout)
     try:
-        job = _one_job(client, args.job, args.address)
-        if args.command == "set-weights":
-            reply = _dask.call(
-                client,
-                "set_weights",
-                job=job,
-                weights=_parse_weights(args.weights),
-                at_step=args.at_step,
-            )
-            print(f"job {job!r}: weights {reply['weights']} from step {reply['step']}")
-        elif args.command == "update-plan":
-            plan = load_plan(args.plan)
-            reply = _dask.call(
-                client, "update_plan", job=job, plan=plan.to_dict(), at_step=args.at_step
-            )
-            print(
-                f"job {job!r}: from step {reply['step']}: added {reply['added']}, "
-                f"removed {reply['removed']}, weights {reply['weights']}"
-            )
-        else:
-            rows = _dask.call(client, "mixture", job=job, window=args.window)
-            if args.json:
-                print(json.dumps(rows, indent=2))
-            else:
-                print(f"{'source':<16}{'target':>8}{'window':>9}{'total':>9}{'epoch':>7}")
-                for r in rows:
-                    state = " (removed)" if r["retired"] else " (done)" if r["exhausted"] else ""
-                    print(
-                        f"{r['name']:<16}{r['target_now']:>8.1%}{r['realised_window']:>9.1%}"
-                        f"{r['realised_total']:>9.1%}{r['epoch']:>7}{state}"
-                    )
-        return 0
+        yield client, _one_job(client, args.job, args.address)
     finally:
         client.close()
 
 
+def _set_weights(args: argparse.Namespace) -> int:
+    """``omniload set-weights``: re-weight sources of a running job."""
+    from omniload_dask.cluster import internals as _dask
+
+    with _running_job(args) as (client, job):
+        weights = _parse_weights(args.weights)
+        reply = _dask.call(client, "set_weights", job=job, weights=weights, at_step=args.at_step)
+        print(f"job {job!r}: weights {reply['weights']} from step {reply['step']}")
+    return 0
+
+
+def _update_plan(args: argparse.Namespace) -> int:
+    """``omniload update-plan``: apply a new version of a running job's plan."""
+    from omniload_dask.cluster import internals as _dask
+
+    with _running_job(args) as (client, job):
+        plan = load_plan(args.plan)
+        reply = _dask.call(
+            client, "update_plan", job=job, plan=plan.to_dict(), at_step=args.at_step
+        )
+        print(
+            f"job {job!r}: from step {reply['step']}: added {reply['added']}, "
+            f"removed {reply['removed']}, weights {reply['weights']}"
+        )
+    return 0
+
+
+def _mixture(args: argparse.Namespace) -> int:
+    """``omniload mixture``: target and realised share per source of a running job."""
+    from omniload_dask.cluster import internals as _dask
+
+    with _running_job(args) as (client, job):
+        rows = _dask.call(client, "mixture", job=job, window=args.window)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'source':<16}{'target':>8}{'window':>9}{'total':>9}{'epoch':>7}")
+    for r in rows:
+        state = " (removed)" if r["retired"] else " (done)" if r["exhausted"] else ""
+        print(
+            f"{r['name']:<16}{r['target_now']:>8.1%}{r['realised_window']:>9.1%}"
+            f"{r['realised_total']:>9.1%}{r['epoch']:>7}{state}"
+        )
+    return 0
+
+
 def _checkpoint_inspect(args: argparse.Namespace) -> int:
+    """``omniload checkpoint inspect``: what a data-plane checkpoint holds."""
     from omniload_dask.checkpoint import Checkpoint
 
     options = json.loads(args.storage_options) if args.storage_options else {}
@@ -204,6 +232,7 @@ def _checkpoint_inspect(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``omniload`` argument parser; each subcommand sets ``func``, the function to run."""
     parser = argparse.ArgumentParser(prog="omniload", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check a plan and print it resolved")
@@ -242,28 +271,38 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--storage-options", help="fsspec options as JSON (e.g. an S3 endpoint)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_checkpoint_inspect)
-    p = _add_live(sub, "set-weights", "change source weights of a running job")
+    p = _add_live(sub, "set-weights", "change source weights of a running job", _set_weights)
     p.add_argument("weights", nargs="+", metavar="SOURCE=WEIGHT")
     p.add_argument("--at-step", type=int, help="first step to use them (default: next step)")
-    p = _add_live(sub, "update-plan", "apply a new plan version live (sources, weights)")
+    p = _add_live(
+        sub, "update-plan", "apply a new plan version live (sources, weights)", _update_plan
+    )
     p.add_argument("plan")
     p.add_argument("--at-step", type=int, help="first step to use it (default: next step)")
-    p = _add_live(sub, "mixture", "target and realised share per source")
+    p = _add_live(sub, "mixture", "target and realised share per source", _mixture)
     p.add_argument("--window", type=int, default=100, help="steps in the recent window")
     p.add_argument("--json", action="store_true")
     return parser
 
 
-def _add_live(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
+def _add_live(
+    sub: argparse._SubParsersAction, name: str, help: str, func: Any
+) -> argparse.ArgumentParser:
+    """A subcommand that acts on a running job (``--address``, ``--job``, ``--timeout``)."""
     p = sub.add_parser(name, help=help)
     p.add_argument("--address", required=True, help="scheduler address, e.g. tcp://host:8786")
     p.add_argument("--job", help="the job's name (default: the only job running)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
-    p.set_defaults(func=_live)
+    p.set_defaults(func=func)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``omniload`` with ``argv`` (default: the process's); returns the exit status.
+
+    Errors of the library (a bad plan, an unreachable scheduler, ...) print one line and
+    return 2; Ctrl-C returns 130.
+    """
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -23,6 +23,12 @@ __all__ = ["RunReport", "format_report", "run_plan"]
 
 @dataclass
 class RunReport:
+    """What ``omniload run`` measured (``--json`` prints :meth:`to_dict`).
+
+    Times are seconds from the start of :func:`run_plan`; ``tokens`` counts each DP group's
+    batches once; ``sources`` holds each source's realised and target share over the run.
+    """
+
     plan_name: str
     steps: int
     ranks: int
@@ -40,6 +46,7 @@ class RunReport:
     documents_cut: int = 0
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as plain data (JSON-able)."""
         return dict(vars(self))
 
 
@@ -67,6 +74,7 @@ def run_plan(
 
 
 def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> RunReport:
+    """One thread per rank consumes ``steps`` steps; then the figures of those steps."""
     layout = job.plan.layout
     ranks = layout.world_size
     first_step = int(job.info.get("start_step") or 0)

@@ -30,6 +30,7 @@ class OmniloadAdaptive(Adaptive):
     """Adaptive scaling whose target also covers every omniload job's read work."""
 
     async def target(self) -> int:
+        """Workers to have: Dask's own target, raised to what the data plane asks for."""
         dask_target = int(await super().target())
         try:
             reply = await self.scheduler.omniload_workers_wanted()

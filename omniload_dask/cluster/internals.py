@@ -1,5 +1,10 @@
 """Every use of Dask internals in one place, so an upgrade of distributed touches one file.
 
+"Internals" are the parts of distributed that are not its documented API: the scheduler's task
+and worker state, what the ``transition`` hook's keyword arguments hold, the worker's task
+state, the Active Memory Manager's policy classes, ``gather_from_workers``, the dashboard's
+Bokeh application. Everything else in the package uses Dask's public API only.
+
 - Workers attach a read task's sample metadata to the task's own finished message (the worker
   task state's ``metadata``), which the scheduler passes to plugins' ``transition`` hooks as
   ``metadata=...``: no extra RPC and no ordering race with the result landing in memory.
@@ -59,15 +64,40 @@ def holders(scheduler: Any, key: str) -> list[str] | None:
     return [ws.address for ws in ts.who_has]
 
 
-def erred_text(scheduler: Any, key: str) -> str | None:
-    ts = scheduler.tasks.get(key)
-    if ts is None or ts.state != "erred":
-        return None
-    return str(getattr(ts, "exception_text", "") or "task failed")
+def failure_text(scheduler: Any, key: str, kwargs: dict[str, Any]) -> str:
+    """What went wrong with the erred task ``key``, from transition kwargs or its task state."""
+    text = kwargs.get("exception_text")
+    if not text:
+        ts = scheduler.tasks.get(key)
+        if ts is not None and ts.state == "erred":
+            text = getattr(ts, "exception_text", "") or "task failed"
+    return str(text or "failed")
 
 
 def worker_count(scheduler: Any) -> int:
+    """Workers the scheduler has now."""
     return len(scheduler.workers)
+
+
+def task_count(scheduler: Any) -> int:
+    """Tasks the scheduler keeps state for (released ones included until it forgets them)."""
+    return len(scheduler.tasks)
+
+
+def add_handlers(scheduler: Any, prefix: str, handlers: dict[str, Any]) -> None:
+    """Serve each of ``handlers`` as the scheduler RPC ``prefix + name``."""
+    for name, handler in handlers.items():
+        scheduler.handlers[prefix + name] = handler
+
+
+def scheduler_security(scheduler: Any) -> Any:
+    """The scheduler's ``distributed.Security`` (None without one), for clients it opens."""
+    return getattr(scheduler, "security", None)
+
+
+def scheduler_address(client: Any) -> str | None:
+    """The address of the scheduler ``client`` talks to (None if it has none yet)."""
+    return client.scheduler.address if client.scheduler is not None else None
 
 
 READ_RESOURCE = "omniload-read"

@@ -178,9 +178,11 @@ class Job:
         return _dask.call(self.client, "flush_checkpoint", job=self.name)
 
     def stats(self) -> dict[str, Any]:
+        """The job's counters and figures, as every monitoring view shows them."""
         return _dask.call(self.client, "stats", job=self.name)
 
     def steps(self, start: int = 0) -> list[dict[str, Any]]:
+        """Figures of the recent steps from ``start`` on (efficiency, tokens per source...)."""
         return _dask.call(self.client, "steps", job=self.name, start=start)
 
     def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> int:
@@ -226,6 +228,7 @@ class Job:
 
     @property
     def dashboard_link(self) -> str | None:
+        """The Dask dashboard's address (the Omniload page is ``/omniload`` next to it)."""
         return getattr(self.client, "dashboard_link", None)
 
     def stop(self) -> None:

@@ -2,12 +2,15 @@
 
 They keep nothing between calls: a read task gets one unit, returns a :class:`Shard` that stays
 in worker memory, and attaches the shard's sample lengths for the data plane to the task's
-finished message. A construct task gets a :class:`Recipe` and the shards it names.
+finished message (:class:`ReadReport` reads it back on the scheduler). A construct task gets
+a :class:`Recipe` and the shards it names.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +31,15 @@ from omniload_dask.sources import (
     read_unit_records,
 )
 
-__all__ = ["check_tokenizer", "construct", "cp_slice", "discover", "read_unit", "report_of"]
+__all__ = [
+    "ReadReport",
+    "check_tokenizer",
+    "construct",
+    "cp_slice",
+    "discover",
+    "read_unit",
+    "report_of",
+]
 
 MAX_REASONS = 5
 
@@ -139,6 +150,48 @@ def read_unit(
         )
     _dask.set_task_metadata(meta)
     return shard
+
+
+@dataclass(frozen=True)
+class ReadReport:
+    """What a read task tells the data plane with its finished message (see :func:`read_unit`).
+
+    ``lengths`` are the tokens of each record kept, in file order; ``records`` counts the
+    records read, bad ones included (None from an older task); with images, ``patches`` and
+    ``patches_sq`` are each record's patches and the sum of their squares.
+    """
+
+    lengths: np.ndarray
+    skipped: int
+    records: int | None
+    tokens: int
+    bad: list[str]
+    read_seconds: float | None
+    tokenize_seconds: float | None
+    patches: np.ndarray | None = None
+    patches_sq: np.ndarray | None = None
+    images: int = 0
+    bad_images: int = 0
+
+    @classmethod
+    def decode(cls, meta: Mapping[str, Any]) -> ReadReport:
+        """The report in a task's metadata, as :func:`read_unit` attached it."""
+        patches = meta.get("patches")
+        return cls(
+            lengths=np.frombuffer(meta["lengths"], dtype=np.int32),
+            skipped=int(meta["skipped"]),
+            records=meta.get("records"),
+            tokens=int(meta.get("tokens", 0)),
+            bad=list(meta.get("bad") or []),
+            read_seconds=meta.get("read_seconds"),
+            tokenize_seconds=meta.get("tokenize_seconds"),
+            patches=np.frombuffer(patches, dtype=np.int64) if patches is not None else None,
+            patches_sq=(
+                np.frombuffer(meta["patches_sq"], dtype=np.int64) if patches is not None else None
+            ),
+            images=int(meta.get("images", 0)),
+            bad_images=int(meta.get("bad_images", 0)),
+        )
 
 
 def report_of(shard: Shard) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 The scheduler plugin calls :func:`install` when it starts: it adds ``/omniload`` to the
 scheduler's running dashboard (linked from the navigation bar of Dask's pages) and exports the
-jobs' figures on ``/metrics`` (see :mod:`omniload_dask.observe.metrics`). The page is a Bokeh document
-like Dask's own; it runs on the scheduler's event loop and reads the data plane directly, once a
-second::
+jobs' figures on ``/metrics`` (see :mod:`omniload_dask.observe.metrics`). The page is a Bokeh
+document like Dask's own; it runs on the scheduler's event loop and reads the data plane
+directly, once a second::
 
     Job [quickstart v]  run 1a2b3c4d · running · up 41 s · 2 workers · checkpoint: none yet
                         steps drawn 230 · every rank fetched through step 228 · 5.1 steps/s
@@ -17,6 +17,10 @@ second::
 Figures that do not exist yet stay visibly absent: "checkpoint: none yet" until the coordinator
 reports ``stats()["checkpoint"] = {"step": ..., "time": ...}``, and the read-ahead window per
 source until it reports ``stats()["sources"][i]["quota"]``.
+
+:class:`JobPage` is one browser session: the job selector and summary, and the page's data (one
+Bokeh ``ColumnDataSource`` per plot group, refreshed from the data plane); the plots and the
+table that draw that data are laid out by :mod:`omniload_dask.observe.page_layout`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ import numpy as np
 
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.observe import metrics
-from omniload_dask.observe.monitoring import checkpoint_text, format_si, realised_shares
+from omniload_dask.observe.formatting import (
+    checkpoint_text,
+    efficiency_text,
+    fetched_text,
+    format_si,
+)
+from omniload_dask.observe.monitoring import realised_shares
+from omniload_dask.observe.page_layout import MIX_WINDOW, build_body, palette
 
 __all__ = ["NAV_NAME", "ROUTE", "JobPage", "install"]
 
@@ -39,7 +50,6 @@ ROUTE = "/omniload"
 NAV_NAME = "omniload"
 UPDATE_MS = 1000
 STEPS_SHOWN = 512
-MIX_WINDOW = 16  # steps behind each point of the realised-mix curve
 RATE_BINS = 60
 
 
@@ -61,14 +71,14 @@ def job_page_document(scheduler: Any, extra: dict[str, Any], doc: Any) -> None:
     _dask.style_dashboard_document(doc, extra)
 
 
-def _palette(n: int) -> list[str]:
-    from bokeh.palettes import Category10_10, turbo
-
-    return list(Category10_10[:n]) if n <= 10 else list(turbo(n))
-
-
 class JobPage:
-    """The widgets of one browser session; :meth:`update` refreshes them from the data plane."""
+    """The widgets and data of one browser session; :meth:`update` refreshes them.
+
+    The data sources (``read_rate``, ``token_rate``, ``mix_realised``, ``mix_target``,
+    ``efficiency``, ``feeders``, ``reads``, ``table``) are named, so a browser finds them as
+    ``Bokeh.documents[0].get_model_by_name("omniload-...")``; they and the plots drawing them
+    are made anew whenever the page shows another run of a job.
+    """
 
     def __init__(self, scheduler: Any) -> None:
         from bokeh.layouts import column, row
@@ -76,6 +86,8 @@ class JobPage:
 
         self.scheduler = scheduler
         self.job: str | None = None
+        self.names: list[str] = []
+        self.colors: dict[str, str] = {}
         self._run_id: str | None = None
         self._last_step = -1
         self.select = Select(title="Job", options=[], value="", width=220, name="omniload-job")
@@ -88,15 +100,18 @@ class JobPage:
             sizing_mode="stretch_width",
             name="omniload-root",
         )
+        self._new_sources()
 
     # ------------------------------------------------------------------ refresh
     def update(self) -> None:
+        """Show the selected job's figures now (called once a second); never raises."""
         try:
             self._update()
         except Exception:  # keep the session alive; the next tick may succeed
             logger.exception("omniload dashboard page: update failed")
 
     def _update(self) -> None:
+        """Follow the jobs that run now; rebuild for a new run; refresh what changed."""
         plugin = _dask.scheduler_plugin(self.scheduler, "omniload")
         jobs = sorted(plugin.jobs) if plugin is not None else []
         if list(self.select.options) != jobs:
@@ -116,7 +131,7 @@ class JobPage:
             self._run_id = stats["run_id"]
             self._last_step = -1
         now = time.time()
-        self.summary.text = self._summary_html(stats, now)
+        self.summary.text = summary_html(stats, now)
         self._refresh_rates(run, now)
         if stats["next_step"] != self._last_step:
             self._refresh_steps(run, stats)
@@ -125,24 +140,25 @@ class JobPage:
         self._refresh_sources(stats)
 
     def _on_select(self, attr: str, old: Any, new: Any) -> None:
+        """The browser picked another job: show it now (Bokeh's ``on_change`` callback)."""
         if new and new != self.job:
             self.job = new
             self._run_id = None
             self.update()
 
-    # ------------------------------------------------------------------ layout
     def _build(self, stats: dict[str, Any]) -> None:
-        from bokeh.layouts import gridplot
-        from bokeh.models import ColumnDataSource, FactorRange, NumeralTickFormatter
-        from bokeh.models.annotations import Span
-        from bokeh.models.widgets import DataTable, NumberFormatter, TableColumn
-
+        """New data sources and plots for another run (its sources and ranks)."""
         names = [str(s["name"]) for s in stats["sources"]]
         ranks = [str(r) for r in sorted(int(r) for r in stats["ranks"])]
-        self.colors = dict(zip(names, _palette(len(names)), strict=True))
         self.names = names
+        self.colors = dict(zip(names, palette(len(names)), strict=True))
         quota = any(s.get("quota") is not None for s in stats["sources"])
-        by = stats.get("mixing_by", "tokens")
+        self._new_sources()
+        self.body.children = build_body(self, names, ranks, quota, stats.get("mixing_by", "tokens"))
+
+    def _new_sources(self) -> None:
+        """Empty data sources, named for the browser (see the class docstring)."""
+        from bokeh.models import ColumnDataSource
 
         def lines(name: str) -> ColumnDataSource:
             return ColumnDataSource({"xs": [], "ys": [], "color": [], "source": []}, name=name)
@@ -163,132 +179,9 @@ class JobPage:
         )
         self.table = ColumnDataSource({}, name="omniload-sources")
 
-        read_fig = _figure("Read + decode throughput per source", "records/s", "seconds")
-        read_fig.multi_line(
-            "xs", "ys", color="color", legend_field="source", line_width=2, source=self.read_rate
-        )
-        token_fig = _figure("Tokenize throughput per source", "tokens/s", "seconds")
-        token_fig.multi_line(
-            "xs", "ys", color="color", legend_field="source", line_width=2, source=self.token_rate
-        )
-        mix_fig = _figure(
-            f"Mix: realised over {MIX_WINDOW} steps (solid) vs target (dashed)",
-            f"share of {by}",
-            "step",
-        )
-        mix_fig.multi_line(
-            "xs",
-            "ys",
-            color="color",
-            legend_field="source",
-            line_width=1.5,
-            line_alpha=0.7,
-            source=self.mix_realised,
-        )
-        mix_fig.multi_line(
-            "xs", "ys", color="color", line_dash="dashed", line_width=2.5, source=self.mix_target
-        )
-        for fig in (read_fig, token_fig):
-            fig.yaxis.formatter = NumeralTickFormatter(format="0.[0]a")
-        eff_fig = _figure("Balance efficiency per step (mean/max rank cost)", "efficiency", "step")
-        eff_fig.line("step", "efficiency", line_width=1.5, source=self.efficiency)
-        eff_fig.scatter("step", "efficiency", size=3, source=self.efficiency)
-        eff_fig.add_layout(Span(location=1.0, dimension="width", line_dash="dotted"))
-        wait_fig = _figure(
-            "Feeder wait per rank (recent micro-batches)",
-            "ms",
-            "rank",
-            x_range=FactorRange(factors=ranks),
-        )
-        wait_fig.vbar(x="rank", top="p99", width=0.7, legend_label="p99", source=self.feeders)
-        wait_fig.scatter(
-            "rank",
-            "p50",
-            marker="diamond",
-            size=10,
-            color="black",
-            legend_label="p50",
-            source=self.feeders,
-        )
-        depth_fig = _figure(
-            "Prefetch depth per rank (steps buffered when it last asked)",
-            "steps",
-            "rank",
-            x_range=FactorRange(factors=ranks),
-        )
-        depth_fig.vbar(
-            x="rank", top="buffered", width=0.7, legend_label="buffered", source=self.feeders
-        )
-        depth_fig.scatter(
-            "rank",
-            "prefetch",
-            marker="dash",
-            size=24,
-            line_width=3,
-            color="black",
-            legend_label="prefetch",
-            source=self.feeders,
-        )
-        limit = "quota" if quota else "read-ahead window"
-        reads_fig = _figure(
-            f"Read tasks per source (in flight, {limit})",
-            "read units",
-            "source",
-            x_range=FactorRange(factors=names),
-        )
-        reads_fig.vbar_stack(
-            ["pending", "in_memory"],
-            x="source",
-            width=0.6,
-            color=["#f28e2b", "#4e79a7"],
-            legend_label=["reading", "read, held"],
-            source=self.reads,
-        )
-        reads_fig.scatter(
-            "source",
-            "limit",
-            marker="dash",
-            size=40,
-            line_width=3,
-            color="black",
-            legend_label=limit,
-            source=self.reads,
-        )
-        pct = NumberFormatter(format="0.0%")
-        num = NumberFormatter(format="0,0")
-        rate = NumberFormatter(format="0,0.0")
-        columns = [
-            TableColumn(field="source", title="source"),
-            TableColumn(field="target", title="target", formatter=pct),
-            TableColumn(field="realised", title="realised", formatter=pct),
-            TableColumn(field="epoch", title="epoch"),
-            TableColumn(field="documents", title="documents", formatter=num),
-            TableColumn(field="tokens", title="tokens", formatter=num),
-            TableColumn(field="records_per_s", title="records/s", formatter=rate),
-            TableColumn(field="tokens_per_s", title="tokens/s", formatter=num),
-            TableColumn(field="in_flight", title="units in flight"),
-            TableColumn(field="limit", title=limit),
-            TableColumn(field="skipped", title="skipped", formatter=num),
-            TableColumn(field="truncated", title="truncated tokens", formatter=num),
-            TableColumn(field="last_bad", title="last skipped record", width=400),
-        ]
-        table = DataTable(
-            source=self.table,
-            columns=columns,
-            height=28 * (len(names) + 1) + 8,
-            sizing_mode="stretch_width",
-            index_position=None,
-            name="omniload-source-table",
-        )
-        grid = gridplot(
-            [[read_fig, token_fig], [mix_fig, eff_fig], [wait_fig, depth_fig], [reads_fig, None]],
-            sizing_mode="stretch_width",
-            merge_tools=False,
-        )
-        self.body.children = [grid, table]
-
     # ------------------------------------------------------------------ data
     def _refresh_rates(self, run: Any, now: float) -> None:
+        """Throughput per source over time, from the job's monitor (binned read events)."""
         t, records, tokens = run.monitor.throughput_series(now, RATE_BINS)
         for cds, values in ((self.read_rate, records), (self.token_rate, tokens)):
             cds.data = {
@@ -299,6 +192,8 @@ class JobPage:
             }
 
     def _refresh_steps(self, run: Any, stats: dict[str, Any]) -> None:
+        """Per step: the realised vs target mix and the balance efficiency, from the
+        coordinator's recent step figures (only when a new step was drawn)."""
         figures = list(run.coord.history)[-(STEPS_SHOWN + MIX_WINDOW) :]
         steps, target, realised = realised_shares(
             figures, len(self.names), stats.get("mixing_by", "tokens"), MIX_WINDOW
@@ -322,6 +217,7 @@ class JobPage:
         }
 
     def _refresh_ranks(self, stats: dict[str, Any]) -> None:
+        """Per rank: its feeder's last reported waits (in ms) and prefetch depth."""
         ranks = sorted(int(r) for r in stats["ranks"])
         states = {int(r): s for r, s in stats["ranks"].items()}
         nan = float("nan")
@@ -338,6 +234,7 @@ class JobPage:
         }
 
     def _refresh_sources(self, stats: dict[str, Any]) -> None:
+        """Per source: read tasks in flight against their limit, and the table's row."""
         sources = stats["sources"]
 
         def limit(s: dict[str, Any]) -> Any:
@@ -365,64 +262,38 @@ class JobPage:
             "last_bad": [(s.get("bad_examples") or [""])[-1] for s in sources],
         }
 
-    def _summary_html(self, stats: dict[str, Any], now: float) -> str:
-        recent = stats.get("efficiency_recent") or []
-        capacity = stats.get("capacity_tokens") or 0
-        status = (
-            f"<span style='color:#c0392b'>failed: {html.escape(str(stats['error']))}</span>"
-            if stats.get("error")
-            else "running"
-        )
-        skipped = sum(s["skipped"] for s in stats["sources"])
-        eff = (
-            f"last {recent[-1]:.4f}, mean {stats['efficiency_mean']:.4f}, "
-            f"min {stats['efficiency_min']:.4f}"
-            if recent
-            else "-"
-        )
-        rate = stats.get("steps_per_second")
-        first = [
-            f"<b>{html.escape(str(stats['name']))}</b>",
-            f"run {html.escape(str(stats['run_id']))}",
-            status,
-            f"up {stats['uptime']:.0f} s",
-            f"<span class='omniload-workers'>{stats['workers']} workers</span>",
-            f"checkpoint: {checkpoint_text(stats.get('checkpoint'), now)}",
-        ]
-        second = [
-            f"steps drawn {stats['steps_drawn']}",
-            f"every rank fetched through step {stats['start_step'] + stats['steps_fetched'] - 1}"
-            if stats["steps_fetched"]
-            else "no step fetched by every rank yet",
-            f"{rate:.2f} steps/s" if rate is not None else "- steps/s",
-            f"tokens drawn {format_si(stats['tokens'])}",
-            f"balance efficiency {eff}",
-            f"capacity used {stats['tokens'] / capacity:.1%}" if capacity else "",
-            f"records skipped {skipped}",
-        ]
-        return (
-            "<div style='font-size:14px;line-height:1.6;padding-top:18px'>"
-            + " · ".join(first)
-            + "<br/>"
-            + " · ".join(p for p in second if p)
-            + "</div>"
-        )
 
-
-def _figure(title: str, y_label: str, x_label: str, **kwargs: Any) -> Any:
-    """A figure of the page; its legend (filled by the glyphs) sits right of the plot."""
-    from bokeh.models.annotations import Legend
-    from bokeh.plotting import figure
-
-    fig = figure(
-        title=title,
-        height=260,
-        sizing_mode="stretch_width",
-        tools="pan,wheel_zoom,box_zoom,reset,save",
-        toolbar_location="above",
-        **kwargs,
+def summary_html(stats: dict[str, Any], now: float) -> str:
+    """The page's header: the job's state, progress and balance, as HTML."""
+    capacity = stats.get("capacity_tokens") or 0
+    status = (
+        f"<span style='color:#c0392b'>failed: {html.escape(str(stats['error']))}</span>"
+        if stats.get("error")
+        else "running"
     )
-    fig.xaxis.axis_label = x_label
-    fig.yaxis.axis_label = y_label
-    fig.add_layout(Legend(click_policy="hide", border_line_alpha=0), "right")
-    return fig
+    skipped = sum(s["skipped"] for s in stats["sources"])
+    rate = stats.get("steps_per_second")
+    first = [
+        f"<b>{html.escape(str(stats['name']))}</b>",
+        f"run {html.escape(str(stats['run_id']))}",
+        status,
+        f"up {stats['uptime']:.0f} s",
+        f"<span class='omniload-workers'>{stats['workers']} workers</span>",
+        f"checkpoint: {checkpoint_text(stats.get('checkpoint'), now)}",
+    ]
+    second = [
+        f"steps drawn {stats['steps_drawn']}",
+        fetched_text(stats),
+        f"{rate:.2f} steps/s" if rate is not None else "- steps/s",
+        f"tokens drawn {format_si(stats['tokens'])}",
+        f"balance efficiency {efficiency_text(stats, ', ')}",
+        f"capacity used {stats['tokens'] / capacity:.1%}" if capacity else "",
+        f"records skipped {skipped}",
+    ]
+    return (
+        "<div style='font-size:14px;line-height:1.6;padding-top:18px'>"
+        + " · ".join(first)
+        + "<br/>"
+        + " · ".join(p for p in second if p)
+        + "</div>"
+    )

@@ -85,6 +85,7 @@ def register(plugin: Any) -> bool:
 
 
 def unregister(plugin: Any) -> None:
+    """Stop exporting ``plugin``'s jobs (its scheduler closes)."""
     _plugins.discard(plugin)
 
 
@@ -115,6 +116,7 @@ class _Collector:
 
 
 def _all_stats(plugin: Any) -> dict[str, dict[str, Any]]:
+    """``stats()`` of each of ``plugin``'s jobs (runs on its scheduler's event loop)."""
     out = {}
     for name in sorted(plugin.jobs):
         try:
@@ -125,6 +127,7 @@ def _all_stats(plugin: Any) -> dict[str, dict[str, Any]]:
 
 
 def _families() -> dict[str, Any]:
+    """One empty metric family per name of :data:`METRICS`, with its labels."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     out: dict[str, Any] = {}
@@ -142,6 +145,8 @@ def _families() -> dict[str, Any]:
 
 
 def _add_job(families: dict[str, Any], job: str, stats: dict[str, Any]) -> None:
+    """Add one job's samples from its ``stats()``; a figure it lacks is left out."""
+
     def put(name: str, value: Any, *labels: str) -> None:
         if value is not None:
             families[name].add_metric([job, *labels], float(value))

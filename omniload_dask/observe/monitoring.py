@@ -1,8 +1,9 @@
 """What the data plane remembers for watching a job: read throughput, feeder reports, progress.
 
-Pure and Dask-free: the scheduler plugin feeds a :class:`JobMonitor` events as they happen
-(a read task finished, a feeder reported its waits, the slowest rank moved on), and the three
-views of a job read the same figures from it: the dashboard page, the Prometheus metrics and
+Pure and Dask-free: each running job (:class:`~omniload_dask.cluster.running.RunningJob`) feeds
+its :class:`JobMonitor` events as they happen (a read task finished, a batch was built, a
+feeder reported its waits, the slowest rank moved on); ``stats()`` reads the figures from it,
+and the three views of a job show that: the dashboard page, the Prometheus metrics and
 ``omniload status``. Rates are taken over a recent window of those events, so a figure means the
 same thing wherever it is shown::
 
@@ -25,11 +26,12 @@ import numpy as np
 
 from omniload_dask.errors import JobError
 
-__all__ = ["FeederReport", "JobMonitor", "checkpoint_text", "format_si", "realised_shares"]
+__all__ = ["FeederReport", "JobMonitor", "realised_shares"]
 
 READ_LOG = 8192  # read completions kept for the throughput plots
 STEP_LOG = 4096  # (time, slowest rank's step) samples kept for the steps/s figure
 WINDOW = 10.0  # seconds of events behind a rate
+BAD_EXAMPLES = 5  # reasons of skipped records kept per source
 
 
 @dataclass(frozen=True)
@@ -81,29 +83,51 @@ class FeederReport:
 
 
 class JobMonitor:
-    """Event log and counters of one job, for monitoring only (never for decisions)."""
+    """Event log and counters of one job, for monitoring only (never for decisions).
+
+    Per source (arrays indexed by source, grown as sources join): records, tokens, read tasks,
+    seconds reading+decoding and tokenizing (the task's own split), whole-task seconds, images
+    decoded and bad ones, and the last few reasons records were skipped.
+    """
+
+    COUNTERS = (
+        ("records", np.int64),
+        ("read_tokens", np.int64),
+        ("read_units", np.int64),
+        ("read_seconds", np.float64),
+        ("tokenize_seconds", np.float64),
+        ("task_seconds", np.float64),
+        ("images_read", np.int64),
+        ("bad_images", np.int64),
+    )
 
     def __init__(self, num_sources: int, started: float) -> None:
         self.started = started
-        self.num_sources = num_sources
-        self.records = np.zeros(num_sources, dtype=np.int64)
-        self.read_tokens = np.zeros(num_sources, dtype=np.int64)
-        self.read_units = np.zeros(num_sources, dtype=np.int64)
-        self.read_seconds = np.zeros(num_sources, dtype=np.float64)
-        self.tokenize_seconds = np.zeros(num_sources, dtype=np.float64)
+        self.num_sources = 0
+        self.records = np.zeros(0, dtype=np.int64)
+        self.read_tokens = np.zeros(0, dtype=np.int64)
+        self.read_units = np.zeros(0, dtype=np.int64)
+        self.read_seconds = np.zeros(0, dtype=np.float64)
+        self.tokenize_seconds = np.zeros(0, dtype=np.float64)
+        self.task_seconds = np.zeros(0, dtype=np.float64)
+        self.images_read = np.zeros(0, dtype=np.int64)
+        self.bad_images = np.zeros(0, dtype=np.int64)
+        self.bad_examples: list[deque[str]] = []
+        self.batches_built = 0  # constructions finished (context-parallel slices not counted)
         # (finish time, source, records, tokens) of recent read tasks
         self._reads: deque[tuple[float, int, int, int]] = deque(maxlen=READ_LOG)
         self._progress: deque[tuple[float, int]] = deque(maxlen=STEP_LOG)
         self.feeders: dict[int, FeederReport] = {}
+        self.grow(num_sources)
 
     def grow(self, num_sources: int) -> None:
         """Make room for sources added while the job runs."""
         extra = num_sources - self.num_sources
         if extra <= 0:
             return
-        for name in ("records", "read_tokens", "read_units", "read_seconds", "tokenize_seconds"):
-            old = getattr(self, name)
-            setattr(self, name, np.concatenate([old, np.zeros(extra, dtype=old.dtype)]))
+        for name, dtype in self.COUNTERS:
+            setattr(self, name, np.concatenate([getattr(self, name), np.zeros(extra, dtype)]))
+        self.bad_examples.extend(deque(maxlen=BAD_EXAMPLES) for _ in range(extra))
         self.num_sources = num_sources
 
     # ------------------------------------------------------------------ events
@@ -115,8 +139,18 @@ class JobMonitor:
         tokens: int,
         read_seconds: float | None,
         tokenize_seconds: float | None,
+        *,
+        task_seconds: float | None = None,
+        bad: Sequence[str] = (),
+        images: int = 0,
+        bad_images: int = 0,
     ) -> None:
-        """A read (+ tokenize) task of ``source`` finished at ``now``."""
+        """A read (+ tokenize) task of ``source`` finished at ``now``.
+
+        ``read_seconds`` and ``tokenize_seconds`` are the task's own split of its time;
+        ``task_seconds`` is its whole compute time as Dask measured it; ``bad`` the reasons
+        of the records it skipped.
+        """
         if not 0 <= source < self.num_sources:
             return
         self.records[source] += records
@@ -124,9 +158,18 @@ class JobMonitor:
         self.read_units[source] += 1
         self.read_seconds[source] += read_seconds or 0.0
         self.tokenize_seconds[source] += tokenize_seconds or 0.0
+        self.task_seconds[source] += task_seconds or 0.0
+        self.images_read[source] += images
+        self.bad_images[source] += bad_images
+        self.bad_examples[source].extend(bad)
         self._reads.append((now, source, records, tokens))
 
+    def on_batch_built(self) -> None:
+        """A batch construction finished."""
+        self.batches_built += 1
+
     def on_feeder(self, rank: int, now: float, report: Mapping[str, Any]) -> FeederReport:
+        """A feeder's report came with its request for more steps (checked; kept per rank)."""
         parsed = FeederReport.parse(rank, now, report)
         self.feeders[rank] = parsed
         return parsed
@@ -207,24 +250,6 @@ def realised_shares(
     totals = sums.sum(axis=1, keepdims=True)
     realised = np.divide(sums, totals, out=np.zeros_like(sums), where=totals > 0)
     return steps, target, realised
-
-
-def checkpoint_text(checkpoint: Mapping[str, Any] | None, now: float) -> str:
-    """What the views say about the data plane's last checkpoint (``stats()["checkpoint"]``)."""
-    if not checkpoint or checkpoint.get("time") is None:
-        return "none yet"
-    age = max(0.0, now - float(checkpoint["time"]))
-    return f"step {checkpoint.get('step', '?')}, {age:.0f} s ago"
-
-
-def format_si(value: float | None, digits: int = 3) -> str:
-    """``1234567 -> '1.23M'``; None -> '-'."""
-    if value is None:
-        return "-"
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.{digits}g}{unit}"
-    return f"{value:.{digits}g}"
 
 
 def _get(figure: Any, name: str) -> Any:

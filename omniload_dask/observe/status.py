@@ -23,7 +23,13 @@ from typing import Any, TextIO
 
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.errors import JobError
-from omniload_dask.observe.monitoring import checkpoint_text, format_si
+from omniload_dask.observe.formatting import (
+    checkpoint_text,
+    efficiency_text,
+    fetched_text,
+    format_si,
+    milliseconds,
+)
 
 __all__ = ["connect", "format_status", "job_stats", "watch"]
 
@@ -61,39 +67,22 @@ def job_stats(client: Any, job: str | None, address: str) -> list[dict[str, Any]
     return [_dask.call(client, "stats", job=name) for name in jobs]
 
 
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1e3:.3f} ms" if value < 1e-3 else f"{value * 1e3:.2f} ms"
-
-
 def format_status(stats: dict[str, Any], now: float | None = None) -> str:
     """One job's figures as compact aligned text."""
     now = time.time() if now is None else now
     sources = stats["sources"]
-    recent = stats.get("efficiency_recent") or []
     rate = stats.get("steps_per_second")
     capacity = stats.get("capacity_tokens") or 0
     state = f"failed: {stats['error']}" if stats.get("error") else "running"
-    consumed = stats["steps_fetched"]
     lines = [
         f"omniload job {stats['name']} · run {stats['run_id']} · {state} · "
         f"up {stats['uptime']:.0f} s · {stats['workers']} workers · "
         f"checkpoint: {checkpoint_text(stats.get('checkpoint'), now)}",
-        f"  steps drawn {stats['steps_drawn']} · "
-        + (
-            f"every rank fetched through step {stats['start_step'] + consumed - 1}"
-            if consumed
-            else "no step fetched by every rank yet"
-        )
-        + f" · {'-' if rate is None else f'{rate:.2f}'} steps/s · tokens drawn {format_si(stats['tokens'])}",
+        f"  steps drawn {stats['steps_drawn']} · {fetched_text(stats)} · "
+        f"{'-' if rate is None else f'{rate:.2f}'} steps/s · "
+        f"tokens drawn {format_si(stats['tokens'])}",
         "  balance efficiency "
-        + (
-            f"last {recent[-1]:.4f} · mean {stats['efficiency_mean']:.4f} · "
-            f"min {stats['efficiency_min']:.4f}"
-            if recent
-            else "-"
-        )
+        + efficiency_text(stats, " · ")
         + (f" · capacity used {stats['tokens'] / capacity:.1%}" if capacity else ""),
         "",
     ]
@@ -127,8 +116,8 @@ def format_status(stats: dict[str, Any], now: float | None = None) -> str:
     for rank, r in shown:
         buffered = f"{r['buffered']}/{r['prefetch']}" if r.get("buffered") is not None else "-"
         lines.append(
-            f"  {rank:>4} {r['position']:>6} {buffered:>9} {_ms(r.get('wait_p50')):>10} "
-            f"{_ms(r.get('wait_p99')):>10}"
+            f"  {rank:>4} {r['position']:>6} {buffered:>9} {milliseconds(r.get('wait_p50')):>10} "
+            f"{milliseconds(r.get('wait_p99')):>10}"
         )
     if len(shown) < len(ranks):
         lines.append(f"  ... {len(ranks) - len(shown)} more ranks (shown: longest p99 waits)")

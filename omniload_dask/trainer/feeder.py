@@ -2,9 +2,10 @@
 
 A background thread asks the data plane for the keys of the next ``prefetch`` steps (one RPC
 for several steps, which also reports how far this rank has fetched), gathers those batches
-straight from the workers that built them, and keeps them in a small local buffer; iterating
-only takes from that buffer. Each item is one micro-batch in the packed layout (see
-:mod:`omniload_dask.batching.formats`), as torch tensors when torch is installed, else numpy arrays::
+straight from the workers that built them (one round trip: :mod:`.fetch`), and keeps them in a
+small local buffer; iterating only takes from that buffer. Each item is one micro-batch in the
+packed layout (see :mod:`omniload_dask.batching.formats`), as torch tensors when torch is
+installed, else numpy arrays::
 
     feeder = job.feeder(dp_rank=0)
     for mb in feeder:
@@ -18,9 +19,7 @@ recent step exactly; ``load_state_dict()`` resumes there.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import os
 import threading
 import time
 from collections import deque
@@ -32,14 +31,14 @@ from distributed import Client
 
 from omniload_dask.batching.formats import GroupBatch, expand
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.errors import JobError, MissingJobError, OmniloadError
-from omniload_dask.plan import LayoutSpec, parse_plan
+from omniload_dask.errors import JobError, OmniloadError
+from omniload_dask.plan import parse_plan
+from omniload_dask.trainer.fetch import ask_for_steps, gather_batches, retryable, wait_report
+from omniload_dask.trainer.ranks import resolve_rank, torch_available
 
 __all__ = ["Feeder", "resolve_rank"]
 
 STATE_VERSION = 1
-POLL_TIMEOUT = 2.0
-LOST_RETRY = 0.05  # seconds before asking again for a batch whose worker left
 REPORT_WAITS = 1024  # recent waits behind the p50/p99 a feeder reports to the data plane
 
 
@@ -75,7 +74,7 @@ class Feeder:
             self._owns_client = True
         else:
             self._owns_client = False
-            address = client.scheduler.address if client.scheduler is not None else None
+            address = _dask.scheduler_address(client)
         self.client = client
         self._address = address
         self.reconnect_timeout = reconnect_timeout
@@ -101,7 +100,7 @@ class Feeder:
         self.prefetch = prefetch or self.plan.loader.prefetch
         if self.prefetch < 1:
             raise JobError(f"Feeder: prefetch must be >= 1, got {self.prefetch}")
-        self.output = output or ("torch" if _torch_available() else "numpy")
+        self.output = output or ("torch" if torch_available() else "numpy")
         if self.output not in ("torch", "numpy"):
             raise JobError(f"Feeder: output must be 'torch' or 'numpy', got {self.output!r}")
         self.max_steps = max_steps
@@ -219,6 +218,7 @@ class Feeder:
         }
 
     def close(self) -> None:
+        """Stop fetching (the thread ends within one poll) and close a client of our own."""
         with self._lock:
             self._stopped = True
             self._lock.notify_all()
@@ -235,6 +235,8 @@ class Feeder:
 
     # ------------------------------------------------------------------ fetching
     def _ensure_thread(self) -> None:
+        """Start the fetching thread on first use (not in ``__init__``: a feeder made and
+        never iterated asks the data plane for nothing)."""
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._fetch_loop, daemon=True, name=f"omniload-feeder-{self.rank}"
@@ -250,6 +252,12 @@ class Feeder:
                 self.client = Client(self._address, set_as_default=False, timeout=5)
 
     def _fetch_loop(self) -> None:
+        """The fetching thread: keep up to ``prefetch`` steps ahead of the trainer.
+
+        Lost connections and a missing job are retried with backoff for
+        ``reconnect_timeout`` seconds (the scheduler may be restarting); a job failure is
+        raised to the trainer at its next ``next()``.
+        """
         failing_since: float | None = None
         attempt = 0
         while True:
@@ -274,7 +282,7 @@ class Feeder:
             except BaseException as exc:  # retried while the scheduler may come back, else raised
                 now = time.monotonic()
                 failing_since = failing_since or now
-                if _retryable(exc) and now - failing_since < self.reconnect_timeout:
+                if retryable(exc) and now - failing_since < self.reconnect_timeout:
                     self.reconnects += 1
                     attempt += 1
                     time.sleep(min(5.0, 0.1 * 2 ** min(attempt, 6)))
@@ -304,133 +312,33 @@ class Feeder:
                 self._lock.notify_all()
 
     def _fetch(self, start: int, count: int) -> list[GroupBatch]:
-        client = self.client
-        reply = _dask.call(
-            client,
-            "batches",
-            job=self.job,
-            rank=self.rank,
-            start=start,
-            count=count,
-            timeout=POLL_TIMEOUT,
-            report=self._report(start),
-        )
-        if reply is None:  # a scheduler without the plugin (yet): e.g. one just restarted
-            raise MissingJobError(f"the scheduler has no omniload data plane for job {self.job!r}")
-        keys = reply["keys"]
+        """One round trip: the ready steps from ``start`` on (possibly none)."""
+        report = wait_report(self._recent_waits, max(0, start - self._step), self.prefetch)
+        reply = ask_for_steps(self.client, self.job, self.rank, start, count, report)
         if reply.get("end") is not None:
             with self._lock:
                 self._end = int(reply["end"])
                 self._lock.notify_all()
-        if not keys:
-            return []
-        data = _dask.fetch_from_workers(client, reply["who_has"])
-        got = []
-        for key in keys:  # the steps up to the first one lost since the reply, in order
-            if key not in data:
-                break
-            got.append(data[key])
-        if not got:
-            # Its worker left after the reply: the data plane recomputes the batch (or finds
-            # its standby copy) once the scheduler notices; ask again after a moment.
-            time.sleep(LOST_RETRY)
-        return got
-
-    def _report(self, start: int) -> dict[str, Any]:
-        """This rank's figures for the data plane's monitoring (see ``FeederReport``)."""
-        waits = np.asarray(self._recent_waits.copy(), dtype=np.float64)
-        p50, p99 = np.percentile(waits, [50, 99]).tolist() if len(waits) else (None, None)
-        return {
-            "wait_p50": p50,
-            "wait_p99": p99,
-            "buffered": max(0, start - self._step),
-            "prefetch": self.prefetch,
-            "samples": len(waits),
-        }
+        return gather_batches(self.client, reply)
 
     # ------------------------------------------------------------------ output
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:
+        """A micro-batch as the trainer gets it: full form, source names, torch or numpy."""
         mb = expand(mb)  # the wire form carries neither labels nor position_ids
-        out = dict(mb)
         sources = mb["doc_source"]
         if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined
             self.source_names = list(_dask.call(self.client, "info", job=self.job)["sources"])
-        out["doc_source_name"] = [self.source_names[int(s)] for s in sources]
-        if self.output == "torch":
-            import torch
-
-            for key, value in mb.items():
-                if isinstance(value, np.ndarray):
-                    out[key] = torch.from_numpy(value)
-        return out
+        return _output(mb, self.source_names, self.output)
 
 
-def resolve_rank(
-    layout: LayoutSpec,
-    *,
-    rank: int | None = None,
-    dp_rank: int | None = None,
-    dp_size: int | None = None,
-    tp_rank: int = 0,
-    pp_rank: int = 0,
-    cp_rank: int = 0,
-) -> int:
-    """The global rank from what the caller gave, torch.distributed, or the environment."""
-    if dp_size is not None and dp_size != layout.dp:
-        raise JobError(
-            f"dp_size {dp_size} does not match the job's layout "
-            f"(layout.dp = {layout.dp}); start the job with dp={dp_size}"
-        )
-    if rank is not None:
-        if dp_rank is not None:
-            raise JobError("give rank or dp_rank, not both")
-        layout.coords(rank)  # range check
-        return rank
-    if dp_rank is not None:
-        return layout.rank(dp_rank, tp_rank, pp_rank, cp_rank)
-    world_rank, world_size = _distributed_rank()
-    if world_rank is None:
-        if layout.world_size == 1:
-            return 0
-        raise JobError(
-            f"the job's layout has {layout.world_size} ranks; give rank or dp_rank, "
-            "or run under torch.distributed (RANK and WORLD_SIZE set)"
-        )
-    if world_size != layout.world_size:
-        raise JobError(
-            f"WORLD_SIZE is {world_size} but the job's layout has "
-            f"{layout.world_size} ranks (dp={layout.dp} tp={layout.tp} "
-            f"pp={layout.pp} cp={layout.cp})"
-        )
-    return world_rank
+def _output(mb: dict[str, Any], source_names: list[str], output: str) -> dict[str, Any]:
+    """``mb`` with each document's source name, its arrays as torch tensors for "torch"."""
+    out = dict(mb)
+    out["doc_source_name"] = [source_names[int(s)] for s in mb["doc_source"]]
+    if output == "torch":
+        import torch
 
-
-def _distributed_rank() -> tuple[int | None, int | None]:
-    if _torch_available():
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    return None, None
-
-
-def _torch_available() -> bool:
-    try:
-        import importlib.util
-
-        return importlib.util.find_spec("torch") is not None
-    except ValueError:
-        return False
-
-
-def _retryable(exc: BaseException) -> bool:
-    """Lost connections and a job not (yet) restarted are retried; job failures are not."""
-    if isinstance(exc, MissingJobError):
-        return True
-    if isinstance(exc, OmniloadError):
-        return False
-    return isinstance(exc, (OSError, TimeoutError, asyncio.TimeoutError)) or (
-        type(exc).__name__ in ("CommClosedError", "CancelledError", "FutureCancelledError")
-    )
+        for key, value in mb.items():
+            if isinstance(value, np.ndarray):
+                out[key] = torch.from_numpy(value)
+    return out

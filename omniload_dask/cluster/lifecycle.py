@@ -1,0 +1,305 @@
+"""Starting, resuming and changing jobs on the scheduler; the data plane's own client.
+
+Starting a job has two phases, with the scheduler's loop free in between (the plugin checks
+there that no other caller started the same job meanwhile)::
+
+    prepare(data_client, plan, run_id, resume)   read the checkpoint to resume from (in a
+                                                 thread); discover every source's files and
+                                                 units, check the tokenizer (worker tasks)
+    open_job(client, prepared, start_step, ...)  the coordinator (restored, a changed plan
+                                                 applied), the checkpoint writer, the
+                                                 job's executor
+
+A live plan change (``update_plan``) is checked against the running job by
+:func:`plan_change`, its new sources discovered by :func:`discover_added`, and applied to the
+coordinator by :func:`apply_change`. Stopping is :meth:`RunningJob.final_flush` and
+:meth:`RunningJob.stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed import Client
+
+from omniload_dask.checkpoint import (
+    Checkpoint,
+    apply_new_plan,
+    check_catalogs,
+    load_for_resume,
+    registry_plan,
+)
+from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import tasks
+from omniload_dask.cluster.checkpointing import open_writer
+from omniload_dask.cluster.executor import ActionExecutor
+from omniload_dask.cluster.running import RunningJob
+from omniload_dask.cluster.standby import StandbyCopies
+from omniload_dask.core.coordinator import Coordinator
+from omniload_dask.errors import CheckpointError, JobError
+from omniload_dask.plan import Plan, SourceSpec
+from omniload_dask.sources import Catalog
+
+__all__ = [
+    "DISCOVERY_TIMEOUT",
+    "DataPlaneClient",
+    "PlanChange",
+    "Prepared",
+    "apply_change",
+    "check_same_job",
+    "discover_added",
+    "open_job",
+    "plan_change",
+    "prepare",
+]
+
+DISCOVERY_TIMEOUT = 120.0
+DISCOVERY_PRIORITY = 100  # start-up work goes before any job's reads
+# Fields of a plan that a live update may not change (a new job may).
+FIXED_FIELDS = ("seed", "tokenizer", "batch", "layout", "cost", "on_error", "images")
+
+
+class DataPlaneClient:
+    """The data plane's own Dask client, on the scheduler's event loop, made on first use."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self._scheduler = scheduler
+        self._client: Client | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Client:
+        """The client (connected to this scheduler, with its security settings)."""
+        async with self._lock:
+            if self._client is None:
+                self._client = await Client(
+                    self._scheduler.address,
+                    asynchronous=True,
+                    name="omniload-data-plane",
+                    security=_dask.scheduler_security(self._scheduler),
+                    set_as_default=False,
+                )
+            return self._client
+
+    async def close(self) -> None:
+        """Close the client, if one was made."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+
+# ---------------------------------------------------------------------- starting
+def check_same_job(running: RunningJob, plan: Plan) -> None:
+    """A second start of a running job must give the same stream and layout."""
+    if (
+        running.plan.stream_fingerprint() != plan.stream_fingerprint()
+        or running.plan.layout != plan.layout
+    ):
+        raise JobError(
+            f"job {plan.name!r} already runs with another plan or layout; "
+            "stop it first or give the plan another name"
+        )
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` found: the sources' catalogs, the tokenizer, the resumed state."""
+
+    plan: Plan
+    run_id: str
+    sources: Plan  # the plan with the sources in the checkpoint's order when resuming
+    catalogs: list[Catalog]
+    tokenizer: dict[str, Any]
+    saved: Checkpoint | None = None
+    state: dict[str, Any] | None = field(default=None, repr=False)
+
+
+async def prepare(
+    data_client: DataPlaneClient, plan: Plan, run_id: str, resume: bool | int | None
+) -> Prepared:
+    """Load the checkpoint to resume from (if ``resume``), then discover the sources."""
+    resuming = resume is not None and resume is not False
+    if resuming and plan.checkpoint is None:
+        raise CheckpointError(f"job {plan.name!r}: resume needs checkpoint.url in the plan")
+    client = await data_client.get()
+    saved: Checkpoint | None = None
+    state = None
+    sources = plan
+    if resuming:
+        assert resume is not None
+        loop = asyncio.get_running_loop()
+        saved, state = await loop.run_in_executor(None, load_for_resume, plan, resume)
+        sources = registry_plan(plan, state)
+    catalogs, tokenizer = await _discover(client, sources, run_id)
+    return Prepared(plan, run_id, sources, catalogs, tokenizer, saved, state)
+
+
+async def open_job(
+    client: Client,
+    prepared: Prepared,
+    start_step: int,
+    *,
+    standby: StandbyCopies,
+    read_resources: Callable[[], dict[str, int] | None],
+    workers: Callable[[], tuple[int, int]],
+) -> RunningJob:
+    """The running job: its coordinator (restored when resuming), checkpoint writer, executor.
+
+    ``workers()`` tells ``(workers, read slots)`` of the cluster now; it is asked last, after
+    the writer's first base is written (workers may come and go meanwhile).
+    """
+    plan, state, catalogs = prepared.plan, prepared.state, prepared.catalogs
+    coord = Coordinator(prepared.sources, catalogs, prepared.run_id, start_step=start_step)
+    if state is not None:
+        assert prepared.saved is not None
+        check_catalogs(state, catalogs)
+        coord.load_state_dict(state)
+        if prepared.saved.plan.stream_fingerprint() != plan.stream_fingerprint():
+            apply_new_plan(coord, plan, catalogs)
+    writer = None
+    if plan.checkpoint is not None:
+        writer = await open_writer(plan, coord, prepared.saved)
+    info = {
+        "name": plan.name,
+        "run_id": prepared.run_id,
+        "plan": plan.to_dict(),
+        "sources": coord.names,
+        "files": [len(c.files) for c in catalogs],
+        "units": [c.num_units for c in catalogs],
+        "bytes": [c.total_bytes for c in catalogs],
+        "tokenizer": prepared.tokenizer,
+        "start_step": coord.next_step if state is not None else start_step,
+        "resumed": state is not None,
+    }
+    executor = ActionExecutor(
+        client, plan, lambda i: coord.streams[i].spec, standby, read_resources
+    )
+    job = RunningJob(plan, coord, info, executor, writer)
+    count, threads = workers()
+    if threads:
+        coord.on_workers(count, threads)
+    return job
+
+
+async def _discover(
+    client: Client, plan: Plan, run_id: str
+) -> tuple[list[Catalog], dict[str, Any]]:
+    """Every source's catalog, and the tokenizer's description, from tasks on the workers."""
+    futures = [
+        client.submit(
+            tasks.discover,
+            spec,
+            key=f"omniload-discover-{run_id}-{i}",
+            retries=plan.loader.read_retries,
+            priority=DISCOVERY_PRIORITY,
+        )
+        for i, spec in enumerate(plan.sources)
+    ]
+    tok = client.submit(
+        tasks.check_tokenizer,
+        plan.tokenizer,
+        plan.images,
+        key=f"omniload-tokenizer-{run_id}",
+        priority=DISCOVERY_PRIORITY,
+    )
+    try:
+        results = await asyncio.wait_for(client.gather([*futures, tok]), DISCOVERY_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise JobError(
+            f"job {plan.name!r}: discovery did not finish within "
+            f"{DISCOVERY_TIMEOUT:.0f}s; does the cluster have workers?"
+        ) from None
+    finally:
+        for fut in futures:
+            fut.release()
+        tok.release()
+    return list(results[:-1]), results[-1]
+
+
+# ---------------------------------------------------------------------- live plan changes
+@dataclass(frozen=True)
+class PlanChange:
+    """What a new version of a running job's plan changes: sources and weights."""
+
+    added: list[SourceSpec]
+    removed: list[str]
+    weights: dict[str, float]  # sources that stay, with a new weight
+
+
+def plan_change(run: RunningJob, new: Plan) -> PlanChange:
+    """Check ``new`` against the running job and say what it changes.
+
+    Sources keep their names (and cursors); other fields must stay as they are.
+    """
+    old = run.plan
+    for name in FIXED_FIELDS:
+        if getattr(new, name) != getattr(old, name):
+            raise JobError(
+                f"update_plan: {name} cannot change while the job runs (start a new job)"
+            )
+    if new.mixing.by != old.mixing.by:
+        raise JobError("update_plan: mixing.by cannot change while the job runs")
+    live = {s.spec.name: s for s in run.coord.streams if not s.retired}
+    for spec in new.sources:
+        stream = live.get(spec.name)
+        if stream is not None and (
+            stream.spec.paths,
+            stream.spec.format,
+            stream.spec.text,
+            stream.spec.image,
+        ) != (spec.paths, spec.format, spec.text, spec.image):
+            raise JobError(
+                f"update_plan: source {spec.name!r} changed its path, format, "
+                "text or image field; add it under a new name instead"
+            )
+    return PlanChange(
+        added=[s for s in new.sources if s.name not in live],
+        removed=[n for n in live if n not in new.source_names],
+        weights={
+            s.name: s.weight
+            for s in new.sources
+            if s.name in live and live[s.name].spec.weight != s.weight
+        },
+    )
+
+
+async def discover_added(
+    client: Client, run: RunningJob, new: Plan, added: list[SourceSpec]
+) -> list[Catalog]:
+    """The catalogs of the sources a plan change adds (tasks on the workers)."""
+    if not added:
+        return []
+    futures = [
+        client.submit(
+            tasks.discover,
+            spec,
+            retries=new.loader.read_retries,
+            key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.log)}",
+            priority=DISCOVERY_PRIORITY,
+        )
+        for spec in added
+    ]
+    try:
+        catalogs: list[Catalog] = await asyncio.wait_for(client.gather(futures), DISCOVERY_TIMEOUT)
+    finally:
+        for fut in futures:
+            fut.release()
+    return catalogs
+
+
+def apply_change(
+    run: RunningJob, change: PlanChange, catalogs: list[Catalog], at_step: int | None
+) -> int:
+    """Apply ``change`` from ``at_step`` (default: the first step not drawn); returns the step
+    it takes effect at."""
+    coord = run.coord
+    step = at_step if at_step is not None else coord.next_step
+    for spec, catalog in zip(change.added, catalogs, strict=True):
+        step = coord.add_source(spec, catalog, step)
+    for name in change.removed:
+        step = coord.remove_source(name, step)
+    if change.weights:
+        step = coord.set_weights(change.weights, step)
+    return step

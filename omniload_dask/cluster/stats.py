@@ -1,0 +1,122 @@
+"""What the figure handlers reply: ``stats``, ``mixture``, ``steps`` and ``workers_wanted``.
+
+Each reply is plain data (msgpack-able), assembled from the coordinator's own figures, the
+job's :class:`~omniload_dask.observe.monitoring.JobMonitor` and what the scheduler knows of its
+workers. ``stats`` is what every view of a job shows (the dashboard page, ``/metrics``,
+``omniload status``); ``workers_wanted`` is what
+:class:`~omniload_dask.cluster.adaptive.OmniloadAdaptive` offers Dask's adaptive scaling.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster.running import RunningJob
+from omniload_dask.core import autoscale
+from omniload_dask.observe.monitoring import realised_shares
+
+__all__ = ["SHARE_WINDOW", "job_stats", "mixture", "steps", "workers_wanted"]
+
+SHARE_WINDOW = 64  # steps behind a source's realised share in stats()
+
+
+def job_stats(run: RunningJob, scheduler: Any) -> dict[str, Any]:
+    """The job's counters and figures: the coordinator's ``stats()`` plus, per source, what
+    was read and how fast, per rank its feeder's last report, and the job's Dask figures."""
+    out = run.coord.stats()
+    now = time.time()
+    mon = run.monitor
+    mon.grow(len(out["sources"]))
+    _add_source_figures(run, out["sources"], now)
+    for rank, state in out["ranks"].items():
+        fed = mon.feeders.get(int(rank))
+        if fed is not None:
+            state.update(
+                wait_p50=fed.wait_p50,
+                wait_p99=fed.wait_p99,
+                buffered=fed.buffered,
+                prefetch=fed.prefetch,
+                reported_ago=now - fed.time,
+            )
+    start_step = int(run.info.get("start_step", 0))
+    slowest = min((r["position"] for r in out["ranks"].values()), default=start_step)
+    out.update(
+        name=run.name,
+        run_id=run.run_id,
+        uptime=time.time() - run.started,
+        workers=_dask.worker_count(scheduler),
+        futures_held=len(run.futures),
+        batches_built=mon.batches_built,
+        data_plane_runs=run.pumps,
+        scheduler_tasks=_dask.task_count(scheduler),
+        mixing_by=run.plan.mixing_by,
+        start_step=start_step,
+        steps_fetched=max(0, slowest - start_step),
+        steps_per_second=mon.steps_per_second(now),
+        prefetch=run.plan.loader.prefetch,
+    )
+    checkpoints = run.checkpoints
+    out["checkpoint"] = checkpoints.stats() if checkpoints is not None else None
+    if checkpoints is not None and checkpoints.error:
+        out["checkpoint_error"] = checkpoints.error
+    return out
+
+
+def _add_source_figures(run: RunningJob, sources: list[dict[str, Any]], now: float) -> None:
+    mon = run.monitor
+    records_rate, tokens_rate = mon.rates(now)
+    recent = list(run.coord.history)[-SHARE_WINDOW:]
+    _, _, realised = realised_shares(recent, len(sources), run.plan.mixing_by, SHARE_WINDOW)
+    weights = np.asarray([s["weight"] for s in sources], dtype=np.float64)
+    shares = weights / weights.sum() if weights.sum() > 0 else weights
+    for i, src in enumerate(sources):
+        src["bad_examples"] = list(mon.bad_examples[i])
+        src["reads_done"] = int(mon.read_units[i])
+        src["read_seconds"] = round(float(mon.task_seconds[i]), 3)
+        src["target_share"] = float(shares[i])
+        src["realised_share"] = float(realised[-1, i]) if len(realised) else None
+        src["records_read"] = int(mon.records[i])
+        src["tokens_read"] = int(mon.read_tokens[i])
+        src["decode_seconds"] = round(float(mon.read_seconds[i]), 4)
+        src["tokenize_seconds"] = round(float(mon.tokenize_seconds[i]), 4)
+        src["records_per_s"] = float(records_rate[i])
+        src["tokens_per_s"] = float(tokens_rate[i])
+        src["images_read"] = int(mon.images_read[i])
+        src["bad_images"] = int(mon.bad_images[i])
+
+
+def workers_wanted(runs: Iterable[RunningJob], scheduler: Any) -> dict[str, Any]:
+    """Workers that keep each job's trainers fed, and the most any job wants."""
+    workers, threads = _dask.worker_threads(scheduler)
+    per_worker = threads / workers if workers else 1.0
+    now = time.time()
+    out: dict[str, Any] = {"workers": workers, "wanted": 0, "jobs": {}}
+    for run in runs:
+        work = run.coord.work_per_step()
+        rate = run.monitor.steps_per_second(now)
+        waits = [f.wait_p50 for f in run.monitor.feeders.values() if f.wait_p50 is not None]
+        wait = max(waits, default=0.0) * run.plan.batch.micro_batches
+        wanted = autoscale.recommend_workers(work, rate, wait, per_worker, workers)
+        out["jobs"][run.name] = {
+            "wanted": wanted,
+            "work_per_step": work,
+            "steps_per_second": rate,
+            "wait_per_step": wait,
+        }
+        out["wanted"] = max(out["wanted"], wanted)
+    return out
+
+
+def mixture(run: RunningJob, window: int) -> list[dict[str, Any]]:
+    """Per source: target and realised share, over the last ``window`` steps and overall."""
+    return run.coord.mixture(window)
+
+
+def steps(run: RunningJob, start: int) -> list[dict[str, Any]]:
+    """Figures of the recent steps from ``start`` on (efficiency, tokens per source, ...)."""
+    return [vars(f) for f in run.coord.step_figures(start)]
