@@ -10,7 +10,8 @@ import pytest
 
 from omniload_dask import JobError
 from omniload_dask.plan import parse_plan
-from omniload_dask.sources import decode_sample_id, discover_source, read_unit_records
+from omniload_dask.sources import decode_sample_id
+from omniload_dask.sources.registry import discover_source, read_unit_records
 from omniload_dask.testing import InlineDataPlane, batch_digest
 
 from .conftest import make_plan

@@ -29,7 +29,8 @@ from omniload_dask.demo.images import (
 )
 from omniload_dask.plan import parse_plan
 from omniload_dask.preprocess.image import decode, patchify
-from omniload_dask.sources import decode_sample_id, discover_source, read_unit_records
+from omniload_dask.sources import decode_sample_id
+from omniload_dask.sources.registry import discover_source, read_unit_records
 from omniload_dask.sources.webdataset import split_name
 from omniload_dask.testing import (
     InlineDataPlane,

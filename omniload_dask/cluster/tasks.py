@@ -20,13 +20,8 @@ from omniload_dask.plan import ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, tokenize
-from omniload_dask.sources import (
-    Catalog,
-    RawRecords,
-    discover_source,
-    encode_sample_ids,
-    read_unit_records,
-)
+from omniload_dask.sources import Catalog, RawRecords, encode_sample_ids
+from omniload_dask.sources.registry import discover_source, read_unit_records
 
 __all__ = ["check_tokenizer", "construct", "cp_slice", "discover", "read_unit", "report_of"]
 
