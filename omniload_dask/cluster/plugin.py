@@ -33,6 +33,7 @@ from omniload_dask.checkpoint.store import (
     registry_plan,
 )
 from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster import tasks
 from omniload_dask.core import autoscale
 from omniload_dask.core.actions import ReadSpec, Release, SubmitConstruct, SubmitRead

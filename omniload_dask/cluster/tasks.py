@@ -15,6 +15,7 @@ import numpy as np
 from omniload_dask.batching.context_parallel import slice_batch
 from omniload_dask.batching.formats import GroupBatch, ImageTable, Recipe, Shard, build
 from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.plan import ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.image import BadImage, decode, patchify
