@@ -97,18 +97,20 @@ def run(sources: int, dp: int, steps: int, by: str, documents: int | None = None
             report(actions)
             if coord.next_step > before:
                 step_ms.append(elapsed)
-                phases.append(dict(coord.timing))
+                phases.append(dict(coord.figures.timing))
                 docs.append(coord.history[-1].documents)
                 break
         # the draw alone, on the same candidates the coordinator saw
         weights = coord.weights_at(coord.next_step)
         cands = [
             s.candidates(
-                coord.caps[i], int(global_tokens * weights[i] / weights.sum() * 1.25) + 8192, 1
+                coord.sources.caps[i],
+                int(global_tokens * weights[i] / weights.sum() * 1.25) + 8192,
+                1,
             )
             for i, s in enumerate(coord.streams)
         ]
-        mixer_probe.tags = coord.mixer.tags.copy()
+        mixer_probe.tags = coord.drawer.mixer.tags.copy()
         t0 = time.perf_counter()
         mixer_probe.select(
             weights,

@@ -102,7 +102,7 @@ def bpe_tokenizer(data: Path, plan_data: dict) -> Path:
         return path
     from manysources import bpe_from_texts  # benchmarks/ is on the path: this script's folder
 
-    from omniload_dask.sources import read_unit_records
+    from omniload_dask.sources.registry import read_unit_records
 
     sample: list[str] = []
     for spec in parse_plan(plan_data).sources:

@@ -111,7 +111,7 @@ def test_in_flight_reads_stay_within_quotas_that_follow_weight_times_cost(small_
     stats = plane.coord.stats()["sources"]
     q = [s["quota"] for s in stats]
     assert sum(q) == 4 * plan.loader.reads_per_thread
-    work = plane.coord.read_work(plane.coord.weights_at(plane.coord.next_step))
+    work = plane.coord.reads.read_work(plane.coord.weights_at(plane.coord.next_step))
     expect = quotas(work, 4 * plan.loader.reads_per_thread)
     assert q == expect.tolist()
     assert q[2] == max(q)  # the dearest source per token gets the most slots
@@ -126,12 +126,12 @@ def test_quotas_react_to_weight_changes_and_worker_counts(small_sources):
     for t in range(3):
         plane.step(t)
     coord = plane.coord
-    before = coord.read_quotas(coord.weights_at(coord.next_step))
+    before = coord.reads.read_quotas(coord.weights_at(coord.next_step))
     coord.set_weights({"web": 0.1, "code": 0.1, "books": 10})
-    after = coord.read_quotas(coord.weights_at(coord.next_step))
+    after = coord.reads.read_quotas(coord.weights_at(coord.next_step))
     assert after[2] > before[2] and after[0] <= before[0]
     coord.on_workers(8, 16)  # cluster.scale(8), two threads each
-    scaled = coord.read_quotas(coord.weights_at(coord.next_step))
+    scaled = coord.reads.read_quotas(coord.weights_at(coord.next_step))
     assert scaled.sum() == 16 * plan.loader.reads_per_thread and scaled[2] > after[2]
     assert coord.stats()["worker_threads"] == 16
 

@@ -7,15 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload_dask.batching.balance import (
-    Assignment,
-    Bucket,
-    _best_move,
-    balance,
-    route,
-    split_documents,
-)
+from omniload_dask.batching.balance import Assignment, Bucket, balance, route, split_documents
 from omniload_dask.batching.cost import CostModel
+from omniload_dask.batching.refine import _best_move
 
 SEQ = 64
 COST = CostModel(1.0, 1.0 / 16)  # attention matters: a full piece costs 5x its tokens

@@ -95,3 +95,18 @@ def test_wire_form_expands_to_exactly_the_full_layout():
                 else:
                     assert e[key] == value, key
             assert expand(f) is f  # a full micro-batch is left alone
+
+
+def test_dask_counts_the_arrays_of_shards_and_built_batches():
+    """Workers account memory with ``dask.sizeof``: the cluster registers our classes' sizes."""
+    from dask.sizeof import sizeof
+
+    import omniload_dask.cluster.sizeof  # noqa: F401  (what workers and the scheduler import)
+
+    s = shard(0, [list(range(1000)), list(range(500))])
+    pieces = np.array([[0, 0, 0, 0, 1000], [0, 0, 1, 0, 500]])
+    batch = build(Recipe(step=0, group=0, num_micro_steps=1, pieces=pieces, seq_len=2048), [s])
+    arrays = sum(v.nbytes for v in batch.micro_batches[0].values() if isinstance(v, np.ndarray))
+    assert arrays > 1500 * 8 * 3  # input_ids, labels and position_ids are int64
+    assert sizeof(batch) == arrays + 256
+    assert sizeof(s) == s.tokens.nbytes + s.offsets.nbytes + s.sample_ids.nbytes + 256

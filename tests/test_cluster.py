@@ -94,7 +94,8 @@ def test_every_sample_goes_to_exactly_one_rank_once(small_sources, cluster):
     expected = set()
     plane = InlineDataPlane(plan)
     for stream in plane.coord.streams:
-        from omniload_dask.sources import encode_sample_ids, read_unit_records
+        from omniload_dask.sources import encode_sample_ids
+        from omniload_dask.sources.registry import read_unit_records
 
         cat = stream.catalog
         for f, lo, hi in cat.units.tolist():

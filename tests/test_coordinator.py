@@ -10,7 +10,8 @@ import pytest
 
 from omniload_dask import JobError
 from omniload_dask.plan import parse_plan
-from omniload_dask.sources import decode_sample_id, discover_source, read_unit_records
+from omniload_dask.sources import decode_sample_id
+from omniload_dask.sources.registry import discover_source, read_unit_records
 from omniload_dask.testing import InlineDataPlane, batch_digest
 
 from .conftest import make_plan
@@ -117,7 +118,7 @@ def test_released_steps_are_rebuilt_identically_within_retention(small_plan):
     for rank in range(small_plan.layout.world_size):  # every rank moves on past step 5
         plane.coord.on_request(rank, 6, 1)
     plane.coord.advance()
-    assert not any(step < 6 for step, _ in plane.coord.held)
+    assert not any(step < 6 for step, _ in plane.coord.delivery.held)
     again = {g: batch_digest(b) for g, b in plane.step(2).items()}
     assert again == first[2]
 
@@ -221,4 +222,4 @@ def test_context_parallel_ranks_fetch_their_slices_and_tensor_parallel_peers_one
     for rank in range(layout.world_size):
         plane.coord.on_request(rank, 3, 1)
     plane.coord.advance()
-    assert not any(step < 3 for step, _ in plane.coord.held)
+    assert not any(step < 3 for step, _ in plane.coord.delivery.held)

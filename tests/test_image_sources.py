@@ -29,7 +29,8 @@ from omniload_dask.demo import (
 )
 from omniload_dask.plan import parse_plan
 from omniload_dask.preprocess.image import decode, patchify
-from omniload_dask.sources import decode_sample_id, discover_source, read_unit_records
+from omniload_dask.sources import decode_sample_id
+from omniload_dask.sources.registry import discover_source, read_unit_records
 from omniload_dask.sources.webdataset import split_name
 from omniload_dask.testing import (
     InlineDataPlane,
@@ -411,16 +412,16 @@ def test_the_data_plane_balances_encoder_and_backbone_cost_together(image_root):
     plane = InlineDataPlane(plan)
     for step in range(6):
         plane.step(step)
-    assert plane.coord.cost.has_encoder
+    assert plane.coord.planner.cost.has_encoder
     # The plane's figures include the encoder terms: recompute one step's group costs.
-    record = plane.coord.steps[5]
-    assert len(record.costs) == 4 and plane.coord.efficiency_min > 0.8
+    record = plane.coord.delivery.steps[5]
+    assert len(record.costs) == 4 and plane.coord.figures.efficiency_min > 0.8
     backbone_only = dataclasses.replace(
         plan, cost=dataclasses.replace(plan.cost, encoder_linear=0.0, encoder_quadratic=0.0)
     )
     other = InlineDataPlane(backbone_only, build=False)
     other.draw(6)
-    assert float(other.coord.steps[5].costs.sum()) < float(record.costs.sum())
+    assert float(other.coord.delivery.steps[5].costs.sum()) < float(record.costs.sum())
 
 
 def test_placeholder_must_be_in_a_huggingface_vocabulary(image_root, tmp_path):

@@ -21,8 +21,8 @@ def sample(job: Job) -> dict[str, int]:
     return {
         "futures": len(run.futures),
         "tasks": len(sched.tasks),
-        "held": len(run.coord.held),
-        "retained_steps": len(run.coord.steps),
+        "held": len(run.coord.delivery.held),
+        "retained_steps": len(run.coord.delivery.steps),
         "units": sum(len(s.units) for s in run.coord.streams),
         "managed": sum(ws.nbytes for ws in sched.workers.values()),
         "worker_rss": sum(worker_rss.values()),

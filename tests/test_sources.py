@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from omniload_dask import SourceError
 from omniload_dask.plan import SourceSpec
-from omniload_dask.sources import decode_sample_id, discover_source, read_unit_records
+from omniload_dask.sources import decode_sample_id
 from omniload_dask.sources.ids import encode_sample_ids
+from omniload_dask.sources.registry import discover_source, read_unit_records
 
 from .datagen import texts, write_jsonl, write_parquet
 

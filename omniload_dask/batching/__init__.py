@@ -1,1 +1,18 @@
-"""TODO"""
+"""Batching: which documents form each global batch, how they are split, and how packed.
+
+Pure (numpy only, no I/O, no Dask). What each module owns, in the order a step uses them:
+
+    mixing            the weighted-fair draw of each global batch from the sources, and the
+                      weight of every source at every step (plan, schedule, live changes)
+    cost              what a document piece costs to train on (the plan's ``cost:``)
+    balance           the split of one global batch among the DP groups, in three passes:
+      routing           documents to context buckets, and cutting them into pieces
+      placement         pieces into the groups' micro-batches, largest cost first
+      refine            evening the heaviest group against the lightest ones
+      assignment        the resulting split and its figures (efficiency, tokens, costs)
+    formats           shards, recipes and the packed ("varlen") batch layout they build
+    context_parallel  each context-parallel rank's zigzag slice of a built batch
+
+The data plane (:mod:`omniload_dask.core`) calls ``mixing`` and ``balance``; worker tasks
+(:mod:`omniload_dask.cluster.tasks`) call ``formats`` and ``context_parallel``.
+"""

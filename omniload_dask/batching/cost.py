@@ -35,7 +35,7 @@ unless declared). For a document with images of P1, P2, ... patches that is
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +44,6 @@ import numpy as np
 __all__ = ["CostFunction", "CostModel", "load_function", "transformer_coefficients"]
 
 CostFunction = Callable[[np.ndarray], np.ndarray]
-
-MODEL_FIELDS = ("hidden", "layers", "heads", "kv_heads", "ffn", "vocab", "gated", "causal")
 
 
 def transformer_coefficients(
@@ -133,12 +131,6 @@ class CostModel:
             encoder_quadratic=spec.encoder_quadratic,
         )
 
-    @classmethod
-    def for_model(cls, description: Mapping[str, Any]) -> CostModel:
-        """From a model description (the keys of :func:`transformer_coefficients`)."""
-        linear, quadratic = transformer_coefficients(**dict(description))
-        return cls(linear=linear, quadratic=quadratic)
-
     def __call__(self, lengths: np.ndarray) -> np.ndarray:
         if self.function is not None:
             return np.asarray(self.function(np.asarray(lengths, np.int64)), dtype=np.float64)
@@ -147,6 +139,7 @@ class CostModel:
 
     @property
     def has_encoder(self) -> bool:
+        """Whether images add an encoder cost (the plan declares ``cost.encoder``)."""
         return bool(self.encoder_linear or self.encoder_quadratic)
 
     def encoder(self, patches: np.ndarray) -> np.ndarray:

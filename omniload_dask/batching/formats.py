@@ -34,7 +34,8 @@ window are contiguous, so ``merge**2`` consecutive encoder outputs form one toke
 between micro-batches may cut an image's tokens: every micro-batch holding some of them carries
 the whole image and maps only the tokens it holds.
 
-Both classes register with ``dask.sizeof`` so the cluster's memory accounting is right.
+Their sizes for the cluster's memory accounting are registered with ``dask.sizeof`` on the
+cluster side (:mod:`omniload_dask.cluster.sizeof`), so this module stays free of Dask.
 
 On the wire. Constructor tasks build micro-batches in *wire form* (``build(..., wire=True)``):
 ``input_ids`` as ``uint32`` (the tokenizer's own id type) and no ``labels`` or ``position_ids``,
@@ -50,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from dask.sizeof import sizeof
 
 __all__ = [
     "IGNORE_INDEX",
@@ -98,6 +98,7 @@ class ImageTable:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of its arrays (what it adds to a shard's size in worker memory)."""
         return sum(
             int(a.nbytes)
             for a in (self.patches, self.cu_patches, self.grid, self.record, self.token_start)
@@ -145,6 +146,7 @@ class Shard:
 
     @property
     def lengths(self) -> np.ndarray:
+        """Tokens of each record, in file order (what the read task reports)."""
         return np.diff(self.offsets)
 
     def __len__(self) -> int:
@@ -186,23 +188,8 @@ class GroupBatch:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens in all its micro-batches (padding not counted)."""
         return sum(int(mb["num_tokens"]) for mb in self.micro_batches)
-
-
-@sizeof.register(Shard)
-def _sizeof_shard(shard: Shard) -> int:
-    images = shard.images.nbytes if shard.images is not None else 0
-    return int(shard.tokens.nbytes + shard.offsets.nbytes + shard.sample_ids.nbytes) + images + 256
-
-
-@sizeof.register(GroupBatch)
-def _sizeof_batch(batch: GroupBatch) -> int:
-    return sum(
-        int(v.nbytes)
-        for mb in batch.micro_batches
-        for v in mb.values()
-        if isinstance(v, np.ndarray)
-    ) + 256 * len(batch.micro_batches)
 
 
 def build(recipe: Recipe, shards: list[Shard], wire: bool = False) -> GroupBatch:

@@ -1,7 +1,8 @@
 """Drawing each global batch from the mix: deterministic, exact up to one document per source.
 
 Sources are served like flows in weighted fair queueing. Each source carries a finish tag
-``F`` (a source that joins, or whose weight rises from 0, starts at the current virtual time); its j-th upcoming document gets the tag ``F + (cumulative size up to j) / weight``,
+``F`` (a source that joins, or whose weight rises from 0, starts at the current virtual time);
+its j-th upcoming document gets the tag ``F + (cumulative size up to j) / weight``,
 where size is the token count (``by: tokens``) or 1 (``by: documents``). A global batch takes
 documents in increasing tag order (ties: lower source index) until the budget is reached. With a
 token budget, a source whose next document does not fit in the room left is closed for this
@@ -162,9 +163,11 @@ class Mixer:
         self.vtime = max(self.vtime, float(selection.tags.max()))
 
     def state_dict(self) -> dict[str, object]:
+        """The tags and the virtual time, as plain data."""
         return {"by": self.by, "tags": self.tags.tolist(), "vtime": self.vtime}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
+        """Continue from :meth:`state_dict`'s output."""
         self.by = str(state["by"])
         self.tags = np.asarray(state["tags"], dtype=np.float64)
         self.vtime = float(state["vtime"])  # type: ignore[arg-type]
@@ -187,6 +190,7 @@ class WeightSchedule:
         self.reset_step = 0
 
     def add_source(self, name: str, weight: float) -> None:
+        """A source joins with its plan ``weight`` (live changes naming it still win)."""
         self.base[name] = weight
 
     def change(self, step: int, weights: dict[str, float]) -> None:
@@ -233,6 +237,7 @@ class WeightSchedule:
         self.reset_step = step
 
     def state_dict(self) -> dict[str, object]:
+        """The live changes, base weights and reset step, as plain data."""
         return {
             "changes": [[s, w] for s, w in self.changes],
             "base": dict(self.base),
@@ -240,6 +245,8 @@ class WeightSchedule:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the live changes and reset step of :meth:`state_dict`'s output (the base
+        weights come from the plan)."""
         self.changes = [(int(s), {k: float(v) for k, v in w.items()}) for s, w in state["changes"]]
         self.reset_step = int(state.get("reset_step", 0))
 

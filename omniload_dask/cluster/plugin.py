@@ -34,6 +34,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import lifecycle, stats
+from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster.running import RunningJob
 from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.cluster.tasks import ReadReport

@@ -18,18 +18,14 @@ import numpy as np
 from omniload_dask.batching.context_parallel import slice_batch
 from omniload_dask.batching.formats import GroupBatch, ImageTable, Recipe, Shard, build
 from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.plan import ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, tokenize
-from omniload_dask.sources import (
-    Catalog,
-    RawRecords,
-    discover_source,
-    encode_sample_ids,
-    read_unit_records,
-)
+from omniload_dask.sources import Catalog, RawRecords, encode_sample_ids
+from omniload_dask.sources.registry import discover_source, read_unit_records
 
 __all__ = [
     "ReadReport",

@@ -1,1 +1,18 @@
-"""TODO"""
+"""The pure data plane: events in, actions out; no I/O, no Dask, no threads.
+
+What each module owns (the scheduler plugin and ``testing.InlineDataPlane`` drive it through
+:class:`~omniload_dask.core.coordinator.Coordinator`, the facade over the parts)::
+
+    coordinator   the facade: takes events, draws steps, returns actions; composes the parts
+    live          the sources as they change: streams, caps, weight schedule, change log
+    streams       one source's sample stream: unit and row order per epoch, the read cursor
+    draw          drawing a global batch from the sources' next documents (the mixer)
+    planning      a drawn step's split among the DP groups, and each group's recipe
+    delivery      which batch each rank gets: positions, held keys, rebuilds
+    reads         which read units to submit: windows, quotas, parts, cost meters
+    autoscale     read task sizes, quotas and worker counts from measured costs
+    figures       counters, per-step figures, planning times, the realised mixture
+    state         snapshots and per-step deltas of the state, as plain data (checkpoints)
+    actions       what the adapter carries out: submit a read or a construction, release
+    keys          the task keys of a run
+"""

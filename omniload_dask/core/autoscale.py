@@ -67,14 +67,17 @@ class Meter:
 
     @property
     def per_size(self) -> float | None:
+        """Seconds per unit of size (None until measured)."""
         return self.seconds / self.size if self.size > 0 else None
 
     @property
     def per_record(self) -> float | None:
+        """Seconds per record (None until measured)."""
         return self.seconds / self.records if self.records > 0 else None
 
     @property
     def per_token(self) -> float | None:
+        """Seconds per token (None until measured)."""
         return self.seconds / self.tokens if self.tokens > 0 else None
 
 

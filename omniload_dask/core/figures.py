@@ -1,22 +1,50 @@
-"""The data plane's figures: per-step records, stats and the realised mixture.
+"""The data plane's figures: counters, per-step records, planning times, the realised mix.
 
-A part of :class:`~omniload_dask.core.coordinator.Coordinator` (it inherits this class); kept
-apart so that each file holds one concern. Pure: no I/O and no Dask.
+:class:`Figures` owns what the data plane has counted since the job began (documents, tokens,
+capacity, cuts, balance efficiency; a checkpoint carries them as ``counters``) and the records
+of the last ``HISTORY`` steps (:class:`StepFigures`), which feed the stats, the dashboard and
+:meth:`Figures.mixture`::
+
+    step 41: efficiency 0.97, 2 micro-steps, 8192 tokens in 31 documents
+             source_tokens [6100, 2092]  target [0.75, 0.25]  cuts 1
+
+Pure: no I/O and no Dask.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from omniload_dask.batching.balance import Assignment
-from omniload_dask.core.base import PlaneBase
+from omniload_dask.core.streams import SourceStream
+
+__all__ = ["COUNTERS", "HISTORY", "Figures", "StepFigures"]
+
+HISTORY = 4096  # steps whose figures are kept
+# The counters a checkpoint carries, in this order: the first seven are added up by deltas,
+# the last two (efficiency sum and minimum) are carried whole.
+COUNTERS = (
+    "documents",
+    "tokens",
+    "capacity_tokens",
+    "extra_micro_steps",
+    "cuts",
+    "spilled",
+    "steps_drawn",
+    "efficiency_sum",
+    "efficiency_min",
+)
 
 
 @dataclass
 class StepFigures:
+    """What one drawn step was: its balance, shape, tokens and mix."""
+
     step: int
     efficiency: float
     num_micro_steps: int
@@ -28,23 +56,43 @@ class StepFigures:
     cuts: int = 0
 
 
-class Figures(PlaneBase):
-    """Methods of the coordinator; see its docstring for the state they use."""
+class Figures:
+    """Counters since the job began, the last steps' figures, and planning times."""
 
-    def _record(
+    def __init__(self, groups: int, declared_micro_steps: int) -> None:
+        """Figures of a job with ``groups`` DP groups and as many micro-steps per step as
+        its plan declares (steps that need more count as ``extra_micro_steps``)."""
+        self._groups = groups
+        self._declared = declared_micro_steps
+        self.documents = 0
+        self.tokens = 0
+        self.capacity_tokens = 0
+        self.extra_micro_steps = 0
+        self.cuts = 0
+        self.spilled = 0
+        self.steps_drawn = 0
+        self.efficiency_sum = 0.0
+        self.efficiency_min = 1.0
+        self.history: deque[StepFigures] = deque(maxlen=HISTORY)
+        self.timing: dict[str, float] = {}  # milliseconds of the last step's planning phases
+        self.planning_ms: deque[float] = deque(maxlen=256)
+
+    def record(
         self,
         step: int,
         plan: Assignment,
         lengths: np.ndarray,
         source_tokens: np.ndarray,
         sources: np.ndarray,
+        weights: np.ndarray,
     ) -> None:
+        """Count drawn step ``step``: its split, its documents' ``lengths`` and ``sources``,
+        and the target ``weights`` it was drawn with (one per source)."""
         efficiency = plan.efficiency
         self.documents += len(lengths)
         self.tokens += int(lengths.sum())
-        self.capacity_tokens += self.layout.dp * int(plan.micro_capacity.sum())
-        declared = sum(b.micro_batches for b in self.buckets)
-        self.extra_micro_steps += max(0, plan.num_micro_steps - declared)
+        self.capacity_tokens += self._groups * int(plan.micro_capacity.sum())
+        self.extra_micro_steps += max(0, plan.num_micro_steps - self._declared)
         self.cuts += plan.cuts
         self.spilled += plan.spilled
         self.steps_drawn += 1
@@ -58,25 +106,32 @@ class Figures(PlaneBase):
                 tokens=int(lengths.sum()),
                 documents=len(lengths),
                 source_tokens=source_tokens.astype(int).tolist(),
-                source_documents=np.bincount(sources, minlength=len(self.streams)).tolist(),
-                target=(self._step_weights / max(self._step_weights.sum(), 1e-300))
-                .round(6)
-                .tolist(),
+                source_documents=np.bincount(sources, minlength=len(weights)).tolist(),
+                target=(weights / max(weights.sum(), 1e-300)).round(6).tolist(),
                 cuts=plan.cuts,
             )
         )
 
-    def stats(self) -> dict[str, Any]:
-        """Counters for feeders, the report and monitoring (plain data)."""
+    def planned(self, total_ms: float) -> None:
+        """A step was planned in ``total_ms``; the split and recipes times are in ``timing``."""
+        split = self.timing.get("split_ms", 0.0) + self.timing.get("recipes_ms", 0.0)
+        self.timing.update(step_ms=total_ms, draw_ms=total_ms - split)
+        self.planning_ms.append(total_ms)
+
+    def counters(self) -> list[Any]:
+        """The values of :data:`COUNTERS`, in that order."""
+        return [getattr(self, k) for k in COUNTERS]
+
+    def load_counters(self, values: Sequence[Any]) -> None:
+        """Take the values of :data:`COUNTERS` (from a snapshot)."""
+        for key, value in zip(COUNTERS, values, strict=True):
+            setattr(self, key, value)
+
+    def summary(self) -> dict[str, Any]:
+        """The counters and recent figures, as ``Coordinator.stats`` reports them."""
         steps = self.steps_drawn
         recent = list(self.history)[-64:]
-        weights = self.weights_at(self.next_step)
-        quotas = self.read_quotas(weights) if self.plan.loader.quotas else None
         return {
-            "next_step": self.next_step,
-            "end_step": self.end_step,
-            "log": list(self.log),
-            "error": self.error,
             "documents": self.documents,
             "tokens": self.tokens,
             "capacity_tokens": self.capacity_tokens,
@@ -88,49 +143,21 @@ class Figures(PlaneBase):
             "efficiency_min": self.efficiency_min if steps else None,
             "efficiency_recent": [round(f.efficiency, 4) for f in recent],
             "planning_ms_p50": float(np.median(self.planning_ms)) if self.planning_ms else None,
-            "held_batches": len(self.held),
-            "units_in_flight": sum(len(s.units) for s in self.streams),
-            "ranks": {
-                r: {"position": s.position, "requested_end": s.requested_end}
-                for r, s in self.ranks.items()
-            },
-            "sources": [
-                {
-                    "name": s.spec.name,
-                    "weight": float(weights[i]),
-                    "epoch": s.epoch,
-                    "epochs": s.spec.epochs,
-                    "exhausted": s.exhausted,
-                    "retired": s.retired,
-                    "documents": s.docs,
-                    "tokens": s.tokens,
-                    "skipped": s.skipped,
-                    "truncated_tokens": s.truncated_tokens,
-                    "units_in_flight": len(s.units),
-                    "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
-                    "read_window": self._read_window(i, weights) if weights[i] > 0 else 0,
-                    "read_tasks_pending": s.pending_reads(),
-                    "quota": int(quotas[i]) if quotas is not None else None,
-                    "seconds_per_record": self.meters[i].per_record,
-                    "read_parts": self._last_parts.get(i, 1),
-                }
-                for i, s in enumerate(self.streams)
-            ],
-            "worker_threads": self.threads,
-            "work_per_step": self.work_per_step(),
         }
 
     def step_figures(self, start: int = 0) -> list[StepFigures]:
+        """The kept figures of steps from ``start`` on."""
         return [f for f in self.history if f.step >= start]
 
-    def mixture(self, window: int = 100) -> list[dict[str, Any]]:
+    def mixture(
+        self, window: int, streams: Sequence[SourceStream], now: np.ndarray, by_tokens: bool
+    ) -> list[dict[str, Any]]:
         """Per source: target and realised share, over the last ``window`` steps and overall.
 
-        Shares are of tokens or of documents, as the plan's ``mixing.by`` says; the target of a
-        window is the mean of its steps' normalised target weights.
+        Shares are of tokens (``by_tokens``) or of documents; the target of a window is the mean
+        of its steps' normalised target weights, ``now`` the weights at the next step.
         """
-        by_tokens = self.plan.mixing_by == "tokens"
-        n = len(self.streams)
+        n = len(streams)
         recent = list(self.history)[-window:]
 
         def pad(values: list[Any]) -> np.ndarray:
@@ -141,10 +168,9 @@ class Figures(PlaneBase):
         for f in recent:
             got += pad(f.source_tokens if by_tokens else f.source_documents)
             target += pad(f.target)
-        total = np.asarray([s.tokens if by_tokens else s.docs for s in self.streams], float)
-        now = self.weights_at(self.next_step)
+        total = np.asarray([s.tokens if by_tokens else s.docs for s in streams], float)
         out = []
-        for i, stream in enumerate(self.streams):
+        for i, stream in enumerate(streams):
             out.append(
                 {
                     "name": stream.spec.name,

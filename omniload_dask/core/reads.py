@@ -1,46 +1,119 @@
 """Which read units the data plane submits, and how: windows, quotas, parts.
 
-A part of :class:`~omniload_dask.core.coordinator.Coordinator` (it inherits this class); kept
-apart so that each file holds one concern. Pure: no I/O and no Dask.
+Each source keeps a window of units submitted ahead of its cursor: enough for the steps drawn
+ahead (``loader.lookahead + loader.prefetch``), measured in how many steps one of its units
+feeds. On top of the window, reads in flight are bounded per source by its quota of the
+cluster's read slots (:func:`.autoscale.quotas`), and a unit that costs more than
+``loader.task_seconds`` is read in parts (:func:`.autoscale.part_count`)::
+
+    source web: units feed 0.5 steps each, lookahead 2 + prefetch 2, read_ahead 2
+    window = 2 + ceil(4 / 0.5) = 10 units ahead of the cursor; quota 3 in flight
+    a draw waiting on web gets its next unknown unit at once, past the window and the quota
+
+None of this changes the stream, only when and in how many tasks units are read. Pure: no
+I/O and no Dask.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from omniload_dask.core import autoscale
 from omniload_dask.core.actions import ReadSpec, SubmitRead
-from omniload_dask.core.base import PlaneBase
-from omniload_dask.core.streams import Unit
+from omniload_dask.core.autoscale import Meter
+from omniload_dask.core.keys import Keys
+from omniload_dask.core.live import LiveSources
+from omniload_dask.core.streams import Unit, UnitRef
+from omniload_dask.plan import Plan
+
+__all__ = ["IN_FLIGHT_STEPS", "MAX_UNITS_AHEAD", "ReadAhead"]
 
 MAX_UNITS_AHEAD = 256
 IN_FLIGHT_STEPS = 2  # a source may always have this many steps' worth of units in flight
 
 
-class ReadAhead(PlaneBase):
-    """Methods of the coordinator; see its docstring for the state they use."""
+class ReadAhead:
+    """The read tasks in flight, the cost meters, and the cluster's read capacity.
 
-    def _read_spec(self, source: int, unit: Unit, part: int = 0) -> ReadSpec:
-        stream = self.streams[source]
+    It reads the streams and document caps of ``sources``, and adds units to their streams.
+    """
+
+    def __init__(self, sources: LiveSources, plan: Plan, keys: Keys) -> None:
+        """Meters for ``sources``; the cluster's threads from ``plan.loader`` until
+        :meth:`on_workers` says otherwise."""
+        self._sources = sources
+        self._loader = plan.loader
+        self._budget = (plan.batch.global_tokens, plan.batch.global_documents)
+        self._keys = keys
+        self.workers = plan.loader.workers
+        self.threads = plan.loader.workers * plan.loader.threads_per_worker
+        self.meters = [Meter() for _ in sources.streams]
+        self.construct_meter = Meter()
+        self._unit_of: dict[str, tuple[int, UnitRef]] = {}  # read key -> (source, unit)
+        self._part_of: dict[str, tuple[int, int]] = {}  # part key -> (part, its size)
+        self._last_parts: dict[int, int] = {}  # source -> parts of its last submitted unit
+        self._seen: dict[int, tuple[Any, ...]] = {}  # what the last look at a source saw
+
+    def add_source(self) -> None:
+        """A stream joined the job: a meter for it."""
+        self.meters.append(Meter())
+
+    # -- events ------------------------------------------------------------------------------
+    def on_report(
+        self,
+        key: str,
+        lengths: np.ndarray,
+        skipped: int,
+        extra: np.ndarray | None,
+        seconds: float | None,
+        records: int | None,
+    ) -> None:
+        """A read task reported its records' lengths (see ``Coordinator.on_report``)."""
+        where = self._unit_of.get(key)
+        if where is None:
+            return
+        part, size = self._part_of.get(key, (0, -1))
+        stream = self._sources.streams[where[0]]
+        if stream.report(where[1], lengths, skipped, part, extra) and seconds is not None:
+            if size < 0:
+                size = stream.catalog.size(stream.units[where[1]].catalog_index)
+            count = len(lengths) + skipped if records is None else records
+            self.meters[where[0]].add(seconds, size, count, float(np.sum(lengths)))
+
+    def on_construct(self, seconds: float) -> None:
+        """A batch construction finished after ``seconds`` of compute."""
+        self.construct_meter.add(seconds, 1, 1, 0)
+
+    def on_workers(self, workers: int, threads: int) -> None:
+        """The cluster now has ``workers`` workers with ``threads`` threads in all."""
+        self.workers = max(0, int(workers))
+        self.threads = max(0, int(threads))
+
+    def forget(self, unit: Unit) -> None:
+        """``unit`` is released: reports of its tasks are ignored from now on."""
+        for key in unit.keys:
+            self._unit_of.pop(key, None)
+            self._part_of.pop(key, None)
+
+    # -- decisions ---------------------------------------------------------------------------
+    def read_spec(self, source: int, unit: Unit, part: int = 0) -> ReadSpec:
+        """What the read task of ``unit``'s part ``part`` reads."""
+        stream = self._sources.streams[source]
         f, lo, hi = (int(v) for v in stream.catalog.units[unit.catalog_index])
         if unit.parts > 1:
             lo, hi = stream.catalog.parts(unit.catalog_index, unit.parts)[part]
         return ReadSpec(unit.keys[part], source, f, stream.catalog.files[f], lo, hi)
 
-    def _forget(self, unit: Unit) -> None:
-        for key in unit.keys:
-            self._keys.pop(key, None)
-            self._part_of.pop(key, None)
-
-    def _submit_reads(self) -> None:
-        # Read ahead for sources that take part now or within the lookahead (schedules).
-        horizon = self.next_step + self.plan.loader.lookahead
-        weights = np.maximum(self.weights_at(self.next_step), self.weights_at(horizon))
-        quota = self.read_quotas(weights) if self.plan.loader.quotas else None
+    def submit(self, weights: np.ndarray, starved: set[int]) -> list[SubmitRead]:
+        """Reads to submit now for sources with ``weights`` > 0 (the larger of the weights
+        now and at the lookahead's end); ``starved`` sources hold up a draw."""
+        out: list[SubmitRead] = []
+        quota = self.read_quotas(weights) if self._loader.quotas else None
         total = float(weights.sum())
-        for i, stream in enumerate(self.streams):
+        for i, stream in enumerate(self._sources.streams):
             if weights[i] <= 0:
                 continue
             pending = stream.pending_reads()
@@ -48,14 +121,14 @@ class ReadAhead(PlaneBase):
                 stream.version,  # a unit reported or the cursor moved (unit sizes known)
                 weights[i],
                 total,
-                i in self._starved,
+                i in starved,
                 len(stream.units),
                 pending,  # a part of a unit reported (the quota has room)
                 int(quota[i]) if quota is not None else -1,  # costs, weights or workers
             )
-            if self._reads_seen.get(i) == seen:
+            if self._seen.get(i) == seen:
                 continue  # nothing changed for this source since the last look
-            self._reads_seen[i] = seen
+            self._seen[i] = seen
             per_unit = self._steps_per_unit(i, weights)
             steps_per_unit = per_unit or 0.0
             limit = -1
@@ -67,11 +140,11 @@ class ReadAhead(PlaneBase):
             window = self._window_of(per_unit)
             # A draw waiting on this source gets its next unknown unit even past the window
             # and the quota.
-            need = stream.first_unknown() if i in self._starved else (-1, -1)
+            need = stream.first_unknown() if i in starved else (-1, -1)
             # The window counts units read ahead (memory); reads in flight up to the quota come
             # on top, so workers keep reading while trainers consume as fast as they can, and
             # stop once the window is full of read units.
-            in_flight = limit if limit >= 0 else self.plan.loader.read_ahead
+            in_flight = limit if limit >= 0 else self._loader.read_ahead
             while True:
                 ref = stream.next_submit
                 ahead = stream.submitted_ahead()
@@ -82,11 +155,11 @@ class ReadAhead(PlaneBase):
                 if (ahead - pending >= window or (limit >= 0 and pending >= limit)) and ref > need:
                     break
                 catalog_index = stream.catalog_index(ref)
-                unit = Unit(self.read_key(i, ref), ref[0], ref[1], catalog_index)
+                unit = Unit(self._keys.read(i, ref), ref[0], ref[1], catalog_index)
                 self._split(i, unit)
                 stream.units[ref] = unit
                 for p, key in enumerate(unit.keys):
-                    self._keys[key] = (i, ref)
+                    self._unit_of[key] = (i, ref)
                     if unit.parts > 1:
                         self._part_of[key] = (p, unit.part_sizes[p])
                 stream.next_submit = stream.successor(ref)
@@ -95,15 +168,16 @@ class ReadAhead(PlaneBase):
                 # many. Workers run reads needed sooner first, whichever source they are of.
                 lead = -1.0 if ref <= need else ahead * steps_per_unit
                 for p in range(unit.parts):
-                    self._actions.append(SubmitRead(self._read_spec(i, unit, p), lead))
+                    out.append(SubmitRead(self.read_spec(i, unit, p), lead))
+        return out
 
     def _split(self, source: int, unit: Unit) -> None:
         """Read ``unit`` in parts of about ``loader.task_seconds`` each (measured cost)."""
-        catalog = self.streams[source].catalog
+        catalog = self._sources.streams[source].catalog
         u = unit.catalog_index
         size = catalog.size(u)
         parts = autoscale.part_count(
-            size, self.meters[source].per_size, self.plan.loader.task_seconds, catalog.max_parts(u)
+            size, self.meters[source].per_size, self._loader.task_seconds, catalog.max_parts(u)
         )
         self._last_parts[source] = parts
         if parts > 1:
@@ -111,11 +185,12 @@ class ReadAhead(PlaneBase):
             n = unit.parts
             unit.part_sizes = tuple((p + 1) * size // n - p * size // n for p in range(n))
 
+    # -- figures -----------------------------------------------------------------------------
     def read_work(self, weights: np.ndarray) -> np.ndarray:
         """Measured read seconds per step of each source at ``weights`` (NaN: not measured)."""
-        tokens, docs = self._budget()
+        tokens, docs = self._budget
         total = weights.sum()
-        out = np.full(len(self.streams), np.nan)
+        out = np.full(len(self._sources.streams), np.nan)
         for i, meter in enumerate(self.meters):
             share = weights[i] / total if total > 0 else 0.0
             if share <= 0:
@@ -129,40 +204,67 @@ class ReadAhead(PlaneBase):
 
     def read_quotas(self, weights: np.ndarray) -> np.ndarray:
         """In-flight read tasks allowed per source (:func:`.autoscale.quotas`)."""
-        slots = max(1, self.plan.loader.reads_per_thread * max(self.threads, 1))
+        slots = max(1, self._loader.reads_per_thread * max(self.threads, 1))
         return autoscale.quotas(self.read_work(weights), slots)
 
-    def work_per_step(self) -> float | None:
-        """Measured worker seconds one step costs (reads of every source and constructions)."""
-        work = self.read_work(self.weights_at(self.next_step))
+    def work_per_step(self, weights: np.ndarray, groups: int) -> float | None:
+        """Measured worker seconds one step costs at ``weights``: reads of every source and
+        the constructions of ``groups`` DP groups (None until every source is measured)."""
+        work = self.read_work(weights)
         if not np.isfinite(work).all():
             return None
         per_construct = self.construct_meter.per_record or 0.0
-        return float(work.sum()) + per_construct * self.layout.dp
+        return float(work.sum()) + per_construct * groups
+
+    def window(self, i: int, weights: np.ndarray) -> int:
+        """Units to keep submitted for source i: enough for the steps drawn ahead."""
+        return self._window_of(self._steps_per_unit(i, weights))
+
+    def source_stats(self, weights: np.ndarray) -> list[dict[str, Any]]:
+        """Per source: its cursor, counters and reads, as ``Coordinator.stats`` reports them."""
+        quotas = self.read_quotas(weights) if self._loader.quotas else None
+        return [
+            {
+                "name": s.spec.name,
+                "weight": float(weights[i]),
+                "epoch": s.epoch,
+                "epochs": s.spec.epochs,
+                "exhausted": s.exhausted,
+                "retired": s.retired,
+                "documents": s.docs,
+                "tokens": s.tokens,
+                "skipped": s.skipped,
+                "truncated_tokens": s.truncated_tokens,
+                "units_in_flight": len(s.units),
+                "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
+                "read_window": self.window(i, weights) if weights[i] > 0 else 0,
+                "read_tasks_pending": s.pending_reads(),
+                "quota": int(quotas[i]) if quotas is not None else None,
+                "seconds_per_record": self.meters[i].per_record,
+                "read_parts": self._last_parts.get(i, 1),
+            }
+            for i, s in enumerate(self._sources.streams)
+        ]
 
     def _steps_per_unit(self, i: int, weights: np.ndarray) -> float | None:
         """Steps that one read unit of source i feeds at ``weights`` (None: none measured)."""
-        stream = self.streams[i]
+        stream = self._sources.streams[i]
         known = [u for u in stream.units.values() if u.lengths is not None]
         if not known:
             return None
-        tokens, docs = self._budget()
+        tokens, docs = self._budget
         share = weights[i] / weights.sum()
         if tokens is not None:
-            sizes = [u.capped_tokens(self.caps[i]) for u in known]
+            sizes = [u.capped_tokens(self._sources.caps[i]) for u in known]
             per_step = share * tokens
         else:
             sizes = [len(u.lengths) for u in known]  # type: ignore[arg-type]
             per_step = share * docs
         return max(1.0, float(np.mean(sizes))) / max(per_step, 1e-9)
 
-    def _read_window(self, i: int, weights: np.ndarray) -> int:
-        """Units to keep submitted for source i: enough for the steps drawn ahead."""
-        return self._window_of(self._steps_per_unit(i, weights))
-
     def _window_of(self, steps_per_unit: float | None) -> int:
         """The read-ahead window of a source whose units feed ``steps_per_unit`` steps each."""
-        loader = self.plan.loader
+        loader = self._loader
         if steps_per_unit is None:
             return loader.read_ahead
         steps_ahead = loader.lookahead + loader.prefetch

@@ -10,73 +10,66 @@ cursors. A delta holds, for one drawn step, only what that step changed::
 
 Applying the deltas of steps B..S-1 to the snapshot at step B gives the state at step S, so a
 checkpoint made of one base and its deltas can restore any step in between exactly.
+
+The state lives in three parts of the data plane, which these functions read and restore:
+the sources (:class:`~.live.LiveSources`: cursors, schedule, log), the mixer
+(:class:`~.draw.Drawer`: tags, virtual time, who takes part) and the counters
+(:class:`~.figures.Figures`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from omniload_dask.sources import Catalog
+from omniload_dask.core.draw import Drawer
+from omniload_dask.core.figures import Figures
+from omniload_dask.core.live import LiveSources
+from omniload_dask.plan import source_dict
+from omniload_dask.sources.catalog import catalog_fingerprint
 
-if TYPE_CHECKING:
-    from omniload_dask.core.coordinator import Coordinator
-
-__all__ = ["StateRecorder", "apply_deltas", "catalog_fingerprint", "restore", "snapshot"]
+__all__ = [
+    "STATE_VERSION",
+    "StateRecorder",
+    "apply_deltas",
+    "catalog_fingerprint",
+    "restore",
+    "snapshot",
+]
 
 STATE_VERSION = 1
-COUNTERS = (
-    "documents",
-    "tokens",
-    "capacity_tokens",
-    "extra_micro_steps",
-    "cuts",
-    "spilled",
-    "steps_drawn",
-    "efficiency_sum",
-    "efficiency_min",
-)
 
 
-def catalog_fingerprint(catalog: Catalog) -> str:
-    """A short hash of a source's files and read units: the cursors are only valid for it."""
-    h = hashlib.sha256()
-    h.update(json.dumps(list(catalog.files)).encode())
-    h.update(np.ascontiguousarray(catalog.units, dtype=np.int64).tobytes())
-    return h.hexdigest()[:16]
+def _vector(sources: LiveSources, i: int) -> list[int]:
+    return list(sources.streams[i].state_dict().values())
 
 
-def _vector(coord: Coordinator, i: int) -> list[int]:
-    return list(coord.streams[i].state_dict().values())
-
-
-def snapshot(coord: Coordinator) -> dict[str, Any]:
-    """The full state at ``coord.next_step`` (JSON-able)."""
-    from omniload_dask.plan import source_dict
-
+def snapshot(
+    step: int, end_step: int | None, sources: LiveSources, drawer: Drawer, figures: Figures
+) -> dict[str, Any]:
+    """The full state at ``step``, the first step not drawn yet (JSON-able)."""
     return {
         "version": STATE_VERSION,
-        "step": coord.next_step,
-        "end_step": coord.end_step,
+        "step": step,
+        "end_step": end_step,
         "sources": [
             {
                 "spec": source_dict(s.spec),
                 "catalog": catalog_fingerprint(s.catalog),
-                "state": _vector(coord, i),
+                "state": _vector(sources, i),
             }
-            for i, s in enumerate(coord.streams)
+            for i, s in enumerate(sources.streams)
         ],
-        "tags": coord.mixer.tags.tolist(),
-        "vtime": coord.mixer.vtime,
-        "by": coord.plan.mixing_by,
-        "weights": [float(w) for w in coord._step_weights],
-        "active": coord._active.astype(int).tolist(),
-        "schedule": coord.schedule.state_dict(),
-        "log": list(coord.log),
-        "counters": [getattr(coord, k) for k in COUNTERS],
+        "tags": drawer.mixer.tags.tolist(),
+        "vtime": drawer.mixer.vtime,
+        "by": drawer.mixer.by,
+        "weights": [float(w) for w in drawer.weights],
+        "active": drawer.active.astype(int).tolist(),
+        "schedule": sources.schedule.state_dict(),
+        "log": list(sources.log),
+        "counters": figures.counters(),
     }
 
 
@@ -133,32 +126,28 @@ def _apply_log(out: dict[str, Any], entry: dict[str, Any]) -> None:
         out["active"].append(0)
 
 
-def restore(coord: Coordinator, state: dict[str, Any]) -> None:
-    """Put ``state`` (a snapshot, possibly moved forward) into a fresh coordinator whose
-    streams were built from the snapshot's sources, in the same order."""
+def restore(
+    state: dict[str, Any], sources: LiveSources, drawer: Drawer, figures: Figures
+) -> tuple[int, int | None]:
+    """Put ``state`` (a snapshot, possibly moved forward) into fresh parts whose streams were
+    built from the snapshot's sources, in the same order; returns ``(step, end_step)``.
+
+    Changes logged for steps from ``step`` on (sources joining or leaving) are pending again.
+    """
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"unknown data-plane state version {state.get('version')!r}")
-    coord.next_step = int(state["step"])
-    coord.end_step = state.get("end_step")
-    for stream, src in zip(coord.streams, state["sources"], strict=True):
+    step = int(state["step"])
+    for stream, src in zip(sources.streams, state["sources"], strict=True):
         if src["state"] is not None:
             stream.load_state_dict(dict(zip(stream.STATE_KEYS, src["state"], strict=True)))
         else:  # added after this step: not part of the job yet
             stream.retired = True
-    tags = [np.nan if t is None else t for t in state["tags"]]
-    coord.mixer.tags = np.asarray(tags, dtype=np.float64)
-    coord.mixer.tags[np.isnan(coord.mixer.tags)] = state["vtime"]
-    coord.mixer.vtime = float(state["vtime"])
-    coord._active = np.asarray(state["active"], dtype=bool)
-    coord.schedule.load_state_dict(state["schedule"])
-    coord.log = list(state["log"])
-    for entry in coord.log:
-        if entry["kind"] == "weights":
-            coord.schedule.change(int(entry["step"]), entry["weights"])
-    for key, value in zip(COUNTERS, state["counters"], strict=True):
-        setattr(coord, key, value)
-    for rank in coord.ranks.values():
-        rank.position = rank.requested_end = coord.next_step
+    tags = np.asarray([np.nan if t is None else t for t in state["tags"]], dtype=np.float64)
+    tags[np.isnan(tags)] = state["vtime"]
+    drawer.restore(tags, float(state["vtime"]), np.asarray(state["active"], dtype=bool))
+    sources.restore(state["schedule"], state["log"], step)
+    figures.load_counters(state["counters"])
+    return step, state.get("end_step")
 
 
 class StateRecorder:
@@ -170,33 +159,40 @@ class StateRecorder:
     changing fields (skipped, truncated, retired) come as whole vectors under ``x``.
     """
 
-    def __init__(self, coord: Coordinator) -> None:
-        self.by_tokens = coord.plan.mixing_by == "tokens"
-        self._vectors = [_vector(coord, i) for i in range(len(coord.streams))]
-        self._tags: list[float | None] = list(coord.mixer.tags.tolist())
-        self._active = coord._active.astype(int).tolist()
+    def __init__(self, sources: LiveSources, drawer: Drawer, figures: Figures) -> None:
+        """Start from the parts' state now (deltas are of the steps drawn after it)."""
+        self._sources = sources
+        self._drawer = drawer
+        self._figures = figures
+        self.by_tokens = drawer.mixer.by == "tokens"
+        self._vectors = [_vector(sources, i) for i in range(len(sources.streams))]
+        self._tags: list[float | None] = list(drawer.mixer.tags.tolist())
+        self._active = drawer.active.astype(int).tolist()
         self._weights: list[float] | None = None
-        self._counters = [getattr(coord, k) for k in COUNTERS]
-        self._vtime = coord.mixer.vtime
+        self._counters = figures.counters()
+        self._vtime = drawer.mixer.vtime
         self.pending: list[dict[str, Any]] = []
 
     def log(self, entry: dict[str, Any]) -> None:
+        """A live change was logged."""
         self.pending.append({"log": entry})
 
-    def after_step(self, coord: Coordinator, step: int) -> None:
-        n = len(coord.streams)
+    def after_step(self, step: int, end_step: int | None) -> None:
+        """Step ``step`` was drawn: record what it changed."""
+        mixer = self._drawer.mixer
+        n = len(self._sources.streams)
         while len(self._vectors) < n:  # a source joined
             self._vectors.append([0] * 8)
             self._tags.append(None)
         delta: dict[str, Any] = {"step": step}
-        weights = [float(w) for w in coord._step_weights]
+        weights = [float(w) for w in self._drawer.weights]
         if weights != self._weights:
             delta["w"] = self._weights = weights
         moved, whole, tags = [], {}, {}
         vtime = self._vtime
         for i in range(n):
-            vec, old = _vector(coord, i), self._vectors[i]
-            tag = float(coord.mixer.tags[i])
+            vec, old = _vector(self._sources, i), self._vectors[i]
+            tag = float(mixer.tags[i])
             expected = self._tags[i]
             if vec != old:
                 d_docs, d_tokens = vec[3] - old[3], vec[4] - old[4]
@@ -222,20 +218,21 @@ class StateRecorder:
             delta["x"] = whole
         if tags:
             delta["t"] = tags
-        if coord.mixer.vtime != vtime:
-            delta["v"] = coord.mixer.vtime
-        self._vtime = coord.mixer.vtime
-        active = coord._active.astype(int).tolist()
+        if mixer.vtime != vtime:
+            delta["v"] = mixer.vtime
+        self._vtime = mixer.vtime
+        active = self._drawer.active.astype(int).tolist()
         if active != self._active:
             delta["a"] = self._active = active
-        counters = [getattr(coord, k) for k in COUNTERS]
+        counters = self._figures.counters()
         delta["c"] = [a - b for a, b in zip(counters[:7], self._counters[:7], strict=True)]
         delta["e"] = counters[7:]
         self._counters = counters
-        if coord.end_step is not None:
-            delta["end"] = coord.end_step
+        if end_step is not None:
+            delta["end"] = end_step
         self.pending.append(delta)
 
     def take(self) -> list[dict[str, Any]]:
+        """The deltas and log entries since the last call, in order."""
         out, self.pending = self.pending, []
         return out

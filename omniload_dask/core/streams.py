@@ -126,9 +126,10 @@ class Candidates:
 
 
 class SourceStream:
-    """Cursor and in-flight units of one source (pure; keys are made by the coordinator)."""
+    """Cursor and in-flight units of one source (pure; keys are made by the read-ahead)."""
 
     def __init__(self, index: int, spec: SourceSpec, catalog: Catalog, seed: int) -> None:
+        """Source ``index`` of the job at the start of its first epoch."""
         if catalog.num_units == 0:
             raise JobError(f"source {spec.name!r}: its files hold no data (0 read units)")
         self.index = index
@@ -156,10 +157,12 @@ class SourceStream:
         return self.spec.epochs is not None and self.epoch >= self.spec.epochs
 
     def within_epochs(self, ref: UnitRef) -> bool:
+        """Whether unit ``ref`` lies in an epoch the plan's ``epochs`` allows."""
         return self.spec.epochs is None or ref[0] < self.spec.epochs
 
     # -- order -------------------------------------------------------------------------------
     def unit_order(self, epoch: int) -> np.ndarray:
+        """The catalog's units in the order of ``epoch`` (kept for the epochs in use)."""
         order = self._orders.get(epoch)
         if order is None:
             rng = np.random.default_rng([self.seed, self._name_hash, epoch])
@@ -169,14 +172,17 @@ class SourceStream:
         return order
 
     def row_order(self, unit: Unit, count: int) -> np.ndarray:
+        """The order in which ``unit``'s ``count`` records are served in its epoch."""
         rng = np.random.default_rng([self.seed, self._name_hash, unit.epoch, unit.catalog_index])
         return rng.permutation(count)
 
     def successor(self, ref: UnitRef) -> UnitRef:
+        """The unit after ``ref`` in the stream (the next epoch's first after the last)."""
         epoch, pos = ref
         return (epoch, pos + 1) if pos + 1 < self.catalog.num_units else (epoch + 1, 0)
 
     def catalog_index(self, ref: UnitRef) -> int:
+        """Which catalog unit is at ``ref``."""
         return int(self.unit_order(ref[0])[ref[1]])
 
     # -- reading -----------------------------------------------------------------------------
@@ -338,6 +344,7 @@ class SourceStream:
         return {k: int(getattr(self, k)) for k in self.STATE_KEYS}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from :meth:`state_dict`'s output; no unit is in flight afterwards."""
         for key in self.STATE_KEYS:
             setattr(self, key, bool(state[key]) if key == "retired" else int(state[key]))
         self.units.clear()

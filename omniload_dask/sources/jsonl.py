@@ -35,7 +35,8 @@ from fsspec.utils import infer_compression
 
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
-from omniload_dask.sources.base import RawRecords, Units, open_file
+from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 
 _TAIL_CHUNK = 1 << 16
@@ -46,6 +47,8 @@ _RATIO_RANGE = (1.0, 50.0)
 
 
 class JsonLines:
+    """The JSON Lines format: byte-range units, the text in a field of each object."""
+
     name: str = "jsonl"
     extensions: tuple[str, ...] = (
         ".jsonl",
@@ -68,6 +71,8 @@ class JsonLines:
         files: list[str],
         sizes: list[int],
     ) -> Units:
+        """Byte ranges of ``unit_bytes`` per file (of the decompressed stream where compressed);
+        the first record of the first file is checked for the text field."""
         rows: list[tuple[int, int, int]] = []
         ratio: float | None = None
         for i, (url, size) in enumerate(zip(files, sizes, strict=True)):
@@ -118,6 +123,7 @@ class JsonLines:
             )
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
+        """The lines whose first byte lies in ``(start, stop]`` (and the one at 0), parsed."""
         url = fs.unstrip_protocol(path)
         compression = infer_compression(path)
         if compression:

@@ -24,11 +24,14 @@ import pyarrow.parquet as pq
 
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
-from omniload_dask.sources.base import RawRecords, Units, open_file
+from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 
 
 class Parquet:
+    """The Parquet format: units are row runs of one row group; text and images by column."""
+
     name: str = "parquet"
     extensions: tuple[str, ...] = (".parquet", ".pq")
 
@@ -39,6 +42,8 @@ class Parquet:
         files: list[str],
         sizes: list[int],
     ) -> Units:
+        """Row groups (or runs of ``unit_records`` rows of one), from every file's footer; the
+        schema is checked on the way."""
         units: list[tuple[int, int, int]] = []
         for i, url in enumerate(files):
             meta = self._footer(spec, fs, url)

@@ -26,7 +26,8 @@ import numpy as np
 
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
-from omniload_dask.sources.base import RawRecords, Units, open_file
+from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 
 BLOCK = 512
@@ -55,6 +56,8 @@ def _members(f: Any) -> list[tuple[str, int, int]]:
 
 
 class WebDataset:
+    """WebDataset tar shards: a record per member key, units of ``unit_records`` records."""
+
     name: str = "webdataset"
     extensions: tuple[str, ...] = (".tar",)
 
@@ -65,6 +68,7 @@ class WebDataset:
         files: list[str],
         sizes: list[int],
     ) -> Units:
+        """Runs of records found from every member header; records start at the ``marks``."""
         per_unit = spec.unit_records or 64
         table: list[tuple[int, int, int]] = []
         rows: list[int] = []

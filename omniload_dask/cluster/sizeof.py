@@ -1,0 +1,35 @@
+"""Sizes of shards and batches for Dask's memory accounting (``dask.sizeof``).
+
+Read tasks return :class:`~omniload_dask.batching.formats.Shard` and construct tasks
+:class:`~omniload_dask.batching.formats.GroupBatch`: without these registrations Dask would
+count each as a small Python object, and workers would hold far more memory than they report.
+Importing this module registers both; :mod:`.tasks` (what workers import) and :mod:`.plugin`
+import it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from dask.sizeof import sizeof
+
+from omniload_dask.batching.formats import GroupBatch, Shard
+
+__all__ = ["sizeof_batch", "sizeof_shard"]
+
+
+@sizeof.register(Shard)
+def sizeof_shard(shard: Shard) -> int:
+    """Bytes of a shard's arrays (tokens, offsets, ids, images) plus a small overhead."""
+    images = shard.images.nbytes if shard.images is not None else 0
+    return int(shard.tokens.nbytes + shard.offsets.nbytes + shard.sample_ids.nbytes) + images + 256
+
+
+@sizeof.register(GroupBatch)
+def sizeof_batch(batch: GroupBatch) -> int:
+    """Bytes of every array of every micro-batch, plus a small overhead per micro-batch."""
+    return sum(
+        int(v.nbytes)
+        for mb in batch.micro_batches
+        for v in mb.values()
+        if isinstance(v, np.ndarray)
+    ) + 256 * len(batch.micro_batches)

@@ -1,0 +1,189 @@
+"""Drawing global batch t: ask each source for its next documents, let the mixer choose.
+
+The draw of a step is a pure function of the sources' cursors, their reported document
+lengths, the weights and the mixer's tags, never of timing::
+
+    weights at t    ->  candidates per source: its next known documents, a little more than
+                        its share of the budget (mixing.Mixer may ask for more: x2, x4, ...)
+                    ->  Mixer.select: the documents of the batch, in tag order
+                    ->  the cursors move past them; each document is located in its read unit
+                        (and part): the shard slot and row a recipe will name
+
+When a source must report a read first, the draw waits (:meth:`Drawer.draw` returns None), and
+until something it looked at changes, it does not try again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from omniload_dask.batching.mixing import Mixer, NeedMore
+from omniload_dask.core.live import LiveSources
+from omniload_dask.core.streams import Candidates, SourceStream, Unit
+from omniload_dask.errors import JobError
+from omniload_dask.plan import Plan
+
+__all__ = ["Documents", "Drawer"]
+
+MAX_SCALE = 1 << 20  # how far a source's wants may double before the batch is unfillable
+
+
+@dataclass
+class Documents:
+    """The documents of one drawn global batch, in tag order, and where each one lives.
+
+    Document d is ``lengths[d]`` tokens (after the cap) of source ``sources[d]``; it is row
+    ``rows[d]`` of the read task ``slots[slot[d]]`` = (unit, part), whose source is
+    ``slot_source[slot[d]]``. ``extra`` is each document's encoder cost (image sources; None
+    when the plan declares none). ``finished`` are the units the cursors have now passed.
+    """
+
+    sources: np.ndarray
+    lengths: np.ndarray
+    extra: np.ndarray | None
+    rows: np.ndarray
+    slot: np.ndarray
+    slots: list[tuple[Unit, int]]
+    slot_source: list[int]
+    finished: list[Unit]
+
+
+class Drawer:
+    """The mixer and what each draw remembers: who takes part, and what the last one waited on.
+
+    It reads the streams and document caps of ``sources`` and moves their cursors.
+    """
+
+    def __init__(self, sources: LiveSources, plan: Plan, with_extra: bool) -> None:
+        """A mixer over ``sources``; ``with_extra``: documents carry an encoder cost."""
+        self._sources = sources
+        self._budget = (plan.batch.global_tokens, plan.batch.global_documents)
+        self._with_extra = with_extra
+        n = len(sources.streams)
+        self.mixer = Mixer(n, plan.mixing_by)
+        self.active = np.zeros(n, dtype=bool)  # weight > 0 last step
+        self.weights = np.zeros(n)  # the weights the last step was drawn with
+        self.starved: set[int] = set()  # sources the last draw waited for
+        self._starved_seen: tuple[Any, ...] | None = None  # what that draw saw
+
+    def add_source(self) -> None:
+        """A stream joined the job: it starts at the mixer's virtual time, not active yet."""
+        self.mixer.add_source()
+        self.active = np.append(self.active, False)
+
+    def restore(self, tags: np.ndarray, vtime: float, active: np.ndarray) -> None:
+        """Take a snapshot's mixer tags, virtual time and active sources."""
+        self.mixer.tags = tags
+        self.mixer.vtime = vtime
+        self.active = active
+
+    def draw(self, step: int, weights: np.ndarray) -> Documents | None:
+        """Draw global batch ``step`` at ``weights`` (some > 0).
+
+        Returns None if a source must report first, else the batch's documents: none when
+        every source with weight ran out (the stream ends there).
+        """
+        tokens, docs = self._budget
+        streams, caps = self._sources.streams, self._sources.caps
+        # The last draw of this step waited for reads: until a source reports (or weights,
+        # caps or the budget change) it would wait again, so skip the candidates and the mixer.
+        seen = (
+            step,
+            weights.tobytes(),
+            tuple(caps),
+            (tokens, docs),
+            tuple(stream.version for stream in streams),
+        )
+        if self.starved and seen == self._starved_seen:
+            return None
+        for joining in np.flatnonzero((weights > 0) & ~self.active).tolist():
+            self.mixer.activate(joining)  # (re)joining sources start at the virtual time
+        empty = Candidates(np.zeros(0, np.int64))
+        cands = [
+            stream.candidates(caps[i], *self._wants(i, weights, 1.0)) if weights[i] > 0 else empty
+            for i, stream in enumerate(streams)
+        ]
+        scale = np.ones(len(streams))
+        while True:
+            result = self.mixer.select(
+                weights,
+                [c.lengths for c in cands],
+                [not c.complete for c in cands],
+                budget_tokens=tokens,
+                budget_documents=docs,
+            )
+            if not isinstance(result, NeedMore):
+                break
+            waiting = {i for i in result.sources if cands[i].waiting}
+            if waiting:
+                self.starved = waiting
+                self._starved_seen = seen
+                return None
+            for i in result.sources:  # only the sources that fell short are asked for more
+                scale[i] *= 2
+                if scale[i] > MAX_SCALE:
+                    raise JobError("cannot fill a global batch: check batch.global_tokens")
+                cands[i] = streams[i].candidates(caps[i], *self._wants(i, weights, float(scale[i])))
+        self.starved = set()
+        if len(result.order):  # (else every source with weight ran out during this step)
+            self.active = weights > 0
+            self.weights = weights
+            self.mixer.commit(result)
+        return _locate(result.order, cands, streams, self._with_extra)
+
+    def _wants(self, i: int, weights: np.ndarray, scale: float) -> tuple[int, int]:
+        tokens, docs = self._budget
+        share = weights[i] / weights.sum()
+        # A little more than the source's share; the mixer asks again (scale x2) if short.
+        if tokens is not None:
+            return int(share * tokens * 1.25 * scale) + 1, 2
+        return 1, int(share * docs * 1.25 * scale) + 2
+
+
+def _locate(
+    order: np.ndarray, cands: list[Candidates], streams: list[SourceStream], with_extra: bool
+) -> Documents:
+    """Move the cursors past the chosen documents and find each one's read task and row."""
+    counts = (
+        np.bincount(order[:, 0], minlength=len(streams))
+        if len(order)
+        else (np.zeros(len(streams), np.int64))
+    )
+    finished: list[Unit] = []
+    for i, stream in enumerate(streams):
+        finished += stream.consume(cands[i], int(counts[i])) if counts[i] else []
+    # Documents in tag order: (source, unit, row in file order, effective length).
+    src = order[:, 0]
+    idx = order[:, 1]
+    doc_unit = np.empty(len(order), dtype=np.int64)  # index into units
+    rows = np.empty(len(order), dtype=np.int64)
+    lengths = np.empty(len(order), dtype=np.int64)
+    extra = np.zeros(len(order)) if with_extra else None
+    units: list[tuple[Unit, int]] = []  # (unit, part) read by a shard slot
+    unit_source: list[int] = []
+    by_source = np.argsort(src, kind="stable")  # one pass instead of one scan per source
+    sources_in, first = np.unique(src[by_source], return_index=True)
+    bounds = [*first.tolist(), len(src)]
+    for j, s in enumerate(sources_in.tolist()):
+        sel = by_source[bounds[j] : bounds[j + 1]]
+        c = cands[s]
+        k = idx[sel]
+        lengths[sel] = c.lengths[k]
+        local = c.unit_of[k]
+        for u in np.unique(local).tolist():
+            here = sel[local == u]
+            unit = c.units[u]
+            unit_rows = unit.order[c.row_of[k[local == u]]]
+            if extra is not None and unit.extra is not None:
+                extra[here] = unit.extra[unit_rows]
+            part, part_rows = unit.locate(unit_rows)
+            for p in np.unique(part).tolist():
+                mine = part == p
+                rows[here[mine]] = part_rows[mine]
+                doc_unit[here[mine]] = len(units)
+                units.append((unit, p))
+                unit_source.append(s)
+    return Documents(src, lengths, extra, rows, doc_unit, units, unit_source, finished)

@@ -1,0 +1,119 @@
+"""From a drawn step's documents to one recipe per DP group: the split, then the pieces.
+
+:meth:`StepPlanner.split` routes the documents to context buckets and balances them over the
+DP groups by cost (:mod:`omniload_dask.batching.balance`). :meth:`StepPlanner.recipes` turns
+the split into each group's :class:`~omniload_dask.batching.formats.Recipe`: rows of
+``(micro-step, shard slot, row, token start, token stop)``, where a group's shard slots number
+the read tasks it uses in order of first use::
+
+    group 1, micro-step 0: the first 4096 tokens of document 2 (read task R3, row 12),
+    then document 7 whole (900 tokens; R1, row 4)
+    shard slots  0 -> R3, 1 -> R1          reads (R3, R1)
+    pieces       (0, 0, 12, 0, 4096)  (0, 1, 4, 0, 900)
+
+Pure: no I/O and no Dask.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from omniload_dask.batching.balance import Assignment, Bucket, balance, route
+from omniload_dask.batching.cost import CostModel
+from omniload_dask.batching.formats import Recipe
+from omniload_dask.core.actions import ReadSpec
+from omniload_dask.core.draw import Documents
+from omniload_dask.plan import Plan
+
+__all__ = ["StepPlanner"]
+
+
+class StepPlanner:
+    """The plan's cost model, context buckets and batch shape, applied to one step at a time."""
+
+    def __init__(self, plan: Plan) -> None:
+        """Buckets and pins from ``plan.batch``, the cost model from ``plan.cost``."""
+        self.cost = CostModel.from_spec(plan.cost)
+        names = plan.source_names
+        specs = plan.batch.context_buckets
+        self.buckets = [Bucket(b.seq_len, b.micro_batches, bool(b.sources)) for b in specs]
+        self.pinned = {names.index(n): b for b, spec in enumerate(specs) for n in spec.sources}
+        self._groups = plan.layout.dp
+        self._cut = plan.batch.long_documents == "split"
+        self._batch = plan.batch
+        self._patch_size = plan.images.patch_size if plan.images else 0
+
+    @property
+    def declared_micro_steps(self) -> int:
+        """Micro-steps per step that the plan declares (a step may need more)."""
+        return sum(b.micro_batches for b in self.buckets)
+
+    def split(
+        self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None
+    ) -> Assignment:
+        """Route a step's documents to buckets and split them among the DP groups.
+
+        ``extra`` is each document's encoder cost (images), balanced with the backbone's.
+        """
+        bucket, by_length = route(lengths, src, self.buckets, self.pinned)
+        return balance(
+            lengths,
+            bucket,
+            self.buckets,
+            self._groups,
+            self.cost,
+            by_length=by_length,
+            cut=self._cut,
+            extra=extra,
+        )
+
+    def recipes(
+        self, step: int, plan: Assignment, docs: Documents, specs: list[ReadSpec]
+    ) -> tuple[list[Recipe], list[tuple[ReadSpec, ...]]]:
+        """Per group: its recipe, and its reads in shard-slot order (``specs[k]`` is the read
+        of ``docs.slots[k]``)."""
+        groups, nu = self._groups, max(1, len(docs.slots))
+        order = plan.output_order()
+        piece_unit = docs.slot[plan.doc[order]]
+        group = plan.group[order]
+        pair, first, inverse = np.unique(
+            group * nu + piece_unit, return_index=True, return_inverse=True
+        )
+        by_use = np.lexsort((first, pair // nu))
+        pair_group = (pair // nu)[by_use]
+        slot = np.empty(len(pair), dtype=np.int64)
+        slot[by_use] = np.arange(len(pair)) - np.searchsorted(pair_group, pair_group, "left")
+        start = plan.start[order]
+        table = np.stack(
+            [
+                plan.micro[order],
+                slot[inverse.reshape(-1)],
+                docs.rows[plan.doc[order]],
+                start,
+                start + plan.length[order],
+            ],
+            axis=1,
+        )
+        used = (pair % nu)[by_use].tolist()
+        bounds = np.searchsorted(group, np.arange(groups + 1)).tolist()
+        pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1)).tolist()
+        capacity = tuple(plan.micro_capacity.tolist())
+        batch = self._batch
+        recipes, reads = [], []
+        for g in range(groups):
+            mine = used[pair_bounds[g] : pair_bounds[g + 1]]
+            recipes.append(
+                Recipe(
+                    step=step,
+                    group=g,
+                    num_micro_steps=plan.num_micro_steps,
+                    pieces=table[bounds[g] : bounds[g + 1]],
+                    seq_len=batch.seq_len,
+                    slot_epochs=tuple(docs.slots[u][0].epoch for u in mine),
+                    pad_to_seq_len=batch.pad_to_seq_len,
+                    micro_seq_lens=capacity,
+                    patch_size=self._patch_size,
+                )
+            )
+            reads.append(tuple(specs[u] for u in mine))
+        return recipes, reads

@@ -1,0 +1,70 @@
+"""The formats by name, and the two entry points workers call: discover and read.
+
+:func:`formats` maps the plan's ``sources[].format`` to its :class:`~.base.SourceFormat`.
+:func:`discover_source` lists a source into a :class:`~.catalog.Catalog` at start-up;
+:func:`read_unit_records` reads one unit of it. Both run on workers (they open files through
+fsspec); the data plane only ever holds the catalog.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+from omniload_dask.errors import SourceError
+from omniload_dask.plan import SourceSpec
+from omniload_dask.sources.base import RawRecords, SourceFormat
+from omniload_dask.sources.catalog import Catalog
+from omniload_dask.sources.files import filesystem, list_files
+
+__all__ = ["discover_source", "formats", "get_format", "read_unit_records"]
+
+
+@functools.cache
+def formats() -> Mapping[str, SourceFormat]:
+    """Every format by its plan name; their modules load on the first call, not with this one
+    (Parquet's imports pyarrow, which importing the package should not)."""
+    from omniload_dask.sources.jsonl import FORMAT as JSONL
+    from omniload_dask.sources.parquet import FORMAT as PARQUET
+    from omniload_dask.sources.webdataset import FORMAT as WEBDATASET
+
+    return {"jsonl": JSONL, "parquet": PARQUET, "webdataset": WEBDATASET}
+
+
+def get_format(name: str) -> SourceFormat:
+    """The format named ``name`` (the plan has checked that it is one of :func:`formats`)."""
+    return formats()[name]
+
+
+def discover_source(spec: SourceSpec) -> Catalog:
+    """List a source's files and split them into read units (runs on a worker)."""
+    fmt = get_format(spec.format)
+    fs, files, sizes = list_files(spec, fmt)
+    found = fmt.units(spec, fs, files, sizes)
+    return Catalog(
+        source=spec.name,
+        files=tuple(files),
+        units=found.table,
+        rows=found.rows,
+        total_bytes=int(sum(sizes)),
+        split=found.split,
+        marks=found.marks,
+        mark_index=found.mark_index,
+    )
+
+
+def read_unit_records(spec: SourceSpec, file_url: str, start: int, stop: int) -> RawRecords:
+    """Read one unit of one file; errors that are not about a single record raise SourceError."""
+    fmt = get_format(spec.format)
+    fs, path = filesystem(spec, file_url)
+    try:
+        return fmt.read(spec, fs, path, start, stop)
+    except SourceError:
+        raise
+    except FileNotFoundError:
+        raise SourceError(f"source {spec.name!r}: file {file_url!r} disappeared") from None
+    except Exception as exc:
+        raise SourceError(
+            f"source {spec.name!r}: file {file_url!r}, unit [{start}, {stop}): "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
