@@ -29,7 +29,13 @@ from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.plan import Plan
 
-__all__ = ["InlineDataPlane", "assert_batches_equal", "batch_digest", "check_resume_equivalence"]
+__all__ = [
+    "InlineDataPlane",
+    "assert_batches_equal",
+    "batch_digest",
+    "check_resume_equivalence",
+    "part_ref",
+]
 
 
 class InlineDataPlane:
@@ -74,7 +80,10 @@ class InlineDataPlane:
             self.writer.start(self.coord.state_dict(), saved)
             self.coord.take_deltas()
         self.shards: dict[str, Shard] = {}
+        # What each part of a block is (by part_ref(key, part)): what a rank fetches; and
+        # each group's whole batch (wire form) by (block key, group).
         self.batches: dict[str, GroupBatch] = {}
+        self.wholes: dict[tuple[str, int], GroupBatch] = {}
         self._pending: list[Any] = []
         self._rng = random.Random(shuffle_reports) if shuffle_reports is not None else None
         self.reads = 0
@@ -88,10 +97,11 @@ class InlineDataPlane:
                 if not self.build:
                     continue
                 shards = [self._shard(r) for r in action.reads]
-                built = tasks.construct(action.recipe, *shards)
-                self.batches[action.key] = built
-                for c, key in enumerate(action.slices):
-                    self.batches[key] = tasks.cp_slice(built, len(action.slices), c)
+                for recipe, uses in zip(action.recipes, action.uses, strict=True):
+                    whole = tasks.construct(recipe, *[shards[i] for i in uses])
+                    self.wholes[(action.key, recipe.group)] = whole
+                    for part, batch in tasks.group_parts(whole, recipe.group, action.cp).items():
+                        self.batches[part_ref(action.key, part)] = batch
             elif isinstance(action, Release):
                 for key in action.keys:
                     self.shards.pop(key, None)
@@ -124,8 +134,10 @@ class InlineDataPlane:
     def checkpoint(self) -> None:
         """Write the deltas drawn so far (every step is flushed at once here)."""
         if self.writer is not None:
-            positions = {r: s.position for r, s in self.coord.ranks.items()}
-            self.writer.add(self.coord.take_deltas(), positions)
+            positions = self.coord.delivery.positions()
+            self.writer.add(
+                self.coord.take_deltas(), {r: p["position"] for r, p in positions.items()}
+            )
             base = self.writer.manifest.bases[-1]["step"] if self.writer.manifest.bases else 0
             due = self.coord.next_step - base >= self.writer.compact_every
             self.writer.flush(self.coord.state_dict() if due else None)
@@ -158,16 +170,16 @@ class InlineDataPlane:
         fetched = self.fetch(step, ranks)
         layout = self.plan.layout
         out: dict[int, GroupBatch] = {}
-        for rank, key in fetched.items():
+        for rank, ref in fetched.items():
             group = layout.coords(rank)["dp"]
-            whole = key.rsplit("-cp", 1)[0] if layout.cp > 1 else key
-            out[group] = self.batches[whole]
+            out[group] = self.wholes[(ref.rsplit(":", 1)[0], group)]
         return out
 
     def fetch(self, step: int, ranks: list[int] | None = None) -> dict[int, str]:
-        """Ask for ``step`` as every rank (or ``ranks``); the key each one fetches.
+        """Ask for ``step`` as every rank (or ``ranks``); the part each one fetches, as
+        ``part_ref(block key, part)``.
 
-        ``batches[key]`` is what that rank's feeder gets (its cp slice with context
+        ``batches[ref]`` is what that rank's feeder gets (its cp slice with context
         parallelism).
         """
         ranks = list(range(self.plan.layout.world_size)) if ranks is None else ranks
@@ -175,10 +187,11 @@ class InlineDataPlane:
             self.coord.on_request(rank, step, 1)
         for _ in range(10_000):
             self._settle()
-            keys = {rank: self.coord.batch_for(rank, step) for rank in ranks}
+            parts = {rank: self.coord.batch_for(rank, step) for rank in ranks}
             self._run(self.coord.advance())
-            if all(key is not None and key in self.batches for key in keys.values()):
-                return {rank: key for rank, key in keys.items() if key is not None}
+            refs = {r: part_ref(*p) for r, p in parts.items() if p is not None}
+            if len(refs) == len(ranks) and all(ref in self.batches for ref in refs.values()):
+                return refs
         raise RuntimeError(f"step {step} never completed")
 
     def add_source(self, spec: Any, at_step: int | None = None) -> int:
@@ -200,6 +213,11 @@ class InlineDataPlane:
         """``(step, batches by DP group)`` for ``steps`` steps from ``start``, as :meth:`step`."""
         for t in range(start, start + steps):
             yield t, self.step(t)
+
+
+def part_ref(key: str, part: int) -> str:
+    """How :class:`InlineDataPlane` names part ``part`` of block ``key``."""
+    return f"{key}:{part}"
 
 
 def batch_digest(batch: GroupBatch) -> list[tuple[int, ...]]:

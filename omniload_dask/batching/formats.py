@@ -55,6 +55,7 @@ import numpy as np
 __all__ = [
     "IGNORE_INDEX",
     "IMAGE_FIELDS",
+    "BatchBlock",
     "GroupBatch",
     "ImageTable",
     "Recipe",
@@ -190,6 +191,17 @@ class GroupBatch:
     def num_tokens(self) -> int:
         """Tokens in all its micro-batches (padding not counted)."""
         return sum(int(mb["num_tokens"]) for mb in self.micro_batches)
+
+
+@dataclass
+class BatchBlock:
+    """What one construction task holds: the batches of a block of DP groups of one step.
+
+    ``parts[p]`` is part p (group ``p // cp``, or its context-parallel slice ``p % cp``); a
+    fetcher asks the worker holding the block for its own part only.
+    """
+
+    parts: dict[int, GroupBatch]
 
 
 def build(recipe: Recipe, shards: list[Shard], wire: bool = False) -> GroupBatch:

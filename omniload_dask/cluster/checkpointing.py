@@ -5,8 +5,9 @@ The coordinator records a small delta per step (:meth:`Coordinator.take_deltas`)
 :class:`~omniload_dask.checkpoint.store.CheckpointWriter` turns them into files. This module
 schedules the two on the scheduler's event loop without ever blocking it::
 
-    every data-plane run      tick(): queue the new deltas (and the ranks' positions)
-    flush_seconds later       tick(): flush them in a thread; one flush at a time
+    every data-plane run      tick(): queue the new deltas
+    flush_seconds later       tick(): flush them (and the ranks' positions) in a thread;
+                              one flush at a time
     compact_every steps on    that flush also writes a new base snapshot
     the job stops             final_flush(): wait for the flush in flight, flush the rest
 
@@ -83,14 +84,19 @@ class CheckpointSchedule:
         writer, coord = self.writer, self._coord
         deltas = coord.take_deltas()
         if deltas:
-            writer.add(deltas, {r: s.position for r, s in coord.ranks.items()})
+            writer.add(deltas)
         due = time.monotonic() - self._last_flush >= self._spec.flush_seconds
         if not writer.pending() or not (due or force):
             return self._flushing
         if self._flushing is not None and not self._flushing.done():
             return self._flushing
+        # The ranks' positions go with each flush (O(ranks): not on every tick).
+        where = coord.delivery.where
+        writer.add([], dict(enumerate(where.position.tolist())))
         latest = writer.manifest.bases[-1]["step"] if writer.manifest.bases else 0
-        compact = coord.next_step - latest >= self._spec.compact_every
+        # No snapshot while a step is being planned (its figures are not counted yet): the
+        # next flush compacts instead.
+        compact = coord.next_step - latest >= self._spec.compact_every and not coord.busy
         state = coord.state_dict() if compact else None
         self._last_flush = time.monotonic()
         self._flushing = asyncio.get_running_loop().run_in_executor(None, writer.flush, state)

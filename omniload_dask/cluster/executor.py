@@ -4,17 +4,23 @@ The coordinator says *what* to do (:mod:`omniload_dask.core.actions`); an
 :class:`ActionExecutor` does it with the data plane's own client and holds the futures, which
 is what keeps reads and batches in worker memory::
 
-    SubmitRead(read, lead)         -> submit tasks.read_unit, priority by lead (steps to need)
-    SubmitConstruct(key, recipe)   -> submit tasks.construct on the reads' futures
-                                      (+ one tasks.cp_slice per context-parallel rank)
-    Release(keys)                  -> release the futures (and their standby copies)
+    SubmitRead(read, lead)           -> submit tasks.read_unit, priority by lead (steps to need)
+    SubmitConstruct(key, recipes)    -> submit tasks.construct_block on the reads' futures:
+                                        one task for a block of DP groups
+    Release(keys)                    -> release the futures (and their standby copies)
 
 Worker queues run higher priorities first: constructions (short, wanted now), then reads a
 draw waits for, then reads ahead, those needed in fewer steps first.
+
+It also remembers the action behind every future it holds, so that after the data plane's
+client lost its connection (the scheduler then forgets what that client held) everything can
+be submitted again on a new one (:meth:`ActionExecutor.resubmit`): reads and constructions
+are deterministic, so the same keys get the same values.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,6 +71,9 @@ class ActionExecutor:
         self.plan = plan
         self.standby = standby
         self.futures: dict[str, Future] = {}
+        self.actions: dict[str, SubmitRead | SubmitConstruct] = {}  # behind each future
+        self._since: dict[str, float] = {}  # when each was submitted (monotonic)
+        self.resubmits = 0
         self._source_spec = source_spec
         self._read_resources = read_resources
 
@@ -72,11 +81,35 @@ class ActionExecutor:
         """Carry out ``actions`` in order."""
         for action in actions:
             if isinstance(action, SubmitRead):
-                self.futures[action.read.key] = self.submit_read(action.read, action.lead)
+                key = action.read.key
+                self.futures[key] = self.submit_read(action.read, action.lead)
+                self.actions[key] = action
+                self._since[key] = time.monotonic()
             elif isinstance(action, SubmitConstruct):
                 self._construct(action)
             elif isinstance(action, Release):
                 self.release(action.keys)
+
+    def lost(self) -> bool:
+        """Whether futures the job holds were cancelled under it (a lost client connection)."""
+        return any(fut.cancelled() for fut in self.futures.values())
+
+    def held_for(self, seconds: float) -> list[str]:
+        """Keys held for at least ``seconds`` (the scheduler has surely heard of them)."""
+        before = time.monotonic() - seconds
+        return [k for k, t in self._since.items() if t <= before]
+
+    def resubmit(self, client: Client) -> int:
+        """Submit everything the job holds again, on ``client``; returns how many tasks."""
+        self.client = client
+        held = list(self.actions.values())
+        self.futures.clear()
+        self.actions.clear()
+        self._since.clear()
+        self.resubmits += 1
+        self.execute([a for a in held if isinstance(a, SubmitRead)])
+        self.execute([a for a in held if isinstance(a, SubmitConstruct)])
+        return len(held)
 
     def submit_read(self, read: ReadSpec, lead: float = -1.0) -> Future:
         """Submit the read task of ``read`` (not held: the caller keeps the future)."""
@@ -102,6 +135,8 @@ class ActionExecutor:
         """Let go of ``keys``: their futures, and standby copies if any."""
         self.standby.forget(keys)
         for key in keys:
+            self.actions.pop(key, None)
+            self._since.pop(key, None)
             fut = self.futures.pop(key, None)
             if fut is not None:
                 fut.release()
@@ -112,37 +147,27 @@ class ActionExecutor:
         for fut in self.futures.values():
             fut.release()
         self.futures.clear()
+        self.actions.clear()
+        self._since.clear()
 
     def _construct(self, action: SubmitConstruct) -> None:
-        """Submit a group's construction on its reads, and its context-parallel slices."""
+        """Submit a block's construction on its reads (a read released already is read again:
+        a rebuild waits for it)."""
         deps: list[Any] = []
         for read in action.reads:
             fut = self.futures.get(read.key)
-            if fut is None:  # a rebuild after the unit was released: read it again
-                fut = self.submit_read(read)  # a rebuild waits for it
+            if fut is None:
+                fut = self.submit_read(read)
             deps.append(fut)
-        built = self.client.submit(
-            tasks.construct,
-            action.recipe,
+        self.futures[action.key] = self.client.submit(
+            tasks.construct_block,
+            action.recipes,
+            action.uses,
+            action.cp,
             *deps,
             key=action.key,
             priority=CONSTRUCT_PRIORITY,
             retries=1,
         )
-        cp = len(action.slices)
-        for c, key in enumerate(action.slices):
-            self.futures[key] = self.client.submit(
-                tasks.cp_slice,
-                built,
-                cp,
-                c,
-                key=key,
-                priority=CONSTRUCT_PRIORITY,
-                retries=1,
-            )
-        if cp:
-            # Ranks fetch only slices; the scheduler keeps the batch until they are cut (and
-            # can recompute it if a slice is lost).
-            built.release()
-        else:
-            self.futures[action.key] = built
+        self.actions[action.key] = action
+        self._since[action.key] = time.monotonic()

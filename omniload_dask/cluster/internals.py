@@ -1,16 +1,17 @@
 """Every use of Dask internals in one place, so an upgrade of distributed touches one file.
 
-"Internals" are the parts of distributed that are not its documented API: the scheduler's task
-and worker state, what the ``transition`` hook's keyword arguments hold, the worker's task
-state, the Active Memory Manager's policy classes, ``gather_from_workers``, the dashboard's
-Bokeh application. Everything else in the package uses Dask's public API only.
+"Internals" are the parts of distributed that are not its documented API: the scheduler's task,
+worker and client state, what the ``transition`` hook's keyword arguments hold, the worker's task
+state and memory, the comm layer (``ConnectionPool``, handlers, ``to_serialize``), the Active
+Memory Manager's policy classes, the dashboard's Bokeh application. Everything else in the package uses Dask's public API only.
 
 - Workers attach a read task's sample metadata to the task's own finished message (the worker
   task state's ``metadata``), which the scheduler passes to plugins' ``transition`` hooks as
   ``metadata=...``: no extra RPC and no ordering race with the result landing in memory.
-- A feeder fetches batches straight from the workers the scheduler names (``who_has`` of keys
-  in memory), with Dask's ``gather_from_workers`` and no futures: the data plane holds each
-  batch until every rank of its group has passed it.
+- A fetching agent (a feeder, a group leader, a node agent) needs no ``Client``: it calls the
+  data plane's handlers and the workers' part handler (:mod:`.serving`) with Dask's comms
+  (``ConnectionPool``), and fetches no futures: the data plane holds each block until every
+  rank of its groups has passed it. Workers serve parts from their memory (``worker.data``).
 """
 
 from __future__ import annotations
@@ -84,10 +85,11 @@ def task_count(scheduler: Any) -> int:
     return len(scheduler.tasks)
 
 
-def add_handlers(scheduler: Any, prefix: str, handlers: dict[str, Any]) -> None:
-    """Serve each of ``handlers`` as the scheduler RPC ``prefix + name``."""
+def add_handlers(server: Any, prefix: str, handlers: dict[str, Any]) -> None:
+    """Serve each of ``handlers`` as the RPC ``prefix + name`` of ``server`` (a scheduler or
+    a worker)."""
     for name, handler in handlers.items():
-        scheduler.handlers[prefix + name] = handler
+        server.handlers[prefix + name] = handler
 
 
 def scheduler_security(scheduler: Any) -> Any:
@@ -125,48 +127,95 @@ def read_resource(scheduler: Any) -> bool:
     )
 
 
-FETCH_CONNECT_TIMEOUT = 1.0  # seconds to reach a worker before trying another holder
+# ---------------------------------------------------------------------- comms, no Client
+def connection_pool(security: Any, connect_timeout: float, limit: int = 64) -> Any:
+    """Dask's pool of comms (``distributed.core.ConnectionPool``) with the client side of
+    ``security`` (a ``distributed.Security``; None: Dask's config, ``distributed.comm.tls.*``).
 
-
-class _QuickConnect:
-    """A client's connection pool that gives up connecting to a worker after ``timeout``.
-
-    Dask retries a refused connection until ``distributed.comm.timeouts.connect`` (30 s by
-    default): a feeder told of a worker that was just killed would wait that long before
-    trying the standby copy or asking the data plane again.
+    Call :func:`start_pool` on the event loop that will use it. A fetching agent uses two:
+    one to the scheduler, one to the workers (with a short ``connect_timeout``: Dask retries
+    a refused connection until ``distributed.comm.timeouts.connect``, and a worker just killed
+    would hold the agent that long before it tries the standby copy).
     """
+    from distributed import Security
+    from distributed.core import ConnectionPool
 
-    def __init__(self, pool: Any, timeout: float) -> None:
-        self._pool = pool
-        self._timeout = timeout
-        self.serializers = pool.serializers
-        self.deserializers = pool.deserializers
-
-    async def connect(self, addr: str, timeout: float | None = None) -> Any:
-        return await self._pool.connect(addr, timeout=self._timeout)
-
-    def reuse(self, addr: str, comm: Any) -> None:
-        self._pool.reuse(addr, comm)
+    args = (security or Security()).get_connection_args("client")
+    return ConnectionPool(limit=limit, connection_args=args, timeout=connect_timeout)
 
 
-def fetch_from_workers(client: Any, who_has: dict[str, list[str]]) -> dict[str, Any]:
-    """Get ``who_has``'s keys straight from the workers holding them (one RPC per worker).
+async def start_pool(pool: Any) -> None:
+    """Start ``pool`` on the running event loop."""
+    await pool.start()
 
-    Returns the values of the keys a listed worker could give; one that left, or lost a key,
-    leaves it out. No futures: the data plane holds the keys until the rank says it has them,
-    so the scheduler is not asked for their state, who has them, or to release them.
+
+async def close_pool(pool: Any) -> None:
+    """Close every comm of ``pool``."""
+    await pool.close()
+
+
+async def rpc(pool: Any, address: str, handler: str, /, **kwargs: Any) -> Any:
+    """Call the handler ``handler`` of the Dask server at ``address`` (a scheduler's
+    ``omniload_*`` handlers, or a worker's :mod:`.serving` handler) through ``pool``; a
+    remote error is raised here."""
+    return await getattr(pool(address), handler)(**kwargs)
+
+
+def open_comms(pool: Any) -> int:
+    """Comms ``pool`` holds open now."""
+    return int(pool.open)
+
+
+def security_of(client: Any) -> Any:
+    """The ``distributed.Security`` a client connects with."""
+    return getattr(client, "security", None)
+
+
+def worker_value(worker: Any, key: str) -> Any:
+    """The value of ``key`` in ``worker``'s memory (unspilled if need be), or None."""
+    return worker.data.get(key)
+
+
+def wire(value: Any) -> Any:
+    """``value`` marked for Dask's serialization in a handler's reply (buffers out of band)."""
+    from distributed.protocol import to_serialize
+
+    return to_serialize(value)
+
+
+def client_stream(client: Any) -> Any:
+    """The stream ``client`` talks to the scheduler over (Dask's reconnect makes a new one)."""
+    return client.scheduler_comm
+
+
+def client_connected(scheduler: Any, client: Any, stream: Any) -> bool:
+    """Whether ``client`` runs on its first ``stream`` and ``scheduler`` knows it.
+
+    A client Dask reconnected (another stream, the same id) is not trusted: the scheduler may
+    remove the old connection's client after the new one registered, and forget every key the
+    client holds without telling it.
     """
-    from distributed.utils_comm import gather_from_workers
+    return (
+        getattr(client, "status", None) == "running"
+        and client.scheduler_comm is stream
+        and client.id in scheduler.clients
+    )
 
-    rpc = _QuickConnect(client.rpc, FETCH_CONNECT_TIMEOUT)
 
-    async def fetch() -> dict[str, Any]:
-        wanted: dict[Any, list[str]] = dict(who_has)
-        data, _, _, _ = await gather_from_workers(wanted, rpc=rpc)  # type: ignore[arg-type]
-        return {str(k): v for k, v in data.items()}
+def unwanted(scheduler: Any, client: Any, keys: Any) -> list[str]:
+    """The ``keys`` that ``scheduler`` no longer keeps for ``client`` (it forgot them)."""
+    state = scheduler.clients.get(client.id)
+    out = []
+    for key in keys:
+        ts = scheduler.tasks.get(key)
+        if state is None or ts is None or state not in ts.who_wants:
+            out.append(key)
+    return out
 
-    result: dict[str, Any] = client.sync(fetch)
-    return result
+
+def break_connection(client: Any) -> None:
+    """Abort ``client``'s connection to the scheduler (tests: a lost connection)."""
+    client.scheduler_comm.comm.abort()
 
 
 def _tasks_running(dask_worker: Any) -> int:

@@ -19,6 +19,7 @@ coordinator by :func:`apply_change`. Stopping is :meth:`RunningJob.final_flush` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ from omniload_dask.cluster import tasks
 from omniload_dask.cluster.checkpointing import open_writer
 from omniload_dask.cluster.executor import ActionExecutor
 from omniload_dask.cluster.running import RunningJob
+from omniload_dask.cluster.serving import PartServer
 from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.errors import CheckpointError, JobError
@@ -45,6 +47,7 @@ from omniload_dask.sources import Catalog
 
 __all__ = [
     "DISCOVERY_TIMEOUT",
+    "RECONNECT_TIMEOUT",
     "DataPlaneClient",
     "PlanChange",
     "Prepared",
@@ -57,30 +60,66 @@ __all__ = [
 ]
 
 DISCOVERY_TIMEOUT = 120.0
+RECONNECT_TIMEOUT = 30.0  # seconds a new data-plane client may take to connect
 DISCOVERY_PRIORITY = 100  # start-up work goes before any job's reads
 # Fields of a plan that a live update may not change (a new job may).
 FIXED_FIELDS = ("seed", "tokenizer", "batch", "layout", "cost", "on_error", "images")
 
 
 class DataPlaneClient:
-    """The data plane's own Dask client, on the scheduler's event loop, made on first use."""
+    """The data plane's own Dask client, on the scheduler's event loop, made on first use.
+
+    Making it also registers :class:`~omniload_dask.cluster.serving.PartServer` on the
+    workers. The plugin's watchdog (:mod:`.watchdog`) asks :meth:`healthy` every second; a
+    client that lost its connection is replaced (:meth:`replace`), never reused after Dask's
+    own reconnect, and the jobs submit what they held again.
+    """
 
     def __init__(self, scheduler: Any) -> None:
         self._scheduler = scheduler
         self._client: Client | None = None
+        self._stream: Any = None
         self._lock = asyncio.Lock()
+        self.replaced = 0  # clients replaced after a lost connection
 
     async def get(self) -> Client:
         """The client (connected to this scheduler, with its security settings)."""
         async with self._lock:
             if self._client is None:
-                self._client = await Client(
-                    self._scheduler.address,
-                    asynchronous=True,
-                    name="omniload-data-plane",
-                    security=_dask.scheduler_security(self._scheduler),
-                    set_as_default=False,
-                )
+                self._client = await self._connect()
+            return self._client
+
+    async def _connect(self) -> Client:
+        client = await Client(
+            self._scheduler.address,
+            asynchronous=True,
+            name="omniload-data-plane",
+            security=_dask.scheduler_security(self._scheduler),
+            set_as_default=False,
+        )
+        self._stream = _dask.client_stream(client)
+        await client.register_plugin(PartServer())
+        return client
+
+    @property
+    def current(self) -> Client | None:
+        """The client made so far, if any."""
+        return self._client
+
+    def healthy(self) -> bool:
+        """Whether the client is still on the connection it was made with."""
+        client = self._client
+        return client is not None and _dask.client_connected(self._scheduler, client, self._stream)
+
+    async def replace(self) -> Client:
+        """Drop the current client (its connection was lost) and connect a new one."""
+        async with self._lock:
+            old, self._client = self._client, None
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(old.close(), 5)
+            self._client = await self._connect()
+            self.replaced += 1
             return self._client
 
     async def close(self) -> None:

@@ -9,8 +9,8 @@ run on the scheduler's single event loop, so nothing needs locks.
 Who does what behind the handlers::
 
     omniload_start                     start a job, or join the running one   lifecycle
-    omniload_batches                   a rank's batches in memory, who has     RunningJob
-                                       them (long-poll)
+    omniload_batches                   an agent's parts of the next steps in   RunningJob
+                                       memory, who has them (long-poll)
     omniload_set_weights, _update_plan live changes                            coordinator,
                                                                                lifecycle
     omniload_stats, _mixture, _steps,  figures                                 stats
@@ -19,15 +19,21 @@ Who does what behind the handlers::
     _flush_checkpoint                                                          RunningJob
     transition / add_worker / ...      tasks done or failed, workers changed   RunningJob
 
+A watchdog checks the data plane's own client every second: one that lost its connection is
+replaced, and every job submits what it held again (never a silent stall); if no new client
+can connect, the jobs fail with an error that says so.
+
 Register it from a client (``Client.register_plugin(OmniloadPlugin())``, what :class:`Job`
 does) or preload it: ``dask scheduler --preload omniload_dask.preload``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -38,6 +44,7 @@ from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers ba
 from omniload_dask.cluster.running import RunningJob
 from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.cluster.tasks import ReadReport
+from omniload_dask.cluster.watchdog import watch_client
 from omniload_dask.errors import JobError, MissingJobError
 from omniload_dask.plan import parse_plan
 
@@ -68,6 +75,7 @@ class OmniloadPlugin(SchedulerPlugin):
         # Resources every read task asks for (None: the workers lack the read resource);
         # decided when workers come and go, not per submitted read.
         self._read_resources: dict[str, int] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ plugin hooks
     async def start(self, scheduler: Any) -> None:
@@ -94,6 +102,9 @@ class OmniloadPlugin(SchedulerPlugin):
             },
         )
         self._standby = StandbyCopies(scheduler)
+        self._watchdog = asyncio.get_running_loop().create_task(
+            watch_client(scheduler, self._client, lambda: list(self.jobs.values()))
+        )
         try:  # watching must never keep the data plane from starting
             from omniload_dask.observe import dashboard
 
@@ -106,6 +117,9 @@ class OmniloadPlugin(SchedulerPlugin):
         from omniload_dask.observe import metrics
 
         metrics.unregister(self)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         for job in list(self.jobs.values()):
             with contextlib.suppress(Exception):
                 await job.final_flush()
@@ -219,25 +233,38 @@ class OmniloadPlugin(SchedulerPlugin):
     async def batches(
         self,
         job: str,
-        rank: int,
-        start: int,
-        count: int,
+        rank: int | None = None,
+        start: int = 0,
+        count: int = 1,
         timeout: float = 2.0,
         report: dict[str, Any] | None = None,
+        ranks: Sequence[int] | None = None,
+        parts: Sequence[Sequence[int]] | None = None,
     ) -> dict[str, Any]:
-        """Long-poll: ``rank``'s batches from ``start`` on (up to ``count``) that are in memory.
+        """Long-poll for a fetching agent: its parts of the steps from ``start`` on (up to
+        ``count``) that are in memory.
 
-        Replies with their keys and the workers holding each (``who_has``), for the feeder to
-        fetch straight from them. Also says that ``rank`` has fetched every step below
-        ``start``: the data plane holds a batch until every rank of its group has said so, so
-        the keys given out stay in memory (or are recomputed) until then.
-        ``report`` carries the feeder's own figures for monitoring (see ``FeederReport``).
+        The agent serves ``ranks`` (or the one ``rank``) and wants the parts ``parts``, each
+        ``[DP group, cp rank]`` (default: what its ranks fetch). The reply holds per ready
+        step one ``[block key, part]`` per part asked, and the workers holding each block
+        (``who_has``), for the agent to fetch straight from them. Asking also says that the
+        agent's ranks have fetched every step below ``start``: the data plane holds a block
+        until every rank of its groups has said so, so the parts given out stay in memory (or
+        are recomputed) until then. ``report`` carries the agent's own figures for monitoring
+        (see ``FeederReport``).
         """
         run = self._job(job)
-        rank, start = _integer("rank", rank), _integer("start", start)
-        count, timeout = _integer("count", count), _number("timeout", timeout)
+        ranks, needs = _agent(run, rank, ranks, parts)
+        start, count = _integer("start", start), _integer("count", count)
+        timeout = _number("timeout", timeout)
         return await run.batches(
-            rank, start, count, timeout, report, lambda key: _dask.holders(self.scheduler, key)
+            ranks,
+            needs,
+            start,
+            count,
+            timeout,
+            report,
+            lambda key: _dask.holders(self.scheduler, key),
         )
 
     # ------------------------------------------------------------------ live changes
@@ -323,6 +350,45 @@ class OmniloadPlugin(SchedulerPlugin):
             del self.jobs[job.name]
         self._runs.pop(job.run_id, None)
         job.stop()
+
+
+def _agent(
+    run: RunningJob,
+    rank: Any,
+    ranks: Any,
+    parts: Any,
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """The ranks a request serves and the parts it wants (default: what its ranks fetch)."""
+    if ranks is None:
+        if rank is None:
+            raise JobError("batches: give rank or ranks")
+        ranks = [rank]
+    elif not isinstance(ranks, (list, tuple)) or not ranks:
+        raise JobError(f"ranks must be a non-empty list of ranks, got {ranks!r}")
+    checked = [_integer("rank", r) for r in ranks]
+    layout = run.plan.layout
+    if parts is None:
+        run.coord.delivery.check_ranks(checked)
+        coords = [layout.coords(r) for r in checked]
+        return checked, list(dict.fromkeys((c["dp"], c["cp"]) for c in coords))
+    if not isinstance(parts, (list, tuple)) or not parts:
+        raise JobError(f"parts must be a non-empty list of [DP group, cp rank], got {parts!r}")
+    return checked, [_need(p, layout.dp, layout.cp) for p in parts]
+
+
+def _need(value: Any, dp: int, cp: int) -> tuple[int, int]:
+    """A part an agent asks for: ``[DP group, cp rank]`` within the layout (errors name it)."""
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+        or not (0 <= value[0] < dp and 0 <= value[1] < cp)
+    ):
+        raise JobError(
+            f"parts: each must be [DP group, cp rank] with group < {dp} and cp rank < {cp}, "
+            f"got {value!r}"
+        )
+    return int(value[0]), int(value[1])
 
 
 def _integer(name: str, value: Any) -> int:

@@ -1,42 +1,49 @@
 """A job running on the scheduler: its coordinator, its futures, and the loop that drives them.
 
 One :class:`RunningJob` per job. Everything on it runs on the scheduler's event loop (handlers,
-plugin hooks, the pump), so nothing needs a lock. Events come in from the plugin (a read or a
-construction finished, a task failed, a rank asked for steps); each one *pokes* the job, and
-one pump task at a time runs the data plane::
+plugin hooks, the pump) except the planning of a step, so nothing needs a lock. Events come in
+from the plugin (a read or a construction finished, a task failed, an agent asked for steps);
+each one *pokes* the job, and one pump task at a time runs the data plane::
 
-    poke()  ->  pump: coord.advance(1 step)  ->  executor.execute(actions)
-                      -> checkpoint tick      ->  wake waiting ranks if a step was drawn,
-                                                  or the job ended or failed
+    poke()  ->  pump: draw a step (on the loop: cheap)
+                      -> plan it (split + recipes) in the planning thread, or inline while
+                         that is quick; the loop serves requests meanwhile
+                      -> commit it: constructions submitted, waiting agents woken
+                      -> reads kept ahead, actions executed, checkpoint tick
                       again while something moved, yielding to the loop in between
 
-Ranks long-poll in :meth:`RunningJob.batches`, woken by :meth:`notify` when a step is drawn
-or one of their batches reaches memory.
+Fetching agents long-poll in :meth:`RunningJob.batches`; each waits on the one thing it needs
+next (a step to be planned, or a block to reach memory, see :class:`Waiters`), so a step
+wakes only the agents it concerns.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from distributed import Future
+from distributed import Client, Future
 
 from omniload_dask.checkpoint import CheckpointWriter
 from omniload_dask.cluster.checkpointing import CheckpointSchedule
 from omniload_dask.cluster.executor import ActionExecutor
 from omniload_dask.cluster.tasks import ReadReport
-from omniload_dask.core.coordinator import Coordinator
+from omniload_dask.cluster.waiters import Waiters
+from omniload_dask.core.coordinator import Coordinator, DrawnStep, PlannedStep
 from omniload_dask.errors import JobError, MissingJobError, OmniloadError
 from omniload_dask.observe.monitoring import JobMonitor
 from omniload_dask.plan import Plan
 
-__all__ = ["RunningJob"]
+__all__ = ["INLINE_PLANNING_MS", "RunningJob"]
 
 logger = logging.getLogger(__name__)
+# A step is planned on the loop while the last one took less than this (a thread hop costs
+# more than a tiny plan), else in the job's planning thread.
+INLINE_PLANNING_MS = 1.0
 
 
 class RunningJob:
@@ -65,10 +72,18 @@ class RunningJob:
         if writer is not None:
             assert plan.checkpoint is not None
             self.checkpoints = CheckpointSchedule(writer, plan.checkpoint, coord, self.poke)
-        self.changed = asyncio.Event()
+        else:
+            coord.recording = False  # no checkpoint: per-step deltas would pile up for ever
+            coord.take_deltas()
+        self.waiters = Waiters()
         self.stopped = False
         self.scheduler_closing = False  # feeders then wait for a new scheduler, not fail
-        self.pumps = 0  # data-plane runs (advance + execute), for diagnostics
+        self.pumps = 0  # data-plane runs (draw/commit + execute), for diagnostics
+        self.requests = 0  # agents' calls to ``batches``
+        self.inline_planning_ms = INLINE_PLANNING_MS
+        self.planned_off_loop = 0  # steps planned in the planning thread
+        self._planner = ThreadPoolExecutor(1, thread_name_prefix=f"omniload-plan-{plan.name}")
+        self._planning: asyncio.Future[PlannedStep | None] | None = None
         self._dirty = False
         self._pump: asyncio.Task[None] | None = None
 
@@ -84,7 +99,7 @@ class RunningJob:
 
     @property
     def futures(self) -> dict[str, Future]:
-        """The futures the job holds, by key (reads and batches in memory or on their way)."""
+        """The futures the job holds, by key (reads and blocks in memory or on their way)."""
         return self.executor.futures
 
     # ------------------------------------------------------------------ events
@@ -95,45 +110,65 @@ class RunningJob:
         self._keep_copy(key)  # shards too: a lost worker then costs no re-read
 
     def on_batch_done(self, key: str, seconds: float | None) -> None:
-        """A constructed batch (or a context-parallel slice of one) is in memory."""
-        self.notify()  # ranks long-polling for this batch can fetch it now
-        if not key.rsplit("-", 1)[-1].startswith("cp"):  # slices are not constructions
-            self.monitor.on_batch_built()
-            if seconds is not None:
-                self.coord.on_construct(seconds)
+        """A constructed block is in memory: wake the agents waiting for it."""
+        self.waiters.key_ready(key)
+        self.monitor.on_batch_built()
+        if seconds is not None:
+            self.coord.on_construct(seconds)
         self._keep_copy(key)
 
     def on_task_failed(self, key: str, text: str) -> None:
         """A task of the job failed for good: the job fails with its error."""
         self.coord.on_failure(key, text)
+        self.waiters.wake_all()
 
     def on_workers(self, workers: int, threads: int) -> None:
         """The cluster's workers changed (read quotas count their threads)."""
         self.coord.on_workers(workers, threads)
         self.poke()
 
-    # ------------------------------------------------------------------ ranks
+    def on_client_lost(self, client: Client) -> int:
+        """The data plane's client lost what it held: submit it again on ``client``."""
+        count = self.executor.resubmit(client)
+        logger.warning(
+            "omniload job %s: the data plane's client lost its connection; %d tasks submitted "
+            "again",
+            self.name,
+            count,
+        )
+        self.poke()
+        return count
+
+    # ------------------------------------------------------------------ agents
     async def batches(
         self,
-        rank: int,
+        ranks: Sequence[int],
+        needs: Sequence[tuple[int, int]],
         start: int,
         count: int,
         timeout: float,
         report: dict[str, Any] | None,
         locate: Callable[[str], list[str] | None],
     ) -> dict[str, Any]:
-        """Long-poll: ``rank``'s batches from ``start`` on (up to ``count``) that are in memory.
+        """Long-poll: the parts ``needs`` (``(group, cp)`` each) of the steps from ``start``
+        on (up to ``count``) that are in memory, for an agent serving ``ranks``.
 
         ``locate(key)`` names the workers holding a key in memory (None: not in memory). The
-        reply holds the keys ready, in step order, and who has each; the wait ends when at
-        least one is ready, the stream ended, or ``timeout`` seconds passed.
+        reply holds, per ready step in order, one ``[block key, part]`` per need, and who has
+        each block; the wait ends when at least one step is ready, the stream ended, or
+        ``timeout`` seconds passed.
         """
         coord = self.coord
         now = time.time()
-        coord.on_request(rank, start, count, now)
-        self.monitor.on_progress(now, min(r.position for r in coord.ranks.values()))
-        if report is not None:
-            self.monitor.on_feeder(rank, now, report)
+        self.requests += 1
+        coord.on_request(ranks, start, count, now)
+        self.monitor.on_progress(now, coord.delivery.slowest())
+        if report:
+            own = report.get("ranks")  # a node agent sends each of its ranks' own figures
+            for rank in ranks:
+                mine = own.get(str(rank)) if isinstance(own, dict) else report
+                if mine:
+                    self.monitor.on_feeder(int(rank), now, mine)
         self.poke()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, float(timeout))
@@ -142,35 +177,51 @@ class RunningJob:
                 raise MissingJobError(f"job {self.name!r}: the scheduler is shutting down")
             if coord.error:
                 raise JobError(f"job {self.name!r} failed: {coord.error}")
-            keys = []
-            for step in range(start, start + count):
-                key = coord.batch_for(rank, step)
-                if key is None:
-                    break
-                keys.append(key)
-            if coord.has_actions():
-                self.poke()  # batch_for queued a rebuild of a released step
-            ready, who_has = [], {}
-            for key in keys:
-                where = locate(key)
-                if where is None:
-                    break
-                ready.append(key)
-                who_has[key] = where
+            if self.stopped:
+                raise JobError(f"job {self.name!r} was stopped")
+            ready, who_has, blocker = self._ready(needs, start, count, locate)
             remaining = deadline - loop.time()
             ended = coord.end_step is not None and start + len(ready) >= coord.end_step
             if ready or remaining <= 0 or ended:
                 break
-            if self.stopped:
-                raise JobError(f"job {self.name!r} was stopped")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), remaining)
-        return {"start": start, "keys": ready, "who_has": who_has, "end": coord.end_step}
+            await self.waiters.wait(blocker, remaining)
+        return {"start": start, "parts": ready, "who_has": who_has, "end": coord.end_step}
 
-    def notify(self) -> None:
-        """Wake every rank waiting in :meth:`batches`."""
-        self.changed.set()
-        self.changed = asyncio.Event()
+    def _ready(
+        self,
+        needs: Sequence[tuple[int, int]],
+        start: int,
+        count: int,
+        locate: Callable[[str], list[str] | None],
+    ) -> tuple[list[list[list[Any]]], dict[str, list[str]], int | str]:
+        """The ready steps' parts, who has their blocks, and what the first step not ready
+        waits for (its step number: to be planned; a key: to reach memory)."""
+        coord = self.coord
+        ready: list[list[list[Any]]] = []
+        who_has: dict[str, list[str]] = {}
+        blocker: int | str = start
+        for step in range(start, start + count):
+            refs = []
+            for group, cp in needs:
+                part = coord.part_for(group, cp, step)
+                if part is None:
+                    blocker = step
+                    break
+                key = part[0]
+                if key not in who_has:
+                    where = locate(key)
+                    if where is None:
+                        blocker = key
+                        break
+                    who_has[key] = where
+                refs.append([key, part[1]])
+            else:
+                ready.append(refs)
+                continue
+            break
+        if coord.has_actions():
+            self.poke()  # part_for queued a rebuild of a released step
+        return ready, who_has, blocker
 
     # ------------------------------------------------------------------ the data plane
     def poke(self) -> None:
@@ -185,28 +236,56 @@ class RunningJob:
         while self._dirty and not self.stopped:
             self._dirty = False
             self.pumps += 1
-            before = (coord.next_step, coord.end_step, coord.error)
+            before = (coord.planned_step, coord.end_step, coord.error)
             actions: list[Any] = []
             try:
-                actions = coord.advance(max_steps=1)
+                self._step()
+                actions = coord.take_actions()
                 self.executor.execute(actions)
             except OmniloadError as exc:
                 coord.error = coord.error or str(exc)
             except Exception as exc:  # a bug: surface it to feeders instead of stalling them
                 logger.exception("omniload data plane failed")
                 coord.error = coord.error or f"internal error: {exc!r}"
-            moved = (coord.next_step, coord.end_step, coord.error) != before
-            if moved or actions:
+            after = (coord.planned_step, coord.end_step, coord.error)
+            if after != before or actions:
                 self._dirty = True
+            if after[0] != before[0]:
+                self.waiters.planned(after[0])
+            if after[1:] != before[1:]:
+                self.waiters.wake_all()  # the stream ended or the job failed
             if self.checkpoints is not None:
                 self.checkpoints.tick()
-            if moved:
-                # Waiting feeders look again only when a step was drawn or the job ended or
-                # failed (a batch reaching memory wakes them in ``on_batch_done``): waking
-                # them on every pump would have them poke the pump again, a busy loop while
-                # reads run.
-                self.notify()
             await asyncio.sleep(0)
+
+    def _step(self) -> None:
+        """Commit the step planned in the thread, or draw the next one and plan it."""
+        coord = self.coord
+        if self._planning is not None:
+            if not self._planning.done():
+                return  # its completion pokes the pump
+            planning, self._planning = self._planning, None
+            planned = planning.result()
+            if planned is not None:
+                coord.commit_step(planned)
+            return
+        drawn = coord.draw_step()
+        if drawn is None:
+            return
+        timing = coord.figures.timing
+        if timing.get("split_ms", 0.0) + timing.get("recipes_ms", 0.0) < self.inline_planning_ms:
+            planned = coord.plan_step(drawn)
+            if planned is not None:
+                coord.commit_step(planned)
+            return
+        self._plan_off_loop(drawn)
+
+    def _plan_off_loop(self, drawn: DrawnStep) -> None:
+        """Plan ``drawn`` in the planning thread; its end pokes the pump, which commits it."""
+        loop = asyncio.get_running_loop()
+        self.planned_off_loop += 1
+        self._planning = loop.run_in_executor(self._planner, self.coord.plan_step, drawn)
+        self._planning.add_done_callback(lambda _: None if self.stopped else self.poke())
 
     async def final_flush(self) -> None:
         """Write the checkpoint's pending deltas now (no-op without a checkpoint)."""
@@ -219,9 +298,10 @@ class RunningJob:
         if self._pump is not None:
             self._pump.cancel()
             self._pump = None
+        self._planner.shutdown(wait=False, cancel_futures=True)
         self.executor.release_all()
         self.coord.error = self.coord.error or "job stopped"
-        self.notify()
+        self.waiters.wake_all()
 
     # ------------------------------------------------------------------ helpers
     def _on_report(self, key: str, report: ReadReport, seconds: float | None) -> None:

@@ -1,9 +1,10 @@
 """Sizes of shards and batches for Dask's memory accounting (``dask.sizeof``).
 
-Read tasks return :class:`~omniload_dask.batching.formats.Shard` and construct tasks
+Read tasks return :class:`~omniload_dask.batching.formats.Shard` and construct tasks a
+:class:`~omniload_dask.batching.formats.BatchBlock` of
 :class:`~omniload_dask.batching.formats.GroupBatch`: without these registrations Dask would
 count each as a small Python object, and workers would hold far more memory than they report.
-Importing this module registers both; :mod:`.tasks` (what workers import) and :mod:`.plugin`
+Importing this module registers them; :mod:`.tasks` (what workers import) and :mod:`.plugin`
 import it.
 """
 
@@ -12,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 from dask.sizeof import sizeof
 
-from omniload_dask.batching.formats import GroupBatch, Shard
+from omniload_dask.batching.formats import BatchBlock, GroupBatch, Shard
 
-__all__ = ["sizeof_batch", "sizeof_shard"]
+__all__ = ["sizeof_batch", "sizeof_block", "sizeof_shard"]
 
 
 @sizeof.register(Shard)
@@ -33,3 +34,9 @@ def sizeof_batch(batch: GroupBatch) -> int:
         for v in mb.values()
         if isinstance(v, np.ndarray)
     ) + 256 * len(batch.micro_batches)
+
+
+@sizeof.register(BatchBlock)
+def sizeof_block(block: BatchBlock) -> int:
+    """Bytes of every part of a block."""
+    return sum(sizeof_batch(b) for b in block.parts.values()) + 64 * len(block.parts)

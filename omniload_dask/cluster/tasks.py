@@ -1,9 +1,11 @@
-"""The functions that run on Dask workers: discover, read (+ tokenize), construct, slice.
+"""The functions that run on Dask workers: discover, read (+ tokenize), construct blocks.
 
 They keep nothing between calls: a read task gets one unit, returns a :class:`Shard` that stays
 in worker memory, and attaches the shard's sample lengths for the data plane to the task's
 finished message (:class:`ReadReport` reads it back on the scheduler). A construct task gets
-a :class:`Recipe` and the shards it names.
+the :class:`Recipe` of each DP group of its block and the shards they name, and returns a
+:class:`BatchBlock` (with context parallelism, of each group's slices), from which fetchers
+take their own parts (:mod:`.serving`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from typing import Any
 import numpy as np
 
 from omniload_dask.batching.context_parallel import slice_batch
-from omniload_dask.batching.formats import GroupBatch, ImageTable, Recipe, Shard, build
+from omniload_dask.batching.formats import (
+    BatchBlock,
+    GroupBatch,
+    ImageTable,
+    Recipe,
+    Shard,
+    build,
+)
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.errors import RecordError, SourceError
@@ -31,8 +40,9 @@ __all__ = [
     "ReadReport",
     "check_tokenizer",
     "construct",
-    "cp_slice",
+    "construct_block",
     "discover",
+    "group_parts",
     "read_unit",
     "report_of",
 ]
@@ -275,6 +285,20 @@ def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:
     return build(recipe, list(shards), wire=True)
 
 
-def cp_slice(batch: GroupBatch, cp: int, rank: int) -> GroupBatch:
-    """Context-parallel rank ``rank``'s slice of a constructed batch (in full form)."""
-    return slice_batch(batch, cp, rank)
+def group_parts(whole: GroupBatch, group: int, cp: int) -> dict[int, GroupBatch]:
+    """Group ``group``'s parts: its batch (wire form), or with ``cp`` > 1 each context-parallel
+    rank's slice of it (full form), by part number (``group * cp + c``)."""
+    if cp <= 1:
+        return {group: whole}
+    return {group * cp + c: slice_batch(whole, cp, c) for c in range(cp)}
+
+
+def construct_block(
+    recipes: tuple[Recipe, ...], uses: tuple[tuple[int, ...], ...], cp: int, *shards: Shard
+) -> BatchBlock:
+    """Build a block of DP groups' batches: recipe i from the shards ``uses[i]`` names."""
+    parts: dict[int, GroupBatch] = {}
+    for recipe, use in zip(recipes, uses, strict=True):
+        whole = construct(recipe, *[shards[i] for i in use])
+        parts.update(group_parts(whole, recipe.group, cp))
+    return BatchBlock(parts)

@@ -7,8 +7,10 @@ What each module owns (the scheduler plugin and ``testing.InlineDataPlane`` driv
     live          the sources as they change: streams, caps, weight schedule, change log
     streams       one source's sample stream: unit and row order per epoch, the read cursor
     draw          drawing a global batch from the sources' next documents (the mixer)
+    stepping      the step cycle: draw, plan, commit, in order (planning may run elsewhere)
     planning      a drawn step's split among the DP groups, and each group's recipe
-    delivery      which batch each rank gets: positions, held keys, rebuilds
+    delivery      which batch each rank gets: blocks held, parts, rebuilds
+    positions     the ranks' positions, per DP group and job-wide, kept incrementally
     reads         which read units to submit: windows, quotas, parts, cost meters
     autoscale     read task sizes, quotas and worker counts from measured costs
     figures       counters, per-step figures, planning times, the realised mixture

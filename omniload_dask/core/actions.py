@@ -3,8 +3,14 @@
 ::
 
     SubmitRead(ReadSpec("omniload-read-r1-0-0-3", source=0, file_index=2, ...), lead=1.5)
-    SubmitConstruct("omniload-batch-r1-7-0", recipe, reads=(spec_a, spec_b))
+    SubmitConstruct("omniload-batch-r1-7-0", recipes=(recipe_g0, recipe_g1),
+                    reads=(spec_a, spec_b, spec_c), uses=((0, 1), (2, 0)))
     Release(("omniload-read-r1-0-0-3", "omniload-batch-r1-6-0"))
+
+A construction builds a *block*: the batches of several DP groups of one step in one task
+(``loader.groups_per_task``), so the scheduler's work follows blocks, not groups. Each read
+of the block appears once in ``reads``; ``uses[i]`` lists, for recipe i's shard slots in
+order, their indices into ``reads``.
 
 The coordinator returns these from :meth:`~omniload_dask.core.coordinator.Coordinator.advance`; the
 scheduler plugin (or :class:`~omniload_dask.testing.InlineDataPlane`) carries them out.
@@ -43,12 +49,22 @@ class SubmitRead:
 
 @dataclass(frozen=True)
 class SubmitConstruct:
-    """Build one group's batch; with ``slices``, also cut slice c of it under ``slices[c]``."""
+    """Build a block of DP groups' batches (one recipe each) under one key.
+
+    With ``cp`` > 1 the block holds each group's context-parallel slices instead of the whole
+    batch (part ``group * cp + c``, see :class:`~omniload_dask.core.keys.Keys`).
+    """
 
     key: str
-    recipe: Recipe
-    reads: tuple[ReadSpec, ...]  # in shard-slot order
-    slices: tuple[str, ...] = ()
+    recipes: tuple[Recipe, ...]
+    reads: tuple[ReadSpec, ...]  # each read of the block once
+    uses: tuple[tuple[int, ...], ...]  # per recipe: its shard slots as indices into reads
+    cp: int = 1
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """The DP groups whose batches the block holds."""
+        return tuple(r.group for r in self.recipes)
 
 
 @dataclass(frozen=True)

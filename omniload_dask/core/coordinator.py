@@ -6,19 +6,28 @@ construction, release keys). Everything that decides *which* samples form global
 here and depends only on the plan, the seed, t and the reported lengths, never on timing::
 
     ranks ask for steps  ->  draw step t when every source's next documents are known
-                             (mixing.Mixer picks them, balance.balance splits them by cost)
-                         ->  one SubmitConstruct per DP group (plus, with context
-                             parallelism, one slice per cp rank: key suffix -cp{c}), keys
-                             released once all the ranks of the group have fetched the step
+                             (mixing.Mixer picks them)                    draw_step
+                         ->  split it among the DP groups by cost and     plan_step (pure:
+                             write each group's recipe                     may run off the
+                                                                           adapter's loop)
+                         ->  one SubmitConstruct per block of DP groups   commit_step
+                             (with context parallelism each group's cp
+                             slices); blocks released once every rank of
+                             their groups has fetched the step
 
-Tensor- and pipeline-parallel ranks of a group fetch the same key; context-parallel rank c
-fetches slice c, so no rank loads what a peer already loaded.
+Tensor- and pipeline-parallel ranks of a group fetch the same part of a block; context-parallel
+rank c fetches slice c, so no rank loads what a peer already loaded.
 
 :class:`Coordinator` is the facade over parts that each own one concern and get what they need
 passed in: the sources and their live changes (:mod:`.live`), the draw (:mod:`.draw`), the
 split into recipes (:mod:`.planning`), which batch each rank gets (:mod:`.delivery`), read-ahead
 (:mod:`.reads`) and figures (:mod:`.figures`). Its state as plain data for checkpoints is
 :mod:`.state`, its actions are in :mod:`.actions` and task keys in :mod:`.keys`.
+
+:meth:`Coordinator.advance` runs the three phases of each step inline. An adapter that must not
+block (the scheduler plugin) calls them one by one and runs :meth:`Coordinator.plan_step`, the
+costly one, in a thread: between a draw and its commit the step is *in flight* (``busy``);
+the draw has moved the cursors and ``next_step``, so live changes take effect after it.
 
 Read units are submitted ahead of need (a window per source that covers the steps drawn ahead),
 and released as soon as the cursor has passed them and their constructions are submitted. How
@@ -28,7 +37,6 @@ and each source keeps at most its quota of reads in flight; neither changes the 
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -37,20 +45,30 @@ import numpy as np
 
 from omniload_dask.batching.mixing import WeightSchedule
 from omniload_dask.core.actions import Action, ReadSpec, Release, SubmitConstruct, SubmitRead
-from omniload_dask.core.delivery import Delivery, RankState, StepRecord
-from omniload_dask.core.draw import Documents, Drawer
+from omniload_dask.core.delivery import Delivery, Part
+from omniload_dask.core.draw import Drawer
 from omniload_dask.core.figures import Figures, StepFigures
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import LiveSources
-from omniload_dask.core.planning import StepPlanner
+from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
 from omniload_dask.core.reads import ReadAhead
 from omniload_dask.core.state import StateRecorder, restore, snapshot
+from omniload_dask.core.stepping import StepCycle
 from omniload_dask.core.streams import SourceStream
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan, SourceSpec
 from omniload_dask.sources import Catalog
 
-__all__ = ["Coordinator", "ReadSpec", "Release", "StepFigures", "SubmitConstruct", "SubmitRead"]
+__all__ = [
+    "Coordinator",
+    "DrawnStep",
+    "PlannedStep",
+    "ReadSpec",
+    "Release",
+    "StepFigures",
+    "SubmitConstruct",
+    "SubmitRead",
+]
 
 
 class Coordinator:
@@ -77,9 +95,11 @@ class Coordinator:
         self.delivery = Delivery(plan, self.keys, start_step)
         self.figures = Figures(plan.layout.dp, self.planner.declared_micro_steps)
         self.recorder = StateRecorder(self.sources, self.drawer, self.figures)
-        self.end_step: int | None = None  # the stream ends here (every source exhausted)
-        self.next_step = 0
+        self.cycle = StepCycle(
+            self.sources, self.drawer, self.planner, self.reads, self.delivery, self.figures
+        )
         self.error: str | None = None
+        self.recording = True  # per-step deltas for a checkpoint (off: none pile up)
         self._actions: list[Action] = []
 
     # -- the parts' state, as other code reads it ----------------------------------------------
@@ -109,9 +129,24 @@ class Coordinator:
         self.sources.schedule = schedule
 
     @property
-    def ranks(self) -> dict[int, RankState]:
-        """Each trainer rank's position and request."""
-        return self.delivery.ranks
+    def next_step(self) -> int:
+        """The first step not drawn."""
+        return self.cycle.next_step
+
+    @property
+    def end_step(self) -> int | None:
+        """The stream ends before this step (every source exhausted), once known."""
+        return self.cycle.end_step
+
+    @property
+    def planned_step(self) -> int:
+        """The first step not planned (committed): ranks can fetch the steps below it."""
+        return self.cycle.planned_step
+
+    @property
+    def busy(self) -> bool:
+        """A step is drawn but not committed: the state is between two steps (no snapshot)."""
+        return self.cycle.in_flight is not None
 
     @property
     def history(self) -> deque[StepFigures]:
@@ -141,7 +176,12 @@ class Coordinator:
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The full data-plane state at the first undrawn step (plain data; see :mod:`.state`)."""
+        """The full data-plane state at the first undrawn step (plain data; see :mod:`.state`).
+
+        Not while a step is in flight (``busy``): its figures are not counted yet.
+        """
+        if self.busy:
+            raise JobError("internal error: state_dict() while a step is being planned")
         return snapshot(self.next_step, self.end_step, self.sources, self.drawer, self.figures)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -149,8 +189,9 @@ class Coordinator:
 
         Changes logged for later steps (sources joining or leaving) are scheduled again.
         """
-        self.next_step, self.end_step = restore(state, self.sources, self.drawer, self.figures)
-        self.delivery.restart_at(self.next_step)
+        step, end = restore(state, self.sources, self.drawer, self.figures)
+        self.cycle.next_step, self.cycle.end_step = step, end
+        self.delivery.restart_at(step)
         self.recorder = StateRecorder(self.sources, self.drawer, self.figures)
 
     def take_deltas(self) -> list[dict[str, Any]]:
@@ -195,22 +236,68 @@ class Coordinator:
         if self.error is None and key.startswith("omniload-"):
             self.error = message
 
-    def on_request(self, rank: int, start: int, count: int, now: float = 0.0) -> None:
-        """Rank ``rank`` has fetched every step below ``start`` and asks for ``count`` more."""
+    def on_request(
+        self, rank: int | Sequence[int], start: int, count: int, now: float = 0.0
+    ) -> None:
+        """Rank ``rank`` (or each of the ranks one fetching agent serves) has fetched every
+        step below ``start`` and asks for ``count`` more."""
         self._actions += self.delivery.request(rank, start, count, now)
 
     # -- decisions ---------------------------------------------------------------------------
     def advance(self, max_steps: int | None = None) -> list[Action]:
-        """Draw what can be drawn (at most ``max_steps``), keep reads ahead, return actions."""
+        """Draw, plan and commit what can be drawn (at most ``max_steps``), keep reads ahead,
+        return actions: the three phases of each step inline."""
+        drawn = 0
+        while max_steps is None or drawn < max_steps:
+            step = self.draw_step()
+            if step is None:
+                break
+            planned = self.plan_step(step)
+            if planned is not None:
+                self.commit_step(planned)
+            drawn += 1
+        return self.take_actions()
+
+    def draw_step(self) -> DrawnStep | None:
+        """Draw the next step if the ranks want it and its documents are known, else None.
+
+        Its cursors move now (and ``next_step``); :meth:`plan_step` and :meth:`commit_step`
+        must follow before the next draw.
+        """
+        if self.error is not None or self.busy:
+            return None
+        if self.next_step >= self.delivery.draw_target():
+            return None
+        try:
+            drawn, actions = self.cycle.draw()
+        except JobError as exc:
+            self.error = str(exc)
+            return None
+        self._actions += actions
+        return drawn
+
+    def plan_step(self, drawn: DrawnStep) -> PlannedStep | None:
+        """Split a drawn step among the DP groups and write the recipes (None on a job error).
+
+        Pure: reads only ``drawn`` and the plan, so it may run in another thread while the
+        adapter serves requests.
+        """
+        try:
+            return self.planner.plan(drawn)
+        except JobError as exc:
+            self.error = self.error or str(exc)
+            return None
+
+    def commit_step(self, planned: PlannedStep) -> None:
+        """Submit a planned step's constructions, count it, and let ranks fetch it."""
+        self._actions += self.cycle.commit(planned)
+        if self.recording:
+            self.recorder.after_step(planned.drawn.step, self.end_step)
+
+    def take_actions(self) -> list[Action]:
+        """Keep reads ahead, then hand over every action queued since the last call."""
         if self.error is None:
             try:
-                drawn = 0
-                while (
-                    (max_steps is None or drawn < max_steps)
-                    and self.next_step < self.delivery.draw_target()
-                    and self._draw()
-                ):
-                    drawn += 1
                 self._submit_reads()
             except JobError as exc:
                 self.error = str(exc)
@@ -221,15 +308,18 @@ class Coordinator:
         """Whether actions wait for the next :meth:`advance` (e.g. a rebuild just queued)."""
         return bool(self._actions)
 
-    def batch_for(self, rank: int, step: int) -> str | None:
-        """The key ``rank`` fetches for ``step`` if drawn (rebuilt if released), else None.
+    def batch_for(self, rank: int, step: int) -> Part | None:
+        """What ``rank`` fetches for ``step`` once planned, ``(block key, part)``, else None
+        (a released step is rebuilt): its DP group's batch, or its cp rank's slice of it."""
+        group, cp = self.delivery.coords(rank)
+        return self.part_for(group, cp, step)
 
-        That is its DP group's batch, or with context parallelism its cp rank's slice of it.
-        """
-        key, rebuild = self.delivery.batch_for(rank, step, self.next_step)
+    def part_for(self, group: int, cp: int, step: int) -> Part | None:
+        """What DP group ``group``'s cp rank ``cp`` fetches for ``step``, as :meth:`batch_for`."""
+        part, rebuild = self.delivery.part_for(group, cp, step, self.planned_step)
         if rebuild is not None:
             self._actions.append(rebuild)
-        return key
+        return part
 
     # -- figures -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -270,65 +360,8 @@ class Coordinator:
     def _logged(self, entry: dict[str, Any]) -> None:
         self.recorder.log(entry)
 
-    def _apply_changes(self, step: int) -> None:
-        """Put the source changes due at ``step`` into effect, in every part."""
-        while (applied := self.sources.apply_next(step)) is not None:
-            if applied.joined is not None:
-                self.drawer.add_source()
-                self.reads.add_source()
-            for unit in applied.dropped:
-                self.reads.forget(unit)
-            if applied.dropped:
-                self._actions.append(Release(tuple(k for u in applied.dropped for k in u.keys)))
-
     def _submit_reads(self) -> None:
         # Read ahead for sources that take part now or within the lookahead (schedules).
         horizon = self.next_step + self.plan.loader.lookahead
         weights = np.maximum(self.weights_at(self.next_step), self.weights_at(horizon))
         self._actions += self.reads.submit(weights, self.drawer.starved)
-
-    def _draw(self) -> bool:
-        """Draw global batch ``next_step``; False if some source must report first."""
-        started = time.perf_counter()
-        self._apply_changes(self.next_step)
-        weights = self.weights_at(self.next_step)
-        if not (weights > 0).any():
-            self.end_step = self.next_step  # nothing left to draw from: the stream ends
-            return False
-        docs = self.drawer.draw(self.next_step, weights)
-        if docs is None:
-            return False
-        if len(docs.sources) == 0:  # every source with weight ran out during this step
-            self.end_step = self.next_step
-            return False
-        self._commit(docs)
-        self.recorder.after_step(self.next_step - 1, self.end_step)
-        self.figures.planned((time.perf_counter() - started) * 1e3)
-        return True
-
-    def _commit(self, docs: Documents) -> None:
-        """Split drawn step ``next_step`` into recipes, submit its constructions, move on."""
-        step = self.next_step
-        t0 = time.perf_counter()
-        split = self.planner.split(docs.sources, docs.lengths, docs.extra)
-        t1 = time.perf_counter()
-        specs = [
-            self.reads.read_spec(s, *u) for s, u in zip(docs.slot_source, docs.slots, strict=True)
-        ]
-        recipes, reads = self.planner.recipes(step, split, docs, specs)
-        self.figures.timing.update(
-            split_ms=(t1 - t0) * 1e3, recipes_ms=(time.perf_counter() - t1) * 1e3
-        )
-        self._actions += self.delivery.offer(step, recipes, reads)
-        n = len(self.streams)
-        source_tokens = np.bincount(docs.sources, weights=docs.lengths, minlength=n)
-        record = StepRecord(recipes, reads, split.group_costs, split.group_tokens, source_tokens)
-        self.figures.record(
-            step, split, docs.lengths, source_tokens, docs.sources, self.drawer.weights
-        )
-        if docs.finished:
-            self._actions.append(Release(tuple(k for u in docs.finished for k in u.keys)))
-            for u in docs.finished:
-                self.reads.forget(u)
-        self.next_step += 1
-        self.delivery.keep(step, record, self.next_step)

@@ -1,16 +1,20 @@
-"""Which batch each rank gets: ranks' positions, the batches held for them, rebuilds.
+"""Which batch each rank gets: ranks' positions, the blocks held for them, rebuilds.
 
-One batch is built per (step, DP group); every tensor- and pipeline-parallel rank of the group
-fetches that key, and context-parallel rank c fetches slice c of it. A batch is held until
-every rank of its group has fetched its step, then released; a rank that comes back for a
-released step gets it rebuilt from the step's kept recipe (the last ``loader.retain_steps``
-steps are kept)::
+One block task builds the batches of ``groups_per_task`` DP groups of a step (see
+:mod:`.keys`); every tensor- and pipeline-parallel rank of a group fetches its group's part of
+the block, and context-parallel rank c its slice c. A group's share of a block is held until
+every rank of the group has fetched the step; the block is released when no group holds it.
+A rank that comes back for a released step gets its group's batch rebuilt, alone, from the
+step's kept recipe (the last ``loader.retain_steps`` steps are kept)::
 
-    dp=2, tp=2 (default order): ranks 0, 1 -> group 0, ranks 2, 3 -> group 1
-    step 5 drawn          hold 5/g0, 5/g1
+    dp=2, tp=2, one group per block: ranks 0, 1 -> group 0, ranks 2, 3 -> group 1
+    step 5 drawn          hold block 5/0 (group 0), block 5/1 (group 1)
     rank 0 asks from 6    rank 1 has not fetched step 5 yet: nothing released
-    rank 1 asks from 6    every rank of group 0 is past 5: release 5/g0
-    rank 1 asks for 5     5/g0 rebuilt as omniload-batch-...-5-0-r1, held again
+    rank 1 asks from 6    every rank of group 0 is past 5: release block 5/0
+    rank 1 asks for 5     group 0 rebuilt as omniload-batch-...-5-g0-r1, held again
+
+A request names the ranks one fetching agent serves (one rank, a model-parallel group, or a
+node's ranks); its cost follows those ranks, not the job's (see :mod:`.positions`).
 
 Pure: no I/O and no Dask.
 """
@@ -18,7 +22,9 @@ Pure: no I/O and no Dask.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,10 +32,22 @@ import numpy as np
 from omniload_dask.batching.formats import Recipe
 from omniload_dask.core.actions import ReadSpec, Release, SubmitConstruct
 from omniload_dask.core.keys import Keys
+from omniload_dask.core.positions import RankPositions
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan
 
-__all__ = ["Delivery", "RankState", "StepRecord"]
+__all__ = ["BLOCKS_PER_STEP", "Delivery", "Part", "RankState", "StepRecord", "groups_per_task"]
+
+BLOCKS_PER_STEP = 8  # with loader.groups_per_task 0 (auto): about this many block tasks a step
+
+Part = tuple[str, int]  # (block key, part): what one rank fetches for one step
+
+
+def groups_per_task(plan: Plan) -> int:
+    """DP groups per block task: ``loader.groups_per_task``, or (0) enough for about
+    :data:`BLOCKS_PER_STEP` blocks a step (one group per task up to dp 8)."""
+    given = plan.loader.groups_per_task
+    return given if given > 0 else max(1, math.ceil(plan.layout.dp / BLOCKS_PER_STEP))
 
 
 @dataclass
@@ -54,59 +72,77 @@ class RankState:
 
 
 class Delivery:
-    """Ranks' positions, the batch keys held per (step, group), and the steps kept."""
+    """Ranks' positions, the block keys held per (step, group), and the steps kept."""
 
     def __init__(self, plan: Plan, keys: Keys, start_step: int = 0) -> None:
         """Every rank of ``plan.layout`` at ``start_step``; nothing held yet."""
         self.layout = plan.layout
         self._keys = keys
         self._loader = plan.loader
+        self.block_size = groups_per_task(plan)
         self.steps: dict[int, StepRecord] = {}
         self.held: dict[tuple[int, int], str] = {}
+        self._block_left: Counter[str] = Counter()  # groups a held block still serves
         self._held_steps: list[list[int]] = [[] for _ in range(self.layout.dp)]  # heaps
         self._held_count: Counter[int] = Counter()  # groups holding each step
-        self._group_ranks = [self.layout.group_ranks(g) for g in range(self.layout.dp)]
-        self.ranks = {r: RankState(start_step, start_step) for r in range(self.layout.world_size)}
+        self.where = RankPositions(self.layout, start_step)
 
-    def request(self, rank: int, start: int, count: int, now: float) -> list[Release]:
-        """Rank ``rank`` has fetched every step below ``start`` and asks for ``count`` more;
-        returns the release of its group's batches that every rank has now fetched."""
-        if rank not in self.ranks:
-            raise JobError(
-                f"rank {rank} is not in the layout (world size "
-                f"{self.layout.world_size}: {self._layout_text()})"
+    @property
+    def ranks(self) -> dict[int, RankState]:
+        """Each rank's position and request, as plain objects (built on demand: O(ranks))."""
+        w = self.where
+        return {
+            r: RankState(int(p), int(e), float(t))
+            for r, (p, e, t) in enumerate(
+                zip(w.position.tolist(), w.requested.tolist(), w.last_seen.tolist(), strict=True)
             )
+        }
+
+    def slowest(self) -> int:
+        """The smallest position of any rank: every rank has fetched every step below it."""
+        return self.where.slowest
+
+    def request(
+        self, ranks: int | Sequence[int], start: int, count: int, now: float
+    ) -> list[Release]:
+        """``ranks`` (one agent's) have fetched every step below ``start`` and ask for
+        ``count`` more; returns the release of blocks that every rank has now fetched."""
+        chosen = self.check_ranks(ranks)
         if start < 0 or count < 1:
             raise JobError(
-                f"request for rank {rank}: start must be >= 0 and count >= 1, "
+                f"request for rank {int(chosen[0])}: start must be >= 0 and count >= 1, "
                 f"got start={start}, count={count}"
             )
-        state = self.ranks[rank]
-        state.position = start
-        state.requested_end = start + count
-        state.last_seen = now
-        return self._release_fetched(self.layout.coords(rank)["dp"])
+        keys: list[str] = []
+        for group in self.where.move(chosen, start, start + count, now):
+            keys += self._release_fetched(group)
+        return [Release(tuple(keys))] if keys else []
 
     def draw_target(self) -> int:
         """Draw the steps below this one: the furthest request and the lookahead, but never
         far beyond the slowest rank (held batches take worker memory)."""
         loader = self._loader
-        furthest = max(r.requested_end for r in self.ranks.values())
-        slowest = min(r.position for r in self.ranks.values())
         window = 4 * (loader.prefetch + loader.lookahead) + 8
-        return min(furthest + loader.lookahead, slowest + window)
+        return min(self.where.furthest + loader.lookahead, self.where.slowest + window)
 
     def offer(
         self, step: int, recipes: list[Recipe], reads: list[tuple[ReadSpec, ...]]
     ) -> list[SubmitConstruct]:
-        """Hold and build the batches of a drawn step for the groups that will fetch it."""
+        """Hold and build a drawn step's blocks, for the groups that will fetch it."""
         out = []
-        for g, (recipe, group_reads) in enumerate(zip(recipes, reads, strict=True)):
-            if all(self.ranks[r].position > step for r in self._group_ranks[g]):
-                continue  # replaying towards where the ranks resume: build on demand only
-            key = self._keys.batch(step, g)
-            self._hold(step, g, key)
-            out.append(SubmitConstruct(key, recipe, group_reads, self._keys.slices(key)))
+        size, group_min = self.block_size, self.where.group_min
+        for b, first in enumerate(range(0, self.layout.dp, size)):
+            # Groups whose ranks are all past the step (replaying towards where they resume)
+            # are built on demand only.
+            groups = [
+                g for g in range(first, min(first + size, self.layout.dp)) if group_min[g] <= step
+            ]
+            if not groups:
+                continue
+            key = self._keys.block(step, b)
+            for g in groups:
+                self._hold(step, g, key)
+            out.append(self._block(key, [recipes[g] for g in groups], [reads[g] for g in groups]))
         return out
 
     def keep(self, step: int, record: StepRecord, next_step: int) -> None:
@@ -118,62 +154,96 @@ class Delivery:
                 del self.steps[old]
                 self._held_count.pop(old, None)
 
-    def batch_for(
-        self, rank: int, step: int, next_step: int
-    ) -> tuple[str | None, SubmitConstruct | None]:
-        """The key ``rank`` fetches for ``step`` (None: not drawn yet), and the construction
-        that rebuilds it if it was released.
+    def coords(self, rank: int) -> tuple[int, int]:
+        """``(DP group, cp rank)`` of ``rank`` (checked against the layout)."""
+        self.check_ranks(rank)
+        return int(self.where.group_of[rank]), int(self.where.cp_of[rank])
 
-        That is its DP group's batch, or with context parallelism its cp rank's slice of it.
-        """
-        coords = self.layout.coords(rank)
-        group = coords["dp"]
-        if step >= next_step:
+    def part_for(
+        self, group: int, cp: int, step: int, planned: int
+    ) -> tuple[Part | None, SubmitConstruct | None]:
+        """What group ``group``'s cp rank ``cp`` fetches for ``step`` (None: not planned yet),
+        and the construction that rebuilds it if it was released."""
+        if step >= planned:
             return None, None
         key = self.held.get((step, group))
         rebuild = None
         if key is None:
-            rebuild = self._rebuild(rank, step, group)
+            rebuild = self._rebuild(step, group)
             key = rebuild.key
-        return (self._keys.slices(key)[coords["cp"]] if self.layout.cp > 1 else key), rebuild
+        return (key, self._keys.part(group, cp)), rebuild
 
     def restart_at(self, step: int) -> None:
         """Every rank at ``step`` (a resume: the steps before it are fetched)."""
-        for rank in self.ranks.values():
-            rank.position = rank.requested_end = step
+        self.where.reset(step)
 
     def positions(self) -> dict[int, dict[str, int]]:
         """Each rank's position and requested end (for stats)."""
+        w = self.where
         return {
-            r: {"position": s.position, "requested_end": s.requested_end}
-            for r, s in self.ranks.items()
+            r: {"position": p, "requested_end": e}
+            for r, (p, e) in enumerate(zip(w.position.tolist(), w.requested.tolist(), strict=True))
         }
 
-    def _rebuild(self, rank: int, step: int, group: int) -> SubmitConstruct:
-        """Submit a released step's batch for ``group`` again, from its kept recipe."""
+    def check_ranks(self, ranks: int | Sequence[int]) -> np.ndarray:
+        """``ranks`` as an array, each checked against the layout (JobError naming it)."""
+        chosen = np.atleast_1d(np.asarray(ranks, dtype=np.int64))
+        world = self.layout.world_size
+        if chosen.ndim != 1 or not len(chosen):
+            raise JobError(f"a request must name at least one rank, got {ranks!r}")
+        bad = chosen[(chosen < 0) | (chosen >= world)]
+        if len(bad):
+            raise JobError(
+                f"rank {int(bad[0])} is not in the layout (world size {world}: "
+                f"{self._layout_text()})"
+            )
+        return chosen
+
+    # -- internals ---------------------------------------------------------------------------
+    def _block(
+        self, key: str, recipes: list[Recipe], reads: list[tuple[ReadSpec, ...]]
+    ) -> SubmitConstruct:
+        """A construction of ``recipes`` under ``key``, each read of the block named once."""
+        index: dict[str, int] = {}
+        specs: list[ReadSpec] = []
+        uses = []
+        for group_reads in reads:
+            mine = []
+            for spec in group_reads:
+                if spec.key not in index:
+                    index[spec.key] = len(specs)
+                    specs.append(spec)
+                mine.append(index[spec.key])
+            uses.append(tuple(mine))
+        return SubmitConstruct(key, tuple(recipes), tuple(specs), tuple(uses), self.layout.cp)
+
+    def _rebuild(self, step: int, group: int) -> SubmitConstruct:
+        """Submit a released step's batch for ``group`` again, alone, from its kept recipe."""
         record = self.steps.get(step)
         if record is None:
             raise JobError(
-                f"step {step} is no longer held for rank {rank}: the data plane keeps the last "
-                f"{self._loader.retain_steps} steps (loader.retain_steps); resume from a "
-                "data-plane checkpoint to go further back"
+                f"step {step} is no longer held for DP group {group}: the data plane keeps "
+                f"the last {self._loader.retain_steps} steps (loader.retain_steps); resume from "
+                "a data-plane checkpoint to go further back"
             )
         record.rebuilds += 1
-        key = self._keys.batch(step, group, record.rebuilds)
+        key = self._keys.rebuild(step, group, record.rebuilds)
         self._hold(step, group, key)
-        return SubmitConstruct(
-            key, record.recipes[group], record.reads[group], self._keys.slices(key)
-        )
+        return self._block(key, [record.recipes[group]], [record.reads[group]])
 
     def _hold(self, step: int, group: int, key: str) -> None:
-        if (step, group) not in self.held:
+        old = self.held.get((step, group))
+        if old is None:
             heapq.heappush(self._held_steps[group], step)
             self._held_count[step] += 1
+        else:
+            self._block_left[old] -= 1  # (a rebuild replaces a lost hold; not in practice)
         self.held[(step, group)] = key
+        self._block_left[key] += 1
 
-    def _release_fetched(self, group: int) -> list[Release]:
-        """Release the batches of ``group`` that every rank of the group has fetched."""
-        fetched = min(self.ranks[r].position for r in self._group_ranks[group])
+    def _release_fetched(self, group: int) -> list[str]:
+        """The blocks no group holds any more once ``group``'s fetched steps are let go."""
+        fetched = self.where.group_min[group]
         heap = self._held_steps[group]
         keys: list[str] = []
         while heap and heap[0] < fetched:
@@ -181,8 +251,11 @@ class Delivery:
             key = self.held.pop((step, group), None)
             if key is not None:
                 self._held_count[step] -= 1
-                keys += [key, *self._keys.slices(key)]
-        return [Release(tuple(keys))] if keys else []
+                self._block_left[key] -= 1
+                if self._block_left[key] <= 0:
+                    del self._block_left[key]
+                    keys.append(key)
+        return keys
 
     def _layout_text(self) -> str:
         lay = self.layout

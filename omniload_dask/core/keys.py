@@ -3,8 +3,17 @@
 ::
 
     read unit   omniload-read-{run}-{source}-{epoch}-{position}   (read in parts: ...-p{p})
-    batch       omniload-batch-{run}-{step}-{group}               (rebuilt: ...-r{n})
-    cp slice    {batch key}-cp{c}                                 (context parallelism)
+    block       omniload-batch-{run}-{step}-{block}               the batches of a block of DP
+                                                                  groups of one step
+    rebuild     omniload-batch-{run}-{step}-g{group}-r{n}         one group's batch, built again
+
+A block task builds the batches of ``groups_per_task`` consecutive DP groups (block b holds
+groups ``b * size .. (b + 1) * size - 1``); a fetcher asks the worker holding it for its own
+*part*: part ``group * cp + c`` is group ``group``'s batch, or with context parallelism its
+slice ``c``::
+
+    dp=4, groups_per_task=2, cp=2     block 0 = groups 0, 1   parts 0, 1 (group 0), 2, 3
+                                      block 1 = groups 2, 3   parts 4, 5, 6, 7
 
 The scheduler plugin relies on the ``omniload-`` prefix to tell the data plane's tasks apart.
 """
@@ -27,11 +36,14 @@ class Keys:
         """The key of source ``source``'s read unit at ``ref`` = (epoch, position)."""
         return f"omniload-read-{self.run_id}-{source}-{ref[0]}-{ref[1]}"
 
-    def batch(self, step: int, group: int, rebuild: int = 0) -> str:
-        """The key of DP group ``group``'s batch of ``step`` (``rebuild``: its n-th rebuild)."""
-        suffix = f"-r{rebuild}" if rebuild else ""
-        return f"omniload-batch-{self.run_id}-{step}-{group}{suffix}"
+    def block(self, step: int, block: int) -> str:
+        """The key of block ``block``'s batches of ``step``."""
+        return f"omniload-batch-{self.run_id}-{step}-{block}"
 
-    def slices(self, key: str) -> tuple[str, ...]:
-        """Keys of a batch's context-parallel slices (none without context parallelism)."""
-        return tuple(f"{key}-cp{c}" for c in range(self.cp)) if self.cp > 1 else ()
+    def rebuild(self, step: int, group: int, rebuild: int) -> str:
+        """The key of the ``rebuild``-th rebuild of group ``group``'s batch of ``step``."""
+        return f"omniload-batch-{self.run_id}-{step}-g{group}-r{rebuild}"
+
+    def part(self, group: int, cp_rank: int = 0) -> int:
+        """The part of a block that DP group ``group``'s cp rank ``cp_rank`` fetches."""
+        return group * self.cp + cp_rank

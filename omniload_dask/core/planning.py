@@ -16,6 +16,9 @@ Pure: no I/O and no Dask.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import numpy as np
 
 from omniload_dask.batching.balance import Assignment, Bucket, balance, route
@@ -25,7 +28,29 @@ from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
 from omniload_dask.plan import Plan
 
-__all__ = ["StepPlanner"]
+__all__ = ["DrawnStep", "PlannedStep", "StepPlanner"]
+
+
+@dataclass
+class DrawnStep:
+    """A step drawn and not yet planned: its documents and the reads that hold them."""
+
+    step: int
+    docs: Documents
+    specs: list[ReadSpec]  # specs[k] reads docs.slots[k]
+    started: float  # perf_counter() when the draw began
+
+
+@dataclass
+class PlannedStep:
+    """A drawn step split among the DP groups: one recipe (and its reads) per group."""
+
+    drawn: DrawnStep
+    split: Assignment
+    recipes: list[Recipe]
+    reads: list[tuple[ReadSpec, ...]]
+    split_ms: float
+    recipes_ms: float
 
 
 class StepPlanner:
@@ -47,6 +72,16 @@ class StepPlanner:
     def declared_micro_steps(self) -> int:
         """Micro-steps per step that the plan declares (a step may need more)."""
         return sum(b.micro_batches for b in self.buckets)
+
+    def plan(self, drawn: DrawnStep) -> PlannedStep:
+        """Split a drawn step and write its recipes (pure: safe in another thread)."""
+        docs = drawn.docs
+        t0 = time.perf_counter()
+        split = self.split(docs.sources, docs.lengths, docs.extra)
+        t1 = time.perf_counter()
+        recipes, reads = self.recipes(drawn.step, split, docs, drawn.specs)
+        t2 = time.perf_counter()
+        return PlannedStep(drawn, split, recipes, reads, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
     def split(
         self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None

@@ -116,6 +116,9 @@ def _checkpoint(top: Fields, base_dir: str | os.PathLike[str] | None) -> Checkpo
     return spec
 
 
+FANOUTS = ("none", "broadcast", "node")
+
+
 def _loader(f: Fields) -> LoaderSpec:
     """The ``loader`` section (tuning only)."""
     d = LoaderSpec()
@@ -131,6 +134,8 @@ def _loader(f: Fields) -> LoaderSpec:
         task_seconds=_task_seconds(f, d.task_seconds),
         quotas=f.flag("quotas", d.quotas),
         reads_per_thread=f.integer("reads_per_thread", d.reads_per_thread, min=1, max=1024),
+        groups_per_task=f.integer("groups_per_task", d.groups_per_task, min=0, max=1 << 20),
+        fanout=f.text("fanout", d.fanout, choices=FANOUTS),
     )
     f.done()
     return spec

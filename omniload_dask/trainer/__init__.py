@@ -1,7 +1,12 @@
-"""The trainer side: what runs in each trainer rank to get its batches.
+"""The trainer side: what runs in each trainer rank (or node) to get its batches.
 
-- :mod:`.feeder`: ``Feeder``, the prefetching iterator over one rank's micro-batches, and its
-  ``state_dict``; :mod:`.fetch`: one round trip to the data plane and the workers.
+- :mod:`.feeder`: ``Feeder``, the iterator over one rank's micro-batches, and its
+  ``state_dict``; :mod:`.prefetch`: the thread that keeps the next steps fetched.
+- :mod:`.fanout`: where a rank's steps come from: its own fetch, its DP group's broadcast
+  (:mod:`.broadcast`, torch.distributed) or its node's agent (:mod:`.node`, shared memory
+  through :mod:`.shm`).
+- :mod:`.fetch`: one round trip to the data plane and the workers, over a :mod:`.link`
+  (Dask's comms, no ``Client``).
 - :mod:`.ranks`: which rank a feeder serves (given, torch.distributed, or the environment).
 - :mod:`.torch_dataset`: a feeder as a ``torch.utils.data.IterableDataset``.
 """

@@ -1,9 +1,12 @@
 """The trainer side: a Feeder per trainer rank yields its micro-batches, prefetched.
 
-A background thread asks the data plane for the keys of the next ``prefetch`` steps (one RPC
-for several steps, which also reports how far this rank has fetched), gathers those batches
-straight from the workers that built them (one round trip: :mod:`.fetch`), and keeps them in a
-small local buffer; iterating only takes from that buffer. Each item is one micro-batch in the
+A background thread asks the data plane for the next steps (one RPC for several steps, which
+also reports how far this rank has fetched), gathers those batches straight from the workers
+that built them (one round trip: :mod:`.fetch`, over a :class:`~.link.Link`: Dask's comms, no
+``Client``), and keeps them in a small local buffer; iterating only takes from that buffer. It
+refills with hysteresis: when at most ``prefetch - refill`` steps are left, it asks for enough
+to fill up again (``refill`` is half the prefetch), so with a deep prefetch one call brings
+several steps. Each item is one micro-batch in the
 packed layout (see :mod:`omniload_dask.batching.formats`), as torch tensors when torch is
 installed, else numpy arrays::
 
@@ -15,31 +18,36 @@ installed, else numpy arrays::
 
 ``state_dict()`` is two numbers (step and micro-step), because the data plane can rebuild any
 recent step exactly; ``load_state_dict()`` resumes there.
+
+At scale the ranks of a model-parallel group, or of a node, share one fetch
+(``fanout``, see :mod:`.fanout`): ``"broadcast"`` (the group's lowest rank fetches and
+broadcasts over torch.distributed) or ``"node"`` (a node-local agent fetches and hands
+batches over shared memory). What each rank yields is the same as with its own fetch.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from distributed import Client
 
 from omniload_dask.batching.formats import GroupBatch, expand
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.errors import JobError, OmniloadError
-from omniload_dask.plan import parse_plan
-from omniload_dask.trainer.fetch import ask_for_steps, gather_batches, retryable, wait_report
+from omniload_dask.errors import JobError
+from omniload_dask.plan import Plan, parse_plan
+from omniload_dask.trainer.fanout import BroadcastSteps, DirectSteps, Steps
+from omniload_dask.trainer.fetch import wait_report
+from omniload_dask.trainer.link import Link
 from omniload_dask.trainer.ranks import resolve_rank, torch_available
 
 __all__ = ["Feeder", "resolve_rank"]
 
 STATE_VERSION = 1
 REPORT_WAITS = 1024  # recent waits behind the p50/p99 a feeder reports to the data plane
+FANOUTS = ("none", "broadcast", "node")
 
 
 class Feeder:
@@ -47,14 +55,24 @@ class Feeder:
 
     Give the rank as ``rank`` (global), as ``dp_rank`` (+ ``tp_rank``/``pp_rank``/``cp_rank``),
     or neither, to read it from torch.distributed or the ``RANK``/``WORLD_SIZE`` environment.
+    Give the scheduler as ``address`` (with ``security``, a ``distributed.Security``, for TLS;
+    default: Dask's config) or as a ``client`` whose address and security it takes; the
+    feeder opens its own connections (none at all under a node agent).
+
+    ``fanout`` (default: the plan's ``loader.fanout``) shares fetches: ``"broadcast"`` within
+    each DP group (torch.distributed must be initialised; ``group``: this rank's gloo group,
+    made if not given) or ``"node"`` through a node agent (``node_ranks``: the ranks of this
+    node, default from ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``). Every rank of a group (or node)
+    must then use the same ``fanout``, ``max_steps`` and states.
     """
 
     def __init__(
         self,
         job: str,
         *,
-        client: Client | None = None,
+        client: Any = None,
         address: str | None = None,
+        security: Any = None,
         rank: int | None = None,
         dp_rank: int | None = None,
         dp_size: int | None = None,
@@ -66,58 +84,126 @@ class Feeder:
         max_steps: int | None = None,
         start_step: int | None = None,
         reconnect_timeout: float = 300.0,
+        fanout: str | None = None,
+        group: Any = None,
+        node_ranks: Sequence[int] | None = None,
     ) -> None:
-        if client is None:
-            if address is None:
-                raise JobError("Feeder: give a client or a scheduler address")
-            client = Client(address, set_as_default=False)
-            self._owns_client = True
-        else:
-            self._owns_client = False
+        if client is not None:
             address = _dask.scheduler_address(client)
-        self.client = client
-        self._address = address
-        self.reconnect_timeout = reconnect_timeout
-        self.reconnects = 0
+            security = security if security is not None else _dask.security_of(client)
+        if address is None:
+            raise JobError("Feeder: give a client or a scheduler address")
+        if fanout is not None and fanout not in FANOUTS:
+            raise JobError(f"Feeder: fanout must be one of {', '.join(FANOUTS)}, got {fanout!r}")
+        self.address = address
+        self._security = security
         self.job = job
-        info = _dask.call(client, "info", job=job)
-        self.plan = parse_plan(info["plan"])
-        if start_step is None:  # a resumed job starts where it was resumed
-            start_step = int(info.get("start_step") or 0)
+        self.output = output or ("torch" if torch_available() else "numpy")
+        if self.output not in ("torch", "numpy"):
+            raise JobError(f"Feeder: output must be 'torch' or 'numpy', got {self.output!r}")
+        self.max_steps = max_steps
+        self.waits: deque[float] = deque(maxlen=100_000)
+        self._recent_waits: deque[float] = deque(maxlen=REPORT_WAITS)
+        self.micro_batches = 0
+        self.tokens = 0
+        self._link: Link | None = None
+        self._ranks: dict[str, Any] = dict(
+            rank=rank, dp_rank=dp_rank, dp_size=dp_size, tp_rank=tp_rank, pp_rank=pp_rank
+        )
+        if fanout == "node":  # the agent has the job's info: no connection of our own
+            self._node(security, cp_rank, node_ranks, prefetch, start_step, reconnect_timeout)
+        else:
+            self._link = Link(address, security)
+            try:
+                info = self._link.call("info", job=job)
+                self._setup(info, cp_rank, prefetch)
+                self.fanout = fanout or self.plan.loader.fanout
+                if self.fanout == "node":
+                    self._link.close()
+                    self._link = None
+                    self._node(
+                        security, cp_rank, node_ranks, prefetch, start_step, reconnect_timeout
+                    )
+                else:
+                    start = start_step if start_step is not None else _start_of(info)
+                    self._source = self._direct(group, start, reconnect_timeout)
+            except BaseException:
+                if self._link is not None:
+                    self._link.close()
+                raise
+        self._step = self._start
+        self._micro = 0
+        self._current: GroupBatch | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self, info: dict[str, Any], cp_rank: int, prefetch: int | None) -> None:
+        """Plan, layout and this rank's place in it, from the job's ``info``."""
+        self.plan: Plan = parse_plan(info["plan"])
         self.source_names: list[str] = list(info["sources"])
         self.layout = self.plan.layout
-        self.rank = resolve_rank(
-            self.layout,
-            rank=rank,
-            dp_rank=dp_rank,
-            dp_size=dp_size,
-            tp_rank=tp_rank,
-            pp_rank=pp_rank,
-            cp_rank=cp_rank,
-        )
+        self.rank = resolve_rank(self.layout, cp_rank=cp_rank, **self._ranks)
         coords = self.layout.coords(self.rank)
         self.dp_rank, self.cp_rank = coords["dp"], coords["cp"]
         self.prefetch = prefetch or self.plan.loader.prefetch
         if self.prefetch < 1:
             raise JobError(f"Feeder: prefetch must be >= 1, got {self.prefetch}")
-        self.output = output or ("torch" if torch_available() else "numpy")
-        if self.output not in ("torch", "numpy"):
-            raise JobError(f"Feeder: output must be 'torch' or 'numpy', got {self.output!r}")
-        self.max_steps = max_steps
-        self._end: int | None = None  # the job's stream ends before this step
-        self._lock = threading.Condition()
-        self._buffer: deque[tuple[int, GroupBatch]] = deque()
-        self._error: BaseException | None = None
-        self._step = start_step
-        self._micro = 0
-        self._fetch_from = start_step
-        self._generation = 0
-        self._stopped = False
-        self._thread: threading.Thread | None = None
-        self.waits: deque[float] = deque(maxlen=100_000)
-        self._recent_waits: deque[float] = deque(maxlen=REPORT_WAITS)
-        self.micro_batches = 0
-        self.tokens = 0
+
+    def _direct(self, group: Any, start: int, reconnect_timeout: float) -> Steps:
+        """This rank's own fetch, or its DP group's broadcast (``fanout``)."""
+        assert self._link is not None
+        self._start = start
+        self._link.salt = self.rank
+        dp, cp = self.dp_rank, self.cp_rank
+        if self.fanout == "none":
+            return DirectSteps(
+                self._link, self.job, [self.rank], [(dp, cp)], start, self.prefetch,
+                self._report, max_steps=self.max_steps, reconnect_timeout=reconnect_timeout,
+            )  # fmt: skip
+        from omniload_dask.trainer.broadcast import GroupShare
+
+        share = GroupShare(self.layout, self.rank, group)
+        fetcher = None
+        if share.is_leader:
+            needs = [(dp, c) for c in range(self.layout.cp)]
+            fetcher = DirectSteps(
+                self._link, self.job, share.members, needs, start, self.prefetch,
+                self._report, pick=None, max_steps=self.max_steps,
+                reconnect_timeout=reconnect_timeout,
+            )  # fmt: skip
+        else:  # the group's leader fetches: no connection of this rank's own
+            self._link.close()
+            self._link = None
+        return BroadcastSteps(share, cp, fetcher, self._job_info)
+
+    def _node(
+        self,
+        security: Any,
+        cp_rank: int,
+        node_ranks: Sequence[int] | None,
+        prefetch: int | None,
+        start_step: int | None,
+        reconnect_timeout: float,
+    ) -> None:
+        """Steps from this node's agent (started here if this is the node's first rank)."""
+        from omniload_dask.trainer.node import NodeSteps, node_ranks_from_env
+
+        self.fanout = "node"
+        rank = self._ranks["rank"]
+        if rank is None:
+            raise JobError("Feeder: fanout 'node' needs the global rank (rank=...)")
+        ranks = list(node_ranks) if node_ranks is not None else node_ranks_from_env(int(rank))
+        source = NodeSteps(
+            self.job, self.address, int(rank), ranks, start_step, self._report,
+            security=security, prefetch=prefetch or 8, max_steps=self.max_steps,
+            reconnect_timeout=reconnect_timeout,
+        )  # fmt: skip
+        try:
+            self._setup(source.job_info, cp_rank, prefetch or source.prefetcher.prefetch)
+        except BaseException:
+            source.close()
+            raise
+        self._start = source.start
+        self._source = source
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -126,29 +212,20 @@ class Feeder:
     def __next__(self) -> dict[str, Any]:
         if self.max_steps is not None and self._step >= self.max_steps:
             raise StopIteration
-        self._ensure_thread()
         t0 = time.perf_counter()
-        with self._lock:
-            while True:
-                if self._buffer and self._buffer[0][0] == self._step:
-                    batch = self._buffer[0][1]
-                    break
-                if self._error is not None:
-                    raise self._error
-                if self._end is not None and self._step >= self._end:
-                    raise StopIteration
-                self._lock.wait(0.5)
+        if self._current is None:
+            self._current = self._source.take(self._step)
+        batch = self._current
         waited = time.perf_counter() - t0
         self.waits.append(waited)
         self._recent_waits.append(waited)
         mb = batch.micro_batches[self._micro]
         self._micro += 1
         if self._micro >= len(batch.micro_batches):
-            with self._lock:
-                self._buffer.popleft()
-                self._step += 1
-                self._micro = 0
-                self._lock.notify_all()
+            self._source.done(self._step)
+            self._current = None
+            self._step += 1
+            self._micro = 0
         self.micro_batches += 1
         self.tokens += int(mb["num_tokens"])
         return self._convert(mb)
@@ -194,18 +271,24 @@ class Feeder:
             raise JobError(
                 f"Feeder.load_state_dict: step and micro_step must be >= 0, got {step}, {micro}"
             )
-        with self._lock:
-            self._generation += 1
-            self._buffer.clear()
-            self._error = None
-            self._step, self._micro, self._fetch_from = step, micro, step
-            self._lock.notify_all()
+        self._source.reset(step)
+        self._step, self._micro, self._current = step, micro, None
 
     # ------------------------------------------------------------------ figures
+    @property
+    def calls(self) -> int:
+        """Round trips this rank made to the data plane (or its node agent)."""
+        return self._source.calls
+
+    @property
+    def reconnects(self) -> int:
+        """Round trips retried after a lost connection or a missing job."""
+        return self._source.reconnects
+
     def stats(self) -> dict[str, Any]:
         """This rank's wait times and counts, plus the job's counters (records skipped...)."""
         waits = np.asarray(self.waits, dtype=np.float64)
-        job = _dask.call(self.client, "stats", job=self.job)
+        job = self._job_stats()
         return {
             "rank": self.rank,
             "step": self._step,
@@ -217,15 +300,28 @@ class Feeder:
             "job": job,
         }
 
+    def _job_stats(self) -> dict[str, Any]:
+        """The job's stats, over this feeder's connection or a short-lived one."""
+        return self._ask("stats")
+
+    def _job_info(self) -> dict[str, Any]:
+        """The job's info now."""
+        return self._ask("info")
+
+    def _ask(self, handler: str) -> dict[str, Any]:
+        if self._link is not None:
+            return dict(self._link.call(handler, job=self.job))
+        link = Link(self.address, self._security)
+        try:
+            return dict(link.call(handler, job=self.job))
+        finally:
+            link.close()
+
     def close(self) -> None:
-        """Stop fetching (the thread ends within one poll) and close a client of our own."""
-        with self._lock:
-            self._stopped = True
-            self._lock.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        if self._owns_client:
-            self.client.close()
+        """Stop fetching (the thread ends within one poll) and close the connections."""
+        self._source.close()
+        if self._link is not None:
+            self._link.close()
 
     def __enter__(self) -> Feeder:
         return self
@@ -233,102 +329,23 @@ class Feeder:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ fetching
-    def _ensure_thread(self) -> None:
-        """Start the fetching thread on first use (not in ``__init__``: a feeder made and
-        never iterated asks the data plane for nothing)."""
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._fetch_loop, daemon=True, name=f"omniload-feeder-{self.rank}"
-            )
-            self._thread.start()
+    # ------------------------------------------------------------------ helpers
+    def _report(self, buffered: int) -> dict[str, Any]:
+        """This rank's figures for the data plane's monitoring."""
+        return wait_report(self._recent_waits, buffered, self.prefetch)
 
-    def _reconnect(self) -> None:
-        """Replace an owned client that gave up on a lost scheduler (same address)."""
-        if self._owns_client and self.client.status in ("closed", "closing", "failed"):
-            with contextlib.suppress(Exception):
-                self.client.close()
-            with contextlib.suppress(OSError, TimeoutError):
-                self.client = Client(self._address, set_as_default=False, timeout=5)
-
-    def _fetch_loop(self) -> None:
-        """The fetching thread: keep up to ``prefetch`` steps ahead of the trainer.
-
-        Lost connections and a missing job are retried with backoff for
-        ``reconnect_timeout`` seconds (the scheduler may be restarting); a job failure is
-        raised to the trainer at its next ``next()``.
-        """
-        failing_since: float | None = None
-        attempt = 0
-        while True:
-            with self._lock:
-                while not self._stopped and self._fetch_from - self._step >= self.prefetch:
-                    self._lock.wait(0.5)
-                if self._stopped:
-                    return
-                start, generation = self._fetch_from, self._generation
-                count = self.prefetch - (start - self._step)
-                if self.max_steps is not None:
-                    count = min(count, self.max_steps - start)
-                if self._end is not None:
-                    count = min(count, self._end - start)
-            if count <= 0:
-                with self._lock:
-                    self._lock.wait(0.5)
-                continue
-            try:
-                got = self._fetch(start, count)
-                failing_since, attempt = None, 0
-            except BaseException as exc:  # retried while the scheduler may come back, else raised
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if retryable(exc) and now - failing_since < self.reconnect_timeout:
-                    self.reconnects += 1
-                    attempt += 1
-                    time.sleep(min(5.0, 0.1 * 2 ** min(attempt, 6)))
-                    self._reconnect()
-                    continue
-                with self._lock:
-                    self._error = (
-                        exc
-                        if isinstance(exc, OmniloadError)
-                        else JobError(
-                            f"rank {self.rank}: fetching step {start} failed: {type(exc).__name__}: "
-                            f"{exc}"
-                        )
-                    )
-                    self._lock.notify_all()
-                    if isinstance(exc, OmniloadError):
-                        self._stopped = True
-                        return
-                time.sleep(1.0)
-                continue
-            with self._lock:
-                if generation != self._generation:
-                    continue  # load_state_dict moved us while fetching
-                for offset, batch in enumerate(got):
-                    self._buffer.append((start + offset, batch))
-                self._fetch_from = start + len(got)
-                self._lock.notify_all()
-
-    def _fetch(self, start: int, count: int) -> list[GroupBatch]:
-        """One round trip: the ready steps from ``start`` on (possibly none)."""
-        report = wait_report(self._recent_waits, max(0, start - self._step), self.prefetch)
-        reply = ask_for_steps(self.client, self.job, self.rank, start, count, report)
-        if reply.get("end") is not None:
-            with self._lock:
-                self._end = int(reply["end"])
-                self._lock.notify_all()
-        return gather_batches(self.client, reply)
-
-    # ------------------------------------------------------------------ output
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:
         """A micro-batch as the trainer gets it: full form, source names, torch or numpy."""
         mb = expand(mb)  # the wire form carries neither labels nor position_ids
         sources = mb["doc_source"]
         if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined
-            self.source_names = list(_dask.call(self.client, "info", job=self.job)["sources"])
+            self.source_names = list(self._source.info()["sources"])
         return _output(mb, self.source_names, self.output)
+
+
+def _start_of(info: dict[str, Any]) -> int:
+    """Where a feeder starts by default: where the job started (or resumed)."""
+    return int(info.get("start_step") or 0)
 
 
 def _output(mb: dict[str, Any], source_names: list[str], output: str) -> dict[str, Any]:

@@ -1,17 +1,21 @@
-"""One round trip of a feeder: ask the data plane for steps, then fetch them from the workers.
+"""One round trip of a fetching agent: ask the data plane for steps, fetch their parts.
 
-::
+An agent fetches for one rank (a plain feeder), for a model-parallel group (its broadcasting
+rank) or for a node's ranks (the node agent). It names the ranks it serves and the parts they
+need, ``(DP group, cp rank)`` each::
 
-    ask_for_steps(client, job, rank, start=40, count=2, report)
-        -> {"keys": [key of step 40, key of step 41], "who_has": {key: [worker, ...]},
-            "end": None}                 (the keys in memory now, in step order; long-polls)
-    gather_batches(client, reply)
-        -> [batch of step 40, batch of step 41]   (straight from the workers; stops before
-                                                    the first key a worker no longer had)
+    ask_for_steps(link, job, ranks=[8..15], needs=[(1, 0)], start=40, count=4, report)
+        -> {"parts": [[[block key, part]], ...],      one entry per step ready (in order),
+            "who_has": {block key: [worker, ...]},    one ref per need
+            "end": None}                             (long-polls until one step is ready)
+    gather_parts(link, reply)
+        -> [[batch of step 40], [batch of step 41], ...]   straight from the workers; stops
+                                                           before the first step a worker no
+                                                           longer had
 
-Asking also tells the data plane that the rank has fetched every step below ``start`` (it
-holds each batch until every rank of its group has), and carries the rank's wait figures for
-monitoring (:func:`wait_report`).
+Asking also tells the data plane that the agent's ranks have fetched every step below
+``start`` (it holds each block until every rank of its groups has), and carries the agent's
+wait figures for monitoring (:func:`wait_report`).
 """
 
 from __future__ import annotations
@@ -19,19 +23,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from omniload_dask.batching.formats import GroupBatch
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.errors import MissingJobError, OmniloadError
+from omniload_dask.trainer.link import Link
 
 __all__ = [
     "LOST_RETRY",
     "POLL_TIMEOUT",
     "ask_for_steps",
-    "gather_batches",
+    "gather_parts",
     "retryable",
     "wait_report",
 ]
@@ -41,17 +46,24 @@ LOST_RETRY = 0.05  # seconds before asking again for a batch whose worker left
 
 
 def ask_for_steps(
-    client: Any, job: str, rank: int, start: int, count: int, report: dict[str, Any]
+    link: Link,
+    job: str,
+    ranks: Sequence[int],
+    needs: Sequence[tuple[int, int]],
+    start: int,
+    count: int,
+    report: dict[str, Any],
 ) -> dict[str, Any]:
     """The data plane's reply: which of the steps ``start..start+count-1`` are ready, where.
 
     Raises MissingJobError when the scheduler has no data plane (yet): e.g. one just restarted.
     """
-    reply = _dask.call(
-        client,
+    reply = link.call(
         "batches",
+        wait=POLL_TIMEOUT,
         job=job,
-        rank=rank,
+        ranks=[int(r) for r in ranks],
+        parts=[[int(g), int(c)] for g, c in needs],
         start=start,
         count=count,
         timeout=POLL_TIMEOUT,
@@ -62,23 +74,23 @@ def ask_for_steps(
     return dict(reply)
 
 
-def gather_batches(client: Any, reply: dict[str, Any]) -> list[GroupBatch]:
-    """The batches of ``reply``'s keys, from the workers holding them, in step order.
+def gather_parts(link: Link, reply: dict[str, Any]) -> list[list[GroupBatch]]:
+    """Per ready step of ``reply``, the batch of each need, from the workers holding them.
 
-    Stops at the first key lost since the reply (its worker left); when that is the first one,
-    sleeps a moment so that the next ask finds it recomputed or its standby copy.
+    Stops at the first step with a part lost since the reply (its worker left); when that is
+    the first one, sleeps a moment so that the next ask finds it rebuilt or its standby copy.
     """
-    keys = reply["keys"]
-    if not keys:
+    steps = [[(str(k), int(p)) for k, p in refs] for refs in reply["parts"]]
+    if not steps:
         return []
-    data = _dask.fetch_from_workers(client, reply["who_has"])
+    data = link.fetch([ref for refs in steps for ref in refs], reply["who_has"])
     got = []
-    for key in keys:
-        if key not in data:
+    for refs in steps:
+        if not all(ref in data for ref in refs):
             break
-        got.append(data[key])
+        got.append([data[ref] for ref in refs])
     if not got:
-        # Its worker left after the reply: the data plane recomputes the batch (or finds its
+        # Its worker left after the reply: the data plane recomputes the block (or finds its
         # standby copy) once the scheduler notices; ask again after a moment.
         time.sleep(LOST_RETRY)
     return got

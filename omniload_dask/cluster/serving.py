@@ -1,0 +1,61 @@
+"""Serving parts of blocks from worker memory: a worker handler installed by a WorkerPlugin.
+
+A construction task builds the batches of a block of DP groups under one key; a fetching agent
+wants its own group's part (or its cp slice) only. The data plane registers :class:`PartServer`
+on every worker (now and joining later); it adds the ``omniload_parts`` handler, which a
+fetcher calls over Dask's comms (no Client)::
+
+    fetcher -> worker   omniload_parts(parts=[[block key, part], ...])
+    worker  -> fetcher  [part's GroupBatch or None, ...]     (None: not held here)
+
+The values travel as Dask serializes task results (numpy buffers out of band, no copy). The
+handler counts what it sends (``sent_bytes``, ``sent_parts``) for the scale benchmark.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dask.sizeof import sizeof
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from omniload_dask.batching.formats import BatchBlock
+from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
+
+__all__ = ["PART_HANDLER", "PartServer"]
+
+PART_HANDLER = "omniload_parts"
+
+
+class PartServer(WorkerPlugin):
+    """Serves parts of the blocks a worker holds (see the module docstring)."""
+
+    name = "omniload-parts"
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+        self.sent_bytes = 0
+        self.sent_parts = 0
+        self.calls = 0
+
+    def setup(self, worker: Any) -> None:
+        """Install the handler on ``worker``."""
+        self.worker = worker
+        _dask.add_handlers(worker, "", {PART_HANDLER: self.parts})
+
+    def parts(self, parts: list[Any]) -> list[Any]:
+        """The asked parts of blocks held here, in order (None where not held)."""
+        self.calls += 1
+        out: list[Any] = []
+        for key, part in parts:
+            block = _dask.worker_value(self.worker, str(key))
+            value = block.parts.get(int(part)) if isinstance(block, BatchBlock) else None
+            if value is None:
+                out.append(None)
+                continue
+            self.sent_bytes += sizeof(value)
+            self.sent_parts += 1
+            out.append(_dask.wire(value))
+        return out

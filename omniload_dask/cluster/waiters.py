@@ -1,0 +1,78 @@
+"""Fetching agents waiting in a long-poll, each on the one thing it needs next.
+
+An agent's request for steps ``s..`` that nothing is ready for waits for either step ``s`` to
+be planned, or one block key to reach memory. Waking every waiting agent whenever anything
+moved would cost O(agents) per event, thousands of wake-ups a step at scale; here an event
+wakes only the agents it concerns::
+
+    agent A waits for step 41 to be planned     waiters.wait(41, timeout)
+    agent B waits for block "...-40-3"          waiters.wait("omniload-batch-...-40-3", ...)
+    step 41 planned                             waiters.planned(42)      -> A wakes
+    block "...-40-3" in memory                  waiters.key_ready(key)   -> B wakes
+    the job ended, failed or stopped            waiters.wake_all()
+
+A woken agent looks again and replies or waits anew; a wait that times out takes itself out.
+Runs on the scheduler's event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+__all__ = ["Waiters"]
+
+
+class Waiters:
+    """Waiting agents by the step they wait to be planned, or by the key they wait for."""
+
+    def __init__(self) -> None:
+        self._steps: dict[int, list[asyncio.Future[None]]] = {}
+        self._keys: dict[str, list[asyncio.Future[None]]] = {}
+        self._planned = 0
+
+    def __len__(self) -> int:
+        return sum(map(len, self._steps.values())) + sum(map(len, self._keys.values()))
+
+    async def wait(self, blocker: int | str, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until step ``blocker`` is planned, or key ``blocker``
+        is in memory, or everyone is woken."""
+        if isinstance(blocker, int) and blocker < self._planned:
+            return  # planned meanwhile: look again at once
+        table: dict = self._steps if isinstance(blocker, int) else self._keys
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        table.setdefault(blocker, []).append(fut)
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
+        finally:
+            waiting = table.get(blocker)
+            if waiting is not None and fut in waiting:
+                waiting.remove(fut)
+                if not waiting:
+                    del table[blocker]
+
+    def planned(self, planned: int) -> None:
+        """Every step below ``planned`` is planned now."""
+        self._planned = planned
+        for step in [s for s in self._steps if s < planned]:
+            _wake(self._steps.pop(step))
+
+    def key_ready(self, key: str) -> None:
+        """``key`` reached memory."""
+        waiting = self._keys.pop(key, None)
+        if waiting:
+            _wake(waiting)
+
+    def wake_all(self) -> None:
+        """Wake every waiting agent (the job ended, failed, stopped or lost its client)."""
+        steps, keys = self._steps, self._keys
+        self._steps, self._keys = {}, {}
+        for waiting in [*steps.values(), *keys.values()]:
+            _wake(waiting)
+
+
+def _wake(waiting: list[asyncio.Future[None]]) -> None:
+    for fut in waiting:
+        if not fut.done():
+            fut.set_result(None)

@@ -1,0 +1,122 @@
+"""The step cycle: draw, plan, commit, one step at a time and in order.
+
+::
+
+    draw(t)      live changes due at t applied; the mixer picks t's documents, the cursors
+                 move past them, next_step = t + 1                    (cheap)
+    plan(t)      StepPlanner.plan: split by cost, recipes               (pure; may run in a
+                                                                         thread meanwhile)
+    commit(t)    blocks held and their constructions submitted, figures counted, units the
+                 cursors passed released; ranks may fetch t now (planned_step = t + 1)
+
+Between a draw and its commit the step is *in flight*: live changes then take effect from the
+step after it (``next_step`` has moved), and no snapshot is taken (its figures are not
+counted yet). :class:`StepCycle` holds where the cycle is (``next_step``, ``end_step``, the
+step in flight) and does the draw and the commit over the coordinator's parts.
+
+Pure: no I/O and no Dask.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from omniload_dask.core.actions import Action, Release
+from omniload_dask.core.delivery import Delivery, StepRecord
+from omniload_dask.core.draw import Drawer
+from omniload_dask.core.figures import Figures
+from omniload_dask.core.live import LiveSources
+from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
+from omniload_dask.core.reads import ReadAhead
+from omniload_dask.errors import JobError
+
+__all__ = ["StepCycle"]
+
+
+class StepCycle:
+    """Where the step cycle is, and its draw and commit phases (see the module docstring)."""
+
+    def __init__(
+        self,
+        sources: LiveSources,
+        drawer: Drawer,
+        planner: StepPlanner,
+        reads: ReadAhead,
+        delivery: Delivery,
+        figures: Figures,
+    ) -> None:
+        """A cycle at step 0 over the coordinator's parts."""
+        self._sources = sources
+        self._drawer = drawer
+        self._planner = planner
+        self._reads = reads
+        self._delivery = delivery
+        self._figures = figures
+        self.next_step = 0  # the first step not drawn
+        self.end_step: int | None = None  # the stream ends here (every source exhausted)
+        self.in_flight: DrawnStep | None = None
+
+    @property
+    def planned_step(self) -> int:
+        """The first step not committed."""
+        return self.next_step - 1 if self.in_flight is not None else self.next_step
+
+    def draw(self) -> tuple[DrawnStep | None, list[Action]]:
+        """Draw step ``next_step`` (None: a source must report first, or the stream ended),
+        and the releases of units that live changes dropped."""
+        actions = self._apply_changes(self.next_step)
+        started = time.perf_counter()
+        weights = self._sources.weights_at(self.next_step, self._figures.tokens)
+        if not (weights > 0).any():
+            self.end_step = self.next_step  # nothing left to draw from: the stream ends
+            return None, actions
+        docs = self._drawer.draw(self.next_step, weights)
+        if docs is None:
+            return None, actions
+        if len(docs.sources) == 0:  # every source with weight ran out during this step
+            self.end_step = self.next_step
+            return None, actions
+        specs = [
+            self._reads.read_spec(s, *u) for s, u in zip(docs.slot_source, docs.slots, strict=True)
+        ]
+        self.in_flight = DrawnStep(self.next_step, docs, specs, started)
+        self.next_step += 1
+        return self.in_flight, actions
+
+    def commit(self, planned: PlannedStep) -> list[Action]:
+        """Hold and build the planned step's blocks, count it, release the units passed."""
+        drawn, split = planned.drawn, planned.split
+        if drawn is not self.in_flight:
+            raise JobError(f"internal error: step {drawn.step} committed out of order")
+        self.in_flight = None
+        step, docs, figures = drawn.step, drawn.docs, self._figures
+        figures.timing.update(split_ms=planned.split_ms, recipes_ms=planned.recipes_ms)
+        actions: list[Action] = list(self._delivery.offer(step, planned.recipes, planned.reads))
+        n = len(self._sources.streams)
+        source_tokens = np.bincount(docs.sources, weights=docs.lengths, minlength=n)
+        record = StepRecord(
+            planned.recipes, planned.reads, split.group_costs, split.group_tokens, source_tokens
+        )
+        figures.record(step, split, docs.lengths, source_tokens, docs.sources, self._drawer.weights)
+        if docs.finished:
+            actions.append(Release(tuple(k for u in docs.finished for k in u.keys)))
+            for u in docs.finished:
+                self._reads.forget(u)
+        self._delivery.keep(step, record, self.next_step)
+        figures.planned((time.perf_counter() - drawn.started) * 1e3)
+        return actions
+
+    def _apply_changes(self, step: int) -> list[Action]:
+        """Put the source changes due at ``step`` into effect, in every part."""
+        actions: list[Action] = []
+        while (applied := self._sources.apply_next(step)) is not None:
+            if applied.joined is not None:
+                self._drawer.add_source()
+                self._reads.add_source()
+            for unit in applied.dropped:
+                self._reads.forget(unit)
+            if applied.dropped:
+                actions.append(Release(tuple(k for u in applied.dropped for k in u.keys)))
+        return actions

@@ -1,0 +1,161 @@
+"""A fetching agent's connections to the data plane and the workers, without a Dask Client.
+
+A ``distributed.Client`` heartbeats and polls the scheduler every few seconds: at thousands of
+fetching agents that alone would be a large share of a scheduler's budget. An agent needs two
+things only, to call the data plane's handlers on the scheduler and to get parts of blocks
+from the workers that hold them, and a :class:`Link` does both over Dask's own comms (pools of
+connections, TLS from a ``distributed.Security``). Every link of a process runs on one event
+loop in a background thread; each keeps its own connections, so simulated agents sharing a
+process connect as real ones would::
+
+    link = Link("tcp://scheduler:8786")              # security=Security(...) for TLS
+    link.call("info", job="quickstart")              -> the job's info (plain data)
+    link.fetch([(key, part), ...], who_has)          -> {(key, part): GroupBatch}
+    link.close()
+
+A lost connection is opened again on the next call (a restarted scheduler at the same address
+is simply found again); callers retry what failed (see :func:`.fetch.retryable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import zlib
+from collections import defaultdict
+from collections.abc import Coroutine
+from typing import Any
+
+from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster.serving import PART_HANDLER
+
+__all__ = ["SCHEDULER_CONNECT_TIMEOUT", "WORKER_CONNECT_TIMEOUT", "Link", "io_loop"]
+
+SCHEDULER_CONNECT_TIMEOUT = 10.0
+WORKER_CONNECT_TIMEOUT = 1.0  # then the standby copy, or the data plane is asked again
+CALL_SLACK = 30.0  # seconds a call may take beyond what the data plane holds it for
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def io_loop() -> asyncio.AbstractEventLoop:
+    """The process's event loop for links, running in a daemon thread (made on first use)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="omniload-io", daemon=True)
+            thread.start()
+            _loop = loop
+        return _loop
+
+
+class Link:
+    """One fetching agent's connections: to the scheduler at ``address`` and to workers.
+
+    ``salt`` spreads agents over the holders of a block (its first copy or its standby).
+    """
+
+    def __init__(self, address: str, security: Any = None, *, salt: int = 0) -> None:
+        self.address = address
+        self.security = security
+        self.salt = salt
+        self._loop = io_loop()
+        self._scheduler = _dask.connection_pool(security, SCHEDULER_CONNECT_TIMEOUT, limit=4)
+        self._workers = _dask.connection_pool(security, WORKER_CONNECT_TIMEOUT)
+        self._closed = False
+        self._run(self._start(), SCHEDULER_CONNECT_TIMEOUT)
+
+    async def _start(self) -> None:
+        await _dask.start_pool(self._scheduler)
+        await _dask.start_pool(self._workers)
+
+    def call(self, handler: str, /, *, wait: float = 0.0, **kwargs: Any) -> Any:
+        """Call the data plane's handler ``omniload_<handler>`` (which may hold the call for
+        ``wait`` seconds); the reply as plain data, with lists."""
+        reply = self._run(
+            _dask.rpc(self._scheduler, self.address, "omniload_" + handler, **kwargs),
+            wait + CALL_SLACK,
+        )
+        return _lists(reply)
+
+    def fetch(
+        self, refs: list[tuple[str, int]], who_has: dict[str, list[str]]
+    ) -> dict[tuple[str, int], Any]:
+        """The parts ``refs`` = (block key, part), from the workers holding them: one call per
+        worker, a second holder tried for what the first could not give. A part no holder
+        gave is left out."""
+        return dict(self._run(self._fetch(refs, who_has), SCHEDULER_CONNECT_TIMEOUT + CALL_SLACK))
+
+    async def _fetch(
+        self, refs: list[tuple[str, int]], who_has: dict[str, list[str]]
+    ) -> dict[tuple[str, int], Any]:
+        got: dict[tuple[str, int], Any] = {}
+        pending = list(dict.fromkeys(refs))
+        for attempt in range(2):
+            by_worker: dict[str, list[tuple[str, int]]] = defaultdict(list)
+            for ref in pending:
+                holders = who_has.get(ref[0]) or []
+                if len(holders) > attempt:
+                    pick = (self.salt + zlib.crc32(ref[0].encode()) + attempt) % len(holders)
+                    by_worker[holders[pick]].append(ref)
+            if not by_worker:
+                break
+            replies = await asyncio.gather(
+                *(self._from_worker(addr, mine) for addr, mine in by_worker.items()),
+                return_exceptions=True,
+            )
+            for mine, reply in zip(by_worker.values(), replies, strict=True):
+                if isinstance(reply, BaseException):
+                    if not isinstance(reply, (OSError, asyncio.TimeoutError)):
+                        raise reply
+                    continue
+                for ref, value in zip(mine, reply, strict=True):
+                    if value is not None:
+                        got[ref] = value
+            pending = [ref for ref in pending if ref not in got]
+            if not pending:
+                break
+        return got
+
+    async def _from_worker(self, address: str, refs: list[tuple[str, int]]) -> list[Any]:
+        reply = await _dask.rpc(
+            self._workers, address, PART_HANDLER, parts=[[k, p] for k, p in refs]
+        )
+        return list(reply)
+
+    def connections(self) -> int:
+        """Comms this link holds open now (to the scheduler and to workers)."""
+        return _dask.open_comms(self._scheduler) + _dask.open_comms(self._workers)
+
+    def close(self) -> None:
+        """Close every connection (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):  # best effort: the loop may be going away at exit
+            self._run(self._close(), 10.0)
+
+    async def _close(self) -> None:
+        await _dask.close_pool(self._scheduler)
+        await _dask.close_pool(self._workers)
+
+    def _run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        """Run ``coro`` on the links' loop and wait for it (at most ``timeout`` s)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+
+def _lists(value: Any) -> Any:
+    """msgpack turns lists into tuples: turn them back, all the way down."""
+    if isinstance(value, (list, tuple)):
+        return [_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    return value

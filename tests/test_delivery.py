@@ -1,0 +1,174 @@
+"""Which batch each rank gets, at scale: blocks of DP groups, incremental positions, agents'
+requests, the step cycle in phases, waiting agents, prefetch hysteresis (no cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+
+from omniload_dask.cluster.waiters import Waiters
+from omniload_dask.core.actions import SubmitConstruct
+from omniload_dask.core.delivery import groups_per_task
+from omniload_dask.core.positions import RankPositions, Tournament
+from omniload_dask.plan import LayoutSpec
+from omniload_dask.testing import InlineDataPlane, batch_digest
+from omniload_dask.trainer.prefetch import Prefetcher
+
+from .conftest import make_plan
+
+
+def test_a_tournament_tree_tracks_the_smallest_and_largest_value_under_updates():
+    rng = random.Random(5)
+    for n in (1, 2, 7, 64, 100):
+        values = [rng.randrange(1000) for _ in range(n)]
+        low, high = Tournament(values), Tournament(values, largest=True)
+        for _ in range(300):
+            i, v = rng.randrange(n), rng.randrange(1000)
+            values[i] = v
+            low.update(i, v)
+            high.update(i, v)
+            assert (low.top, high.top) == (min(values), max(values))
+
+
+def test_rank_positions_keep_group_minima_and_the_job_wide_extremes_without_a_scan():
+    layout = LayoutSpec(dp=8, tp=2, cp=2)
+    where = RankPositions(layout, start=3)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        g = int(rng.integers(8))
+        ranks = np.asarray(layout.group_ranks(g))[rng.random(4) < 0.6]
+        if not len(ranks):
+            continue
+        start = int(rng.integers(0, 50))
+        assert where.move(ranks, start, start + 2, 1.0) == [g]
+        for h in range(8):
+            assert where.group_min[h] == where.position[layout.group_ranks(h)].min()
+        assert where.slowest == where.position.min()
+        assert where.furthest == where.requested.max()
+
+
+def test_an_agent_request_moves_all_its_ranks_and_releases_what_its_groups_fetched(small_sources):
+    plan = make_plan(small_sources, layout={"dp": 2, "tp": 2})
+    plane = InlineDataPlane(plan)
+    list(plane.stream(3))
+    held = dict(plane.coord.delivery.held)
+    steps = sorted({s for s, _ in held})
+    assert steps[0] == 2 and all((s, g) in held for s in steps for g in range(2))
+    plane.coord.on_request([0, 1], steps[-1] + 1, 4)  # one agent for DP group 0's two ranks
+    actions = plane.coord.advance()
+    released = {k for a in actions if hasattr(a, "keys") for k in a.keys}
+    assert {held[(s, 0)] for s in steps} <= released
+    assert not {held[(s, 1)] for s in steps} & released  # group 1 has not moved
+    assert plane.coord.delivery.where.furthest == steps[-1] + 5
+
+
+def test_blocks_build_several_dp_groups_in_one_task_and_every_rank_gets_its_own_part(
+    small_sources,
+):
+    layout = {"dp": 4, "tp": 1, "cp": 2}
+    one = InlineDataPlane(make_plan(small_sources, layout=layout))
+    coarse = make_plan(small_sources, layout=layout, loader={"groups_per_task": 3})
+    assert groups_per_task(coarse) == 3
+    plane = InlineDataPlane(coarse)
+    constructs = []
+    orig = plane._run
+
+    def spy(actions):
+        constructs.extend(a for a in actions if isinstance(a, SubmitConstruct))
+        orig(actions)
+
+    plane._run = spy  # type: ignore[method-assign]
+    for step in range(4):
+        want = one.fetch(step)
+        got = plane.fetch(step)
+        for rank in want:
+            assert batch_digest(one.batches[want[rank]]) == batch_digest(plane.batches[got[rank]])
+    steps = {int(a.key.split("-")[3]) for a in constructs}
+    per_step = {s: [a.groups for a in constructs if int(a.key.split("-")[3]) == s] for s in steps}
+    assert all(groups == [(0, 1, 2), (3,)] for groups in per_step.values())
+    for a in constructs:  # each read of a block once, and every recipe's slots point into it
+        assert len({r.key for r in a.reads}) == len(a.reads)
+        assert all(max(u, default=-1) < len(a.reads) for u in a.uses)
+
+
+def test_the_default_block_size_keeps_about_eight_tasks_a_step(small_sources):
+    for dp, size in ((1, 1), (8, 1), (9, 2), (512, 64), (2048, 256)):
+        assert groups_per_task(make_plan(small_sources, layout={"dp": dp})) == size
+
+
+def test_a_step_drawn_planned_and_committed_in_phases_is_the_step_advance_makes(small_plan):
+    inline = InlineDataPlane(small_plan)
+    phased = InlineDataPlane(small_plan)
+    coord = phased.coord
+    for step in range(5):
+        ref = {g: batch_digest(b) for g, b in inline.step(step).items()}
+        for rank in range(small_plan.layout.world_size):
+            coord.on_request(rank, step, 1)
+        while coord.planned_step <= step:
+            phased._settle()
+            drawn = coord.draw_step()
+            if drawn is None:
+                continue
+            assert coord.busy and coord.next_step == drawn.step + 1
+            assert coord.planned_step == drawn.step  # not fetchable before its commit
+            coord.set_weights({"web": 2.0})  # a change meanwhile counts from the next step
+            assert coord.log[-1]["step"] == drawn.step + 1
+            coord.commit_step(coord.plan_step(drawn))
+            phased._run(coord.take_actions())
+        got = {g: batch_digest(b) for g, b in phased.step(step).items()}
+        assert got == ref
+
+
+def test_waiting_agents_wake_only_for_what_they_wait_for():
+    async def main():
+        waiters = Waiters()
+        woke = []
+
+        async def agent(name, blocker):
+            await waiters.wait(blocker, 5.0)
+            woke.append(name)
+
+        tasks = [
+            asyncio.create_task(agent("step3", 3)),
+            asyncio.create_task(agent("step5", 5)),
+            asyncio.create_task(agent("key", "omniload-batch-x-2-0")),
+        ]
+        await asyncio.sleep(0.01)
+        assert len(waiters) == 3
+        waiters.planned(4)  # steps 0..3 planned
+        await asyncio.sleep(0.01)
+        assert woke == ["step3"]
+        waiters.key_ready("omniload-batch-x-2-1")  # another block
+        await asyncio.sleep(0.01)
+        assert woke == ["step3"]
+        waiters.key_ready("omniload-batch-x-2-0")
+        await asyncio.sleep(0.01)
+        assert woke == ["step3", "key"]
+        waiters.wake_all()
+        await asyncio.gather(*tasks)
+        assert woke == ["step3", "key", "step5"] and len(waiters) == 0
+        await waiters.wait(2, 0.01)  # planned already: returns at once
+        await waiters.wait(9, 0.01)  # times out and takes itself out
+        assert len(waiters) == 0
+
+    asyncio.run(main())
+
+
+def test_prefetch_refills_with_hysteresis_several_steps_a_call():
+    asked = []
+
+    def fetch(start, count):
+        asked.append((start, count))
+        return [f"s{start + i}" for i in range(count)], None
+
+    pre = Prefetcher(fetch, 0, 8, max_steps=40)
+    for step in range(40):
+        assert pre.take(step) == f"s{step}"
+        pre.done(step)
+    pre.close()
+    assert asked[0] == (0, 8)
+    assert all(count >= 4 for _, count in asked[1:-1])  # refill 4: one call per 4 steps
+    assert len(asked) <= 40 // 4 + 1
+    assert [s for s, _ in asked] == sorted(s for s, _ in asked)

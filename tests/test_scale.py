@@ -1,0 +1,126 @@
+"""The data plane at scale, on a real cluster: blocks of DP groups served part by part, agents
+fetching for several ranks, planning off the event loop, no per-step state piling up without a
+checkpoint, and the data plane's own client surviving a lost connection."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from distributed import Client
+
+from omniload_dask import Job, local_cluster
+from omniload_dask.cluster import running
+from omniload_dask.testing import InlineDataPlane
+from omniload_dask.trainer.fanout import DirectSteps
+from omniload_dask.trainer.link import Link
+
+from .conftest import make_plan
+from .test_cluster import assert_same, collect
+
+
+def reference(plan, steps):
+    """Per rank, what an in-process data plane hands it (its part: with cp, its slice)."""
+    plane = InlineDataPlane(plan)
+    out = {r: [] for r in range(plan.layout.world_size)}
+    for step in range(steps):
+        for rank, ref in plane.fetch(step).items():
+            out[rank] += plane.batches[ref].micro_batches
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(2, dashboard_address=None) as c:
+        yield c
+
+
+def plugin_job(client: Client, name: str, what):
+    """``what(running job)`` evaluated on the scheduler."""
+
+    def probe(dask_scheduler):
+        return what(dask_scheduler.plugins["omniload"].jobs[name])
+
+    return client.run_on_scheduler(probe)
+
+
+def test_blocks_of_dp_groups_hand_each_rank_its_own_part(small_sources, cluster):
+    plan = make_plan(
+        small_sources,
+        name="blocks",
+        layout={"dp": 4, "cp": 2},
+        loader={"groups_per_task": 3},
+        batch={"seq_len": 128, "global_tokens": 1024},
+    )
+    ref = reference(plan, steps=4)
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        got = collect(job, steps=4)
+        keys = plugin_job(client, "blocks", lambda run: sorted(run.coord.delivery.steps))
+        job.stop()
+    assert_same(ref, got)
+    assert keys  # steps were kept for rebuilds
+
+
+def test_one_agent_fetches_every_slice_of_a_dp_group_in_one_round_trip(small_sources, cluster):
+    plan = make_plan(small_sources, name="agent", layout={"dp": 2, "tp": 2, "cp": 2})
+    ref = reference(plan, steps=3)
+    layout = plan.layout
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        ranks = layout.group_ranks(1)
+        link = Link(cluster.scheduler_address)
+        steps = DirectSteps(link, "agent", ranks, [(1, 0), (1, 1)], 0, 4, lambda b: {}, pick=None)
+        try:
+            got = {r: [] for r in ranks}
+            for step in range(3):
+                slices = steps.take(step)
+                steps.done(step)
+                for r in ranks:
+                    got[r] += slices[layout.coords(r)["cp"]].micro_batches
+            seen = plugin_job(
+                client, "agent", lambda run: run.coord.delivery.where.last_seen.tolist()
+            )
+        finally:
+            steps.close()
+            job.stop()
+    assert_same({r: ref[r] for r in ranks}, got)
+    # The one agent's requests moved every rank of group 1 and none of group 0.
+    assert all(seen[r] > 0 for r in ranks)
+    assert all(seen[r] == 0 for r in layout.group_ranks(0))
+
+
+def test_planning_in_the_thread_gives_the_same_stream(small_plan, monkeypatch):
+    monkeypatch.setattr(running, "INLINE_PLANNING_MS", -1.0)  # every step off the loop
+    ref = reference(small_plan, 8)
+    with Job.start(small_plan, workers=1, dashboard_address=None) as job:
+        got = collect(job, steps=8)
+        stats = job.stats()
+        pending = plugin_job(
+            job.client, small_plan.name, lambda run: len(run.coord.recorder.pending)
+        )
+    assert_same(ref, got)
+    assert stats["steps_planned_off_loop"] >= stats["next_step"] - 1
+    assert pending == 0  # no checkpoint: no per-step deltas kept
+
+
+@pytest.mark.slow
+def test_the_data_plane_client_survives_a_lost_connection(small_sources):
+    plan = make_plan(small_sources, name="reconnect", layout={"dp": 1})
+    ref = reference(plan, steps=12)
+    with Job.start(plan, workers=2, dashboard_address=None) as job:
+        with job.feeder(dp_rank=0, output="numpy", max_steps=12) as feeder:
+            got = [next(feeder) for _ in range(len(ref[0]) // 2)]
+
+            def cut(dask_scheduler):
+                from omniload_dask.cluster import internals
+
+                internals.break_connection(dask_scheduler.plugins["omniload"]._client.current)
+
+            job.client.run_on_scheduler(cut)
+            got += list(feeder)
+        deadline = time.monotonic() + 30
+        while job.stats()["resubmits"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert job.stats()["resubmits"] >= 1
+    assert_same(ref, {0: got})
