@@ -97,8 +97,10 @@ class InlineDataPlane:
                 if not self.build:
                     continue
                 shards = [self._shard(r) for r in action.reads]
-                for recipe, uses in zip(action.recipes, action.uses, strict=True):
-                    whole = tasks.construct(recipe, *[shards[i] for i in uses])
+                table = action.recipes
+                for i in range(len(table)):
+                    recipe = table.recipe(i)
+                    whole = tasks.construct(recipe, *[shards[j] for j in table.reads_of(i)])
                     self.wholes[(action.key, recipe.group)] = whole
                     for part, batch in tasks.group_parts(whole, recipe.group, action.cp).items():
                         self.batches[part_ref(action.key, part)] = batch

@@ -412,7 +412,7 @@ def test_a_waiting_feeder_does_not_spin_the_data_plane(small_plan):
         reply = _dask.call(job.client, "batches", **ask, timeout=1.5)  # then nothing can move
         runs = job.stats()["data_plane_runs"] - before
         assert reply["parts"] == []
-        assert 1 <= runs <= 3, runs
+        assert runs <= 3, runs  # (a request that moves nothing no longer runs it at all)
 
 
 def test_the_embedded_cluster_skips_the_profiler_and_checks_less_often():

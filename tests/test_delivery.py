@@ -90,7 +90,7 @@ def test_blocks_build_several_dp_groups_in_one_task_and_every_rank_gets_its_own_
     assert all(groups == [(0, 1, 2), (3,)] for groups in per_step.values())
     for a in constructs:  # each read of a block once, and every recipe's slots point into it
         assert len({r.key for r in a.reads}) == len(a.reads)
-        assert all(max(u, default=-1) < len(a.reads) for u in a.uses)
+        assert set(a.recipes.slot_reads.tolist()) == set(range(len(a.reads)))
 
 
 def test_the_default_block_size_keeps_about_eight_tasks_a_step(small_sources):

@@ -10,7 +10,7 @@ import pytest
 from distributed import Client
 
 from omniload_dask import Job, local_cluster
-from omniload_dask.cluster import running
+from omniload_dask.cluster import planner
 from omniload_dask.testing import InlineDataPlane
 from omniload_dask.trainer.fanout import DirectSteps
 from omniload_dask.trainer.link import Link
@@ -90,8 +90,11 @@ def test_one_agent_fetches_every_slice_of_a_dp_group_in_one_round_trip(small_sou
     assert all(seen[r] == 0 for r in layout.group_ranks(0))
 
 
-def test_planning_in_the_thread_gives_the_same_stream(small_plan, monkeypatch):
-    monkeypatch.setattr(running, "INLINE_PLANNING_MS", -1.0)  # every step off the loop
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_planning_off_the_loop_gives_the_same_stream(small_plan, monkeypatch, where):
+    monkeypatch.setattr(planner, "INLINE_MS", -1.0)  # every step off the loop
+    if where == "process":
+        monkeypatch.setattr(planner, "PROCESS_MIN_GROUPS", 1)
     ref = reference(small_plan, 8)
     with Job.start(small_plan, workers=1, dashboard_address=None) as job:
         got = collect(job, steps=8)
@@ -100,6 +103,7 @@ def test_planning_in_the_thread_gives_the_same_stream(small_plan, monkeypatch):
             job.client, small_plan.name, lambda run: len(run.coord.recorder.pending)
         )
     assert_same(ref, got)
+    assert stats["planning_in"] == where
     assert stats["steps_planned_off_loop"] >= stats["next_step"] - 1
     assert pending == 0  # no checkpoint: no per-step deltas kept
 

@@ -59,6 +59,7 @@ __all__ = [
     "GroupBatch",
     "ImageTable",
     "Recipe",
+    "RecipeTable",
     "Shard",
     "build",
     "expand",
@@ -177,6 +178,93 @@ class Recipe:
     def capacity(self, micro_step: int) -> int:
         """Token capacity of micro-step ``micro_step``."""
         return self.micro_seq_lens[micro_step] if self.micro_seq_lens else self.seq_len
+
+
+@dataclass(frozen=True)
+class RecipeTable:
+    """The recipes of several DP groups of one step, packed into a few arrays.
+
+    What planning hands back and what a block's construction task gets: pickling a handful of
+    arrays costs a fraction of pickling one :class:`Recipe` per group, at thousands of groups
+    a step. Recipe i is group ``groups[i]``: its pieces are rows ``piece_bounds[i]:
+    piece_bounds[i + 1]`` of ``pieces`` and its shard slots entries ``slot_bounds[i]:
+    slot_bounds[i + 1]`` of ``slot_reads`` (which read each slot is, an index into a list of
+    reads kept beside the table) and ``slot_epochs``::
+
+        groups [0 1]  piece_bounds [0 2 3]  slot_bounds [0 2 3]  slot_reads [4 1 1]
+        -> recipe 0: pieces rows 0-1, slots 0, 1 = reads 4, 1;  recipe 1: row 2, slot 0 = read 1
+    """
+
+    step: int
+    groups: np.ndarray  # int64 (n,)
+    piece_bounds: np.ndarray  # int64 (n + 1,)
+    pieces: np.ndarray  # int64 (pieces, 5), as Recipe.pieces
+    slot_bounds: np.ndarray  # int64 (n + 1,)
+    slot_reads: np.ndarray  # int64 (slots,)
+    slot_epochs: np.ndarray  # int64 (slots,)
+    num_micro_steps: int
+    seq_len: int
+    pad_to_seq_len: bool = False
+    micro_seq_lens: tuple[int, ...] = ()
+    patch_size: int = 0
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def recipe(self, i: int) -> Recipe:
+        """Recipe i (its shard slots numbered from 0, as :func:`build` takes them)."""
+        lo, hi = int(self.slot_bounds[i]), int(self.slot_bounds[i + 1])
+        return Recipe(
+            step=self.step,
+            group=int(self.groups[i]),
+            num_micro_steps=self.num_micro_steps,
+            pieces=self.pieces[int(self.piece_bounds[i]) : int(self.piece_bounds[i + 1])],
+            seq_len=self.seq_len,
+            slot_epochs=tuple(self.slot_epochs[lo:hi].tolist()),
+            pad_to_seq_len=self.pad_to_seq_len,
+            micro_seq_lens=self.micro_seq_lens,
+            patch_size=self.patch_size,
+        )
+
+    def reads_of(self, i: int) -> np.ndarray:
+        """Recipe i's reads, one per shard slot in order (indices into the reads list)."""
+        return self.slot_reads[int(self.slot_bounds[i]) : int(self.slot_bounds[i + 1])]
+
+    def select(self, rows: np.ndarray) -> RecipeTable:
+        """The recipes ``rows`` (ascending) alone, their reads renumbered 0.. in order of first
+        use (:meth:`used_reads` gives the old numbers in that order)."""
+        pieces = [self.pieces[self.piece_bounds[r] : self.piece_bounds[r + 1]] for r in rows]
+        slots = [np.arange(self.slot_bounds[r], self.slot_bounds[r + 1]) for r in rows]
+        piece_bounds = np.concatenate([[0], np.cumsum([len(p) for p in pieces])])
+        slot_bounds = np.concatenate([[0], np.cumsum([len(s) for s in slots])])
+        picked = np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64)
+        _, first, inverse = np.unique(
+            self.slot_reads[picked], return_index=True, return_inverse=True
+        )
+        order = np.argsort(first, kind="stable")  # renumber by first use
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        return RecipeTable(
+            step=self.step,
+            groups=self.groups[rows],
+            piece_bounds=piece_bounds.astype(np.int64),
+            pieces=np.concatenate(pieces) if pieces else self.pieces[:0],
+            slot_bounds=slot_bounds.astype(np.int64),
+            slot_reads=rank[inverse.reshape(-1)].astype(np.int64),
+            slot_epochs=self.slot_epochs[picked],
+            num_micro_steps=self.num_micro_steps,
+            seq_len=self.seq_len,
+            pad_to_seq_len=self.pad_to_seq_len,
+            micro_seq_lens=self.micro_seq_lens,
+            patch_size=self.patch_size,
+        )
+
+    def used_reads(self, rows: np.ndarray) -> np.ndarray:
+        """The reads recipes ``rows`` use, in the order :meth:`select` numbers them."""
+        slots = [self.slot_reads[self.slot_bounds[r] : self.slot_bounds[r + 1]] for r in rows]
+        used = np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64)
+        _, first = np.unique(used, return_index=True)
+        return used[np.sort(first)]
 
 
 @dataclass

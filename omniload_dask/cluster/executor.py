@@ -162,7 +162,6 @@ class ActionExecutor:
         self.futures[action.key] = self.client.submit(
             tasks.construct_block,
             action.recipes,
-            action.uses,
             action.cp,
             *deps,
             key=action.key,

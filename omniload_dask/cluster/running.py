@@ -6,8 +6,9 @@ from the plugin (a read or a construction finished, a task failed, an agent aske
 each one *pokes* the job, and one pump task at a time runs the data plane::
 
     poke()  ->  pump: draw a step (on the loop: cheap)
-                      -> plan it (split + recipes) in the planning thread, or inline while
-                         that is quick; the loop serves requests meanwhile
+                      -> plan it (split + recipes) in the job's planning process or thread,
+                         or inline while that is quick (:mod:`.planner`); the loop serves
+                         requests meanwhile
                       -> commit it: constructions submitted, waiting agents woken
                       -> reads kept ahead, actions executed, checkpoint tick
                       again while something moved, yielding to the loop in between
@@ -23,7 +24,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from distributed import Client, Future
@@ -31,19 +31,17 @@ from distributed import Client, Future
 from omniload_dask.checkpoint import CheckpointWriter
 from omniload_dask.cluster.checkpointing import CheckpointSchedule
 from omniload_dask.cluster.executor import ActionExecutor
+from omniload_dask.cluster.planner import StepPlanning
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.waiters import Waiters
-from omniload_dask.core.coordinator import Coordinator, DrawnStep, PlannedStep
+from omniload_dask.core.coordinator import Coordinator, PlannedStep
 from omniload_dask.errors import JobError, MissingJobError, OmniloadError
 from omniload_dask.observe.monitoring import JobMonitor
 from omniload_dask.plan import Plan
 
-__all__ = ["INLINE_PLANNING_MS", "RunningJob"]
+__all__ = ["RunningJob"]
 
 logger = logging.getLogger(__name__)
-# A step is planned on the loop while the last one took less than this (a thread hop costs
-# more than a tiny plan), else in the job's planning thread.
-INLINE_PLANNING_MS = 1.0
 
 
 class RunningJob:
@@ -80,9 +78,7 @@ class RunningJob:
         self.scheduler_closing = False  # feeders then wait for a new scheduler, not fail
         self.pumps = 0  # data-plane runs (draw/commit + execute), for diagnostics
         self.requests = 0  # agents' calls to ``batches``
-        self.inline_planning_ms = INLINE_PLANNING_MS
-        self.planned_off_loop = 0  # steps planned in the planning thread
-        self._planner = ThreadPoolExecutor(1, thread_name_prefix=f"omniload-plan-{plan.name}")
+        self.planner = StepPlanning(plan, coord)
         self._planning: asyncio.Future[PlannedStep | None] | None = None
         self._dirty = False
         self._pump: asyncio.Task[None] | None = None
@@ -161,15 +157,13 @@ class RunningJob:
         coord = self.coord
         now = time.time()
         self.requests += 1
+        target = coord.delivery.draw_target()
         coord.on_request(ranks, start, count, now)
         self.monitor.on_progress(now, coord.delivery.slowest())
         if report:
-            own = report.get("ranks")  # a node agent sends each of its ranks' own figures
-            for rank in ranks:
-                mine = own.get(str(rank)) if isinstance(own, dict) else report
-                if mine:
-                    self.monitor.on_feeder(int(rank), now, mine)
-        self.poke()
+            self.monitor.on_agent(ranks, now, report)
+        if coord.has_actions() or coord.delivery.draw_target() != target:
+            self.poke()  # blocks to release, or further to draw: else nothing can move
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, float(timeout))
         while True:
@@ -272,19 +266,13 @@ class RunningJob:
         drawn = coord.draw_step()
         if drawn is None:
             return
-        timing = coord.figures.timing
-        if timing.get("split_ms", 0.0) + timing.get("recipes_ms", 0.0) < self.inline_planning_ms:
-            planned = coord.plan_step(drawn)
+        if self.planner.inline():
+            planned = self.planner.plan_here(drawn)
             if planned is not None:
                 coord.commit_step(planned)
             return
-        self._plan_off_loop(drawn)
-
-    def _plan_off_loop(self, drawn: DrawnStep) -> None:
-        """Plan ``drawn`` in the planning thread; its end pokes the pump, which commits it."""
-        loop = asyncio.get_running_loop()
-        self.planned_off_loop += 1
-        self._planning = loop.run_in_executor(self._planner, self.coord.plan_step, drawn)
+        # Off the loop; its end pokes the pump, which commits it.
+        self._planning = self.planner.start(drawn)
         self._planning.add_done_callback(lambda _: None if self.stopped else self.poke())
 
     async def final_flush(self) -> None:
@@ -298,7 +286,7 @@ class RunningJob:
         if self._pump is not None:
             self._pump.cancel()
             self._pump = None
-        self._planner.shutdown(wait=False, cancel_futures=True)
+        self.planner.close()
         self.executor.release_all()
         self.coord.error = self.coord.error or "job stopped"
         self.waiters.wake_all()

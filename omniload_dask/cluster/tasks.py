@@ -23,6 +23,7 @@ from omniload_dask.batching.formats import (
     GroupBatch,
     ImageTable,
     Recipe,
+    RecipeTable,
     Shard,
     build,
 )
@@ -293,12 +294,11 @@ def group_parts(whole: GroupBatch, group: int, cp: int) -> dict[int, GroupBatch]
     return {group * cp + c: slice_batch(whole, cp, c) for c in range(cp)}
 
 
-def construct_block(
-    recipes: tuple[Recipe, ...], uses: tuple[tuple[int, ...], ...], cp: int, *shards: Shard
-) -> BatchBlock:
-    """Build a block of DP groups' batches: recipe i from the shards ``uses[i]`` names."""
+def construct_block(recipes: RecipeTable, cp: int, *shards: Shard) -> BatchBlock:
+    """Build a block of DP groups' batches: each recipe from the shards it names."""
     parts: dict[int, GroupBatch] = {}
-    for recipe, use in zip(recipes, uses, strict=True):
-        whole = construct(recipe, *[shards[i] for i in use])
+    for i in range(len(recipes)):
+        recipe = recipes.recipe(i)
+        whole = construct(recipe, *[shards[j] for j in recipes.reads_of(i).tolist()])
         parts.update(group_parts(whole, recipe.group, cp))
     return BatchBlock(parts)

@@ -3,14 +3,15 @@
 ::
 
     SubmitRead(ReadSpec("omniload-read-r1-0-0-3", source=0, file_index=2, ...), lead=1.5)
-    SubmitConstruct("omniload-batch-r1-7-0", recipes=(recipe_g0, recipe_g1),
-                    reads=(spec_a, spec_b, spec_c), uses=((0, 1), (2, 0)))
+    SubmitConstruct("omniload-batch-r1-7-0", recipes=<RecipeTable of groups 0, 1>,
+                    reads=(spec_a, spec_b, spec_c))
     Release(("omniload-read-r1-0-0-3", "omniload-batch-r1-6-0"))
 
 A construction builds a *block*: the batches of several DP groups of one step in one task
-(``loader.groups_per_task``), so the scheduler's work follows blocks, not groups. Each read
-of the block appears once in ``reads``; ``uses[i]`` lists, for recipe i's shard slots in
-order, their indices into ``reads``.
+(``loader.groups_per_task``), so the scheduler's work follows blocks, not groups. The recipes
+travel packed (a :class:`~omniload_dask.batching.formats.RecipeTable`: a few arrays, whatever
+the number of groups); each read of the block appears once in ``reads``, and the table's
+``slot_reads`` index into it.
 
 The coordinator returns these from :meth:`~omniload_dask.core.coordinator.Coordinator.advance`; the
 scheduler plugin (or :class:`~omniload_dask.testing.InlineDataPlane`) carries them out.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omniload_dask.batching.formats import Recipe
+from omniload_dask.batching.formats import RecipeTable
 
 __all__ = ["Action", "ReadSpec", "Release", "SubmitConstruct", "SubmitRead"]
 
@@ -56,15 +57,14 @@ class SubmitConstruct:
     """
 
     key: str
-    recipes: tuple[Recipe, ...]
+    recipes: RecipeTable
     reads: tuple[ReadSpec, ...]  # each read of the block once
-    uses: tuple[tuple[int, ...], ...]  # per recipe: its shard slots as indices into reads
     cp: int = 1
 
     @property
     def groups(self) -> tuple[int, ...]:
         """The DP groups whose batches the block holds."""
-        return tuple(r.group for r in self.recipes)
+        return tuple(self.recipes.groups.tolist())
 
 
 @dataclass(frozen=True)

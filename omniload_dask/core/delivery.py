@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omniload_dask.batching.formats import Recipe
+from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.core.actions import ReadSpec, Release, SubmitConstruct
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.positions import RankPositions
@@ -54,8 +54,8 @@ def groups_per_task(plan: Plan) -> int:
 class StepRecord:
     """What is kept of a drawn step: recipes to rebuild it, and its figures."""
 
-    recipes: list[Recipe]
-    reads: list[tuple[ReadSpec, ...]]
+    recipes: RecipeTable  # every group's, reads as indices into ``reads``
+    reads: list[ReadSpec]
     costs: np.ndarray
     tokens: np.ndarray
     source_tokens: np.ndarray
@@ -126,7 +126,7 @@ class Delivery:
         return min(self.where.furthest + loader.lookahead, self.where.slowest + window)
 
     def offer(
-        self, step: int, recipes: list[Recipe], reads: list[tuple[ReadSpec, ...]]
+        self, step: int, recipes: RecipeTable, reads: list[ReadSpec]
     ) -> list[SubmitConstruct]:
         """Hold and build a drawn step's blocks, for the groups that will fetch it."""
         out = []
@@ -142,7 +142,7 @@ class Delivery:
             key = self._keys.block(step, b)
             for g in groups:
                 self._hold(step, g, key)
-            out.append(self._block(key, [recipes[g] for g in groups], [reads[g] for g in groups]))
+            out.append(self._block(key, recipes, np.asarray(groups), reads))
         return out
 
     def keep(self, step: int, record: StepRecord, next_step: int) -> None:
@@ -201,21 +201,12 @@ class Delivery:
 
     # -- internals ---------------------------------------------------------------------------
     def _block(
-        self, key: str, recipes: list[Recipe], reads: list[tuple[ReadSpec, ...]]
+        self, key: str, recipes: RecipeTable, rows: np.ndarray, reads: list[ReadSpec]
     ) -> SubmitConstruct:
-        """A construction of ``recipes`` under ``key``, each read of the block named once."""
-        index: dict[str, int] = {}
-        specs: list[ReadSpec] = []
-        uses = []
-        for group_reads in reads:
-            mine = []
-            for spec in group_reads:
-                if spec.key not in index:
-                    index[spec.key] = len(specs)
-                    specs.append(spec)
-                mine.append(index[spec.key])
-            uses.append(tuple(mine))
-        return SubmitConstruct(key, tuple(recipes), tuple(specs), tuple(uses), self.layout.cp)
+        """A construction of recipes ``rows`` under ``key``, each read of the block once."""
+        used = recipes.used_reads(rows)
+        specs = tuple(reads[i] for i in used.tolist())
+        return SubmitConstruct(key, recipes.select(rows), specs, self.layout.cp)
 
     def _rebuild(self, step: int, group: int) -> SubmitConstruct:
         """Submit a released step's batch for ``group`` again, alone, from its kept recipe."""
@@ -229,7 +220,7 @@ class Delivery:
         record.rebuilds += 1
         key = self._keys.rebuild(step, group, record.rebuilds)
         self._hold(step, group, key)
-        return self._block(key, [record.recipes[group]], [record.reads[group]])
+        return self._block(key, record.recipes, np.asarray([group]), record.reads)
 
     def _hold(self, step: int, group: int, key: str) -> None:
         old = self.held.get((step, group))

@@ -2,9 +2,10 @@
 
 :meth:`StepPlanner.split` routes the documents to context buckets and balances them over the
 DP groups by cost (:mod:`omniload_dask.batching.balance`). :meth:`StepPlanner.recipes` turns
-the split into each group's :class:`~omniload_dask.batching.formats.Recipe`: rows of
-``(micro-step, shard slot, row, token start, token stop)``, where a group's shard slots number
-the read tasks it uses in order of first use::
+the split into each group's :class:`~omniload_dask.batching.formats.Recipe`, all packed in
+one :class:`~omniload_dask.batching.formats.RecipeTable`: rows of ``(micro-step, shard slot,
+row, token start, token stop)``, where a group's shard slots number the read tasks it uses in
+order of first use::
 
     group 1, micro-step 0: the first 4096 tokens of document 2 (read task R3, row 12),
     then document 7 whole (900 tokens; R1, row 4)
@@ -23,7 +24,7 @@ import numpy as np
 
 from omniload_dask.batching.balance import Assignment, Bucket, balance, route
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.batching.formats import Recipe
+from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
 from omniload_dask.plan import Plan
@@ -38,17 +39,17 @@ class DrawnStep:
     step: int
     docs: Documents
     specs: list[ReadSpec]  # specs[k] reads docs.slots[k]
+    epochs: np.ndarray  # epochs[k]: the source epoch docs.slots[k] was drawn in
     started: float  # perf_counter() when the draw began
 
 
 @dataclass
 class PlannedStep:
-    """A drawn step split among the DP groups: one recipe (and its reads) per group."""
+    """A drawn step split among the DP groups: every group's recipe, packed."""
 
     drawn: DrawnStep
     split: Assignment
-    recipes: list[Recipe]
-    reads: list[tuple[ReadSpec, ...]]
+    recipes: RecipeTable  # reads as indices into drawn.specs
     split_ms: float
     recipes_ms: float
 
@@ -79,9 +80,9 @@ class StepPlanner:
         t0 = time.perf_counter()
         split = self.split(docs.sources, docs.lengths, docs.extra)
         t1 = time.perf_counter()
-        recipes, reads = self.recipes(drawn.step, split, docs, drawn.specs)
+        recipes = self.recipes(drawn.step, split, docs, drawn.epochs)
         t2 = time.perf_counter()
-        return PlannedStep(drawn, split, recipes, reads, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        return PlannedStep(drawn, split, recipes, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
     def split(
         self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None
@@ -103,10 +104,11 @@ class StepPlanner:
         )
 
     def recipes(
-        self, step: int, plan: Assignment, docs: Documents, specs: list[ReadSpec]
-    ) -> tuple[list[Recipe], list[tuple[ReadSpec, ...]]]:
-        """Per group: its recipe, and its reads in shard-slot order (``specs[k]`` is the read
-        of ``docs.slots[k]``)."""
+        self, step: int, plan: Assignment, docs: Documents, epochs: np.ndarray
+    ) -> RecipeTable:
+        """Every group's recipe, packed: its pieces, and its reads in shard-slot order as
+        indices into the step's reads (read k holds ``docs.slots[k]``, drawn in epoch
+        ``epochs[k]``)."""
         groups, nu = self._groups, max(1, len(docs.slots))
         order = plan.output_order()
         piece_unit = docs.slot[plan.doc[order]]
@@ -129,26 +131,19 @@ class StepPlanner:
             ],
             axis=1,
         )
-        used = (pair % nu)[by_use].tolist()
-        bounds = np.searchsorted(group, np.arange(groups + 1)).tolist()
-        pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1)).tolist()
-        capacity = tuple(plan.micro_capacity.tolist())
+        used = (pair % nu)[by_use].astype(np.int64)
         batch = self._batch
-        recipes, reads = [], []
-        for g in range(groups):
-            mine = used[pair_bounds[g] : pair_bounds[g + 1]]
-            recipes.append(
-                Recipe(
-                    step=step,
-                    group=g,
-                    num_micro_steps=plan.num_micro_steps,
-                    pieces=table[bounds[g] : bounds[g + 1]],
-                    seq_len=batch.seq_len,
-                    slot_epochs=tuple(docs.slots[u][0].epoch for u in mine),
-                    pad_to_seq_len=batch.pad_to_seq_len,
-                    micro_seq_lens=capacity,
-                    patch_size=self._patch_size,
-                )
-            )
-            reads.append(tuple(specs[u] for u in mine))
-        return recipes, reads
+        return RecipeTable(
+            step=step,
+            groups=np.arange(groups, dtype=np.int64),
+            piece_bounds=np.searchsorted(group, np.arange(groups + 1)).astype(np.int64),
+            pieces=table,
+            slot_bounds=np.searchsorted(pair_group, np.arange(groups + 1)).astype(np.int64),
+            slot_reads=used,
+            slot_epochs=np.asarray(epochs, dtype=np.int64)[used],
+            num_micro_steps=plan.num_micro_steps,
+            seq_len=batch.seq_len,
+            pad_to_seq_len=batch.pad_to_seq_len,
+            micro_seq_lens=tuple(plan.micro_capacity.tolist()),
+            patch_size=self._patch_size,
+        )

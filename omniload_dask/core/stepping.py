@@ -81,7 +81,8 @@ class StepCycle:
         specs = [
             self._reads.read_spec(s, *u) for s, u in zip(docs.slot_source, docs.slots, strict=True)
         ]
-        self.in_flight = DrawnStep(self.next_step, docs, specs, started)
+        epochs = np.asarray([unit.epoch for unit, _ in docs.slots], dtype=np.int64)
+        self.in_flight = DrawnStep(self.next_step, docs, specs, epochs, started)
         self.next_step += 1
         return self.in_flight, actions
 
@@ -93,11 +94,11 @@ class StepCycle:
         self.in_flight = None
         step, docs, figures = drawn.step, drawn.docs, self._figures
         figures.timing.update(split_ms=planned.split_ms, recipes_ms=planned.recipes_ms)
-        actions: list[Action] = list(self._delivery.offer(step, planned.recipes, planned.reads))
+        actions: list[Action] = list(self._delivery.offer(step, planned.recipes, drawn.specs))
         n = len(self._sources.streams)
         source_tokens = np.bincount(docs.sources, weights=docs.lengths, minlength=n)
         record = StepRecord(
-            planned.recipes, planned.reads, split.group_costs, split.group_tokens, source_tokens
+            planned.recipes, drawn.specs, split.group_costs, split.group_tokens, source_tokens
         )
         figures.record(step, split, docs.lengths, source_tokens, docs.sources, self._drawer.weights)
         if docs.finished:

@@ -174,6 +174,12 @@ class JobMonitor:
         self.feeders[rank] = parsed
         return parsed
 
+    def on_agent(self, ranks: Sequence[int], now: float, report: Mapping[str, Any]) -> None:
+        """A fetching agent's report for the ranks it serves (checked once, kept for each)."""
+        parsed = FeederReport.parse(int(ranks[0]), now, report)
+        for rank in ranks:
+            self.feeders[int(rank)] = parsed
+
     def on_progress(self, now: float, slowest_step: int) -> None:
         """Every rank has fetched every step below ``slowest_step`` (logged when it moves)."""
         if not self._progress or self._progress[-1][1] != slowest_step:

@@ -8,9 +8,9 @@ A :class:`~omniload_dask.trainer.feeder.Feeder` takes each step's batch from a *
                                         parts (every cp slice) and broadcasts them over a
                                         gloo group of torch.distributed; each rank takes its
                                         own: one fetch per model-parallel group
-    fanout "node"       NodeSteps       a node-local agent fetches for the node's ranks and
-                        (:mod:`.node`)  hands batches over shared memory: one fetch per
-                                        node and part
+    fanout "node"       NodeSteps       a node-local agent (:mod:`.node`) fetches for the
+                        (.node_steps)   node's ranks and hands batches over shared memory:
+                                        one fetch per node and part
 
 Only fetching agents connect to the data plane and the workers, so connections per worker
 follow agents, not ranks.
@@ -117,8 +117,11 @@ class DirectSteps:
         return self.prefetcher.reconnects
 
     def _fetch(self, start: int, count: int) -> tuple[list[Any], int | None]:
-        report = self._report(self.prefetcher.buffered())
-        reply = ask_for_steps(self.link, self._job, self._ranks, self._needs, start, count, report)
+        pre = self.prefetcher
+        report = self._report(pre.buffered())
+        reply = ask_for_steps(
+            self.link, self._job, self._ranks, self._needs, start, count, report, pre.refill
+        )
         end = reply.get("end")
         return gather_parts(self.link, reply), int(end) if end is not None else None
 

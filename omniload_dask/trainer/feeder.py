@@ -110,8 +110,14 @@ class Feeder:
         self._ranks: dict[str, Any] = dict(
             rank=rank, dp_rank=dp_rank, dp_size=dp_size, tp_rank=tp_rank, pp_rank=pp_rank
         )
+        node = dict(
+            node_ranks=node_ranks,
+            prefetch=prefetch,
+            start=start_step,
+            reconnect_timeout=reconnect_timeout,
+        )
         if fanout == "node":  # the agent has the job's info: no connection of our own
-            self._node(security, cp_rank, node_ranks, prefetch, start_step, reconnect_timeout)
+            self._node(security, cp_rank, node)
         else:
             self._link = Link(address, security)
             try:
@@ -121,9 +127,7 @@ class Feeder:
                 if self.fanout == "node":
                     self._link.close()
                     self._link = None
-                    self._node(
-                        security, cp_rank, node_ranks, prefetch, start_step, reconnect_timeout
-                    )
+                    self._node(security, cp_rank, node)
                 else:
                     start = start_step if start_step is not None else _start_of(info)
                     self._source = self._direct(group, start, reconnect_timeout)
@@ -156,9 +160,16 @@ class Feeder:
         dp, cp = self.dp_rank, self.cp_rank
         if self.fanout == "none":
             return DirectSteps(
-                self._link, self.job, [self.rank], [(dp, cp)], start, self.prefetch,
-                self._report, max_steps=self.max_steps, reconnect_timeout=reconnect_timeout,
-            )  # fmt: skip
+                self._link,
+                self.job,
+                [self.rank],
+                [(dp, cp)],
+                start,
+                self.prefetch,
+                self._report,
+                max_steps=self.max_steps,
+                reconnect_timeout=reconnect_timeout,
+            )
         from omniload_dask.trainer.broadcast import GroupShare
 
         share = GroupShare(self.layout, self.rank, group)
@@ -166,39 +177,38 @@ class Feeder:
         if share.is_leader:
             needs = [(dp, c) for c in range(self.layout.cp)]
             fetcher = DirectSteps(
-                self._link, self.job, share.members, needs, start, self.prefetch,
-                self._report, pick=None, max_steps=self.max_steps,
+                self._link,
+                self.job,
+                share.members,
+                needs,
+                start,
+                self.prefetch,
+                self._report,
+                pick=None,
+                max_steps=self.max_steps,
                 reconnect_timeout=reconnect_timeout,
-            )  # fmt: skip
+            )
         else:  # the group's leader fetches: no connection of this rank's own
             self._link.close()
             self._link = None
-        return BroadcastSteps(share, cp, fetcher, self._job_info)
+        return BroadcastSteps(share, cp, fetcher, self._ask)
 
-    def _node(
-        self,
-        security: Any,
-        cp_rank: int,
-        node_ranks: Sequence[int] | None,
-        prefetch: int | None,
-        start_step: int | None,
-        reconnect_timeout: float,
-    ) -> None:
+    def _node(self, security: Any, cp_rank: int, opts: dict[str, Any]) -> None:
         """Steps from this node's agent (started here if this is the node's first rank)."""
-        from omniload_dask.trainer.node import NodeSteps, node_ranks_from_env
+        from omniload_dask.trainer.node_steps import NodeSteps
 
         self.fanout = "node"
-        rank = self._ranks["rank"]
-        if rank is None:
-            raise JobError("Feeder: fanout 'node' needs the global rank (rank=...)")
-        ranks = list(node_ranks) if node_ranks is not None else node_ranks_from_env(int(rank))
-        source = NodeSteps(
-            self.job, self.address, int(rank), ranks, start_step, self._report,
-            security=security, prefetch=prefetch or 8, max_steps=self.max_steps,
-            reconnect_timeout=reconnect_timeout,
-        )  # fmt: skip
+        source = NodeSteps.for_rank(
+            self.job,
+            self.address,
+            self._ranks["rank"],
+            self._report,
+            security=security,
+            max_steps=self.max_steps,
+            **opts,
+        )
         try:
-            self._setup(source.job_info, cp_rank, prefetch or source.prefetcher.prefetch)
+            self._setup(source.job_info, cp_rank, opts["prefetch"] or source.prefetcher.prefetch)
         except BaseException:
             source.close()
             raise
@@ -288,7 +298,7 @@ class Feeder:
     def stats(self) -> dict[str, Any]:
         """This rank's wait times and counts, plus the job's counters (records skipped...)."""
         waits = np.asarray(self.waits, dtype=np.float64)
-        job = self._job_stats()
+        job = self._ask("stats")
         return {
             "rank": self.rank,
             "step": self._step,
@@ -300,15 +310,8 @@ class Feeder:
             "job": job,
         }
 
-    def _job_stats(self) -> dict[str, Any]:
-        """The job's stats, over this feeder's connection or a short-lived one."""
-        return self._ask("stats")
-
-    def _job_info(self) -> dict[str, Any]:
-        """The job's info now."""
-        return self._ask("info")
-
-    def _ask(self, handler: str) -> dict[str, Any]:
+    def _ask(self, handler: str = "info") -> dict[str, Any]:
+        """The job's ``info`` (or ``stats``), over this feeder's connection or a short one."""
         if self._link is not None:
             return dict(self._link.call(handler, job=self.job))
         link = Link(self.address, self._security)

@@ -53,9 +53,13 @@ def ask_for_steps(
     start: int,
     count: int,
     report: dict[str, Any],
+    ahead: int = 0,
 ) -> dict[str, Any]:
     """The data plane's reply: which of the steps ``start..start+count-1`` are ready, where.
 
+    ``ahead`` more steps are asked for but not taken: the data plane then plans and builds
+    them before the agent's next request (which comes ``ahead`` steps later, see
+    :mod:`.prefetch`), so that one finds all its steps ready.
     Raises MissingJobError when the scheduler has no data plane (yet): e.g. one just restarted.
     """
     reply = link.call(
@@ -65,13 +69,15 @@ def ask_for_steps(
         ranks=[int(r) for r in ranks],
         parts=[[int(g), int(c)] for g, c in needs],
         start=start,
-        count=count,
+        count=count + ahead,
         timeout=POLL_TIMEOUT,
         report=report,
     )
     if reply is None:
         raise MissingJobError(f"the scheduler has no omniload data plane for job {job!r}")
-    return dict(reply)
+    reply = dict(reply)
+    reply["parts"] = reply["parts"][:count]
+    return reply
 
 
 def gather_parts(link: Link, reply: dict[str, Any]) -> list[list[GroupBatch]]:

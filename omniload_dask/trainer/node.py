@@ -5,7 +5,8 @@ all. One agent process per node does: it asks for the steps of every part its ra
 request for all of them), fetches each part once, writes it into a shared-memory segment
 (:mod:`.shm`), and hands the segment's name to each local rank that asks; the rank copies the
 batch out. The agent is started by the node's first rank (``python -m
-omniload_dask.trainer.node``) and talks to its ranks over a Unix socket::
+omniload_dask.trainer.node``; the rank side is :mod:`.node_steps`) and talks to its ranks over
+a Unix socket::
 
     rank -> agent   ("attach", rank, start)                -> ("ok", job info)
                     ("get", rank, start, count, report)    -> ("steps", [(step, segment)], end)
@@ -23,27 +24,24 @@ next request.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import Client as Connect
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.trainer.fetch import POLL_TIMEOUT, ask_for_steps, gather_parts, retryable
 from omniload_dask.trainer.link import Link
-from omniload_dask.trainer.shm import Segment, read_segment, write_segment
+from omniload_dask.trainer.shm import Segment, write_segment
 
-__all__ = ["NodeAgent", "NodeSteps", "agent_socket", "node_ranks_from_env"]
+__all__ = ["AGENT_START_TIMEOUT", "NodeAgent", "agent_socket", "authkey", "node_ranks_from_env"]
 
 AGENT_START_TIMEOUT = 60.0  # seconds a rank waits for its node's agent to listen
 LINGER = 30.0  # seconds an agent stays up with no rank attached
@@ -55,7 +53,8 @@ def agent_socket(job: str, address: str, node_ranks: Sequence[int]) -> str:
     return os.path.join(tempfile.gettempdir(), f"omniload-{tag}.sock")
 
 
-def _authkey(path: str) -> bytes:
+def authkey(path: str) -> bytes:
+    """The key a node agent and its ranks share (made from the socket path)."""
     return hashlib.sha256(f"omniload-node-agent|{path}".encode()).digest()
 
 
@@ -119,7 +118,7 @@ class NodeAgent:
         """Listen on the socket, fetch, and hand out until idle for ``linger`` seconds."""
         if os.path.exists(self.path):
             os.unlink(self.path)
-        listener = Listener(self.path, family="AF_UNIX", authkey=_authkey(self.path))
+        listener = Listener(self.path, family="AF_UNIX", authkey=authkey(self.path))
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
         fetcher = threading.Thread(target=self._fetch_loop, daemon=True, name="omniload-agent")
         fetcher.start()
@@ -291,7 +290,9 @@ class NodeAgent:
             report = self._report()
             try:
                 self.calls += 1
-                reply = ask_for_steps(self.link, self.job, ranks, needs, start, count, report)
+                reply = ask_for_steps(
+                    self.link, self.job, ranks, needs, start, count, report, self.refill
+                )
                 parts = gather_parts(self.link, reply)
                 attempt = 0
             except BaseException as exc:
@@ -320,147 +321,22 @@ class NodeAgent:
                 self._cond.notify_all()
 
     def _report(self) -> dict[str, Any]:
-        """What the data plane's monitoring gets: each attached rank's own figures."""
+        """What the data plane's monitoring gets for the node's ranks: the worst of theirs
+        (longest waits, fewest steps held)."""
         with self._cond:
-            return {"ranks": {str(r): dict(v) for r, v in self._reports.items()}}
-
-
-class NodeSteps:
-    """A rank's steps from its node's agent (started by the node's first rank if needed)."""
-
-    def __init__(
-        self,
-        job: str,
-        address: str,
-        rank: int,
-        node_ranks: Sequence[int],
-        start: int | None,
-        report: Any,
-        *,
-        security: Any = None,
-        prefetch: int = 8,
-        max_steps: int | None = None,
-        reconnect_timeout: float = 300.0,
-    ) -> None:
-        from omniload_dask.trainer.prefetch import Prefetcher
-
-        self.rank = rank
-        self.path = agent_socket(job, address, node_ranks)
-        self._first = rank == min(node_ranks)
-        self._spawn = (job, address, list(node_ranks), security, prefetch)
-        self._report = report
-        self._lock = threading.Lock()
-        self._conn: Connection | None = self._connect()
-        _, self.job_info, start = self._call(("attach", rank, start))
-        self.start = int(start)  # where this rank starts
-        self.prefetcher = Prefetcher(
-            self._fetch,
-            start,
-            prefetch,
-            max_steps=max_steps,
-            reconnect_timeout=reconnect_timeout,
-            name=f"omniload-feeder-{rank}",
-            describe=f"rank {rank}: fetching from its node agent",
-        )
-
-    @property
-    def calls(self) -> int:
-        """Round trips to the agent."""
-        return self.prefetcher.calls
-
-    @property
-    def reconnects(self) -> int:
-        """Round trips to the agent retried."""
-        return self.prefetcher.reconnects
-
-    def _connect(self) -> Connection:
-        """Connect to the agent; the node's first rank starts it when none listens."""
-        deadline = time.monotonic() + AGENT_START_TIMEOUT
-        started = False
-        while True:
-            try:
-                return Connect(self.path, family="AF_UNIX", authkey=_authkey(self.path))
-            except (OSError, EOFError):
-                if self._first and not started:
-                    self._start_agent()
-                    started = True
-                if time.monotonic() > deadline:
-                    raise JobError(
-                        f"rank {self.rank}: no node agent answers at {self.path} after "
-                        f"{AGENT_START_TIMEOUT:.0f}s (the node's first rank starts it)"
-                    ) from None
-                time.sleep(0.1)
-
-    def _start_agent(self) -> None:
-        job, address, ranks, security, prefetch = self._spawn
-        proc = subprocess.Popen(  # it outlives this rank's pipes: none of them
-            [sys.executable, "-m", "omniload_dask.trainer.node"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        assert proc.stdin is not None
-        proc.stdin.write(pickle.dumps((job, address, ranks, self.path, security, prefetch)))
-        proc.stdin.close()
-
-    def _call(self, message: tuple[Any, ...]) -> tuple[Any, ...]:
-        """One request to the agent; a lost agent is a ConnectionError (retried: the next
-        call connects again, and attaches again, to a new agent if need be)."""
-        with self._lock:
-            if self._conn is None:
-                self._conn = self._connect()
-                if message[0] == "get":  # a new agent knows nothing of this rank yet
-                    self._conn.send(("attach", self.rank, message[2]))
-                    self._conn.recv()
-            try:
-                self._conn.send(message)
-                reply: tuple[Any, ...] = self._conn.recv()
-            except (OSError, EOFError):
-                self._conn.close()
-                self._conn = None
-                raise ConnectionError(f"rank {self.rank}: lost its node agent") from None
-        if reply[0] == "error":
-            raise JobError(reply[1])
-        return reply
-
-    def _fetch(self, start: int, count: int) -> tuple[list[Any], int | None]:
-        report = self._report(self.prefetcher.buffered())
-        _, ready, end = self._call(("get", self.rank, start, count, report))
-        items = []
-        for _, name in ready:
-            try:
-                items.append(read_segment(name))
-            except FileNotFoundError:
-                break  # gone meanwhile (the rank moved): asked again
-        return items, end
-
-    def take(self, step: int) -> Any:
-        """This rank's batch of ``step``."""
-        return self.prefetcher.take(step)
-
-    def done(self, step: int) -> None:
-        """The rank is through ``step``."""
-        self.prefetcher.done(step)
-
-    def reset(self, step: int) -> None:
-        """Continue from ``step``."""
-        self.prefetcher.reset(step)
-
-    def buffered(self) -> int:
-        """Steps held ahead."""
-        return self.prefetcher.buffered()
-
-    def info(self) -> dict[str, Any]:
-        """The job's info now (from the agent)."""
-        return dict(self._call(("info",))[1])
-
-    def close(self) -> None:
-        """Stop, and tell the agent this rank is gone."""
-        self.prefetcher.close()
-        with contextlib.suppress(OSError, JobError):
-            self._call(("detach", self.rank))
-        if self._conn is not None:
-            self._conn.close()
+            reports = list(self._reports.values())
+        if not reports:
+            return {}
+        waits = {
+            k: max((r[k] for r in reports if r.get(k) is not None), default=None)
+            for k in ("wait_p50", "wait_p99")
+        }
+        return {
+            **waits,
+            "buffered": min(int(r.get("buffered") or 0) for r in reports),
+            "prefetch": max(int(r.get("prefetch") or 0) for r in reports),
+            "samples": sum(int(r.get("samples") or 0) for r in reports),
+        }
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import os
 from omniload_dask.errors import JobError
 from omniload_dask.plan import LayoutSpec
 
-__all__ = ["resolve_rank", "torch_available"]
+__all__ = ["distributed_rank", "resolve_rank", "torch_available"]
 
 
 def resolve_rank(
@@ -47,7 +47,7 @@ def resolve_rank(
         return rank
     if dp_rank is not None:
         return layout.rank(dp_rank, tp_rank, pp_rank, cp_rank)
-    world_rank, world_size = _distributed_rank()
+    world_rank, world_size = distributed_rank()
     if world_rank is None:
         if layout.world_size == 1:
             return 0
@@ -74,7 +74,7 @@ def torch_available() -> bool:
         return False
 
 
-def _distributed_rank() -> tuple[int | None, int | None]:
+def distributed_rank() -> tuple[int | None, int | None]:
     """``(rank, world size)`` of an initialised torch.distributed, else from the environment."""
     if torch_available():
         import torch.distributed as dist

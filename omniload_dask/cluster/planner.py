@@ -1,0 +1,161 @@
+"""Where a running job plans its steps: inline, in a thread, or in a process of its own.
+
+Planning a step (the split by cost, then the recipes; :meth:`StepPlanner.plan`) is pure and
+the costliest thing the data plane does: tens to hundreds of milliseconds at thousands of DP
+groups. On the scheduler's event loop it would stall every request meanwhile; in a thread it
+still takes the GIL from the loop (every RPC then waits up to a switch interval for it). A
+:class:`StepPlanning` picks::
+
+    the last step planned in < INLINE_MS      inline (a hop costs more than the plan)
+    dp >= PROCESS_MIN_GROUPS                  a planning process (spawned once per job); the
+                                              step's documents go there as a few arrays, the
+                                              recipes come back packed (RecipeTable)
+    else                                      the job's planning thread
+
+The result is the same wherever it is computed. A process that fails (it died, or cannot
+start) is replaced by the thread, with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import time
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from omniload_dask.core.coordinator import Coordinator
+from omniload_dask.core.draw import Documents
+from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
+from omniload_dask.errors import JobError
+from omniload_dask.plan import Plan, parse_plan
+
+__all__ = ["INLINE_MS", "PROCESS_MIN_GROUPS", "StepPlanning"]
+
+logger = logging.getLogger(__name__)
+INLINE_MS = 1.0
+PROCESS_MIN_GROUPS = 64
+
+_planner: StepPlanner | None = None  # in a planning process: the job's planner
+
+
+class StepPlanning:
+    """One job's planning: inline, its thread, or its process (see the module docstring).
+
+    ``cpu_s`` counts the CPU-seconds spent planning (wherever), ``off_loop`` the steps planned
+    elsewhere than on the loop.
+    """
+
+    def __init__(self, plan: Plan, coord: Coordinator, *, process: bool | None = None) -> None:
+        self.coord = coord
+        self.inline_ms = INLINE_MS
+        self.cpu_s = 0.0
+        self.off_loop = 0
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"omniload-plan-{plan.name}")
+        use = process if process is not None else plan.layout.dp >= PROCESS_MIN_GROUPS
+        self._process: Executor | None = _start_process(plan) if use else None
+
+    @property
+    def where(self) -> str:
+        """``"process"`` or ``"thread"``: where steps go that are not planned inline."""
+        return "process" if self._process is not None else "thread"
+
+    def inline(self) -> bool:
+        """Whether the next step is cheap enough to plan on the loop (a job with a planning
+        process plans its first step there too: at its size that one is not cheap)."""
+        timing = self.coord.figures.timing
+        if "split_ms" not in timing and self._process is not None:
+            return False
+        return timing.get("split_ms", 0.0) + timing.get("recipes_ms", 0.0) < self.inline_ms
+
+    def plan_here(self, drawn: DrawnStep) -> PlannedStep | None:
+        """Plan ``drawn`` in this thread (the loop, or the planning thread)."""
+        t0 = time.thread_time()
+        try:
+            return self.coord.plan_step(drawn)
+        finally:
+            self.cpu_s += time.thread_time() - t0
+
+    def start(self, drawn: DrawnStep) -> asyncio.Future[PlannedStep | None]:
+        """Plan ``drawn`` off the loop; the future's result is the planned step."""
+        loop = asyncio.get_running_loop()
+        self.off_loop += 1
+        if self._process is None:
+            return loop.run_in_executor(self._thread, self.plan_here, drawn)
+        return asyncio.ensure_future(self._in_process(drawn))
+
+    async def _in_process(self, drawn: DrawnStep) -> PlannedStep | None:
+        loop = asyncio.get_running_loop()
+        docs = drawn.docs
+        arrays = (
+            drawn.step,
+            docs.sources,
+            docs.lengths,
+            docs.extra,
+            docs.rows,
+            docs.slot,
+            len(docs.slots),
+            drawn.epochs,
+        )
+        assert self._process is not None
+        try:
+            split, recipes, split_ms, recipes_ms, cpu = await loop.run_in_executor(
+                self._process, _plan_in_process, arrays
+            )
+        except JobError as exc:
+            self.coord.error = self.coord.error or str(exc)
+            return None
+        except Exception as exc:  # the process died or could not start: plan in the thread
+            logger.warning("omniload: planning process failed (%r); planning in a thread", exc)
+            self._stop_process()
+            return await loop.run_in_executor(self._thread, self.plan_here, drawn)
+        self.cpu_s += cpu
+        return PlannedStep(drawn, split, recipes, split_ms, recipes_ms)
+
+    def close(self) -> None:
+        """Stop the thread and the process (steps in flight are dropped)."""
+        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._stop_process()
+
+    def _stop_process(self) -> None:
+        if self._process is not None:
+            self._process.shutdown(wait=False, cancel_futures=True)
+            self._process = None
+
+
+def _start_process(plan: Plan) -> Executor | None:
+    """A one-process pool whose process holds the job's planner (None if it cannot start)."""
+    try:
+        return ProcessPoolExecutor(
+            1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_process,
+            initargs=(plan.to_dict(),),
+        )
+    except Exception as exc:  # e.g. no processes allowed here: the thread will do
+        logger.warning("omniload: no planning process (%r); planning in a thread", exc)
+        return None
+
+
+def _init_process(plan: dict[str, Any]) -> None:
+    global _planner
+    _planner = StepPlanner(parse_plan(plan))
+
+
+def _plan_in_process(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
+    """In the planning process: plan one step from its documents' arrays."""
+    step, sources, lengths, extra, rows, slot, slots, epochs = arrays
+    assert _planner is not None
+    t0 = time.thread_time()
+    docs = Documents(sources, lengths, extra, rows, slot, [None] * slots, [], [])  # type: ignore[list-item]
+    planned = _planner.plan(DrawnStep(step, docs, [], np.asarray(epochs), 0.0))
+    return (
+        planned.split,
+        planned.recipes,
+        planned.split_ms,
+        planned.recipes_ms,
+        time.thread_time() - t0,
+    )
