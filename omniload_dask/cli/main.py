@@ -48,7 +48,27 @@ def _validate(args: argparse.Namespace) -> int:
         f"stream fingerprint {plan.stream_fingerprint()}",
         file=sys.stderr,
     )
+    for note in _tokenizer_notes(plan):
+        print(f"# {note}", file=sys.stderr)
     return 0
+
+
+def _tokenizer_notes(plan: Any) -> list[str]:
+    """What ``validate`` says of the plan's tokenizer file: settings of it that are turned off."""
+    if plan.tokenizer.kind == "byte":
+        return []
+    from omniload_dask.preprocess.tokenize import describe
+
+    try:
+        info = describe(plan.tokenizer)
+    except OmniloadError as exc:
+        return [f"tokenizer not loaded here: {exc}"]
+    return [
+        f"tokenizer.path: the file's {what} is turned off (documents are tokenized whole and "
+        "packed here; batch.long_documents and batch.max_document_tokens say how long ones are "
+        "cut, and count it)"
+        for what in info.get("turned_off", ())
+    ]
 
 
 def _run(args: argparse.Namespace) -> int:
