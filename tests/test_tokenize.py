@@ -97,6 +97,7 @@ def test_a_tokenizer_files_own_truncation_and_padding_are_turned_off_and_said(tm
     from omniload_dask.cli import main
 
     plan = tmp_path / "plan.yaml"
+    (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
     plan.write_text(
         "sources: [{name: a, format: jsonl, path: a.jsonl}]\n"
         "batch: {seq_len: 64}\n"

@@ -17,7 +17,7 @@ from omniload_dask.sources.base import RawRecords, SourceFormat
 from omniload_dask.sources.catalog import Catalog
 from omniload_dask.sources.files import filesystem, list_files
 
-__all__ = ["discover_source", "formats", "get_format", "read_unit_records"]
+__all__ = ["discover_source", "formats", "get_format", "list_source", "read_unit_records"]
 
 
 @functools.cache
@@ -34,6 +34,12 @@ def formats() -> Mapping[str, SourceFormat]:
 def get_format(name: str) -> SourceFormat:
     """The format named ``name`` (the plan has checked that it is one of :func:`formats`)."""
     return formats()[name]
+
+
+def list_source(spec: SourceSpec) -> list[str]:
+    """The source's files (its paths, folders and globs resolved); a SourceError naming the
+    path that finds none (``omniload validate`` calls it before any job starts)."""
+    return list_files(spec, get_format(spec.format))[1]
 
 
 def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
