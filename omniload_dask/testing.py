@@ -54,7 +54,7 @@ class InlineDataPlane:
         if resume is not None and resume is not False:
             saved, state = load_for_resume(plan, resume)
             sources = registry_plan(plan, state)
-        catalogs = [tasks.discover(spec) for spec in sources.sources]
+        catalogs = [tasks.discover(spec, plan.on_error) for spec in sources.sources]
         self.coord = Coordinator(sources, catalogs, run_id, start_step=start_step)
         if state is not None:
             check_catalogs(state, catalogs)
@@ -183,7 +183,7 @@ class InlineDataPlane:
 
     def add_source(self, spec: Any, at_step: int | None = None) -> int:
         """Add a source live (discovered inline); returns the step it joins at."""
-        return self.coord.add_source(spec, tasks.discover(spec), at_step)
+        return self.coord.add_source(spec, tasks.discover(spec, self.plan.on_error), at_step)
 
     def draw(self, steps: int) -> None:
         """Let the data plane draw ``steps`` more steps (no batches built unless ``build``)."""

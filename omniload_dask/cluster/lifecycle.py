@@ -191,6 +191,7 @@ async def _discover(
         client.submit(
             tasks.discover,
             spec,
+            plan.on_error,
             key=f"omniload-discover-{run_id}-{i}",
             retries=plan.loader.read_retries,
             priority=DISCOVERY_PRIORITY,
@@ -275,6 +276,7 @@ async def discover_added(
         client.submit(
             tasks.discover,
             spec,
+            new.on_error,
             retries=new.loader.read_retries,
             key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.log)}",
             priority=DISCOVERY_PRIORITY,

@@ -272,7 +272,7 @@ class SourceStream:
                 docs += len(rows)
             else:
                 empty_run += 1
-                if empty_run > self.catalog.num_units:
+                if empty_run >= 2 * self.catalog.num_units:  # a whole epoch lies inside
                     raise JobError(f"source {self.spec.name!r}: a whole epoch held no records")
             units.append(unit)
             ref, row = self.successor(ref), 0

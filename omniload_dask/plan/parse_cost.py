@@ -11,9 +11,20 @@ from typing import Any
 
 from omniload_dask.batching.cost import check_function, load_function, transformer_coefficients
 from omniload_dask.plan.fields import Fields, fail
+from omniload_dask.plan.limits import MAX_COST
 from omniload_dask.plan.specs import CostSpec
 
 __all__ = ["read_cost"]
+
+# A transformer description's sizes: far beyond today's models, and their cost stays finite.
+_MODEL_MAX = {
+    "hidden": 2**20,
+    "layers": 2**14,
+    "heads": 2**16,
+    "kv_heads": 2**16,
+    "ffn": 2**24,
+    "vocab": 2**32,
+}
 
 
 def read_cost(f: Fields) -> CostSpec:
@@ -41,8 +52,8 @@ def read_cost(f: Fields) -> CostSpec:
             fail(f.at("function"), str(exc), ref)
         f.done()
         return CostSpec(function=ref, **encoder)
-    linear = f.number("linear", default.linear, min=0)
-    quadratic = f.number("quadratic", default.quadratic, min=0)
+    linear = f.number("linear", default.linear, min=0, max=MAX_COST)
+    quadratic = f.number("quadratic", default.quadratic, min=0, max=MAX_COST)
     if linear == 0 and quadratic == 0:
         fail(f.at("linear"), "linear and quadratic cannot both be 0", 0)
     f.done()
@@ -60,8 +71,8 @@ def _encoder(f: Fields) -> dict[str, Any]:
         linear, quadratic = transformer_coefficients(**model)
         f.done()
         return {"encoder_linear": linear, "encoder_quadratic": quadratic, "encoder_model": model}
-    linear = f.number("linear", 0.0, min=0)
-    quadratic = f.number("quadratic", 0.0, min=0)
+    linear = f.number("linear", 0.0, min=0, max=MAX_COST)
+    quadratic = f.number("quadratic", 0.0, min=0, max=MAX_COST)
     f.done()
     return {"encoder_linear": linear, "encoder_quadratic": quadratic}
 
@@ -69,15 +80,15 @@ def _encoder(f: Fields) -> dict[str, Any]:
 def _model(f: Fields) -> dict[str, Any]:
     """A transformer description for the cost formula; keeps only the keys given."""
     out: dict[str, Any] = {
-        "hidden": f.integer("hidden", min=1),
-        "layers": f.integer("layers", min=1),
+        "hidden": f.integer("hidden", min=1, max=_MODEL_MAX["hidden"]),
+        "layers": f.integer("layers", min=1, max=_MODEL_MAX["layers"]),
     }
     for key in ("heads", "kv_heads", "ffn"):
-        value = f.optional_int(key, min=1)
+        value = f.optional_int(key, min=1, max=_MODEL_MAX[key])
         if value is not None:
             out[key] = value
     if f.has("vocab"):
-        out["vocab"] = f.integer("vocab", min=0)
+        out["vocab"] = f.integer("vocab", min=0, max=_MODEL_MAX["vocab"])
     for key in ("gated", "causal"):
         if f.has(key):
             out[key] = f.flag(key, False)

@@ -14,6 +14,16 @@ import re
 from typing import Any
 
 from omniload_dask.plan.fields import Fields, fail, resolve_path
+from omniload_dask.plan.limits import (
+    MAX_EPOCHS,
+    MAX_INPUT_PIXELS,
+    MAX_PIXELS,
+    MAX_TOKEN_ID,
+    MAX_UNIT_BYTES,
+    MAX_UNIT_RECORDS,
+    MAX_WEIGHT,
+    MIN_UNIT_BYTES,
+)
 from omniload_dask.plan.specs import BYTE_IMAGE_TOKEN, ImageSpec, SourceSpec, TokenizerSpec
 
 __all__ = [
@@ -54,17 +64,17 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
             f.at("path"), "must be a path/URL (globs allowed) or a non-empty list of them", raw_path
         )
     paths = tuple(resolve_path(p, base_dir, field=f.at("path")) for p in raw_paths)
-    weight = f.number("weight", 1.0, min=0)
+    weight = f.number("weight", 1.0, min=0, max=MAX_WEIGHT)
     text = f.text("text", "txt" if fmt == "webdataset" else "text")
     image = _image_field(f, fmt)
     if fmt == "parquet" and image and image[0] == text:
         fail(f.at("image"), "must be another column than sources[].text", image[0])
-    unit_records = f.optional_int("unit_records", min=1)
+    unit_records = f.optional_int("unit_records", min=1, max=MAX_UNIT_RECORDS)
     if unit_records is not None and fmt == "jsonl":
         fail(f.at("unit_records"), "only applies to parquet and webdataset", unit_records)
     if fmt == "webdataset" and unit_records is None:
         unit_records = 64
-    unit_bytes = f.size("unit_bytes", 4 * 2**20)
+    unit_bytes = f.size("unit_bytes", 4 * 2**20, min=MIN_UNIT_BYTES, max=MAX_UNIT_BYTES)
     if f.has("unit_bytes") and fmt != "jsonl":
         fail(
             f.at("unit_bytes"),
@@ -72,7 +82,7 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
             f.raw("unit_bytes"),
         )
     opts = f.plain_mapping("storage_options")
-    epochs = f.optional_int("epochs", min=1)
+    epochs = f.optional_int("epochs", min=1, max=MAX_EPOCHS)
     f.done()
     return SourceSpec(
         name=name,
@@ -151,9 +161,13 @@ def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
     patch = f.integer("patch_size", d.patch_size, min=1, max=1024)
     merge = f.integer("merge", d.merge, min=1, max=16)
     factor = patch * merge
-    min_pixels = f.integer("min_pixels", max(d.min_pixels, factor * factor), min=factor * factor)
-    max_pixels = f.integer("max_pixels", max(d.max_pixels, min_pixels), min=min_pixels)
-    max_input = f.integer("max_input_pixels", d.max_input_pixels, min=1)
+    min_pixels = f.integer(
+        "min_pixels", max(d.min_pixels, factor * factor), min=factor * factor, max=MAX_PIXELS
+    )
+    max_pixels = f.integer(
+        "max_pixels", max(d.max_pixels, min_pixels), min=min_pixels, max=MAX_PIXELS
+    )
+    max_input = f.integer("max_input_pixels", d.max_input_pixels, min=1, max=MAX_INPUT_PIXELS)
     raw = f.raw("placeholder")
     if tokenizer.kind == "byte":
         if raw is not None and raw != BYTE_IMAGE_TOKEN:
@@ -170,9 +184,11 @@ def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
         isinstance(raw, bool)
         or not isinstance(raw, (str, int))
         or raw == ""
-        or (isinstance(raw, int) and raw < 0)
+        or (isinstance(raw, int) and not 0 <= raw <= MAX_TOKEN_ID)
     ):
-        fail(f.at("placeholder"), "must be a token string or a token id >= 0", raw)
+        fail(
+            f.at("placeholder"), f"must be a token string or a token id in [0, {MAX_TOKEN_ID}]", raw
+        )
     else:
         placeholder = raw
     f.done()

@@ -5,6 +5,10 @@ BOS/EOS added as the plan declares. The byte tokenizer needs no file: token = UT
 BOS = 256, EOS = 257, vocabulary 258. ``"hé"`` becomes ``[256, 104, 195, 169, 257]``.
 
 A Hugging Face tokenizer is loaded once per worker process (cached by path) from any fsspec URL.
+Its file's own ``truncation`` and ``padding`` are turned off: documents are tokenized whole and
+packed by the loader (a file's ``truncation: {max_length: 128}`` would cut every document to
+128 tokens uncounted, its padding would put pad tokens inside packed sequences);
+:func:`describe` says what was turned off, and ``omniload validate`` prints it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class TokenizerInfo:
     vocab_size: int
     bos_id: int | None
     eos_id: int | None
+    turned_off: tuple[str, ...] = ()  # settings of the tokenizer file that do not apply here
 
 
 class _Encoder(Protocol):
@@ -105,6 +110,7 @@ class HuggingFaceTokenizer:
             vocab_size=self._tok.get_vocab_size(with_added_tokens=True),
             bos_id=self._special(spec, "bos", spec.bos),
             eos_id=self._special(spec, "eos", spec.eos),
+            turned_off=_turn_off_truncation_and_padding(self._tok),
         )
 
     def _special(self, spec: TokenizerSpec, field: str, token: str | None) -> int | None:
@@ -135,6 +141,21 @@ class HuggingFaceTokenizer:
             count=int(lengths.sum()),
         )
         return body, lengths
+
+
+def _turn_off_truncation_and_padding(tok: Any) -> tuple[str, ...]:
+    """Turn off a tokenizer.json's own truncation and padding; what each one was."""
+    off = []
+    cut = tok.truncation
+    if cut is not None:
+        off.append(f"truncation to {cut['max_length']} tokens")
+        tok.no_truncation()
+    pad = tok.padding
+    if pad is not None:
+        size = f"to {pad['length']} tokens" if pad.get("length") else "to the longest in a batch"
+        off.append(f"padding {size} with {pad.get('pad_token')!r}")
+        tok.no_padding()
+    return tuple(off)
 
 
 @functools.lru_cache(maxsize=8)
@@ -212,7 +233,8 @@ def image_token_id(spec: TokenizerSpec, token: str | int) -> int:
 def describe(spec: TokenizerSpec, placeholder: str | int | None = None) -> dict[str, Any]:
     """Load the tokenizer and report its vocabulary and special ids (start-up check).
 
-    With ``placeholder`` (plans with images) also the image token's id.
+    With ``placeholder`` (plans with images) also the image token's id; ``turned_off`` lists
+    the tokenizer file's own settings that were turned off (truncation, padding).
     """
     info = load_tokenizer(spec).info
     out: dict[str, Any] = {
@@ -220,6 +242,8 @@ def describe(spec: TokenizerSpec, placeholder: str | int | None = None) -> dict[
         "bos_id": info.bos_id,
         "eos_id": info.eos_id,
     }
+    if info.turned_off:
+        out["turned_off"] = list(info.turned_off)
     if placeholder is not None:
         out["image_token_id"] = image_token_id(spec, placeholder)
         if spec.kind == "byte":
