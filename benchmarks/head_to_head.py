@@ -1,8 +1,9 @@
 """Head to head on a real corpus with real tokenizers: omniload-dask against per-rank DataLoaders,
 MosaicML Streaming and the raw read+tokenize limit, interleaved in one run.
 
-    python benchmarks/head_to_head.py --quick          # R = 8, one tokenizer, < 10 minutes
+    python benchmarks/head_to_head.py --quick          # R = 8, Tekken, < 10 minutes
     python benchmarks/head_to_head.py                  # R = 8 and 16, both tokenizers, memory 16x4
+    python benchmarks/head_to_head.py --memory-only    # the 16 ranks x 4 sources memory runs
     python benchmarks/head_to_head.py --ranks 8 --tokenizers tekken --systems omniload_ext,per_source
 
 Preparation (outside every timed window): the corpus (``realcorpus.py``: manual-page sections,
@@ -438,7 +439,7 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         before = tree_sample([c.pid for c in children])
         groups["workers" if system == "raw" else "ranks"] = [c.pid for c in children]
         if system == "omniload_ext":
-            cluster = ReadmeCluster(args.workers, logs, dict(os.environ))
+            cluster = ReadmeCluster(args.workers, logs, {**os.environ, **args.cluster_env})
             groups["scheduler"] = [cluster.scheduler.pid]
             groups["dask_workers"] = [p.pid for p in cluster.workers]
         t_launch = time.monotonic()
@@ -465,8 +466,14 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         _sleep_until(t_first + args.warmup)
         roots = [pid for pids in groups.values() for pid in pids]
         t_a, cpu_a = time.monotonic(), cpu_seconds(roots)
+        spies = _profile(args, system, name, groups) if args.profile else []
+        loop_pids = _worker_processes(system, groups)
+        threads_a = _thread_cpu(loop_pids)
         _sleep_until(t_a + args.seconds)
         t_b, cpu_b = time.monotonic(), cpu_seconds(roots)
+        threads_b = _thread_cpu(loop_pids)
+        for spy in spies:
+            spy.wait(timeout=60)
         samples = []
         if system != "raw":  # memory while everything still runs
             for _ in range(MIN_SAMPLES):
@@ -493,9 +500,73 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         "t_launch": t_launch, "t_a": t_a, "t_b": t_b, "firsts": firsts,
         "done": done, "plane": plane, "before_pss": before.pss,
         "cpu": _cpu_by_group(cpu_a, cpu_b, groups),
+        "worker_threads": _thread_split(threads_a, threads_b),
         "memory": _memory(samples, before.pss), "processes": _processes(samples),
         "load": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
     }  # fmt: skip
+
+
+def _profile(args: argparse.Namespace, system: str, name: str,
+             groups: dict[str, list[int]]) -> list[subprocess.Popen[bytes]]:  # fmt: skip
+    """py-spy records (collapsed stacks, ``--format raw``) of the scheduler, each Dask worker
+    (with its nanny) and ranks 0 and 1 over the window, into ``--profile``."""
+    if not system.startswith("omniload"):
+        return []
+    spy = str(Path(sys.executable).parent / "py-spy")
+    folder = Path(args.profile)
+    folder.mkdir(parents=True, exist_ok=True)
+    targets = [("scheduler", pid) for pid in groups.get("scheduler", [])]
+    targets += [(f"worker{i}", pid) for i, pid in enumerate(groups.get("dask_workers", []))]
+    targets += [(f"rank{i}", pid) for i, pid in enumerate(groups["ranks"][:2])]
+    procs = []
+    for label, pid in targets:
+        out = folder / f"{name}-{label}.txt"
+        cmd = [spy, "record", "--format", "raw", "--rate", str(args.profile_rate),
+               "--duration", str(int(args.seconds)), "--nonblocking", "--subprocesses",
+               "-o", str(out), "--pid", str(pid)]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return procs
+
+
+def _worker_processes(system: str, groups: dict[str, list[int]]) -> list[int]:
+    """The Dask worker processes (not their nannies) of an omniload run."""
+    from accounting import tree
+
+    if system == "omniload_ext":
+        roots = groups.get("dask_workers", [])
+    elif system == "omniload_emb":
+        roots = groups.get("scheduler", [])
+    else:
+        return []
+    procs = [p for pid in roots for p in tree(pid)[1:]]
+    # a nanny's child that itself has no children of its own is the worker
+    return [p.pid for p in procs if not p.children() and "resource_tracker" not in
+            " ".join(p.cmdline())]  # fmt: skip
+
+
+def _thread_cpu(pids: list[int]) -> dict[tuple[int, int], float]:
+    """CPU-seconds of every thread of ``pids`` (from /proc/PID/task/TID/stat)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                    fields = stat[stat.rindex(")") + 2 :].split()
+                    out[(pid, int(tid))] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _thread_split(a: dict[tuple[int, int], float], b: dict[tuple[int, int], float]
+                  ) -> dict[str, float] | None:  # fmt: skip
+    """CPU-seconds in the window of the workers' main threads (the event loop: comms, task
+    bookkeeping) against all their other threads (task threads, library pools)."""
+    if not b:
+        return None
+    main = sum(v - a.get(k, 0.0) for k, v in b.items() if k[0] == k[1])
+    rest = sum(v - a.get(k, 0.0) for k, v in b.items() if k[0] != k[1])
+    return {"event_loop_s": round(main, 2), "other_threads_s": round(rest, 2)}
 
 
 def _free_port() -> int:
@@ -621,6 +692,9 @@ def analyse(run: dict[str, Any], cost: Any, timer: Any) -> dict[str, Any]:
         out["plane"] = stats or run["plane"].get("stats")
     cpu = run["cpu"]
     mtok = max(delivered, 1.0) / 1e6
+    if run.get("worker_threads"):
+        out["worker_threads_cpu_s_per_mtoken"] = {
+            k: round(v / mtok, 3) for k, v in run["worker_threads"].items()}  # fmt: skip
     out["cpu_s_per_mtoken"] = {g: round(float(v) / mtok, 3) for g, v in cpu.items()}
     out["cpu_s_per_mtoken"]["total"] = round(float(sum(cpu.values())) / mtok, 3)
     out["cpu_cores"] = round(float(sum(cpu.values())) / seconds, 3)
@@ -630,8 +704,11 @@ def analyse(run: dict[str, Any], cost: Any, timer: Any) -> dict[str, Any]:
 
 
 def _check_estimates(logs: list[Any], idx: Any, timer: Any, count: int = 3) -> dict[str, Any]:
-    """Direct forward + backward timings of a few micro-batches against their estimates."""
-    picks = [logs[i % len(logs)]["pieces"][int(idx[(i * 7) % len(idx)])][0] for i in range(count)]
+    """Direct forward + backward timings of a few micro-batches of several pieces (a single
+    piece is a calibration point) against their estimates."""
+    many = [mb for lg in logs for s in idx for mb in lg["pieces"][int(s)] if len(mb) >= 3]
+    many.sort(key=lambda mb: (max(mb), len(mb)))
+    picks = [many[int(q * (len(many) - 1))] for q in (0.1, 0.5, 0.9)][:count] if many else []
     pairs = [(timer.estimate(p), timer.micro_batch(p)) for p in picks]
     return {"estimated_s": [round(a, 3) for a, _ in pairs],
             "measured_s": [round(b, 3) for _, b in pairs]}  # fmt: skip
@@ -677,7 +754,14 @@ def prepare(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from realcompute import StepTimer
 
     timer = StepTimer()
-    timer.calibrate(up_to=args.seq_len)
+    import torch
+
+    saved = root / f"calibration-{args.seq_len}-torch{torch.__version__}.json"
+    if saved.exists():  # one calibration per machine: every run balances for the same cost
+        timer.load(json.loads(saved.read_text()))
+    else:
+        timer.calibrate(up_to=args.seq_len)
+        saved.write_text(json.dumps(timer.save()))
     linear, quadratic = timer.fit()
     return {"corpus": corpus, "tokenizers": tokenizers, "mds": mds, "mosaic_path": mosaic_path,
             "stubbed": notes, "timer": timer, "cost": {"linear": linear, "quadratic": quadratic},
@@ -715,7 +799,8 @@ def summarise(rows: list[dict[str, Any]], ranks: list[int], tokenizer: str) -> d
     for base, key in (("per_source", "per_source_loader"), ("per_rank", "per_rank_loader")):
         o, b = by.get(("omniload_ext", 16, 4)), by.get((base, 16, 4))
         out[f"ratio_memory_vs_{key}_16x4"] = (
-            ratio(b["memory"]["total"], o["memory"]["total"]) if o and b else None)
+            ratio(b["memory"]["total"], o["memory"]["total"]) if o and b else None
+        )
         o, b = by.get(("omniload_ext", max(ranks), 3)), by.get((base, max(ranks), 3))
         out[f"ratio_memory_vs_{key}_{max(ranks)}x3"] = (
             ratio(b["memory"]["total"], o["memory"]["total"]) if o and b and o["memory"]
@@ -728,9 +813,11 @@ def summarise(rows: list[dict[str, Any]], ranks: list[int], tokenizer: str) -> d
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| tokenizer | R | src | system | tokens/s (sync) | any rank | first batch "
-            "| CPU-s/Mtok ranks / workers / sched / all | sched ms/step | balance / bound "
-            "| real step / bound | real s/Mtok | memory | procs | load |")
+    head = (
+        "| tokenizer | R | src | system | tokens/s (sync) | any rank | first batch "
+        "| CPU-s/Mtok ranks / workers / sched / all | sched ms/step | balance / bound "
+        "| real step / bound | real s/Mtok | memory | procs | load |"
+    )
     lines = [head, "|" + "---|" * 15]
     for r in rows:
         cpu = r["cpu_s_per_mtoken"]
@@ -753,12 +840,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="R = 8, one tokenizer, short")
     parser.add_argument("--ranks", help="comma-separated (default 8,16; quick 8)")
-    parser.add_argument("--tokenizers", help="wordpiece,tekken,synthetic (default: both real; "
-                        "quick: wordpiece)")  # fmt: skip
+    parser.add_argument("--tokenizers", help="tekken,wordpiece,synthetic (default: both real; "
+                        "quick: tekken)")  # fmt: skip
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--memory-16x4", dest="mem16", action=argparse.BooleanOptionalAction,
                         default=None, help="the 16 ranks x 4 sources memory runs (default: "
                         "not with --quick)")  # fmt: skip
+    parser.add_argument("--memory-only", action="store_true", help="only the 16 x 4 memory runs")
     parser.add_argument("--workers", type=int, default=2, help="loader workers (each system)")
     parser.add_argument("--seconds", type=float, help="measured window per run")
     parser.add_argument("--warmup", type=float, help="seconds after every rank's first batch")
@@ -769,6 +857,14 @@ def main() -> int:
     parser.add_argument("--corpus-mb", type=float, help="corpus text (default 80; quick 80)")
     parser.add_argument("--interval", type=float, default=0.5, help="memory sample period")
     parser.add_argument("--root", help="cache folder (default: under the temp dir)")
+    parser.add_argument(
+        "--cluster-env",
+        default="",
+        help="KEY=VALUE,... for the README "
+        "cluster's processes only (for experiments, e.g. DASK_... settings)",
+    )
+    parser.add_argument("--profile", help="folder: py-spy records of the omniload runs")
+    parser.add_argument("--profile-rate", type=int, default=50, help="py-spy samples/s")
     parser.add_argument("--out", default="benchmarks/out")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -779,8 +875,10 @@ def main() -> int:
         return 0
 
     ranks = [int(x) for x in (args.ranks or ("8" if args.quick else "8,16")).split(",")]
-    args.tokenizers = (args.tokenizers or ("wordpiece" if args.quick else
-                                           "wordpiece,tekken")).split(",")  # fmt: skip
+    args.cluster_env = dict(kv.split("=", 1) for kv in args.cluster_env.split(",") if kv)
+    # quick: Tekken, where fixed costs per token weigh most (the conservative figure)
+    args.tokenizers = (args.tokenizers or ("tekken" if args.quick else
+                                           "tekken,wordpiece")).split(",")  # fmt: skip
     args.systems = args.systems.split(",")
     args.seconds = args.seconds or (20.0 if args.quick else 40.0)
     args.warmup = args.warmup if args.warmup is not None else (5.0 if args.quick else 8.0)
@@ -812,8 +910,8 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
     extra = {"mds": None, "mosaic_path": prep["mosaic_path"]}
-    configs = [(t, r, MIX3) for t in args.tokenizers for r in ranks]
-    if mem16:
+    configs = [] if args.memory_only else [(t, r, MIX3) for t in args.tokenizers for r in ranks]
+    if mem16 or args.memory_only:
         configs.append((args.tokenizers[0], 16, MIX4))
     for tok, r, mix in configs:
         plan_data = make_plan(prep["corpus"], mix, prep["tokenizers"][tok], r, args, prep["cost"])
@@ -865,6 +963,7 @@ def main() -> int:
         "workers": args.workers, "seq_len": args.seq_len, "micro_batches": args.micro,
         "window_s": args.seconds, "seconds": round(time.monotonic() - t_start, 1),
         "prepare_s": prep["prepare_s"], "cpu_count": os.cpu_count(),
+        "cluster_env": args.cluster_env, "profiled": bool(args.profile),
         "load_start": [round(x, 2) for x in load_start],
         "load_end": [round(x, 2) for x in os.getloadavg()], "failures": failures,
     }  # fmt: skip

@@ -104,6 +104,17 @@ class StepTimer:
         pack = self.micro_batch([small] * 64)
         self.overhead = max(0.0, (64 * self.grid_s[0] - pack) / 63)
 
+    def save(self) -> dict[str, Any]:
+        """The calibration as plain data (for :meth:`load`)."""
+        return {"grid": self.grid.tolist(), "seconds": self.grid_s.tolist(),
+                "overhead": self.overhead}  # fmt: skip
+
+    def load(self, data: dict[str, Any]) -> None:
+        """Use a calibration :meth:`save` gave (measured earlier on this machine)."""
+        self.grid = np.asarray(data["grid"], np.int64)
+        self.grid_s = np.asarray(data["seconds"], np.float64)
+        self.overhead = float(data["overhead"])
+
     def estimate(self, pieces: list[int] | np.ndarray) -> float:
         """Seconds of a micro-batch from its pieces' measured times (log-log interpolation),
         the per-call overhead counted once."""

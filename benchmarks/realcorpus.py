@@ -87,7 +87,7 @@ def _man_sections(path: Path) -> Iterator[str]:
         if line.startswith((".SH", ".Sh")):
             sections.append([line[3:].strip().strip('"')])
             continue
-        if line.startswith((".\\\"", "'\\\"")):
+        if line.startswith(('.\\"', "'\\\"")):
             continue
         if line.startswith("."):
             words = line.split(None, 1)
