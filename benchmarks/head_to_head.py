@@ -44,7 +44,11 @@ the last rank's first batch, then memory while the ranks still run:
   rank-local loader may run ahead). Ratios are given for both and the RESULT keeps the lower
   (the conservative figure); the share of the raw limit likewise.
 - CPU-seconds per million delivered tokens for each process group (ranks, loader workers, the
-  scheduler, the job's client), and the scheduler's CPU-seconds per step.
+  scheduler), and the scheduler's CPU-seconds per step; ``cpu_share_of_raw_limit`` is the raw
+  processes' CPU per token over omniload's, the share of the limit that a machine of its own
+  would give (it moves less with the load other users put on a shared machine). For the Dask
+  workers, the CPU of their main thread (the event loop: comms, task bookkeeping) and of their
+  other threads (tasks, library thread pools), from /proc.
 - first batch: from launch (the loaders' go; for omniload, the ``Job.start`` call) until every
   rank holds a micro-batch.
 - balance, per step over the window: efficiency under the plan's cost (mean/max of rank costs),
@@ -295,6 +299,28 @@ def role_raw(spec: dict[str, Any]) -> None:
     commands.end.wait(60)
 
 
+def _exit_reason(code: int) -> str:
+    import signal
+
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def expect_all(children: list[Child], kind: str, timeout: float) -> list[dict[str, Any]]:
+    """``kind`` from every child, in any order; fails as soon as one of them exits (a rank
+    waiting for a dead peer would otherwise hold the run until the timeout)."""
+    got: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < len(children):
+        if time.monotonic() > deadline:
+            late = [c.pid for i, c in enumerate(children) if i not in got]
+            raise TimeoutError(f"no {kind} from pids {late} within {timeout:.0f} s")
+        for i, c in enumerate(children):
+            if i not in got:
+                with contextlib.suppress(TimeoutError):
+                    got[i] = c.expect(kind, 0.05)
+    return [got[i] for i in range(len(children))]
+
+
 class Child:
     """A child process speaking the line protocol (``H2H KIND {json}`` out, commands in)."""
 
@@ -336,7 +362,11 @@ class Child:
             if got == "NOTE":
                 print(f"  note from pid {self.pid}: {payload}", flush=True)
             if got == "EXIT":
-                raise RuntimeError(f"pid {self.pid} exited before {kind}; see {self.log.name}")
+                code = self.proc.wait(timeout=10)
+                raise RuntimeError(
+                    f"pid {self.pid} exited ({_exit_reason(code)}) before {kind}; "
+                    f"see {self.log.name}"
+                )
 
     def send(self, kind: str, payload: dict[str, Any] | None = None) -> None:
         with contextlib.suppress(BrokenPipeError, OSError, AssertionError):
@@ -433,8 +463,7 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
                            "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": str(port), "PYTHONPATH": extra["mosaic_path"]}  # fmt: skip
                 children.append(Child("rank", spec, logs / f"{name}-rank{r}.log", env))
-        for c in children:
-            c.expect("READY", 300)
+        expect_all(children, "READY", 300)
         time.sleep(0.5)
         before = tree_sample([c.pid for c in children])
         groups["workers" if system == "raw" else "ranks"] = [c.pid for c in children]
@@ -461,7 +490,7 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         else:
             for c in children:
                 c.send("GO")
-        firsts = [c.expect("FIRST", 600)["t"] for c in children]
+        firsts = [m["t"] for m in expect_all(children, "FIRST", 600)]
         t_first = max(firsts)
         _sleep_until(t_first + args.warmup)
         roots = [pid for pids in groups.values() for pid in pids]
@@ -481,7 +510,7 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
                 time.sleep(args.interval)
         for c in children:
             c.send("STOP")
-        done = [c.expect("DONE", 300) for c in children]
+        done = expect_all(children, "DONE", 300)
         for c in children:
             c.send("END")
         plane: dict[str, Any] = {}
@@ -691,7 +720,7 @@ def analyse(run: dict[str, Any], cost: Any, timer: Any) -> dict[str, Any]:
         stats = next((d.get("stats") for d in run["done"] if d.get("stats")), None)
         out["plane"] = stats or run["plane"].get("stats")
     cpu = run["cpu"]
-    mtok = max(delivered, 1.0) / 1e6
+    mtok = float(max(delivered, 1.0)) / 1e6
     if run.get("worker_threads"):
         out["worker_threads_cpu_s_per_mtoken"] = {
             k: round(v / mtok, 3) for k, v in run["worker_threads"].items()}  # fmt: skip
@@ -787,12 +816,15 @@ def summarise(rows: list[dict[str, Any]], ranks: list[int], tokenizer: str) -> d
                 both = [ratio(o["tokens_per_s"], b["tokens_per_s"]),
                         ratio(o["tokens_per_s_any"], b["tokens_per_s_any"])]  # fmt: skip
                 out[f"ratio_tokens_per_s_vs_{key}"][str(r)] = min(x for x in both if x)
-    out["share_of_raw_limit"], out["first_batch_s"] = {}, {}
+    out["share_of_raw_limit"], out["first_batch_s"], out["cpu_share_of_raw_limit"] = {}, {}, {}
     for r in ranks:
         o, raw = by.get(("omniload_ext", r, 3)), by.get(("raw", 0, 3))
         if o:
             out["first_batch_s"][str(r)] = round(o["first_batch_s"], 2)
-        if o and raw:
+        if o and raw:  # CPU per token: what a share would be on a machine of its own
+            out["cpu_share_of_raw_limit"][str(r)] = ratio(
+                raw["cpu_s_per_mtoken"]["total"], o["cpu_s_per_mtoken"]["total"]
+            )
             out["share_of_raw_limit"][str(r)] = ratio(min(o["tokens_per_s"],
                                                           o["tokens_per_s_any"]),
                                                       raw["tokens_per_s"])  # fmt: skip
