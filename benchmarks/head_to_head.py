@@ -42,7 +42,8 @@ the last rank's first batch, then memory while the ranks still run:
 - delivered tokens/s, two ways: ``sync`` counts a step when every rank has it (what a trainer
   whose ranks wait for one another gets) and ``any`` counts every rank's own micro-batches (a
   rank-local loader may run ahead). Ratios are given for both and the RESULT keeps the lower
-  (the conservative figure); the share of the raw limit likewise.
+  (the conservative figure). ``share_of_raw_limit`` is the lower of the throughput share and
+  the CPU share (below).
 - CPU-seconds per million delivered tokens for each process group (ranks, loader workers, the
   scheduler), and the scheduler's CPU-seconds per step; ``cpu_share_of_raw_limit`` is the raw
   processes' CPU per token over omniload's, the share of the limit that a machine of its own
@@ -816,7 +817,8 @@ def summarise(rows: list[dict[str, Any]], ranks: list[int], tokenizer: str) -> d
                 both = [ratio(o["tokens_per_s"], b["tokens_per_s"]),
                         ratio(o["tokens_per_s_any"], b["tokens_per_s_any"])]  # fmt: skip
                 out[f"ratio_tokens_per_s_vs_{key}"][str(r)] = min(x for x in both if x)
-    out["share_of_raw_limit"], out["first_batch_s"], out["cpu_share_of_raw_limit"] = {}, {}, {}
+    out["share_of_raw_limit"], out["first_batch_s"] = {}, {}
+    out["share_of_raw_limit_throughput"], out["cpu_share_of_raw_limit"] = {}, {}
     for r in ranks:
         o, raw = by.get(("omniload_ext", r, 3)), by.get(("raw", 0, 3))
         if o:
@@ -825,9 +827,15 @@ def summarise(rows: list[dict[str, Any]], ranks: list[int], tokenizer: str) -> d
             out["cpu_share_of_raw_limit"][str(r)] = ratio(
                 raw["cpu_s_per_mtoken"]["total"], o["cpu_s_per_mtoken"]["total"]
             )
-            out["share_of_raw_limit"][str(r)] = ratio(min(o["tokens_per_s"],
+            out["share_of_raw_limit_throughput"][str(r)] = ratio(min(o["tokens_per_s"],
                                                           o["tokens_per_s_any"]),
                                                       raw["tokens_per_s"])  # fmt: skip
+            # the lower of the two: the throughput share holds only if both ran under the
+            # same load from others, the CPU share if CPU were the only limit
+            out["share_of_raw_limit"][str(r)] = min(
+                out["share_of_raw_limit_throughput"][str(r)] or 0.0,
+                out["cpu_share_of_raw_limit"][str(r)] or 0.0,
+            )
     for base, key in (("per_source", "per_source_loader"), ("per_rank", "per_rank_loader")):
         o, b = by.get(("omniload_ext", 16, 4)), by.get((base, 16, 4))
         out[f"ratio_memory_vs_{key}_16x4"] = (
@@ -912,8 +920,8 @@ def main() -> int:
     args.tokenizers = (args.tokenizers or ("tekken" if args.quick else
                                            "tekken,wordpiece")).split(",")  # fmt: skip
     args.systems = args.systems.split(",")
-    args.seconds = args.seconds or (20.0 if args.quick else 40.0)
-    args.warmup = args.warmup if args.warmup is not None else (5.0 if args.quick else 8.0)
+    args.seconds = args.seconds or (15.0 if args.quick else 40.0)
+    args.warmup = args.warmup if args.warmup is not None else (4.0 if args.quick else 8.0)
     args.rounds = args.rounds or 1
     args.corpus_mb = args.corpus_mb or 80.0
     mem16 = (not args.quick) if args.mem16 is None else args.mem16
