@@ -143,9 +143,9 @@ class PerRankLoader:
     def __init__(self, plan: Plan, rank: int, world: int, workers: int = 2) -> None:
         load_tokenizer(plan.tokenizer)  # once, in the rank, before the workers fork
         self.plan, self.rank = plan, rank
+        pool = {"prefetch_factor": 2, "multiprocessing_context": "fork"} if workers else {}
         self.loader = DataLoader(MixingDataset(plan, rank, world), batch_size=None,
-                                 num_workers=workers, prefetch_factor=2,
-                                 multiprocessing_context="fork")  # fmt: skip
+                                 num_workers=workers, **pool)  # fmt: skip
         self._it: Any = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
