@@ -73,6 +73,7 @@ from omniload_dask.plan.specs import (
     SourceSpec,
     TokenizerSpec,
     source_dict,
+    tokenizer_dict,
 )
 
 __all__ = [
@@ -94,4 +95,5 @@ __all__ = [
     "parse_plan",
     "parse_source",
     "source_dict",
+    "tokenizer_dict",
 ]

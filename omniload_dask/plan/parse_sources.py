@@ -30,6 +30,7 @@ __all__ = [
     "FORMATS",
     "IMAGE_EXTENSIONS",
     "NAME_PATTERN",
+    "TOKENIZER_KINDS",
     "parse_source",
     "read_images",
     "read_source",
@@ -38,6 +39,7 @@ __all__ = [
 
 FORMATS = ("jsonl", "parquet", "webdataset")
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+TOKENIZER_KINDS = ("byte", "huggingface", "tiktoken")
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # plan and source names
 
 
@@ -122,13 +124,25 @@ def _image_field(f: Fields, fmt: str) -> tuple[str, ...]:
 
 
 def read_tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> TokenizerSpec:
-    """The ``tokenizer`` section: ``byte``, or ``huggingface`` with its file and special tokens."""
-    kind = f.text("kind", "byte", choices=("byte", "huggingface"))
+    """The ``tokenizer`` section: ``byte``; ``huggingface`` with its tokenizer.json; or
+    ``tiktoken`` with its BPE file, pre-tokenizer ``pattern`` and ``special_tokens``::
+
+        tokenizer: {kind: huggingface, path: tokenizer.json, bos: <s>, eos: </s>}
+        tokenizer:
+          kind: tiktoken
+          path: tokenizer.model            # base64 token and rank per line
+          pattern: <the pre-tokenizer regex published with the file>
+          special_tokens: {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001}
+          bos: "<|begin_of_text|>"
+          eos: "<|end_of_text|>"
+    """
+    kind = f.text("kind", "byte", choices=TOKENIZER_KINDS)
     path = None
-    if kind == "huggingface":
-        path = resolve_path(f.text("path"), base_dir)
+    if kind != "byte":
+        path = resolve_path(f.text("path"), base_dir, field=f.at("path"))
     elif f.has("path"):
-        fail(f.at("path"), "only applies to kind: huggingface", f.raw("path"))
+        fail(f.at("path"), "only applies to kind: huggingface or tiktoken", f.raw("path"))
+    pattern, specials = _tiktoken_fields(f, kind)
     bos = f.raw("bos")
     eos = f.raw("eos")
     for key, value in (("bos", bos), ("eos", eos)):
@@ -136,11 +150,14 @@ def read_tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> Tokeni
             fail(f.at(key), "must be a token string such as '<s>'", value)
         if value is not None and kind == "byte":
             fail(f.at(key), "the byte tokenizer has fixed BOS (256) and EOS (257)", value)
+        if value is not None and kind == "tiktoken" and value not in specials:
+            known = ", ".join(map(repr, specials)) or "none"
+            fail(f.at(key), f"must be one of tokenizer.special_tokens (have {known})", value)
     add_bos = f.flag("add_bos", kind == "byte" or bos is not None)
     add_eos = f.flag("add_eos", kind == "byte" or eos is not None)
-    if kind == "huggingface" and add_bos and bos is None:
+    if kind != "byte" and add_bos and bos is None:
         fail(f.at("bos"), "is required when add_bos is true (name the BOS token, e.g. '<s>')")
-    if kind == "huggingface" and add_eos and eos is None:
+    if kind != "byte" and add_eos and eos is None:
         fail(f.at("eos"), "is required when add_eos is true (name the EOS token, e.g. '</s>')")
     opts = f.plain_mapping("storage_options")
     f.done()
@@ -152,7 +169,37 @@ def read_tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> Tokeni
         add_bos=add_bos,
         add_eos=add_eos,
         storage_options=opts,
+        pattern=pattern,
+        special_tokens=specials,
     )
+
+
+def _tiktoken_fields(f: Fields, kind: str) -> tuple[str | None, dict[str, int]]:
+    """``pattern`` (required) and ``special_tokens`` (token -> id) of a tiktoken tokenizer."""
+    if kind != "tiktoken":
+        for key in ("pattern", "special_tokens"):
+            if f.has(key):
+                fail(f.at(key), "only applies to kind: tiktoken", f.raw(key))
+        return None, {}
+    if not f.has("pattern"):
+        fail(
+            f.at("pattern"),
+            "is required with kind: tiktoken (the pre-tokenizer regex that comes with the "
+            "BPE file, e.g. Llama 3's)",
+        )
+    pattern = f.text("pattern")
+    raw = f.plain_mapping("special_tokens")
+    specials: dict[str, int] = {}
+    for token, token_id in raw.items():
+        where = f"{f.at('special_tokens')}[{token!r}]"
+        if not isinstance(token, str) or not token:
+            fail(f.at("special_tokens"), "keys must be non-empty token strings", token)
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+            fail(where, "must be a token id (an integer >= 0)", token_id)
+        if token_id in specials.values():
+            fail(where, "repeats the id of another special token", token_id)
+        specials[token] = token_id
+    return pattern, specials
 
 
 def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
@@ -178,7 +225,8 @@ def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
     elif raw is None:
         fail(
             f.at("placeholder"),
-            "is required with a huggingface tokenizer (the image token, e.g. '<|image_pad|>')",
+            f"is required with a {tokenizer.kind} tokenizer (the image token, e.g. "
+            "'<|image_pad|>')",
         )
     elif (
         isinstance(raw, bool)

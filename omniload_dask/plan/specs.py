@@ -28,6 +28,7 @@ __all__ = [
     "SourceSpec",
     "TokenizerSpec",
     "source_dict",
+    "tokenizer_dict",
 ]
 
 BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256, EOS 257)
@@ -77,7 +78,12 @@ def source_dict(spec: SourceSpec) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """``byte`` (built in: UTF-8 bytes, BOS 256, EOS 257) or ``huggingface`` (a tokenizer.json)."""
+    """``byte`` (built in: UTF-8 bytes, BOS 256, EOS 257), ``huggingface`` (a tokenizer.json) or
+    ``tiktoken`` (a byte-level BPE file of base64 token / rank lines, as Llama 3 ships).
+
+    A ``tiktoken`` tokenizer also needs its pre-tokenizer regex (``pattern``); its special tokens
+    (``special_tokens``: token -> id) are not in the file, and ``bos``/``eos`` name two of them.
+    """
 
     kind: str = "byte"
     path: str | None = None
@@ -86,6 +92,20 @@ class TokenizerSpec:
     add_bos: bool = True
     add_eos: bool = True
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    pattern: str | None = None  # tiktoken only
+    special_tokens: Mapping[str, int] = field(default_factory=dict)  # tiktoken only
+
+
+def tokenizer_dict(spec: TokenizerSpec) -> dict[str, Any]:
+    """``spec`` as plan data; the tiktoken-only fields only for that kind (``parse_plan`` reads
+    it back to the same spec)."""
+    data = asdict(spec)
+    data["storage_options"] = dict(spec.storage_options)
+    data["special_tokens"] = dict(spec.special_tokens)
+    if spec.kind != "tiktoken":
+        data.pop("pattern")
+        data.pop("special_tokens")
+    return data
 
 
 @dataclass(frozen=True)
