@@ -31,7 +31,7 @@ from typing import Any
 import zstandard
 from fsspec.core import url_to_fs
 
-from omniload_dask.core.state import STATE_VERSION, apply_deltas
+from omniload_dask.core.state import READABLE_VERSIONS, STATE_VERSION, apply_deltas
 from omniload_dask.errors import CheckpointError
 from omniload_dask.plan import Plan, parse_plan
 
@@ -112,7 +112,7 @@ class Checkpoint:
             raise CheckpointError(
                 f"checkpoint {url!r}: {MANIFEST} is not an omniload checkpoint manifest"
             )
-        if data.get("version") != VERSION or data.get("state_version") != STATE_VERSION:
+        if data.get("version") != VERSION or data.get("state_version") not in READABLE_VERSIONS:
             raise CheckpointError(
                 f"checkpoint {url!r}: format version {data.get('version')!r} (state "
                 f"{data.get('state_version')!r}); this omniload-dask reads version {VERSION} "
@@ -212,6 +212,7 @@ class Checkpoint:
                                     "skipped",
                                     "truncated_tokens",
                                     "retired",
+                                    "offset",
                                 ),
                                 s["state"],
                                 strict=True,

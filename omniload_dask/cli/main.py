@@ -43,11 +43,15 @@ def _validate(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    from omniload_dask.batching.mixing import mix_guarantee
+
     print(
         f"# plan {plan.name!r} is valid: {len(plan.sources)} sources, "
         f"stream fingerprint {plan.stream_fingerprint()}",
         file=sys.stderr,
     )
+    weights = [s.weight for s in plan.sources]
+    print(f"# {mix_guarantee(plan.batch, plan.mixing_by, weights)}", file=sys.stderr)
     return 0
 
 
