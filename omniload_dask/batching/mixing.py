@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -57,22 +57,14 @@ class Selection:
 
     Row k of ``order`` takes ``taken[k]`` tokens of that candidate: all of it, or (for the last
     candidate a source gives, with ``cut``) its first ``taken[k]``; the rest leads next time.
+    ``cut`` maps such a source to the tokens taken of its last candidate.
     """
 
     counts: np.ndarray  # int64 per source: candidates touched (a cut one included)
     order: np.ndarray  # (source, index within its candidates) in tag order, shape (n, 2)
     tags: np.ndarray  # finish tag of what is taken of each, in the same order
     taken: np.ndarray | None = None  # int64 tokens taken of each (None: all of each)
-
-    def partial(self, source: int, lengths: np.ndarray) -> int:
-        """Tokens taken of ``source``'s last candidate when it is cut, else 0 (``lengths``:
-        that source's candidate lengths)."""
-        if self.taken is None or not self.counts[source]:
-            return 0
-        rows = np.flatnonzero(self.order[:, 0] == source)
-        last = int(rows[-1])
-        whole = int(lengths[int(self.order[last, 1])])
-        return int(self.taken[last]) if self.taken[last] < whole else 0
+    cut: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -312,6 +304,8 @@ class _Chunks:
     lengths: np.ndarray  # its tokens
     within: np.ndarray  # cumulative tag size within its source, up to and with this item
     ends: np.ndarray  # per shown source: one past its last item
+    item_doc: np.ndarray  # its document among all shown documents
+    doc_lengths: np.ndarray  # tokens of each shown document
 
     @classmethod
     def of(
@@ -350,16 +344,23 @@ class _Chunks:
         begins = ends - per_src_items
         running = np.cumsum(sizes)
         before = np.repeat(running[begins] - sizes[begins], per_src_items)
-        return cls(srcs, doc_idx[item_doc], item_len.astype(np.int64), running - before, ends)
+        return cls(
+            srcs,
+            doc_idx[item_doc],
+            item_len.astype(np.int64),
+            running - before,
+            ends,
+            np.asarray(item_doc, dtype=np.int64),
+            lengths,
+        )
 
     def selection(
         self, chosen: np.ndarray, taken: np.ndarray, tags: np.ndarray, num_sources: int
     ) -> Selection:
         """The chosen items (tag order) as documents: pieces of one document merge into one
         row, placed where its first piece is; its tag is that of its last piece."""
-        src, doc = self.srcs[chosen], self.docs[chosen]
-        key = src * (int(doc.max()) + 1 if len(doc) else 1) + doc
-        uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        gdoc = self.item_doc[chosen]
+        uniq, first, inverse = np.unique(gdoc, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         rows = np.argsort(first, kind="stable")  # documents in the order they first appear
         rank = np.empty(len(uniq), dtype=np.int64)
@@ -368,10 +369,13 @@ class _Chunks:
         out_taken = np.bincount(row_of, taken, len(uniq)).astype(np.int64)
         out_tags = np.full(len(uniq), -np.inf)
         np.maximum.at(out_tags, row_of, tags)
-        pos = first[rows]
-        counts = np.bincount(src[pos], minlength=num_sources).astype(np.int64)
-        order = np.stack([src[pos], doc[pos]], axis=1)
-        return Selection(counts=counts, order=order, tags=out_tags, taken=out_taken)
+        pos = chosen[first[rows]]
+        src = self.srcs[pos]
+        counts = np.bincount(src, minlength=num_sources).astype(np.int64)
+        order = np.stack([src, self.docs[pos]], axis=1)
+        short = np.flatnonzero(out_taken < self.doc_lengths[uniq[rows]])
+        cut = {int(src[k]): int(out_taken[k]) for k in short.tolist()}
+        return Selection(counts=counts, order=order, tags=out_tags, taken=out_taken, cut=cut)
 
 
 def mix_guarantee(batch: BatchSpec, by: str, weights: Sequence[float]) -> str:

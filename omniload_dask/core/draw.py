@@ -176,8 +176,7 @@ def _locate(
     finished: list[Unit] = []
     for i, stream in enumerate(streams):
         if counts[i]:
-            cut = selection.partial(i, cands[i].lengths)
-            finished += stream.consume(cands[i], int(counts[i]), cut)
+            finished += stream.consume(cands[i], int(counts[i]), selection.cut.get(i, 0))
     # Documents in tag order: (source, unit, row in file order, effective length).
     src = order[:, 0]
     idx = order[:, 1]
