@@ -36,6 +36,7 @@ from typing import Any
 import zstandard
 from fsspec.core import url_to_fs
 
+from omniload_dask.core.state import READABLE_VERSIONS as STATE_READABLE
 from omniload_dask.core.state import STATE_VERSION, apply_deltas
 from omniload_dask.errors import CheckpointError
 from omniload_dask.plan import Plan, parse_plan
@@ -146,12 +147,13 @@ class Checkpoint:
             )
         if (
             data.get("version") not in READABLE_VERSIONS
-            or data.get("state_version") != STATE_VERSION
+            or data.get("state_version") not in STATE_READABLE
         ):
             raise CheckpointError(
                 f"checkpoint {url!r}: format version {data.get('version')!r} (state "
                 f"{data.get('state_version')!r}); this omniload-dask reads versions "
-                f"{', '.join(map(str, READABLE_VERSIONS))} (state {STATE_VERSION})"
+                f"{', '.join(map(str, READABLE_VERSIONS))} (state "
+                f"{', '.join(map(str, STATE_READABLE))})"
             )
         if data["version"] >= 2 and data.get(_SELF_DIGEST) != _manifest_digest(data):
             raise CheckpointError(
@@ -275,6 +277,7 @@ class Checkpoint:
                                     "skipped",
                                     "truncated_tokens",
                                     "retired",
+                                    "offset",
                                 ),
                                 s["state"],
                                 strict=True,

@@ -53,6 +53,8 @@ def _validate(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    from omniload_dask.batching.mixing import mix_guarantee
+
     print(
         f"# plan {plan.name!r} is valid: {len(plan.sources)} sources, "
         f"stream fingerprint {plan.stream_fingerprint()}",
@@ -60,6 +62,8 @@ def _validate(args: argparse.Namespace) -> int:
     )
     for note in [] if args.no_files else _tokenizer_notes(plan):
         print(f"# {note}", file=sys.stderr)
+    weights = [s.weight for s in plan.sources]
+    print(f"# {mix_guarantee(plan.batch, plan.mixing_by, weights)}", file=sys.stderr)
     return 0
 
 

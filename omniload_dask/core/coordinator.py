@@ -324,7 +324,13 @@ class Coordinator:
         source_tokens = np.bincount(docs.sources, weights=docs.lengths, minlength=n)
         record = StepRecord(recipes, reads, split.group_costs, split.group_tokens, source_tokens)
         self.figures.record(
-            step, split, docs.lengths, source_tokens, docs.sources, self.drawer.weights
+            step,
+            split,
+            docs.lengths,
+            source_tokens,
+            docs.sources,
+            self.drawer.weights,
+            first=docs.first_pieces,
         )
         if docs.finished:
             self._actions.append(Release(tuple(k for u in docs.finished for k in u.keys)))

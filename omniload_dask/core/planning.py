@@ -1,10 +1,12 @@
 """From a drawn step's documents to one recipe per DP group: the split, then the pieces.
 
 :meth:`StepPlanner.split` routes the documents to context buckets and balances them over the
-DP groups by cost (:mod:`omniload_dask.batching.balance`). :meth:`StepPlanner.recipes` turns
-the split into each group's :class:`~omniload_dask.batching.formats.Recipe`: rows of
-``(micro-step, shard slot, row, token start, token stop)``, where a group's shard slots number
-the read tasks it uses in order of first use::
+DP groups by cost (:mod:`omniload_dask.batching.balance`), then fills any micro-batch a group
+was left without (:mod:`omniload_dask.batching.fill`). :meth:`StepPlanner.recipes` turns the
+split into each group's :class:`~omniload_dask.batching.formats.Recipe`: rows of ``(micro-step,
+shard slot, row, token start, token stop)`` (tokens of the record: a document continued from an
+earlier step starts past 0), where a group's shard slots number the read tasks it uses in order
+of first use::
 
     group 1, micro-step 0: the first 4096 tokens of document 2 (read task R3, row 12),
     then document 7 whole (900 tokens; R1, row 4)
@@ -20,6 +22,7 @@ import numpy as np
 
 from omniload_dask.batching.balance import Assignment, Bucket, balance, route
 from omniload_dask.batching.cost import CostModel
+from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import Recipe
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
@@ -51,12 +54,14 @@ class StepPlanner:
     def split(
         self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None
     ) -> Assignment:
-        """Route a step's documents to buckets and split them among the DP groups.
+        """Route a step's documents to buckets and split them among the DP groups; no
+        micro-batch is left empty where the step has tokens to give it
+        (:mod:`omniload_dask.batching.fill`).
 
         ``extra`` is each document's encoder cost (images), balanced with the backbone's.
         """
         bucket, by_length = route(lengths, src, self.buckets, self.pinned)
-        return balance(
+        split = balance(
             lengths,
             bucket,
             self.buckets,
@@ -66,6 +71,7 @@ class StepPlanner:
             cut=self._cut,
             extra=extra,
         )
+        return fill_empty(split, self.buckets, self.cost, self._cut)
 
     def recipes(
         self, step: int, plan: Assignment, docs: Documents, specs: list[ReadSpec]
@@ -84,6 +90,8 @@ class StepPlanner:
         slot = np.empty(len(pair), dtype=np.int64)
         slot[by_use] = np.arange(len(pair)) - np.searchsorted(pair_group, pair_group, "left")
         start = plan.start[order]
+        if docs.starts is not None:  # the rest of a document begun in an earlier step
+            start = start + docs.starts[plan.doc[order]]
         table = np.stack(
             [
                 plan.micro[order],

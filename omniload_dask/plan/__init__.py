@@ -61,6 +61,7 @@ from omniload_dask.plan.parse_sources import parse_source
 from omniload_dask.plan.plan import Plan
 from omniload_dask.plan.specs import (
     BYTE_IMAGE_TOKEN,
+    NO_CAP,
     BatchSpec,
     BucketSpec,
     CheckpointSpec,
@@ -78,6 +79,7 @@ from omniload_dask.plan.specs import (
 
 __all__ = [
     "BYTE_IMAGE_TOKEN",
+    "NO_CAP",
     "BatchSpec",
     "BucketSpec",
     "CheckpointSpec",

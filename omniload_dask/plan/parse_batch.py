@@ -112,8 +112,6 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
     max_doc = f.optional_int("max_document_tokens", min=1, max=MAX_STEP_TOKENS)
     if max_doc is not None and long_docs == "truncate":
         fail(f.at("max_document_tokens"), "only applies with long_documents: split", max_doc)
-    if tokens is not None and max_doc is not None and max_doc > tokens:
-        fail(f.at("max_document_tokens"), f"must be <= global_tokens ({tokens})", max_doc)
     if tokens is not None and tokens < seq_len and long_docs == "truncate":
         fail(f.at("global_tokens"), f"must be >= seq_len ({seq_len}) so any document fits", tokens)
     pad = f.flag("pad_to_seq_len", False)

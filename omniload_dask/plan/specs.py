@@ -16,6 +16,7 @@ from omniload_dask.errors import PlanError
 
 __all__ = [
     "BYTE_IMAGE_TOKEN",
+    "NO_CAP",
     "BatchSpec",
     "BucketSpec",
     "CheckpointSpec",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256, EOS 257)
+NO_CAP = 2**62  # the document cap of a plan that sets none (split): longer than any document
 
 
 @dataclass(frozen=True)
@@ -172,11 +174,15 @@ class BatchSpec:
     ``dp * micro_batches * seq_len``: full micro-batches) or a document count
     (``global_documents``); it does not depend on the DP size, so elastic resume keeps the stream.
 
-    ``long_documents: split`` lets documents be cut: those longer than ``seq_len`` into
-    ``seq_len`` pieces, and, when a step's pieces cannot all be packed whole, a piece into the
-    micro-batches that still have room (so a step never needs more micro-batches than its tokens
-    do). ``truncate`` never cuts a document: longer ones are truncated to ``seq_len``, and a step
-    whose documents do not pack into ``micro_batches`` gets one more micro-batch on every rank.
+    ``long_documents: split`` lets documents be cut and drops nothing: those longer than
+    ``seq_len`` into ``seq_len`` pieces; when a step's pieces cannot all be packed whole, a piece
+    into the micro-batches that still have room (so a step never needs more micro-batches than
+    its tokens do); and with a token budget the document that does not fit in a global batch
+    continues in the next one (a document longer than a global batch spans several).
+    ``max_document_tokens`` caps a document (the rest is dropped and counted as truncated);
+    without it nothing is. ``truncate`` never cuts a document: longer ones are truncated to
+    ``seq_len``, and a step whose documents do not pack into ``micro_batches`` gets one more
+    micro-batch on every rank.
 
     With ``buckets`` (context buckets, see :class:`BucketSpec`) each rank's step has micro-batches
     of several sizes, the buckets' in the order declared; ``seq_len`` is then the longest
@@ -199,10 +205,11 @@ class BatchSpec:
 
     @property
     def document_cap(self) -> int:
-        """Tokens kept of one document: ``seq_len`` when truncating, else ``max_document_tokens``."""
+        """Tokens kept of one document: ``seq_len`` when truncating, else
+        ``max_document_tokens`` (:data:`NO_CAP` when the plan sets none: nothing is dropped)."""
         if self.long_documents == "truncate":
             return self.seq_len
-        return self.max_document_tokens or (self.global_tokens or 64 * self.seq_len)
+        return self.max_document_tokens or NO_CAP
 
     def document_cap_for(self, source: str) -> int:
         """:attr:`document_cap` for one source: when truncating, its bucket's ``seq_len``."""
