@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omniload_dask.batching.sorting import stable_order
+
 __all__ = ["Assignment"]
 
 
@@ -88,14 +90,14 @@ class Assignment:
     def output_order(self) -> np.ndarray:
         """Piece indices by (group, micro-step, document, start): the order batches hold them."""
         if self._order is None:
-            # One sort of unique integer keys (the same result as any sort): a piece's rank
-            # by (doc, start) within its (group, micro-step) cell.
-            n = len(self.doc)
-            by_doc = np.argsort(self.doc * (int(self.start.max(initial=0)) + 1) + self.start)
-            rank = np.empty(n, dtype=np.int64)
-            rank[by_doc] = np.arange(n)
-            cell = self.group * self.num_micro_steps + self.micro
-            self._order = np.argsort(cell * n + rank)
+            # Pieces come from the balancer nearly in (doc, start) order (cut parts appended),
+            # which a stable sort passes in about linear time; then a stable sort by cell
+            # (a radix sort where cells fit 16 bits). Unique keys: the lexsort's order.
+            by_doc = np.argsort(
+                self.doc * (int(self.start.max(initial=0)) + 1) + self.start, kind="stable"
+            )
+            cell = (self.group * self.num_micro_steps + self.micro)[by_doc]
+            self._order = by_doc[stable_order(cell)]
         return self._order
 
     @property

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omniload_dask.batching.cost import CostFunction
+from omniload_dask.batching.sorting import stable_order
 
-__all__ = ["DEAL_FROM", "Bins", "Pieces", "by_cost", "pack", "stable_order"]
+__all__ = ["DEAL_FROM", "Bins", "Pieces", "by_cost", "pack"]
 
 DEAL_FROM = 8  # micro-batches per group from which a bucket is packed bins first, then dealt
 MIN_ROUND = 0.25  # the shortest round of LPT over groups, as a share of the groups
@@ -133,14 +134,6 @@ class Bins:
         n = len(self.room)
         self.room -= np.bincount(where, p.length[piece], n).astype(np.int64)
         self.load += np.bincount(where, p.cost[piece], n)
-
-
-def stable_order(values: np.ndarray) -> np.ndarray:
-    """``np.argsort(values, kind="stable")`` for integers >= 0; a radix sort where they fit
-    in 16 bits (token counts of pieces usually do)."""
-    if len(values) > 64 and int(values.max()) < 1 << 16:
-        return np.argsort(values.astype(np.uint16), kind="stable")
-    return np.argsort(values, kind="stable")
 
 
 def by_cost(p: Pieces, ids: np.ndarray) -> np.ndarray:

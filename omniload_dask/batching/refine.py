@@ -32,7 +32,8 @@ from collections.abc import Callable
 import numpy as np
 
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Bins, Pieces, by_cost, stable_order
+from omniload_dask.batching.placement import Bins, Pieces, by_cost
+from omniload_dask.batching.sorting import stable_order
 
 __all__ = ["CUT_BELOW", "ROUNDS", "refine_groups"]
 
@@ -55,8 +56,6 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
     if groups < 2 or not len(p):
         return
     peak = np.inf
-    every = np.arange(len(p))
-    orders = (by_cost(p, every), stable_order(p.length))
     for _ in range(ROUNDS):  # (moves, swaps and exchanges change no piece's cost or length)
         load = np.bincount(bins.group[p.bin], p.cost, groups)
         if load.max() > peak * (1 - PROGRESS):
@@ -65,7 +64,7 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         pairs = _pairs(load, TOLERANCE)
         if pairs is None:
             break
-        score, commit = _whole_round(p, bins, load, *pairs, orders)
+        score, commit = _whole_round(p, bins, load, *pairs)
         if not np.isfinite(score).any():
             break
         commit(np.isfinite(score))
@@ -81,10 +80,9 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         pairs = _pairs(load, 1 - CUT_BELOW)
         if pairs is None:
             break
-        orders = (by_cost(p, np.arange(len(p))), stable_order(p.length))
         heavy, light = pairs
         # Per pair, a cut only where it evens the pair clearly better than whole pieces do.
-        whole, commit_whole = _whole_round(p, bins, load, heavy, light, orders, cost)
+        whole, commit_whole = _whole_round(p, bins, load, heavy, light, cost)
         by_cut_score, commit_cut = _cut_round(p, bins, load, heavy, light, cost)
         by_cut = by_cut_score < whole - CUT_GAIN * load[heavy]
         by_whole = np.isfinite(whole) & ~by_cut
@@ -139,19 +137,16 @@ def _tables(bins: Bins, groups: int) -> tuple[np.ndarray, np.ndarray]:
     return roomiest.reshape(groups, nb), every.reshape(groups, nb, width)
 
 
-def _candidates(
-    of: np.ndarray, groups: np.ndarray, k: int, total: int, costly: np.ndarray
-) -> np.ndarray:
+def _candidates(p: Pieces, of: np.ndarray, groups: np.ndarray, k: int, total: int) -> np.ndarray:
     """Per group of ``groups`` (of ``total``): at most ``k`` of its pieces spread over its
-    range of costs, by decreasing cost, padded with -1 (shape ``(len(groups), k)``);
-    ``costly`` is every piece by decreasing cost."""
+    range of costs, by decreasing cost, padded with -1 (shape ``(len(groups), k)``)."""
     rank = np.full(total, len(groups), np.int64)
     rank[groups] = np.arange(len(groups))
-    r = rank[of[costly]]
-    mine = r < len(groups)
-    ids, r = costly[mine], r[mine]
-    order = stable_order(r)
-    ids = ids[order]
+    ids = by_cost(p, np.flatnonzero(rank[of] < len(groups)))
+    if not len(ids):
+        return np.full((len(groups), k), -1, dtype=np.int64)
+    r = rank[of[ids]]
+    ids, r = ids[stable_order(r)], np.sort(r)
     count = np.bincount(r, minlength=len(groups))
     start = np.cumsum(count) - count
     frac = np.linspace(0.0, 1.0, k)
@@ -164,7 +159,7 @@ def _candidates(
 
 def _whole_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
-    orders: tuple[np.ndarray, np.ndarray], cost: CostFunction | None = None,
+    cost: CostFunction | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """One round of moves, swaps and exchanges: the best for each pair. With ``cost``, an
     exchange may cut the last piece of its run. Returns each pair's score, its larger cost
@@ -177,7 +172,7 @@ def _whole_round(
     nothing = np.full(len(heavy), np.inf), _nothing
     probe = _probe(load, heavy)
     if probe is not None:
-        tried, _ = _whole_round(p, bins, load, heavy[probe], light[probe], orders, cost)
+        tried, _ = _whole_round(p, bins, load, heavy[probe], light[probe], cost)
         if not np.isfinite(tried).all():
             return nothing
     groups = len(load)
@@ -186,7 +181,7 @@ def _whole_round(
     roomiest, every = _tables(bins, groups)
     per_bin = np.bincount(p.bin, minlength=len(bins.room))
     k = int(np.clip(np.sqrt(PAIR_BUDGET / len(heavy)), CANDIDATES, 64))
-    both = _candidates(of, np.concatenate([heavy, light]), k, groups, orders[0])
+    both = _candidates(p, of, np.concatenate([heavy, light]), k, groups)
     hc, lc = both[: len(heavy)], both[len(heavy) :]  # (P, K) each
     P, K = hc.shape
     h = np.maximum(hc, 0)
@@ -210,7 +205,7 @@ def _whole_round(
     move_ok &= bins.room[np.maximum(dest, 0)] >= h_len
     move_ok &= h_cost < gap[:, None]
     move_score = np.where(move_ok, np.abs(gap[:, None] / 2 - h_cost), np.inf)
-    runs = _Runs(p, bins, of, light, orders[1], groups)
+    runs = _Runs(p, bins, of, light, groups)
     ex = _exchanges(p, bins, runs, light, every, hc, (load[heavy], load[light]), cost)
     best = np.stack([swap_score.min(axis=1), move_score.min(axis=1), ex[0]], axis=1)
     kind = np.argmin(best, axis=1)
@@ -272,12 +267,12 @@ class _Runs:
     length, with running totals: what a micro-batch gives back when it must free tokens."""
 
     def __init__(
-        self, p: Pieces, bins: Bins, of: np.ndarray, light: np.ndarray, by_length: np.ndarray,
-        groups: int,
-    ) -> None:  # fmt: skip
+        self, p: Pieces, bins: Bins, of: np.ndarray, light: np.ndarray, groups: int
+    ) -> None:
         is_light = np.zeros(groups, dtype=bool)
         is_light[light] = True
-        mine = by_length[is_light[of[by_length]]]
+        mine = np.flatnonzero(is_light[of])
+        mine = mine[stable_order(p.length[mine])]
         self.order = mine[stable_order(p.bin[mine])]
         self.empty = not len(self.order)
         if self.empty:
@@ -376,12 +371,12 @@ def _cut_round(
     groups = len(load)
     roomiest, _ = _tables(bins, groups)
     of = bins.group[p.bin]
-    hc = _candidates(of, heavy, CUT_PIECES, groups, by_cost(p, np.arange(len(p))))
+    hc = _candidates(p, of, heavy, CUT_PIECES, groups)
     h = np.maximum(hc, 0)
     n = p.length[h][..., None, None]  # (pairs, pieces, 1, 1): runs, cut points last
     dest = roomiest[light[:, None], p.bucket[h]]
     y = np.maximum(dest, 0)[..., None]
-    runs = _Runs(p, bins, of, light, stable_order(p.length), groups)
+    runs = _Runs(p, bins, of, light, groups)
     k = np.arange(CUT_RUNS)
     at = runs.first[y] + k - 1  # the run of the k shortest ends at order[at]
     has = (k == 0) | (at < runs.end[y])

@@ -21,6 +21,7 @@ import numpy as np
 from omniload_dask.batching.balance import Assignment, Bucket, balance, route
 from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.formats import Recipe
+from omniload_dask.batching.sorting import stable_order
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
 from omniload_dask.plan import Plan
@@ -75,9 +76,18 @@ class StepPlanner:
         groups, nu = self._groups, max(1, len(docs.slots))
         order = plan.output_order()
         group = plan.group[order]
-        pair, first, inverse = np.unique(
-            group * nu + docs.slot[plan.doc[order]], return_index=True, return_inverse=True
-        )
+        # The (group, read) pairs of the pieces, as np.unique would give them (pairs in
+        # order, each one's first piece, each piece's pair) from two radix sorts.
+        unit = docs.slot[plan.doc[order]]
+        by_pair = stable_order(unit)
+        by_pair = by_pair[stable_order(group[by_pair])]
+        g_sorted, u_sorted = group[by_pair], unit[by_pair]
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (g_sorted[1:] != g_sorted[:-1]) | (u_sorted[1:] != u_sorted[:-1])
+        pair = g_sorted[new] * nu + u_sorted[new]
+        first = by_pair[new]
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[by_pair] = np.cumsum(new) - 1
         # Pieces are in group order, so the first uses of (group, read) pairs are too: each
         # group's shard slots number its reads in order of first use.
         by_use = np.argsort(first)
