@@ -237,6 +237,11 @@ def _group_rounds(
     pos, waiting = 0, queue[:0]  # pieces queue[pos:], after the misses ``waiting``
 
     def place(piece: np.ndarray, target: np.ndarray) -> np.ndarray:
+        if micro == 1:
+            ok = room[0, target] >= length[piece]
+            bins.put(p, piece[ok], lo + target[ok])
+            load[target[ok]] += p.cost[piece[ok]]
+            return ok
         fit = np.take(room, target, axis=1) >= length[piece]
         masked = np.where(fit, np.take(cost, target, axis=1), np.inf)
         m = np.zeros(len(piece), dtype=np.int64)
@@ -255,11 +260,16 @@ def _group_rounds(
         if len(waiting):
             shortest = min(shortest, int(length[waiting].min()))
         most = room.max(axis=0)
-        open_ = np.flatnonzero(most >= shortest)
-        if not len(open_):
-            break
-        k = min(len(open_), len(waiting) + len(queue) - pos)
-        target = open_[np.argsort(load[open_], kind="stable")][:k]  # the least loaded groups
+        is_open = most >= shortest
+        if is_open.all():
+            target = np.argsort(load, kind="stable")  # the least loaded groups
+        else:
+            open_ = np.flatnonzero(is_open)
+            if not len(open_):
+                break
+            target = open_[np.argsort(load[open_], kind="stable")]
+        k = min(len(target), len(waiting) + len(queue) - pos)
+        target = target[:k]
         head = np.concatenate([waiting, queue[pos : pos + max(0, k - len(waiting))]])[:k]
         # As exact LPT would: piece j goes to the j-th lightest group only while that group
         # is no heavier than the lighter ones will be with their pieces (rounds of at least
