@@ -38,9 +38,9 @@ from omniload_dask.batching.sorting import stable_order
 __all__ = ["CUT_BELOW", "ROUNDS", "refine_groups"]
 
 TOLERANCE = 2e-3  # a group within 0.2% of the mean is even enough
-ROUNDS = 16  # rounds of each kind (whole pieces, then cuts) per step
+ROUNDS = 8  # rounds of each kind (whole pieces, then cuts) per step
 CANDIDATES = 8  # pieces of each group weighed for moves and swaps, spread over its costs ...
-PAIR_BUDGET = 1 << 15  # ... or more, up to 64, while pairs x candidates^2 stays under this
+PAIR_BUDGET = 1 << 15  # ... or more, up to 32, while pairs x candidates^2 stays under this
 PROGRESS = 1e-4  # a round must lower the heaviest group by this share, or refinement stops
 CUT_FROM = 0.98  # a step below this efficiency with whole pieces gets pieces cut ...
 CUT_BELOW = 0.99  # ... while it is below this
@@ -180,7 +180,7 @@ def _whole_round(
     gap = load[heavy] - load[light]
     roomiest, every = _tables(bins, groups)
     per_bin = np.bincount(p.bin, minlength=len(bins.room))
-    k = int(np.clip(np.sqrt(PAIR_BUDGET / len(heavy)), CANDIDATES, 64))
+    k = int(np.clip(np.sqrt(PAIR_BUDGET / len(heavy)), CANDIDATES, 32))
     both = _candidates(p, of, np.concatenate([heavy, light]), k, groups)
     hc, lc = both[: len(heavy)], both[len(heavy) :]  # (P, K) each
     P, K = hc.shape
