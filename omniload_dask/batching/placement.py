@@ -239,20 +239,22 @@ def _group_rounds(
     def place(piece: np.ndarray, target: np.ndarray) -> np.ndarray:
         if micro == 1:
             ok = room[0, target] >= length[piece]
-            bins.put(p, piece[ok], lo + target[ok])
-            load[target[ok]] += p.cost[piece[ok]]
-            return ok
-        fit = np.take(room, target, axis=1) >= length[piece]
-        masked = np.where(fit, np.take(cost, target, axis=1), np.inf)
-        m = np.zeros(len(piece), dtype=np.int64)
-        best = masked[0]
-        for j in range(1, micro):  # the cheapest micro-batch with room (lowest slot on ties)
-            better = masked[j] < best
-            m[better] = j
-            best = np.minimum(best, masked[j])
-        ok = np.isfinite(best)
-        bins.put(p, piece[ok], lo + m[ok] * groups + target[ok])
-        load[target[ok]] += p.cost[piece[ok]]
+            where = lo + target
+        else:
+            fit = np.take(room, target, axis=1) >= length[piece]
+            masked = np.where(fit, np.take(cost, target, axis=1), np.inf)
+            m = np.zeros(len(piece), dtype=np.int64)
+            best = masked[0]
+            for j in range(1, micro):  # the cheapest micro-batch with room (lowest slot first)
+                better = masked[j] < best
+                m[better] = j
+                best = np.minimum(best, masked[j])
+            ok = np.isfinite(best)
+            where = lo + m * groups + target
+        if not ok.all():
+            piece, target, where = piece[ok], target[ok], where[ok]
+        bins.put(p, piece, where)
+        load[target] += p.cost[piece]
         return ok
 
     while pos < len(queue) or len(waiting):
@@ -270,7 +272,10 @@ def _group_rounds(
             target = open_[np.argsort(load[open_], kind="stable")]
         k = min(len(target), len(waiting) + len(queue) - pos)
         target = target[:k]
-        head = np.concatenate([waiting, queue[pos : pos + max(0, k - len(waiting))]])[:k]
+        if len(waiting):
+            head = np.concatenate([waiting, queue[pos : pos + max(0, k - len(waiting))]])[:k]
+        else:
+            head = queue[pos : pos + k]
         # As exact LPT would: piece j goes to the j-th lightest group only while that group
         # is no heavier than the lighter ones will be with their pieces (rounds of at least
         # a quarter of the groups, which stays within a small piece of exact LPT).
