@@ -14,7 +14,10 @@ both are full of tokens, only an exchange moves attention cost)::
 Every change keeps each micro-batch within its tokens and leaves no more of them empty. A
 pair's groups are its own in a round, so the changes of a round never meet. The step time is
 the heaviest group's: a round whose probe (a few of the pairs at the peak) finds no change, or
-that does not lower the peak, ends the pass, so a step that cannot gain costs one probe.
+that does not lower the peak, ends the pass, so a step that cannot gain costs one probe. With
+at most ``CUT_EXCHANGES_UP_TO`` groups and cutting allowed, an exchange may cut the last piece
+of its run to fit exactly (cheap at that size; at thousands of groups it would cut a document
+per group for a few ten-thousandths of efficiency).
 
 Where cutting is allowed (``long_documents: split``) and a step is still below ``CUT_FROM``
 (0.98) after that, cut rounds follow while it is below ``CUT_BELOW`` (0.99): per pair, the
@@ -48,6 +51,7 @@ CUT_PIECES = 3  # the heavy group's costliest pieces weighed for a cut
 CUT_GRID = 7  # cut points weighed per piece and run
 CUT_RUNS = 7  # runs (of 0 to 6 short pieces) a light micro-batch may give back for a tail
 PROBE_FROM = 8  # pairs from which a round first weighs this many of its heaviest
+CUT_EXCHANGES_UP_TO = 64  # groups up to which whole-piece rounds may cut an exchange to fit
 CUT_GAIN = 1e-3  # a cut must even a pair this share of its heavy group better than whole
 
 
@@ -56,7 +60,7 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
     if groups < 2 or not len(p):
         return
     peak = np.inf
-    for _ in range(ROUNDS):  # (moves, swaps and exchanges change no piece's cost or length)
+    for _ in range(ROUNDS):
         load = np.bincount(bins.group[p.bin], p.cost, groups)
         if load.max() > peak * (1 - PROGRESS):
             break  # the last round did not lower the heaviest group: it sets the step time
@@ -64,7 +68,8 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         pairs = _pairs(load, TOLERANCE)
         if pairs is None:
             break
-        score, commit = _whole_round(p, bins, load, *pairs)
+        fit_by_cut = cut and groups <= CUT_EXCHANGES_UP_TO  # cheap there, and worth 0.003
+        score, commit = _whole_round(p, bins, load, *pairs, cost if fit_by_cut else None)
         if not np.isfinite(score).any():
             break
         commit(np.isfinite(score))
