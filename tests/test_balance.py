@@ -264,3 +264,25 @@ def test_fewer_documents_than_groups_still_give_every_group_work_when_cutting_is
     assert plan.empty_micro_batches == 0
     kept = balance(lengths, np.zeros(3, int), [Bucket(SEQ, 1)], 16, COST, cut=False)
     assert kept.empty_micro_batches == 16 - 9  # 9 pieces of at most SEQ tokens: 7 groups idle
+
+
+@pytest.mark.parametrize(
+    "cost",
+    [
+        COST,
+        CostModel(function=lambda n: np.full(len(n), 3.0)),
+        CostModel(function=lambda n: 1e4 - n),
+    ],
+    ids=["quadratic", "flat", "falling"],
+)
+def test_pieces_go_by_decreasing_cost_whatever_the_cost_function(cost):
+    # The radix sort by length is a shortcut taken only where it gives the same order.
+    from omniload_dask.batching.placement import by_cost
+
+    rng = np.random.default_rng(3)
+    length = rng.integers(1, 300, 500)
+    zeros = np.zeros(500, dtype=np.int64)
+    for extra in (np.zeros(500), np.where(rng.random(500) < 0.1, 50.0, 0.0)):
+        p = Pieces.new(zeros, zeros, length, zeros, extra, cost)
+        ids = np.flatnonzero(rng.random(500) < 0.7)
+        assert np.array_equal(by_cost(p, ids), ids[np.argsort(-p.cost[ids], kind="stable")])

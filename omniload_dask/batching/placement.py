@@ -139,15 +139,16 @@ class Bins:
 def by_cost(p: Pieces, ids: np.ndarray) -> np.ndarray:
     """``ids`` (ascending) by decreasing cost, ties in the order of ``ids``.
 
-    Where cost follows length alone (no ``extra``) and rises with it, this is the order by
-    decreasing length: a radix sort of 16-bit lengths, several times faster than sorting
-    the costs (checked on the result, else the costs are sorted).
+    Where cost follows length alone and rises with it, this is the order by decreasing
+    length: a radix sort of 16-bit lengths, several times faster than sorting the costs
+    (checked on the result: costs fall where lengths do and are equal where they are; else
+    the costs are sorted).
     """
     length = p.length[ids]
     if len(ids) > 64 and not p.extra[ids].any() and int(length.max()) < 1 << 16:
         order = stable_order(0xFFFF - length)
         c, n = p.cost[ids][order], length[order]
-        if np.all((c[1:] < c[:-1]) | (n[1:] == n[:-1])):
+        if np.all((c[1:] < c[:-1]) | ((n[1:] == n[:-1]) & (c[1:] == c[:-1]))):
             return ids[order]
     return ids[np.argsort(-p.cost[ids], kind="stable")]
 
