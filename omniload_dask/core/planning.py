@@ -24,6 +24,7 @@ from omniload_dask.batching.balance import Assignment, Bucket, balance, route
 from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import Recipe
+from omniload_dask.batching.sorting import stable_order
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
 from omniload_dask.plan import Plan
@@ -80,15 +81,26 @@ class StepPlanner:
         of ``docs.slots[k]``)."""
         groups, nu = self._groups, max(1, len(docs.slots))
         order = plan.output_order()
-        piece_unit = docs.slot[plan.doc[order]]
         group = plan.group[order]
-        pair, first, inverse = np.unique(
-            group * nu + piece_unit, return_index=True, return_inverse=True
-        )
-        by_use = np.lexsort((first, pair // nu))
+        # The (group, read) pairs of the pieces, as np.unique would give them (pairs in
+        # order, each one's first piece, each piece's pair) from two radix sorts.
+        unit = docs.slot[plan.doc[order]]
+        by_pair = stable_order(unit)
+        by_pair = by_pair[stable_order(group[by_pair])]
+        g_sorted, u_sorted = group[by_pair], unit[by_pair]
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (g_sorted[1:] != g_sorted[:-1]) | (u_sorted[1:] != u_sorted[:-1])
+        pair = g_sorted[new] * nu + u_sorted[new]
+        first = by_pair[new]
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[by_pair] = np.cumsum(new) - 1
+        # Pieces are in group order, so the first uses of (group, read) pairs are too: each
+        # group's shard slots number its reads in order of first use.
+        by_use = np.argsort(first)
         pair_group = (pair // nu)[by_use]
+        pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1))
         slot = np.empty(len(pair), dtype=np.int64)
-        slot[by_use] = np.arange(len(pair)) - np.searchsorted(pair_group, pair_group, "left")
+        slot[by_use] = np.arange(len(pair)) - np.repeat(pair_bounds[:-1], np.diff(pair_bounds))
         start = plan.start[order]
         if docs.starts is not None:  # the rest of a document begun in an earlier step
             start = start + docs.starts[plan.doc[order]]
@@ -103,25 +115,23 @@ class StepPlanner:
             axis=1,
         )
         used = (pair % nu)[by_use].tolist()
+        epoch_of = [unit.epoch for unit, _ in docs.slots]
+        epochs = [epoch_of[u] for u in used]
+        reads_used = [specs[u] for u in used]
         bounds = np.searchsorted(group, np.arange(groups + 1)).tolist()
-        pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1)).tolist()
-        capacity = tuple(plan.micro_capacity.tolist())
+        pair_at = pair_bounds.tolist()
+        table_of = [table[bounds[g] : bounds[g + 1]] for g in range(groups)]
+        epochs_of = [tuple(epochs[pair_at[g] : pair_at[g + 1]]) for g in range(groups)]
         batch = self._batch
-        recipes, reads = [], []
-        for g in range(groups):
-            mine = used[pair_bounds[g] : pair_bounds[g + 1]]
-            recipes.append(
-                Recipe(
-                    step=step,
-                    group=g,
-                    num_micro_steps=plan.num_micro_steps,
-                    pieces=table[bounds[g] : bounds[g + 1]],
-                    seq_len=batch.seq_len,
-                    slot_epochs=tuple(docs.slots[u][0].epoch for u in mine),
-                    pad_to_seq_len=batch.pad_to_seq_len,
-                    micro_seq_lens=capacity,
-                    patch_size=self._patch_size,
-                )
-            )
-            reads.append(tuple(specs[u] for u in mine))
+        recipes = Recipe.per_group(
+            table_of,
+            epochs_of,
+            step=step,
+            num_micro_steps=plan.num_micro_steps,
+            seq_len=batch.seq_len,
+            pad_to_seq_len=batch.pad_to_seq_len,
+            micro_seq_lens=tuple(plan.micro_capacity.tolist()),
+            patch_size=self._patch_size,
+        )
+        reads = [tuple(reads_used[pair_at[g] : pair_at[g + 1]]) for g in range(groups)]
         return recipes, reads
