@@ -8,7 +8,7 @@ file written by ``omniload calibrate`` (:mod:`omniload_dask.calibrate`)::
     cost: {calibration: calibration.yaml}     # relative to the plan file's folder
 
     # calibration.yaml
-    cost: {piece: 212.0, linear: 16.1, quadratic: 0.0081}    # its cost: block, as in a plan
+    cost: {piece: 742.3, linear: 31.26, quadratic: 0.01942}  # its cost: block, as in a plan
     calibration: {version: 1, unit: microseconds, device: cpu, ...}   # how it was measured
 
 The file's coefficients replace the reference in the resolved plan (:meth:`CostSpec.to_dict`),

@@ -284,11 +284,12 @@ class MixingSpec:
 class CostSpec:
     """Cost of one document piece of L tokens, to balance ranks by (see :mod:`omniload_dask.batching.cost`).
 
-    ``piece + linear * L + quadratic * L**2`` (dense layers plus attention), with the coefficients given,
-    or derived from ``model`` (a transformer description: hidden, layers, heads, kv_heads, ffn,
-    vocab, gated, causal), or ``function``: ``package.module:function`` taking an array of
-    lengths and returning their costs, imported (and tried once) wherever the plan is loaded:
-    the data plane on the scheduler and every feeder, so it must be importable there.
+    ``piece + linear * L + quadratic * L**2`` (dense layers plus attention), with the
+    coefficients given, or derived from ``model`` (a transformer description: hidden, layers,
+    heads, kv_heads, ffn, vocab, gated, causal), or ``function``: ``package.module:function``
+    taking an array of lengths and returning their costs, imported (and tried once) wherever the
+    plan is loaded: the data plane on the scheduler and every feeder, so it must be importable
+    there.
 
     ``encoder`` adds the vision encoder's cost of each image of P patches,
     ``encoder_linear * P + encoder_quadratic * P**2``: give ``{linear, quadratic}`` or a
