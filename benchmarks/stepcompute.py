@@ -109,8 +109,9 @@ def efficiency_bound(
     rank_tokens`` tokens; so the slowest rank costs at least ``c(i) + rate * (need - L_i)``,
     where ``rate`` is the least a token can cost in any chunk of any piece (a chunk of x tokens
     costs ``piece + linear x + quadratic x**2 >= x (linear + 2 sqrt(piece * quadratic))``, and
-    no chunk is longer than its piece). Cutting and micro-batch limits are ignored: the bound is
-    optimistic, and tight only when one long piece sets the step.
+    no chunk is longer than its piece). And of the ``k * dp + 1`` costliest pieces some rank
+    holds ``k + 1``. Cutting pieces further and micro-batch limits are ignored: the bound is
+    optimistic (the best split may be below it), tight when a few long pieces set the step.
     """
     costs = plan.group_costs + fixed
     mean = float(costs.mean())
@@ -121,5 +122,11 @@ def efficiency_bound(
     rate = cost.linear + float(nonlinear.min())
     need = float(lengths.sum()) - (plan.groups - 1) * rank_tokens
     piece_cost = cost(plan.length)  # without the image terms
-    slowest = float(np.max(piece_cost + rate * np.maximum(0.0, need - lengths))) + fixed
-    return mean / max(mean, slowest)
+    slowest = float(np.max(piece_cost + rate * np.maximum(0.0, need - lengths)))
+    # Pigeonhole: of the k * dp + 1 costliest pieces some rank holds k + 1, each costing at
+    # least the (k * dp + 1)-th.
+    ranked = np.sort(piece_cost)[::-1]
+    k = np.arange(0, (len(ranked) - 1) // plan.groups + 1)
+    if len(ranked):
+        slowest = max(slowest, float(np.max((k + 1) * ranked[k * plan.groups])))
+    return mean / max(mean, slowest + fixed)
