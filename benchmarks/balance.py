@@ -364,10 +364,14 @@ def measured_balance(
     for dp in dps:
         for fill in fills:
             n = steps if dp <= 8 else max(1, steps // 2)
-            out["by_dp"][run_key(dp, fill)] = _measured_steps(
+            row = _measured_steps(
                 setup, dp, fill, n, seed, costs, cal.fit.coefficients, timer, repeats,
                 cal.micro_batch_seconds,
             )  # fmt: skip
+            out["by_dp"][run_key(dp, fill)] = row
+            eff = row["measured_efficiency"]
+            print(f"  measured {run_key(dp, fill)}: " + ", ".join(f"{k} {v:.4f}" for k, v in
+                  eff.items()) + f" (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)  # fmt: skip
     out["seconds"] = round(time.time() - t0, 1)
     return out
 

@@ -211,6 +211,20 @@ def test_the_cli_calibrates_a_factory_named_model(tmp_path, capsys):
     assert meta["model"] == {"factory": "tests.test_calibrate:tiny_factory"}
 
 
+def test_the_cli_takes_model_and_seq_len_from_a_plan(tmp_path, capsys):
+    plan = plan_dict([SRC], cost={"model": TINY}, batch={"seq_len": 128})
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
+    out = tmp_path / "c.yaml"
+    argv = ["calibrate", "--plan", str(tmp_path / "p.yaml"), "--quick", "--repeats", "2",
+            "--quiet", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    meta = yaml.safe_load(out.read_text())["calibration"]
+    assert meta["model"]["transformer"] == TINY and meta["seq_len"] == 128
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(plan_dict([SRC])))
+    assert main(["calibrate", "--plan", str(tmp_path / "q.yaml")]) == 2
+    assert "MODEL: name the model" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("model", "message"),
     [
