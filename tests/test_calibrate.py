@@ -171,7 +171,7 @@ def test_a_plan_takes_piece_linear_quadratic_and_round_trips():
 def calibration_file(tmp_path_factory):
     """A tiny real calibration (CPU, a few seconds), written next to a plan that names it."""
     folder = tmp_path_factory.mktemp("calibration")
-    result = calibrate(TINY, seq_len=256, repeats=2, random=6, held_back_count=4)
+    result = calibrate(TINY, seq_len=1024, repeats=2, random=6, held_back_count=4)
     result.write(folder / "calibration.yaml")
     return folder, result
 
@@ -202,7 +202,7 @@ def test_a_real_cpu_calibration_writes_a_file_that_a_plan_loads(calibration_file
 
 def test_the_cli_calibrates_a_factory_named_model(tmp_path, capsys):
     out = tmp_path / "c.yaml"
-    argv = ["calibrate", "tests.test_calibrate:tiny_factory", "--seq-len", "256", "--vocab",
+    argv = ["calibrate", "tests.test_calibrate:tiny_factory", "--seq-len", "512", "--vocab",
             "32", "--quick", "--repeats", "2", "--quiet", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
@@ -212,14 +212,14 @@ def test_the_cli_calibrates_a_factory_named_model(tmp_path, capsys):
 
 
 def test_the_cli_takes_model_and_seq_len_from_a_plan(tmp_path, capsys):
-    plan = plan_dict([SRC], cost={"model": TINY}, batch={"seq_len": 128})
+    plan = plan_dict([SRC], cost={"model": TINY}, batch={"seq_len": 512})
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
     out = tmp_path / "c.yaml"
     argv = ["calibrate", "--plan", str(tmp_path / "p.yaml"), "--quick", "--repeats", "2",
             "--quiet", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     meta = yaml.safe_load(out.read_text())["calibration"]
-    assert meta["model"]["transformer"] == TINY and meta["seq_len"] == 128
+    assert meta["model"]["transformer"] == TINY and meta["seq_len"] == 512
     (tmp_path / "q.yaml").write_text(yaml.safe_dump(plan_dict([SRC])))
     assert main(["calibrate", "--plan", str(tmp_path / "q.yaml")]) == 2
     assert "MODEL: name the model" in capsys.readouterr().err
