@@ -27,8 +27,9 @@ from omniload_dask.calibrate import (
     held_back,
     nnls,
 )
+from omniload_dask.calibrate.batches import packed_arrays
 from omniload_dask.calibrate.fit import rank_correlation
-from omniload_dask.calibrate.runner import load_model, packed_arrays
+from omniload_dask.calibrate.runner import load_model
 from omniload_dask.cli import main
 
 from .datagen import plan_dict

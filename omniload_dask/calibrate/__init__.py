@@ -19,15 +19,17 @@ correlation). ``micro_batch`` is the same for every rank and stays out of the co
     result.write("calibration.yaml")     # a plan: cost: {calibration: calibration.yaml}
 
 or ``omniload calibrate MODEL --seq-len 2048 --out calibration.yaml``. Modules: ``grid``
-(micro-batches to time), ``fit`` (numpy: features, NNLS, checks), ``runner`` (torch, imported
-when a calibration runs: models, timing), ``transformer`` (the described model), ``result``
-(the outcome and its file). Importing this package does not import torch.
+(micro-batches to time), ``batches`` (their arrays), ``fit`` (numpy: features, NNLS, checks),
+``runner`` (models and timing), ``transformer`` (the described model), ``calibration`` (the
+procedure), ``result`` (the outcome and its file). Torch is imported when a calibration runs,
+not with this package.
 """
 
+from omniload_dask.calibrate.calibration import calibrate
 from omniload_dask.calibrate.fit import TERMS, Check, Fit, check_fit, features, fit_terms, nnls
 from omniload_dask.calibrate.grid import MicroBatch, fit_grid, held_back
 from omniload_dask.calibrate.result import Calibration
-from omniload_dask.calibrate.runner import StepTimer, calibrate, load_model
+from omniload_dask.calibrate.runner import StepTimer, load_model
 from omniload_dask.errors import CalibrationError
 
 __all__ = [

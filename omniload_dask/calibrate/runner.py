@@ -1,7 +1,7 @@
 """Time the training model's forward and backward over micro-batches; imports torch when used.
 
-:func:`load_model` gives the model to time (a factory's, or a described transformer),
-:class:`StepTimer` times steps on it, and :func:`calibrate` ties grid, timings and fit together.
+:func:`load_model` gives the model to time (a factory's, or a described transformer) and
+:class:`StepTimer` times steps on it (inputs from :func:`.batches.packed_arrays`).
 
 A *step* is one or more micro-batches run one after another, forward and backward each, as a
 trainer's step accumulates gradients; a calibration times steps of one micro-batch, the
@@ -26,16 +26,13 @@ from typing import Any
 import numpy as np
 
 from omniload_dask.batching.cost import load_function
-from omniload_dask.calibrate.fit import check_fit, features, fit_terms
-from omniload_dask.calibrate.grid import MicroBatch, fit_grid, held_back
-from omniload_dask.calibrate.result import Calibration
+from omniload_dask.calibrate.batches import packed_arrays
+from omniload_dask.calibrate.grid import MicroBatch
 from omniload_dask.errors import CalibrationError, OmniloadError
 from omniload_dask.plan.fields import Fields
 from omniload_dask.plan.parse_cost import read_model
 
-__all__ = ["StepTimer", "calibrate", "check_description", "load_model"]
-
-IGNORE_INDEX = -100
+__all__ = ["StepTimer", "check_description", "load_model"]
 
 
 def check_description(description: Mapping[str, Any], field: str = "model") -> dict[str, Any]:
@@ -229,152 +226,3 @@ class StepTimer:
             raise CalibrationError(
                 f"the model failed on a micro-batch: {type(exc).__name__}: {exc}"
             ) from exc
-
-
-def packed_arrays(
-    mb: MicroBatch, vocab: int, rng: np.random.Generator, patch_size: int = 14, merge: int = 2
-) -> dict[str, np.ndarray]:
-    """Numpy arrays of one packed micro-batch (the feeder's layout, random content).
-
-    Image i's tokens (``patches / merge**2``) sit right after the first token of piece
-    ``image_piece[i]`` (or of the image before it in the same piece).
-    """
-    lengths = np.asarray(mb.pieces, dtype=np.int64)
-    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    n = int(cu[-1])
-    ids = rng.integers(0, vocab, n, dtype=np.int64)
-    labels = np.append(ids[1:], IGNORE_INDEX)
-    labels[cu[1:] - 1] = IGNORE_INDEX  # no target across a document's end
-    position = np.arange(n, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
-    out = {"input_ids": ids, "labels": labels, "position_ids": position, "cu_seqlens": cu}
-    if not mb.images:
-        return out
-    window = merge * merge
-    token_map = np.full(n, -1, dtype=np.int64)
-    cu_patches, cu_tokens, grid = [0], [0], []
-    next_at = {p: int(cu[p]) + 1 for p in set(mb.image_piece)}
-    for patches, piece in zip(mb.images, mb.image_piece, strict=True):
-        tokens = patches // window
-        if patches % window or tokens < 1:
-            raise CalibrationError(f"images: {patches} patches is not a multiple of {window}")
-        at = next_at[piece]
-        if at + tokens > cu[piece + 1]:
-            raise CalibrationError(f"images: {tokens} image tokens do not fit piece {piece}")
-        token_map[at : at + tokens] = np.arange(cu_tokens[-1], cu_tokens[-1] + tokens)
-        next_at[piece] = at + tokens
-        cu_patches.append(cu_patches[-1] + patches)
-        cu_tokens.append(cu_tokens[-1] + tokens)
-        grid.append((merge, patches // merge))
-    labels[token_map >= 0] = IGNORE_INDEX
-    out["pixel_patches"] = rng.integers(
-        0, 256, (cu_patches[-1], patch_size, patch_size, 3), dtype=np.uint8
-    )
-    out["image_grid_hw"] = np.asarray(grid, dtype=np.int32)
-    out["image_cu_patches"] = np.asarray(cu_patches, dtype=np.int32)
-    out["image_cu_tokens"] = np.asarray(cu_tokens, dtype=np.int32)
-    out["image_token_map"] = token_map
-    return out
-
-
-def calibrate(
-    model: str | Mapping[str, Any],
-    *,
-    seq_len: int,
-    device: str = "cpu",
-    threads: int = 1,
-    repeats: int = 5,
-    dtype: Any = None,
-    attention: str = "auto",
-    encoder: Mapping[str, Any] | None = None,
-    images: Sequence[int] = (),
-    patch_size: int = 14,
-    merge: int = 2,
-    vocab: int | None = None,
-    random: int = 24,
-    held_back_count: int = 24,
-    min_length: int = 16,
-    seed: int = 0,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> Calibration:
-    """Time ``model`` on a grid of micro-batches of at most ``seq_len`` tokens, fit the cost
-    terms, and check them on held-back micro-batches (see :mod:`omniload_dask.calibrate`).
-
-    ``images`` (patch counts) adds micro-batches with images, for the encoder terms.
-    ``progress(phase, done, total)`` is called as timings complete.
-    """
-    import torch
-
-    if seq_len < 2 * min_length:
-        raise CalibrationError(f"seq_len: must be >= {2 * min_length}, got {seq_len}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise CalibrationError(f"device: {device!r} asked for, but torch sees no CUDA device")
-    if images and encoder is None and not isinstance(model, str):
-        raise CalibrationError("images: timing images needs an encoder description (or a "
-                               "model factory whose model takes them)")  # fmt: skip
-    net, about = load_model(model, device, dtype=dtype, attention=attention, encoder=encoder,
-                            patch_size=patch_size, merge=merge)  # fmt: skip
-    if vocab is None:
-        vocab = int(about.get("transformer", {}).get("vocab", 0)) or 256
-    timer = StepTimer(net, device, vocab=vocab, threads=threads, patch_size=patch_size,
-                      merge=merge, seed=seed)  # fmt: skip
-    grid = fit_grid(seq_len, min_length=min_length, random=random, images=images, merge=merge,
-                    seed=seed)  # fmt: skip
-    check = held_back(seq_len, held_back_count, min_length=min_length, images=images,
-                      merge=merge, seed=seed)  # fmt: skip
-    steps = [[mb] for mb in grid + check]
-
-    def report(done: int, total: int) -> None:
-        if progress is not None:
-            progress("timing", done, total)
-
-    times = timer.time(steps, repeats=repeats, progress=report)
-    best = times.min(axis=1)
-    rows = features([mb.pieces for mb in grid + check], [mb.images for mb in grid + check])
-    n = len(grid)
-    try:
-        fit = fit_terms(rows[:n], best[:n])
-    except ValueError as exc:
-        raise CalibrationError(f"cannot fit the cost terms: {exc}") from None
-    verdict = check_fit(fit, rows[n:], best[n:]) if len(check) else None
-    ordered = np.sort(times, axis=1)
-    noise = (
-        float(np.median((ordered[:, 1] - ordered[:, 0]) / ordered[:, 0])) if repeats > 1 else None
-    )
-    return Calibration(
-        fit=fit,
-        check=verdict,
-        seq_len=seq_len,
-        model=about,
-        device=str(timer.device),
-        device_name=_device_name(timer.device),
-        threads=threads,
-        clock=timer.clock,
-        repeats=repeats,
-        torch_version=str(torch.__version__),
-        dtype=str(next(iter(timer.parameters)).dtype).replace("torch.", "")
-        if timer.parameters
-        else "",
-        noise=noise,
-        fit_batches=grid,
-        held_batches=check,
-        fit_seconds=best[:n],
-        held_seconds=best[n:],
-    )
-
-
-def _device_name(device: Any) -> str:
-    """A readable name of the device (the CPU model on Linux, the GPU's name on CUDA)."""
-    import platform
-
-    import torch
-
-    if device.type == "cuda":
-        return str(torch.cuda.get_device_name(device))
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
