@@ -311,15 +311,19 @@ class MixingSpec:
 class CostSpec:
     """Cost of one document piece of L tokens, to balance ranks by (see :mod:`omniload_dask.batching.cost`).
 
-    ``linear * L + quadratic * L**2`` (dense layers plus attention), with the coefficients given,
-    or derived from ``model`` (a transformer description: hidden, layers, heads, kv_heads, ffn,
-    vocab, gated, causal), or ``function``: ``package.module:function`` taking an array of
-    lengths and returning their costs, imported (and tried once) wherever the plan is loaded:
-    the data plane on the scheduler and every feeder, so it must be importable there.
+    ``piece + linear * L + quadratic * L**2`` (dense layers plus attention), with the
+    coefficients given, or derived from ``model`` (a transformer description: hidden, layers,
+    heads, kv_heads, ffn, vocab, gated, causal), or ``function``: ``package.module:function``
+    taking an array of lengths and returning their costs, imported (and tried once) wherever the
+    plan is loaded: the data plane on the scheduler and every feeder, so it must be importable
+    there.
 
     ``encoder`` adds the vision encoder's cost of each image of P patches,
     ``encoder_linear * P + encoder_quadratic * P**2``: give ``{linear, quadratic}`` or a
     ``model`` description of the encoder (bidirectional unless it says ``causal: true``).
+
+    ``piece`` is a constant per piece (0 unless given with the coefficients); ``calibration``
+    names a file of measured coefficients (``omniload calibrate``) that resolves to them.
     """
 
     linear: float = 1.0
@@ -329,9 +333,11 @@ class CostSpec:
     encoder_linear: float = 0.0
     encoder_quadratic: float = 0.0
     encoder_model: Mapping[str, Any] | None = None
+    piece: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """The form the plan gave (coefficients derived from a model are not repeated)."""
+        """The form the plan gave (coefficients derived from a model are not repeated; a
+        calibration file's are given instead of its name)."""
         out: dict[str, Any]
         if self.function is not None:
             out = {"function": self.function}
@@ -339,6 +345,8 @@ class CostSpec:
             out = {"model": dict(self.model)}
         else:
             out = {"linear": self.linear, "quadratic": self.quadratic}
+            if self.piece:
+                out["piece"] = self.piece
         if self.encoder_model is not None:
             out["encoder"] = {"model": dict(self.encoder_model)}
         elif self.encoder_linear or self.encoder_quadratic:
