@@ -16,10 +16,20 @@ planning time per global batch. ``--compare`` adds LPT without the refinement pa
 
 Two further checks: the whole data-plane step (draw + balance + recipes, ``Coordinator``) timed
 on real JSON Lines files at DP 128 through :class:`~omniload_dask.testing.InlineDataPlane`; and
-real compute: forward + backward of a tiny torch transformer on CPU over each rank's batch,
-correlating the measured time with the modelled cost and fitting its coefficients.
+balance judged by measured time (:func:`measured_balance`): the cost of a tiny transformer is
+calibrated on this CPU (``omniload_dask.calibrate``), then every rank's step (forward + backward
+of each of its micro-batches) is timed for the unbalanced per-rank packing and for the balancer
+with the plan's default cost, the transformer formula and the calibrated cost, at dp 8 and 32
+(``--measured-dp``), at a full budget and at 90 % of the capacity (``--measured-fill``).
 
-    python benchmarks/balance.py --quick      # under a minute; ends with one line RESULT {json}
+    python benchmarks/balance.py --quick      # a few minutes; ends with one line RESULT {json}
+    python benchmarks/balance.py --measured-only     # only the measured part
+
+The RESULT line has, for the first measured DP size and fill (dp 8, full budget):
+``measured_efficiency_unbalanced``, ``_default_cost``, ``_model_cost``, ``_calibrated``,
+``_identical_work`` (every rank timed on the same step: what timer noise leaves),
+``bound_calibrated_cost`` and ``calibration_error_pct`` (held-back micro-batches); every run's
+figures are under ``measured``.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ WEIGHTS = np.array([0.5, 0.3, 0.2])
 MODEL_8B = {"hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8, "ffn": 14336,
             "vocab": 128256, "gated": True}  # fmt: skip
 TINY = {"hidden": 64, "layers": 2, "heads": 4, "ffn": 256, "vocab": 256, "gated": True}
+RC_SEQ, RC_MICRO = 2048, 2  # real compute: micro-batches of the tiny model on CPU
 
 
 # ------------------------------------------------------------------ the synthetic mix
@@ -276,99 +287,190 @@ def coordinator_timing(dp: int, steps: int, seed: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ real compute
-def real_compute(steps: int, dp: int, seed: int) -> dict[str, Any]:
-    """Forward + backward of a tiny transformer (TINY) over each rank's pieces, on CPU.
+@dataclass(frozen=True)
+class RealCompute:
+    """What the measured part runs: a described model, micro-batches, device and threads."""
 
-    As in varlen training, the dense layers run on the packed tokens of a rank and attention
-    runs per piece (causal). Time is the process's CPU time with one torch thread, the best of
-    three runs, so other processes on a shared machine disturb it little.
+    model: dict[str, Any]
+    seq_len: int = RC_SEQ
+    micro: int = RC_MICRO
+    device: str = "cpu"
+    threads: int = 1
+
+
+def measured_balance(
+    setup: RealCompute,
+    dps: list[int],
+    steps: int,
+    seed: int,
+    fills: list[float],
+    repeats: int = 3,
+    quick: bool = False,
+) -> dict[str, Any]:
+    """Balance judged by measured time: forward + backward of ``setup.model`` over every
+    rank's step.
+
+    The cost is first calibrated on the device (:func:`omniload_dask.calibrate.calibrate`,
+    micro-batches of up to ``setup.seq_len`` tokens). Then, per step, one global batch of the
+    mix scaled to that length (at RC_SEQ = 2048: web ~100, code ~375, long 2k-16k tokens; a
+    budget of ``fill`` times the capacity, for every fill of ``fills``) is split four ways:
+    each rank packing its own stream (unbalanced), and the balancer with the plan's default
+    cost, with the transformer formula of the model, and with the calibrated cost; a fifth
+    variant gives every rank the same step (the calibrated plan's first rank), so its measured
+    efficiency is what timer noise alone leaves. Every rank's step (its micro-batches, forward
+    + backward each) is timed -- on CPU with one thread as process CPU time, on CUDA with
+    events -- the best of ``repeats``, all ranks of all variants interleaved: CPU time does not
+    charge the waits of a process for a core on a shared machine, and other processes can only
+    add time, so the best of a few repeats is the closest to the undisturbed time. Beside the
+    measured figures: the efficiency the calibrated model predicts for each variant, the
+    balancer's own (modelled) efficiency, and an upper bound on any split of the step's pieces
+    under the calibrated cost (``stepcompute.efficiency_bound``).
     """
-    import torch
-    import torch.nn.functional as F
+    from omniload_dask.calibrate import StepTimer, calibrate, load_model
+    from omniload_dask.plan import CostSpec
 
-    torch.manual_seed(seed)
-    torch.set_num_threads(1)
-    h, heads, f, vocab = TINY["hidden"], TINY["heads"], TINY["ffn"], TINY["vocab"]
+    t0 = time.time()
+    cal = calibrate(setup.model, seq_len=setup.seq_len, device=setup.device,
+                    threads=setup.threads, repeats=3 if quick else 5,
+                    random=12 if quick else 24, held_back_count=12 if quick else 24,
+                    seed=seed)  # fmt: skip
+    costs = {
+        "default_cost": CostModel.from_spec(CostSpec()),
+        "model_cost": CostModel(*transformer_coefficients(**setup.model)),
+        "calibrated": cal.cost_model(),
+    }
+    net, about = load_model(setup.model, setup.device)
+    timer = StepTimer(net, setup.device, vocab=setup.model.get("vocab") or 256,
+                      threads=setup.threads, seed=seed)  # fmt: skip
+    out: dict[str, Any] = {
+        "model": setup.model,
+        "attention": about["attention"],
+        "device": cal.device,
+        "device_name": cal.device_name,
+        "clock": timer.clock,
+        "seq_len": setup.seq_len,
+        "micro_batches": setup.micro,
+        "repeats": repeats,
+        "calibration": {
+            "cost": cal.cost_block(),
+            "micro_batch_us": cal.micro_batch_seconds * 1e6,
+            "fit_error_pct": 100 * cal.fit.mean_abs_rel_error,
+            "held_back": cal.check.to_dict() if cal.check else None,
+            "timer_noise_pct": 100 * cal.noise if cal.noise is not None else None,
+            "seconds": round(time.time() - t0, 1),
+        },
+        "by_dp": {},
+    }
+    for dp in dps:
+        for fill in fills:
+            n = steps if dp <= 8 else max(1, steps // 2)
+            row = _measured_steps(
+                setup, dp, fill, n, seed, costs, cal.fit.coefficients, timer, repeats,
+                cal.micro_batch_seconds,
+            )  # fmt: skip
+            out["by_dp"][run_key(dp, fill)] = row
+            eff = row["measured_efficiency"]
+            print(f"  measured {run_key(dp, fill)}: " + ", ".join(f"{k} {v:.4f}" for k, v in
+                  eff.items()) + f" (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)  # fmt: skip
+    out["seconds"] = round(time.time() - t0, 1)
+    return out
 
-    class Block(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.n1, self.n2 = torch.nn.LayerNorm(h), torch.nn.LayerNorm(h)
-            self.qkv = torch.nn.Linear(h, 3 * h, bias=False)
-            self.out = torch.nn.Linear(h, h, bias=False)
-            self.w1, self.w3 = torch.nn.Linear(h, f, bias=False), torch.nn.Linear(h, f, bias=False)
-            self.w2 = torch.nn.Linear(f, h, bias=False)
 
-        def forward(self, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-            qkv = self.qkv(self.n1(x)).view(-1, 3, heads, h // heads)
-            outs = []
-            for part in qkv.split(sizes):  # attention within each piece only
-                q, k, v = part.permute(1, 2, 0, 3).unsqueeze(1).unbind(0)
-                outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=True)[0])
-            a = torch.cat(outs, dim=1).permute(1, 0, 2).reshape(-1, h)
-            x = x + self.out(a)
-            y = self.n2(x)
-            return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+def run_key(dp: int, fill: float) -> str:
+    """``"8"`` at a full budget, ``"8@0.9"`` at 90 % of the capacity."""
+    return str(dp) if fill == 1.0 else f"{dp}@{fill:g}"
 
-    emb = torch.nn.Embedding(vocab, h)
-    blocks = torch.nn.ModuleList([Block() for _ in range(TINY["layers"])])
-    head = torch.nn.Linear(h, vocab, bias=False)
 
-    def run(pieces: np.ndarray) -> float:
-        sizes = pieces.tolist()
-        ids = torch.randint(0, vocab, (int(pieces.sum()),))
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.process_time()
-            x = emb(ids)
-            for block in blocks:
-                x = block(x, sizes)
-            F.cross_entropy(head(x), ids).backward()
-            best = min(best, time.process_time() - t0)
-        return best
+def _measured_steps(
+    setup: RealCompute,
+    dp: int,
+    fill: float,
+    steps: int,
+    seed: int,
+    costs: dict[str, CostModel],
+    coef: np.ndarray,
+    timer: Any,
+    repeats: int,
+    micro_batch_seconds: float,
+) -> dict[str, Any]:
+    """``steps`` steps of :func:`measured_balance` at one DP size and budget fill."""
+    from stepcompute import (
+        baseline_micro_batches,
+        efficiency,
+        efficiency_bound,
+        measure,
+        predict,
+        rank_micro_batches,
+    )
 
-    seq, micro = 2048, 2
-    cost = CostModel(*transformer_coefficients(**TINY))  # type: ignore[arg-type]
-    shape = Shape(scale=0.25)  # web ~100, code ~375, long 2k-16k tokens
+    seq, micro = setup.seq_len, setup.micro
+    shape = Shape(scale=seq / SEQ_LEN)
     stream = Stream(seed, shape)
     ranks = [Stream(seed * 1000 + 7 + r, shape, split=seq) for r in range(dp)]
-    run(np.array([64, 256]))  # warm-up
-    xs: list[tuple[float, float, int, float]] = []
-    ys: list[float] = []
-    effs: dict[str, list[float]] = {"balanced": [], "baseline": []}
+    buckets = [Bucket(seq, micro)]
+    names = ["unbalanced", *costs, "identical"]
+    measured: dict[str, list[float]] = {k: [] for k in names}
+    step_seconds: dict[str, list[float]] = {k: [] for k in names}
+    modelled: dict[str, list[float]] = {k: [] for k in names}
+    balancer: dict[str, list[float]] = {k: [] for k in costs}
+    bounds: list[float] = []
     for _ in range(steps):
-        lengths, src = stream.next(dp * micro * seq)
-        buckets = [Bucket(seq, micro)]
+        lengths, src = stream.next(int(fill * dp * micro * seq))
         bucket, by_length = route(lengths, src, buckets)
-        plan = balance(lengths, bucket, buckets, dp, cost, by_length=by_length)
-        balanced = [plan.length[plan.group == g] for g in range(dp)]
-        _, baseline = baseline_costs(ranks, micro, seq, cost)
-        for name, per_rank in (("balanced", balanced), ("baseline", baseline)):
-            measured = []
-            for pieces in per_rank:
-                seconds = run(pieces)
-                measured.append(seconds)
-                n = pieces.astype(np.float64)
-                xs.append((n.sum(), (n * n).sum(), len(n), float(cost(pieces).sum())))
-                ys.append(seconds)
-            effs[name].append(float(np.mean(measured) / np.max(measured)))
-    x, y = np.asarray(xs), np.asarray(ys)
-    coef, *_ = np.linalg.lstsq(x[:, :3], y, rcond=None)
-    fitted = x[:, :3] @ coef
-    linear, quadratic = transformer_coefficients(**TINY)  # type: ignore[arg-type]
+        own = [r.next(int(fill * micro * seq))[0] for r in ranks]
+        variants = {"unbalanced": baseline_micro_batches(own, micro, seq)}
+        for name, cost in costs.items():
+            plan = balance(lengths, bucket, buckets, dp, cost, by_length=by_length)
+            variants[name] = rank_micro_batches(plan)
+            balancer[name].append(plan.efficiency)
+            if name == "calibrated":
+                fixed = micro * micro_batch_seconds * 1e6  # the cost's unit: microseconds
+                bounds.append(efficiency_bound(plan, cost, micro * seq, fixed))
+        variants["identical"] = [variants["calibrated"][0]] * dp
+        seconds = measure(timer, list(variants.values()), repeats=repeats)
+        for name, rank_seconds in zip(variants, seconds, strict=True):
+            measured[name].append(efficiency(rank_seconds))
+            step_seconds[name].append(float(rank_seconds.max()))
+            modelled[name].append(efficiency(predict(coef, variants[name])))
     return {
-        "model": TINY,
-        "ranks_measured": len(y),
-        "correlation_modelled_cost_vs_time": float(np.corrcoef(x[:, 3], y)[0, 1]),
-        "fit_seconds_per_token": float(coef[0]),
-        "fit_seconds_per_token_squared": float(coef[1]),
-        "fit_seconds_per_piece": float(coef[2]),
-        "fit_r2": float(1 - ((y - fitted) ** 2).sum() / ((y - y.mean()) ** 2).sum()),
-        "fitted_quadratic_over_linear": float(coef[1] / coef[0]),
-        "modelled_quadratic_over_linear": quadratic / linear,
-        "measured_efficiency_balanced": float(np.mean(effs["balanced"])),
-        "measured_efficiency_baseline": float(np.mean(effs["baseline"])),
+        "dp": dp,
+        "budget_fill": fill,
+        "steps": steps,
+        "measured_efficiency": {k: float(np.mean(v)) for k, v in measured.items()},
+        "measured_efficiency_worst": {k: float(np.min(v)) for k, v in measured.items()},
+        "step_seconds": {k: float(np.mean(v)) for k, v in step_seconds.items()},
+        "calibrated_model_efficiency": {k: float(np.mean(v)) for k, v in modelled.items()},
+        "balancer_own_cost_efficiency": {k: float(np.mean(v)) for k, v in balancer.items()},
+        "bound_calibrated_cost": float(np.mean(bounds)),
     }
+
+
+def print_measured(rc: dict[str, Any]) -> None:
+    """The measured part as a small table."""
+    cal = rc["calibration"]
+    block, held = cal["cost"], cal["held_back"]
+    print(f"calibrated cost on {rc['device']} ({rc['device_name']}; {cal['seconds']:.0f} s): "
+          f"{block['piece']:.4g} us/piece + {block['linear']:.4g} us/token + "
+          f"{block['quadratic']:.4g} us/token^2 (+ {cal['micro_batch_us']:.4g} us/micro-batch); "
+          f"held back: mean |error| {held['mean_abs_rel_error_pct']:.2f} %, max "
+          f"{held['max_abs_rel_error_pct']:.2f} %, rank correlation {held['rank_correlation']:.4f}"
+          f"; timer noise {cal['timer_noise_pct']:.2f} %")  # fmt: skip
+    print(
+        f"measured step-time efficiency (mean/max of rank fwd+bwd {rc['clock']}, best of "
+        f"{rc['repeats']}), seq_len {rc['seq_len']} x {rc['micro_batches']} micro-batches:"
+    )
+    print(f"{'dp':>6} {'steps':>5} {'variant':>13} {'measured':>9} {'worst':>7} "
+          f"{'step s':>8} {'calibrated model':>17} {'own cost':>9}")  # fmt: skip
+    for dp, row in rc["by_dp"].items():
+        print(f"{dp:>6}: upper bound on any split under the calibrated cost "
+              f"{row['bound_calibrated_cost']:.4f}")  # fmt: skip
+        for name, value in row["measured_efficiency"].items():
+            own = row["balancer_own_cost_efficiency"].get(name)
+            print(f"{dp:>6} {row['steps']:>5} {name:>13} {value:>9.4f} "
+                  f"{row['measured_efficiency_worst'][name]:>7.4f} "
+                  f"{row['step_seconds'][name]:>8.3f} "
+                  f"{row['calibrated_model_efficiency'][name]:>17.4f} "
+                  f"{'' if own is None else f'{own:.4f}':>9}")  # fmt: skip
 
 
 # ------------------------------------------------------------------ main
@@ -378,7 +480,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per DP size")
     parser.add_argument("--dp", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--compare", action="store_true", help="also LPT without refinement")
-    parser.add_argument("--no-torch", action="store_true", help="skip the real-compute check")
+    parser.add_argument("--no-torch", action="store_true", help="skip the measured part")
+    parser.add_argument("--measured-only", action="store_true", help="only the measured part")
+    parser.add_argument("--measured-dp", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--measured-steps", type=int, help="steps at dp 8 (half as many above)")
+    parser.add_argument(
+        "--measured-fill",
+        type=float,
+        nargs="+",
+        default=[1.0, 0.9],
+        help="budgets of the measured part, as shares of the capacity",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timings per rank step, best kept")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     steps = args.steps or (6 if args.quick else 40)
@@ -395,7 +508,7 @@ def main() -> None:
           f"{'speedup':>8} {'padding':>8} {'underfill':>9} {'cuts':>6} {'micro eff':>9} "
           f"{'plan ms':>8} {'cpu ms':>7}")  # fmt: skip
     runs = [(dp, 1.0) for dp in args.dp] + ([] if args.quick else [(max(args.dp), 0.99)])
-    for dp, fill in runs:
+    for dp, fill in [] if args.measured_only else runs:
         r = simulate(dp, steps, cost, args.seed, fill=fill)
         result["simulation"].append(r)
         name = str(dp) if fill == 1.0 else f"{dp}@{fill:g}"
@@ -405,7 +518,7 @@ def main() -> None:
               f"{r['padding_fraction']:>8.3%} {r['budget_underfill']:>9.3%} "
               f"{r['cuts_per_step']:>6.1f} {r['micro_batch_efficiency']:>9.4f} "
               f"{r['planning_ms_median']:>8.2f} {r['planning_cpu_ms_median']:>7.2f}")  # fmt: skip
-    if args.compare:
+    if args.compare and not args.measured_only:
         result["lpt_only"] = []
         print("LPT without the refinement pass:")
         for dp in args.dp:
@@ -414,23 +527,33 @@ def main() -> None:
             print(f"{dp:>8} eff mean {r['efficiency_mean']:.4f} worst {r['efficiency_worst']:.4f} "
                   f"plan ms {r['planning_ms_median']:.2f} cpu ms "
                   f"{r['planning_cpu_ms_median']:.2f}")  # fmt: skip
-    timing = coordinator_timing(128, 2 if args.quick else 5, args.seed)
-    result["data_plane_step"] = timing
-    print(f"data-plane step at dp {timing['dp']} on real files ({timing['documents_per_step']:.0f} "
-          f"documents): draw + balance + recipes {timing['step_ms_median']:.2f} ms median "
-          f"({timing['step_cpu_ms_median']:.2f} ms CPU), {timing['step_ms_min']:.2f} ms min, "
-          f"efficiency {timing['efficiency_mean']:.4f}")  # fmt: skip
+    if not args.measured_only:
+        timing = coordinator_timing(128, 2 if args.quick else 5, args.seed)
+        result["data_plane_step"] = timing
+        print(f"data-plane step at dp {timing['dp']} on real files "
+              f"({timing['documents_per_step']:.0f} documents): draw + balance + recipes "
+              f"{timing['step_ms_median']:.2f} ms median ({timing['step_cpu_ms_median']:.2f} ms "
+              f"CPU), {timing['step_ms_min']:.2f} ms min, efficiency "
+              f"{timing['efficiency_mean']:.4f}")  # fmt: skip
     if not args.no_torch:
-        rc = real_compute(2 if args.quick else 4, 8, args.seed)
-        result["real_compute"] = rc
-        print(f"real compute (tiny transformer, CPU, {rc['ranks_measured']} rank batches): "
-              f"corr(modelled cost, time) {rc['correlation_modelled_cost_vs_time']:.4f}; fit "
-              f"time = {rc['fit_seconds_per_token']:.3e} L + {rc['fit_seconds_per_token_squared']:.3e}"
-              f" L^2 + {rc['fit_seconds_per_piece']:.3e}/piece (R^2 {rc['fit_r2']:.3f}); quadratic"
-              f"/linear fitted {rc['fitted_quadratic_over_linear']:.2e} vs modelled "
-              f"{rc['modelled_quadratic_over_linear']:.2e}; measured efficiency balanced "
-              f"{rc['measured_efficiency_balanced']:.3f}, baseline "
-              f"{rc['measured_efficiency_baseline']:.3f}")  # fmt: skip
+        rc = measured_balance(RealCompute(TINY), args.measured_dp,
+                              args.measured_steps or (2 if args.quick else 4),
+                              args.seed, args.measured_fill, repeats=args.repeats,
+                              quick=args.quick)  # fmt: skip
+        result["measured"] = rc
+        print_measured(rc)
+        # The headline: the first DP size at the first budget fill (default dp 8, full budget).
+        head = rc["by_dp"][run_key(args.measured_dp[0], args.measured_fill[0])]
+        result["measured_at"] = {"dp": head["dp"], "budget_fill": head["budget_fill"]}
+        for name, value in head["measured_efficiency"].items():
+            result[f"measured_efficiency_{name.replace('identical', 'identical_work')}"] = value
+        result["bound_calibrated_cost"] = head["bound_calibrated_cost"]
+        result["measured_efficiency_calibrated_by_run"] = {
+            k: r["measured_efficiency"]["calibrated"] for k, r in rc["by_dp"].items()
+        }
+        held = rc["calibration"]["held_back"]
+        result["calibration_error_pct"] = held["mean_abs_rel_error_pct"]
+        result["calibration_rank_correlation"] = held["rank_correlation"]
     result["load_average"] = os.getloadavg()[0]  # timings are wall clock on a shared machine
     print(f"load average during the run: {result['load_average']:.2f}")
     print("RESULT " + json.dumps(result, sort_keys=True))

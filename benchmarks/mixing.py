@@ -118,6 +118,9 @@ def run(sources: int, dp: int, steps: int, by: str, documents: int | None = None
             [True] * sources,
             budget_tokens=None if documents else global_tokens,
             budget_documents=documents,
+            cut=documents is None and plan.batch.long_documents == "split",  # as the draw does
+            chunk=plan.batch.seq_len,
+            continuing=[s.offset > 0 for s in coord.streams],
         )
         select_ms.append((time.perf_counter() - t0) * 1e3)
     warm = slice(min(3, len(step_ms) - 1), None)

@@ -9,7 +9,7 @@ ship it, from the same plan (sources, weights, tokenizer, seq_len, micro-batches
         file kept open, tokenizes ~chunk_tokens at a time, yields numpy chunks
       source 1 ... S-1: the same, one DataLoader each (S * W worker processes per rank)
       rank process: documents cut into pieces of at most seq_len, drawn with the data plane's
-        weighted-fair rule (omniload_dask.batching.mixing.Mixer, by tokens) up to the rank's share of
+        weighted-fair rule (omniload_dask.batching.mixing.Mixer, by the plan's mixing.by) up to the rank's share of
         the plan's token budget (by default micro * seq_len) per step, packed first fit in stream order (a piece that fits nowhere is cut
         to fill), built into the packed layout: input_ids, labels, position_ids, cu_seqlens
 
@@ -302,7 +302,7 @@ class RankLocalLoader:
         ctx = multiprocessing.get_context("fork")
         for ds in self.datasets:
             ds.produced = ctx.RawArray("q", max(1, workers))
-        self.mixer = Mixer(len(plan.sources), "tokens")
+        self.mixer = Mixer(len(plan.sources), plan.mixing_by)
         self.pending = [_Pending() for _ in plan.sources]
         self._iters: list[Iterator[dict[str, Any]]] | None = None
         self._loaders: list[Any] = []

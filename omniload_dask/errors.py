@@ -10,6 +10,8 @@ One tree, so a training script can catch everything from the loader with one cla
      ├── JobError           the job stopped or failed, or a rank asks for what it cannot have
      │    └── MissingJobError  no job of that name runs on the scheduler (feeders retry it)
      ├── CheckpointError    a checkpoint is missing, corrupt, of another plan or of an unknown version
+     ├── CalibrationError   a calibration cannot run: the model cannot be loaded or fails, or too
+     │                      few micro-batches were timed to fit the cost terms
      └── InternalError      "cannot happen": a bug in omniload-dask, please report it
 
 Every class keeps its message as its only constructor argument, so instances pickle cleanly and
@@ -19,6 +21,7 @@ travel across Dask's RPC (a scheduler handler's exception is re-raised in the ca
 from __future__ import annotations
 
 __all__ = [
+    "CalibrationError",
     "CheckpointError",
     "InternalError",
     "JobError",
@@ -64,6 +67,10 @@ class MissingJobError(JobError):
 
 class CheckpointError(OmniloadError):
     """A checkpoint cannot be used: missing, corrupt, truncated, another plan, unknown version."""
+
+
+class CalibrationError(OmniloadError):
+    """A cost calibration cannot run or cannot fit: names the model, the option or the term."""
 
 
 class InternalError(OmniloadError):

@@ -60,7 +60,7 @@ class InlineDataPlane:
         if resume is not None and resume is not False:
             saved, state = load_for_resume(plan, resume)
             sources = registry_plan(plan, state)
-        catalogs = [tasks.discover(spec) for spec in sources.sources]
+        catalogs = [tasks.discover(spec, plan.on_error) for spec in sources.sources]
         self.coord = Coordinator(sources, catalogs, run_id, start_step=start_step)
         if state is not None:
             check_catalogs(state, catalogs)
@@ -198,7 +198,17 @@ class InlineDataPlane:
 
     def add_source(self, spec: Any, at_step: int | None = None) -> int:
         """Add a source live (discovered inline); returns the step it joins at."""
-        return self.coord.add_source(spec, tasks.discover(spec), at_step)
+        return self.coord.add_source(spec, tasks.discover(spec, self.plan.on_error), at_step)
+
+    def update_plan(self, plan: Plan, at_step: int | None = None) -> int:
+        """Apply a new plan version's sources and weights live, as ``Job.update_plan`` does
+        (its new sources discovered inline); returns the step it takes effect at."""
+        coord = self.coord
+        _, change = coord.sources.plan_change(plan.sources, at_step, coord.next_step)
+        catalogs = [tasks.discover(spec) for spec in change.added]
+        return coord.sources.apply_change(
+            change, catalogs, at_step, coord.next_step, coord.figures.tokens
+        )
 
     def draw(self, steps: int) -> None:
         """Let the data plane draw ``steps`` more steps (no batches built unless ``build``)."""
@@ -259,19 +269,36 @@ def assert_batches_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
             assert x == y, (key, x, y)
 
 
-def check_resume_equivalence(plan: Plan, steps: int, restore_at: list[int]) -> int:
+def check_resume_equivalence(
+    plan: Plan,
+    steps: int,
+    restore_at: list[int],
+    *,
+    changes: Callable[[InlineDataPlane], None] | None = None,
+    resume_plan: Plan | None = None,
+) -> int:
     """The shared resume check: run ``steps`` steps with the plan's checkpoint, then restore
     the data plane at every step of ``restore_at`` and require every later batch, of every
-    DP group, to equal the uninterrupted run's bit for bit. Returns the steps compared."""
+    DP group, to equal the uninterrupted run's bit for bit. Returns the steps compared.
+
+    ``changes`` is called with the uninterrupted run before it draws: live changes queued for
+    later steps (``set_weights``, ``add_source``, ``update_plan`` with ``at_step``), which the
+    checkpoint's log must replay. ``resume_plan`` is the plan the restored runs start with
+    (default: ``plan``), e.g. the plan version the live changes led to. Each restore starts
+    from the checkpoint as the uninterrupted run left it.
+    """
     if plan.checkpoint is None:
         raise ValueError("check_resume_equivalence needs a plan with checkpoint.url")
-    ref = {
-        t: {g: batch_digest(b) for g, b in bs.items()}
-        for t, bs in InlineDataPlane(plan).stream(steps)
-    }
+    run = InlineDataPlane(plan)
+    if changes is not None:
+        changes(run)
+    ref = {t: {g: batch_digest(b) for g, b in bs.items()} for t, bs in run.stream(steps)}
+    run.checkpoint()
+    saved = _CheckpointFiles(plan)
     compared = 0
     for step in restore_at:
-        again = InlineDataPlane(plan, resume=step)
+        saved.put_back()
+        again = InlineDataPlane(resume_plan or plan, resume=step)
         if again.coord.next_step != step:
             raise AssertionError(f"restored at {again.coord.next_step}, asked for {step}")
         for t, batches in again.stream(steps - step, start=step):
@@ -280,3 +307,23 @@ def check_resume_equivalence(plan: Plan, steps: int, restore_at: list[int]) -> i
                 raise AssertionError(f"restored at step {step}: step {t} differs")
             compared += 1
     return compared
+
+
+class _CheckpointFiles:
+    """Every file of a plan's checkpoint, kept to be written back (a resume rewrites them)."""
+
+    def __init__(self, plan: Plan) -> None:
+        from fsspec.core import url_to_fs
+
+        assert plan.checkpoint is not None
+        spec = plan.checkpoint
+        self.fs, self.root = url_to_fs(spec.url, **dict(spec.storage_options))
+        self.files = {path: self.fs.cat_file(path) for path in self.fs.find(self.root)}
+
+    def put_back(self) -> None:
+        """The checkpoint's files as they were, and no others."""
+        for path in self.fs.find(self.root):
+            if path not in self.files:
+                self.fs.rm(path)
+        for path, blob in self.files.items():
+            self.fs.pipe_file(path, blob)

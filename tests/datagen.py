@@ -123,3 +123,50 @@ def image_plan(root: Path, **overrides: Any) -> Any:
     )
     data.update(overrides)
     return parse_plan(data)
+
+
+def sized_texts(lengths: np.ndarray, seed: int, prefix: str) -> list[str]:
+    """Texts of exactly these lengths in bytes (with the byte tokenizer: ``length + 2``
+    tokens, BOS and EOS), random lowercase letters and spaces."""
+    rng = np.random.default_rng(seed)
+    alphabet = np.frombuffer(b"abcdefghij klmnopqrstuvwxyz ", dtype=np.uint8)
+    out = []
+    for i, n in enumerate(np.asarray(lengths).tolist()):
+        head = f"{prefix}{i} "
+        body = alphabet[rng.integers(0, len(alphabet), max(0, n - len(head)))].tobytes().decode()
+        out.append((head + body)[: max(n, 1)])
+    return out
+
+
+def write_shaped_corpus(
+    root: Path, scale: int = 32, counts: tuple[int, int, int] = (2400, 900, 240)
+) -> Path:
+    """Three sources shaped like a real corpus at 1/``scale`` of its token counts: short texts
+    (real: about 100-4,000 tokens), code files (real: a long tail up to 183k tokens) and long
+    documents (real: 8k-32k tokens), ``counts`` documents of each. At ``scale`` 32 an
+    8,192-token micro-batch is 256 tokens."""
+    rng = np.random.default_rng(7)
+    short = np.clip(rng.lognormal(6.0, 0.8, counts[0]), 100, 4000) / scale
+    code = np.clip(rng.lognormal(7.5, 1.3, counts[1]), 60, 183_000) / scale
+    long = rng.integers(8192, 32768, counts[2]) / scale
+    for name, lengths, seed in (("short", short, 1), ("code", code, 2), ("long", long, 3)):
+        write_jsonl(root / name / "part.jsonl", sized_texts(lengths.astype(int), seed, name))
+    return root
+
+
+def shaped_sources(
+    root: Path, weights: tuple[float, float, float] = (0.6, 0.3, 0.1), **extra: Any
+) -> list[dict[str, Any]]:
+    """The three sources of :func:`write_shaped_corpus` with these weights (and ``extra``
+    fields, e.g. ``epochs``)."""
+    return [
+        {
+            "name": name,
+            "format": "jsonl",
+            "path": str(root / name / "part.jsonl"),
+            "weight": w,
+            "unit_bytes": 16384,
+            **extra,
+        }
+        for name, w in zip(("short", "code", "long"), weights, strict=True)
+    ]

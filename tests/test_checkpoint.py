@@ -179,3 +179,61 @@ def test_cli_inspect_shows_the_cursors(corpus, tmp_path, capsys):
     assert all(name in out for name in ("a ", "b ", "c "))
     assert main(["checkpoint", "inspect", str(tmp_path / "nope")]) == 2
     assert "no MANIFEST.json" in capsys.readouterr().err
+
+
+def _edit(root: Path, change, digest: bool = False) -> None:
+    """Rewrite MANIFEST.json with ``change`` applied (and a recomputed digest if asked)."""
+    data = json.loads((root / "MANIFEST.json").read_text())
+    change(data)
+    if digest:
+        from omniload_dask.checkpoint.store import _manifest_digest
+
+        data["manifest_sha256"] = _manifest_digest(data)
+    (root / "MANIFEST.json").write_text(json.dumps(data, indent=1))
+
+
+def test_a_manifest_edited_into_other_valid_json_is_refused_not_resumed_elsewhere(
+    corpus, tmp_path, capsys
+):
+    plan = make(corpus, **ckpt(tmp_path, compact_every=8, keep_bases=5))
+    run = InlineDataPlane(plan)
+    list(run.stream(30))
+    run.checkpoint()
+    root = tmp_path / "ckpt"
+    good = (root / "MANIFEST.json").read_bytes()
+    before = Checkpoint(str(root))
+    target = before.latest_step - 2  # restored from a base and some deltas
+    base = max(b["step"] for b in before.manifest.bases if b["step"] <= target)
+    assert base < target - 1
+
+    def later_rank(d):
+        d["positions"]["0"] += 7
+
+    def earlier_latest(d):
+        d["latest_step"] -= 20
+
+    def fewer_segments(d):  # the one that holds the step after that base
+        d["segments"] = [g for g in d["segments"] if not g["first"] <= base + 1 <= g["last"]]
+
+    for change in (later_rank, earlier_latest, fewer_segments):
+        _edit(root, change)
+        with pytest.raises(CheckpointError, match="MANIFEST.json was changed after it was written"):
+            InlineDataPlane(plan, resume=True)
+        assert main(["checkpoint", "inspect", str(root)]) == 2  # no claim of the old range
+        assert "was changed after it was written" in capsys.readouterr().err
+        (root / "MANIFEST.json").write_bytes(good)
+    # even with a digest that matches (a tool rewrote it), a gap in the deltas is found
+    _edit(root, fewer_segments, digest=True)
+    saved = Checkpoint(str(root))
+    with pytest.raises(CheckpointError, match=rf"restore step {target}: its delta files lack "):
+        saved.state_at(target)
+    (root / "MANIFEST.json").write_bytes(good)
+    # a delta changed in place (same length) is called corrupt, not truncated
+    held = [g for g in json.loads(good)["segments"] if g["first"] <= base + 1 <= g["last"]]
+    seg = root / held[0]["file"]
+    blob = bytearray(seg.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    seg.write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match=r"is corrupt: its bytes have changed since") as err:
+        InlineDataPlane(plan, resume=target)
+    assert "truncated" not in str(err.value)

@@ -15,6 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_validate_prints_the_resolved_plan(capsys):
+    from omniload_dask.demo import make_demo_data
+
+    make_demo_data(REPO / "plans" / "demo-data")
     assert main(["validate", str(REPO / "plans" / "quickstart.yaml")]) == 0
     out = capsys.readouterr()
     data = yaml.safe_load(out.out)
@@ -28,6 +31,22 @@ def test_validate_names_the_bad_field(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     assert main(["validate", str(tmp_path / "bad.yaml")]) == 2
     assert "sources[0].weight: must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_validate_lists_the_files_so_a_glob_that_matches_nothing_is_found_before_a_job(
+    tmp_path, capsys
+):
+    write_jsonl(tmp_path / "a.jsonl", texts(5))
+    sources = [
+        {"name": "a", "format": "jsonl", "path": str(tmp_path / "*.jsonl")},
+        {"name": "b", "format": "jsonl", "path": str(tmp_path / "nothing" / "*.jsonl")},
+    ]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan_dict(sources)))
+    assert main(["validate", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "omniload: error: sources[1].path: source 'b': glob '" in err
+    assert "matched no files" in err and "sources[0]" not in err
+    assert main(["validate", "--no-files", str(tmp_path / "p.yaml")]) == 0
 
 
 def test_run_prints_a_report_as_json(tmp_path):

@@ -39,3 +39,37 @@ def test_tiny_vlm_example_scatters_image_tokens_from_feeder_batches():
     assert len(steps) == 2
     assert all(0 < float(loss) < 20 for loss, _ in steps)
     assert sum(int(n) for _, n in steps) > 0
+
+
+def _readme_python_blocks() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+
+
+def test_every_python_block_of_the_readme_parses_and_complete_ones_guard_the_cluster():
+    import ast
+
+    blocks = _readme_python_blocks()
+    assert len(blocks) >= 3
+    for block in blocks:
+        tree = ast.parse(block)  # every snippet is valid Python as printed
+        starts = "Job.start(" in block and "address=" not in block
+        if starts and any(isinstance(n, ast.FunctionDef) for n in tree.body):
+            assert 'if __name__ == "__main__":' in block  # embedded cluster: spawned workers
+
+
+def test_the_readme_training_script_runs_as_written(tmp_path):
+    from omniload_dask.demo import make_demo_data
+
+    make_demo_data(REPO / "plans" / "demo-data")
+    scripts = [b for b in _readme_python_blocks() if 'if __name__ == "__main__":' in b]
+    assert len(scripts) == 1
+    (tmp_path / "train.py").write_text(scripts[0])
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "train.py")],
+        cwd=REPO,  # the README says: from the repository root
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 import pytest
@@ -12,7 +13,13 @@ from PIL import Image
 
 from omniload_dask.demo import encode_image, synthetic_image
 from omniload_dask.plan import ImageSpec
-from omniload_dask.preprocess.image import BadImage, decode, patchify, target_size, tokens_of
+from omniload_dask.preprocess.image import (
+    BadImage,
+    decode,
+    patchify,
+    target_size,
+    tokens_of,
+)
 from omniload_dask.preprocess.interleave import place_images
 
 SPEC = ImageSpec()  # patch 14, merge 2: sides are multiples of 28
@@ -50,6 +57,32 @@ def test_target_size_keeps_the_aspect_ratio_within_one_grid_step(h, w):
         ratio = (th / tw) / (h / w)
         slack = 2 * SPEC.factor / min(th, tw)  # each side within a grid step of exact
         assert 1 - slack <= ratio <= 1 + slack
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SPEC,
+        ImageSpec(min_pixels=3136, max_pixels=146608),  # where 734 x 287 became 560 x 252
+        ImageSpec(patch_size=8, merge=2, min_pixels=1024, max_pixels=16384),
+        ImageSpec(patch_size=16, merge=1, min_pixels=1024, max_pixels=10240),
+    ],
+)
+def test_target_size_keeps_the_aspect_ratio_within_one_grid_step_also_over_max_pixels(spec):
+    f = spec.factor
+    sizes = [(287, 734), (734, 287), (480, 640), (1080, 1920), (3000, 4000), (97, 1013)]
+    sizes += [(h, w) for h in range(40, 4000, 97) for w in range(40, 4000, 131)]
+    for h, w in sizes:
+        scale = math.sqrt(min(max(h * w, spec.min_pixels), spec.max_pixels) / (h * w))
+        if min(h, w) * scale < f:
+            continue  # so elongated that its short side gets one grid step whatever its ratio
+        th, tw = target_size(h, w, spec)
+        assert th % f == 0 and tw % f == 0 and th * tw <= spec.max_pixels
+        # the shorter way of restoring the ratio moves a side by at most one grid step
+        off = min(abs(tw - th * w / h), abs(th - tw * h / w))
+        assert off <= f, (h, w, th, tw, off)
+    if spec.max_pixels == 146608:
+        assert target_size(287, 734, spec) == (224, 588)  # 2.63:1 for 2.56:1, not 2.22:1
 
 
 def test_target_size_worked_example_and_limits():

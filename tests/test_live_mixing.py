@@ -274,11 +274,15 @@ def test_live_changes_on_a_running_job_match_the_replayed_stream(corpus, tmp_pat
         log = list(job.mixture(window=5))
         assert [m["name"] for m in log] == ["a", "b", "c", "d"]
         assert log[1]["retired"] and log[3]["realised_window"] > 0
-    # the same changes, replayed at the same steps, give the same batches bit for bit
+    # the same changes, replayed at the same steps, give the same batches bit for bit (the new
+    # plan version's weights rule from its step: a and c back to 0.5 and 0.2)
+    assert [e["kind"] for e in changed["log"]] == ["weights", "add", "remove", "weights"]
+    assert changed["log"][-1]["weights"] == {"a": 0.5, "c": 0.2}
     plane = InlineDataPlane(plan)
-    plane.coord.set_weights({"a": 0.1, "c": 0.6}, at_step=at)
     for entry in changed["log"]:
-        if entry["kind"] == "add":
+        if entry["kind"] == "weights":
+            plane.coord.set_weights(entry["weights"], at_step=entry["step"])
+        elif entry["kind"] == "add":
             spec = SourceSpec(
                 name="d", format="jsonl", paths=(str(corpus / "d.jsonl"),), weight=0.5
             )

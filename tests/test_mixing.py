@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
+from omniload_dask.batching.mixing import HORIZON_BATCHES, Mixer, NeedMore, Selection
 
 
 def draw_many(mixer: Mixer, weights, lengths_of, steps: int, **budget) -> np.ndarray:
@@ -113,36 +113,53 @@ def test_a_document_that_does_not_fit_closes_only_its_source():
     seed=st.integers(0, 2**32 - 1),
     budget=st.integers(64, 3000),
     shown=st.lists(st.integers(0, 60), min_size=4, max_size=4),
+    mode=st.sampled_from(["fill", "cut", "chunks"]),
 )
 def test_token_batches_are_maximal_and_independent_of_how_much_is_shown(
-    weights, seed, budget, shown
+    weights, seed, budget, shown, mode
 ):
     rng = np.random.default_rng(seed)
     n = len(weights)
     w = np.asarray(weights)
     full = [rng.integers(1, 64 if i % 2 else budget + 1, 400) for i in range(n)]
-    ref = Mixer(n, "tokens").select(w, full, [True] * n, budget_tokens=budget)
+    how = {"cut": mode != "fill", "chunk": 100 if mode == "chunks" else None}
+    ref = Mixer(n, "tokens").select(w, full, [True] * n, budget_tokens=budget, **how)
     assert isinstance(ref, Selection)
-    taken = sum(int(full[s][k]) for s, k in ref.order.tolist())
-    assert taken <= budget
+    taken = ref.taken.tolist() if ref.taken is not None else None
+    got_tokens = 0
+    for row, (s, k) in enumerate(ref.order.tolist()):
+        here = taken[row] if taken is not None else int(full[s][k])
+        assert 0 < here <= full[s][k]
+        if here < full[s][k]:  # only a source's last document may be cut
+            assert k == ref.counts[s] - 1 and ref.cut.get(s) == here
+        got_tokens += here
+    assert got_tokens <= budget
+    tags = [np.cumsum(f) / x for f, x in zip(full, w, strict=True)]
+    next_tag = [tags[s][ref.counts[s] - (1 if s in ref.cut else 0)] for s in range(n)]
+    horizon = min(next_tag) + HORIZON_BATCHES * budget / w.sum()
     for s in range(n):  # each source gives a prefix of its stream, in stream order
         assert sorted(k for src, k in ref.order.tolist() if src == s) == list(
             range(int(ref.counts[s]))
         )
-        # maximal: every source's next document is too long for the room left
-        assert full[s][ref.counts[s]] > budget - taken
+        if mode != "fill":  # split: the batch is exactly full, what did not fit continues
+            assert got_tokens == budget
+        else:  # maximal: every source's next document is too long for the room left, or
+            # beyond the horizon the fill may reach
+            assert full[s][ref.counts[s]] > budget - got_tokens or next_tag[s] > horizon
     # Showing fewer candidates, and more of those named by NeedMore (as the coordinator does),
     # ends in the same batch.
     shown = shown[:n]
     while True:
         part = [full[i][: shown[i]] for i in range(n)]
-        got = Mixer(n, "tokens").select(w, part, [True] * n, budget_tokens=budget)
+        got = Mixer(n, "tokens").select(w, part, [True] * n, budget_tokens=budget, **how)
         if isinstance(got, Selection):
             break
         assert got.sources and all(shown[i] < 400 for i in got.sources)
         for i in got.sources:
             shown[i] = min(400, 2 * shown[i] + 1)
     assert np.array_equal(got.order, ref.order)
+    assert (got.taken is None) == (ref.taken is None)
+    assert got.taken is None or np.array_equal(got.taken, ref.taken)
 
 
 def test_an_exactly_full_batch_needs_no_more_candidates_than_its_own():

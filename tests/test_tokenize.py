@@ -69,3 +69,41 @@ def test_declared_special_token_must_exist(tmp_path):
     path = write_tokenizer(tmp_path / "tok.json")
     with pytest.raises(TokenizerError, match=r"tokenizer.bos: token '<bos>' is not in"):
         describe(TokenizerSpec(kind="huggingface", path=path, bos="<bos>", eos="</s>"))
+
+
+def write_bert_like_tokenizer(path) -> str:
+    """A WordPiece tokenizer.json that, like many shipped ones, truncates to 4 and pads to 6."""
+    from tokenizers import models
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "world": 5}
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.enable_truncation(max_length=4)
+    tok.enable_padding(length=6, pad_id=0, pad_token="[PAD]")
+    path.write_text(tok.to_str())
+    return str(path)
+
+
+def test_a_tokenizer_files_own_truncation_and_padding_are_turned_off_and_said(tmp_path, capsys):
+    path = write_bert_like_tokenizer(tmp_path / "tok.json")
+    spec = TokenizerSpec(kind="huggingface", path=path, bos="[CLS]", eos="[SEP]")
+    tokens, offsets = tokenize(spec, ["hello world " * 5, "hello"])
+    assert offsets.tolist() == [0, 12, 15]  # whole documents: 10 + 2 tokens, and 1 + 2
+    assert tokens.tolist() == [2] + [4, 5] * 5 + [3] + [2, 4, 3]  # no [PAD] (0) anywhere
+    assert describe(spec)["turned_off"] == [
+        "truncation to 4 tokens",
+        "padding to 6 tokens with '[PAD]'",
+    ]
+    from omniload_dask.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    (tmp_path / "a.jsonl").write_text('{"text": "hello"}\n')
+    plan.write_text(
+        "sources: [{name: a, format: jsonl, path: a.jsonl}]\n"
+        "batch: {seq_len: 64}\n"
+        f"tokenizer: {{kind: huggingface, path: {path}, bos: '[CLS]', eos: '[SEP]'}}\n"
+    )
+    assert main(["validate", str(plan)]) == 0
+    err = capsys.readouterr().err
+    assert "the file's truncation to 4 tokens is turned off" in err
+    assert "the file's padding to 6 tokens with '[PAD]' is turned off" in err

@@ -8,8 +8,9 @@ Pure (numpy only, no I/O, no Dask). What each module owns, in the order a step u
     balance           the split of one global batch among the DP groups, in three passes:
       routing           documents to context buckets, and cutting them into pieces
       placement         pieces into the groups' micro-batches, largest cost first
-      refine            evening the heaviest group against the lightest ones
+      refine            evening the heavy groups against the light ones
       assignment        the resulting split and its figures (efficiency, tokens, costs)
+      sorting           stable orders of small integer keys (radix sorts where they fit)
     formats           shards, recipes and the packed ("varlen") batch layout they build
     context_parallel  each context-parallel rank's zigzag slice of a built batch
 

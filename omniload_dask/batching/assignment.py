@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omniload_dask.batching.sorting import stable_order
+
 __all__ = ["Assignment"]
 
 
@@ -39,8 +41,9 @@ class Assignment:
     micro_capacity: np.ndarray
     micro_bucket: np.ndarray
     groups: int
-    cuts: int = 0  # pieces cut to fill micro-batches (documents continued elsewhere)
+    cuts: int = 0  # pieces cut to fill micro-batches or even groups (continued elsewhere)
     spilled: int = 0  # documents handed down to a shorter bucket
+    bound: float = 1.0  # the best efficiency without cutting pieces shorter than seq_len
     _order: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -73,6 +76,11 @@ class Assignment:
         return np.bincount(flat, self.cost, size).reshape(self.groups, -1)
 
     @property
+    def empty_micro_batches(self) -> int:
+        """Micro-batches (of all groups) that hold no token."""
+        return int((self.micro_tokens == 0).sum())
+
+    @property
     def efficiency(self) -> float:
         """mean/max of the group costs (1.0 = perfect balance)."""
         costs = self.group_costs
@@ -82,7 +90,14 @@ class Assignment:
     def output_order(self) -> np.ndarray:
         """Piece indices by (group, micro-step, document, start): the order batches hold them."""
         if self._order is None:
-            self._order = np.lexsort((self.start, self.doc, self.micro, self.group))
+            # Pieces come from the balancer nearly in (doc, start) order (cut parts appended),
+            # which a stable sort passes in about linear time; then a stable sort by cell
+            # (a radix sort where cells fit 16 bits). Unique keys: the lexsort's order.
+            by_doc = np.argsort(
+                self.doc * (int(self.start.max(initial=0)) + 1) + self.start, kind="stable"
+            )
+            cell = (self.group * self.num_micro_steps + self.micro)[by_doc]
+            self._order = by_doc[stable_order(cell)]
         return self._order
 
     @property

@@ -3,19 +3,20 @@
 The global batch (its documents are fixed by the mix, whatever the DP size) becomes pieces of at
 most a bucket's ``seq_len`` tokens. The goal is the smallest largest group cost (ranks wait for
 the slowest one) under hard token limits: every micro-batch holds at most its ``seq_len``. Three
-passes, all deterministic (ties go to the lower index), one module each::
+passes, all in numpy and deterministic (ties go to the lower index), one module each::
 
     1 route    each document to a context bucket; a bucket over its capacity hands its
                shortest length-routed documents down to the next shorter bucket (.routing)
-    2 place    pieces by decreasing cost (LPT): each goes to the least loaded group that has a
-               micro-batch with room for it, into that group's cheapest such micro-batch (which
-               also evens the micro-batches of a rank, what pipeline parallelism waits on); a
-               piece that fits no micro-batch whole is cut into those with the most room (or,
-               when cutting is not allowed, every group gets one more micro-batch of its
-               bucket) (.placement)
-    3 refine   heaviest group against the lightest ones: the move, swap, or exchange of one
-               piece for a run of the other group's shortest pieces, that best evens the pair;
-               groups it changed are packed again (.refine)
+    2 place    pieces by decreasing cost (LPT) in rounds: each round gives the next pieces,
+               one each, to the least loaded groups, into a group's cheapest micro-batch with
+               room (which also evens the micro-batches of a rank, what pipeline parallelism
+               waits on); what fits nowhere in its round fills the room left (best fit), and
+               what fits no micro-batch whole is cut into those with the most room (or, when
+               cutting is not allowed, every group gets one more micro-batch of its bucket).
+               With many micro-batches per group they are packed first and dealt (.placement)
+    3 refine   the heavy groups against the light ones, many pairs at once: the move, swap,
+               or exchange of one piece for a run of a micro-batch's shortest pieces, that
+               best evens each pair (.refine)
 
 Worked example: 2 groups, 1 micro-batch of 8 tokens each, cost = L, pieces 6, 5, 3, 2::
 
@@ -24,13 +25,28 @@ Worked example: 2 groups, 1 micro-batch of 8 tokens each, cost = L, pieces 6, 5,
 
 A document's ``extra`` cost (the vision encoder's cost of its images, see :mod:`.cost`) is added
 to its first piece, where its images sit, so groups are balanced on backbone and encoder cost
-together; a piece cut while placing keeps it in its first chunk.
+together; a piece cut keeps it in its first part. Costs come from the plan's cost model only
+(called on arrays of piece lengths), so every term it has applies here.
+
+Few documents per group. No split of whole pieces does better than the *structural bound*,
+the mean group cost over the costliest piece (:func:`structural_bound`, kept as
+``Assignment.bound``): a group that holds that piece costs at least that much. Where the plan
+lets documents be cut (``long_documents: split``), pieces that cost more than a group's fair
+share are cut into as many parts of equal tokens as it takes to cost no more than that, and a
+step still below 0.98 after pass 3's whole-piece changes gets cut rounds (:mod:`.refine`)
+while it is below 0.99: every group gets work, and a step of 4,096 groups with 4,096 documents
+comes out at 0.99 instead of 0.12, at the price of cutting most documents
+(``Assignment.cuts``). Otherwise documents are only cut where a piece fits no micro-batch
+whole, and a group or micro-batch may get no piece when its bucket has fewer pieces than
+micro-batches: it is handed out empty (``num_tokens`` 0, ``cu_seqlens`` ``[0]``, the step's
+other fields as usual) and counted (``Assignment.empty_micro_batches``).
 
 Pass 3 matters when every group is full of tokens: LPT can then only give the last pieces to
 whoever has room, and only an exchange (a long piece for several short ones of as many tokens)
-moves attention cost. ``benchmarks/balance.py --compare`` measures what each pass adds. The
-result is an :class:`~.assignment.Assignment`; this module also exports the names its callers
-use with it (``Bucket``, ``route``, ``split_documents``).
+moves attention cost. ``benchmarks/balance.py --compare`` measures what each pass adds and
+``benchmarks/planning.py`` what planning costs. The result is an
+:class:`~.assignment.Assignment`; this module also exports the names its callers use with it
+(``Bucket``, ``route``, ``split_documents``).
 """
 
 from __future__ import annotations
@@ -41,11 +57,11 @@ import numpy as np
 
 from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Pieces, place
+from omniload_dask.batching.placement import Bins, Pieces, pack
 from omniload_dask.batching.refine import refine_groups
 from omniload_dask.batching.routing import Bucket, ladder, route, spill, split_documents
 
-__all__ = ["Assignment", "Bucket", "balance", "route", "split_documents"]
+__all__ = ["Assignment", "Bucket", "balance", "route", "split_documents", "structural_bound"]
 
 
 def balance(
@@ -76,34 +92,65 @@ def balance(
     doc, start = split_documents(lengths, seq[doc_bucket])
     piece_bucket = doc_bucket[doc]
     length = np.minimum(lengths[doc] - start, seq[piece_bucket])
-    costs = np.asarray(cost(length), dtype=np.float64)
-    piece_extra = None
+    piece_extra = np.zeros(len(doc))
     if extra is not None:
         piece_extra = np.where(start == 0, np.asarray(extra, np.float64)[doc], 0.0)
-        costs = costs + piece_extra
+    pieces = Pieces.new(doc, start, length, piece_bucket, piece_extra, cost)
+    bound = structural_bound(pieces.cost, groups)
     need = np.bincount(piece_bucket, length, len(buckets)).astype(np.int64)
     micro = np.maximum(micro, -(-need // (seq * groups)))
+    if cut and bound < 1.0:  # a piece costs more than a group's fair share
+        _cut_costly(pieces, groups, cost)
     while True:
-        pieces = Pieces.new(doc, start, length, costs, piece_bucket, piece_extra)
-        stuck = place(pieces, seq, micro, groups, cost, cut)
-        if stuck is None and refine:
-            touched = refine_groups(pieces, micro * seq, groups)
-            if touched.any():
-                stuck = place(pieces, seq, micro, groups, cost, cut, redo=touched)
+        bins = Bins.new(seq, micro, groups)
+        pieces.bin[:] = -1
+        stuck = pack(pieces, bins, groups, cost, cut)
         if stuck is None:
             break
         micro[stuck] += 1  # cannot pack whole and may not cut: one more micro-batch
+    if refine:
+        refine_groups(pieces, bins, groups, cost, cut)
     offsets = np.concatenate([[0], np.cumsum(micro)])
     return Assignment(
         doc=pieces.doc,
         start=pieces.start,
         length=pieces.length,
         cost=pieces.cost,
-        group=pieces.group,
-        micro=pieces.micro + offsets[pieces.bucket],
+        group=bins.group[pieces.bin],
+        micro=offsets[pieces.bucket] + bins.slot[pieces.bin],
         micro_capacity=np.repeat(seq, micro),
         micro_bucket=np.repeat(np.arange(len(buckets)), micro),
         groups=groups,
         cuts=pieces.cuts,
         spilled=spilled,
+        bound=bound,
     )
+
+
+def structural_bound(costs: np.ndarray, groups: int) -> float:
+    """The best efficiency any split of these pieces reaches without cutting them: the mean
+    group cost over the costliest piece (at most 1)."""
+    peak = float(costs.max()) if len(costs) else 0.0
+    return min(1.0, float(costs.sum()) / groups / peak) if peak > 0 else 1.0
+
+
+def _cut_costly(p: Pieces, groups: int, cost: CostFunction) -> None:
+    """Cut every piece that costs more than a group's fair share (the mean group cost) into
+    as many parts of (nearly) equal tokens as it takes to cost no more than that; again while
+    some do (cutting lowers attention cost, and so the fair share)."""
+    for _ in range(8):
+        fair = float(p.cost.sum()) / groups
+        costly = np.flatnonzero((p.cost > fair) & (p.length > 1))
+        if fair <= 0 or not len(costly):
+            return
+        k = np.minimum(np.ceil(p.cost[costly] / fair).astype(np.int64), p.length[costly])
+        _cut_even(p, costly, np.maximum(k, 2), cost)
+
+
+def _cut_even(p: Pieces, piece: np.ndarray, parts: np.ndarray, cost: CostFunction) -> None:
+    """Cut each of ``piece`` (ascending) into ``parts`` parts of (nearly) equal tokens."""
+    owner = np.repeat(piece, parts)
+    within = np.arange(len(owner)) - np.repeat(np.cumsum(parts) - parts, parts)
+    base, extra = np.divmod(p.length[piece], parts)
+    tokens = np.repeat(base, parts) + (within < np.repeat(extra, parts))
+    p.cut(owner, tokens, cost)

@@ -3,6 +3,7 @@
 A plan gives the cost in one of three forms (``cost:``)::
 
     cost: {linear: 1.0, quadratic: 4.0e-5}       # c(L) = linear * L + quadratic * L**2
+    cost: {piece: 40.0, linear: 1.0, quadratic: 4.0e-5}   # + a constant per piece
     cost: {model: {hidden: 2048, layers: 24, heads: 16, ffn: 8192, vocab: 50304}}
     cost: {function: mypackage.costs:piece_cost} # any callable: lengths -> costs (numpy)
 
@@ -21,6 +22,15 @@ Worked example, h=64, n=2, f=256 gated, V=256, no GQA::
     attention costs as much as the dense layers at L = 884736 / 768 = 1152 tokens
 
 Only ratios matter to the balancer (efficiency is mean/max of rank costs), so any unit will do.
+
+``piece`` is a cost per piece whatever its length: one attention call (and its launch, masks,
+bookkeeping) per document piece, measurable but outside any FLOP count, so the formula leaves it
+0. :mod:`omniload_dask.calibrate` measures it, with the other terms, from timed forward and
+backward passes (``cost: {calibration: FILE}``). A piece cut in two pays it twice::
+
+    cost: {piece: 40, linear: 1, quadratic: 0.001}
+    a piece of 1000 tokens: 40 + 1000 + 1000 = 2040; cut into 600 + 400 tokens: 1000 + 600 = 1600
+
 Image documents add the vision encoder's cost of each of their images on top of the decoder cost
 of the piece that holds their tokens: :meth:`CostModel.encoder` computes ``encoder_linear * P +
 encoder_quadratic * P**2`` for an image of P patches (``cost.encoder`` in the plan; both 0
@@ -108,9 +118,11 @@ def check_function(fn: CostFunction) -> None:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Cost per piece: ``linear * L + quadratic * L**2``, or a plan-named function of L.
+    """Cost per piece: ``piece + linear * L + quadratic * L**2``, or a plan-named function of L.
 
-    Call it on a numpy array of piece lengths; it returns float64 costs of the same shape.
+    Call it on a numpy array of piece lengths; it returns float64 costs of the same shape, the
+    per-piece constant included: this call is the cost of pieces for the balancer (also of the
+    chunks of a cut piece). :meth:`encoder_of` is the per-document image cost on top.
     """
 
     linear: float = 1.0
@@ -118,6 +130,7 @@ class CostModel:
     function: CostFunction | None = None
     encoder_linear: float = 0.0
     encoder_quadratic: float = 0.0
+    piece: float = 0.0
 
     @classmethod
     def from_spec(cls, spec: Any) -> CostModel:
@@ -129,13 +142,15 @@ class CostModel:
             function=function,
             encoder_linear=spec.encoder_linear,
             encoder_quadratic=spec.encoder_quadratic,
+            piece=spec.piece,
         )
 
     def __call__(self, lengths: np.ndarray) -> np.ndarray:
         if self.function is not None:
             return np.asarray(self.function(np.asarray(lengths, np.int64)), dtype=np.float64)
         x = np.asarray(lengths, dtype=np.float64)
-        return self.linear * x + self.quadratic * x * x
+        out = self.linear * x + self.quadratic * x * x
+        return out + self.piece if self.piece else out
 
     @property
     def has_encoder(self) -> bool:

@@ -4,12 +4,21 @@ Sources are served like flows in weighted fair queueing. Each source carries a f
 ``F`` (a source that joins, or whose weight rises from 0, starts at the current virtual time);
 its j-th upcoming document gets the tag ``F + (cumulative size up to j) / weight``,
 where size is the token count (``by: tokens``) or 1 (``by: documents``). A global batch takes
-documents in increasing tag order (ties: lower source index) until the budget is reached. With a
-token budget, a source whose next document does not fit in the room left is closed for this
-batch (that document stays first in line for the next one, and keeps its low tag, so it is served
-first there); the other sources go on in tag order while room is left. So a 60k-token document
-at the end of a step does not leave 60k tokens of padding, and each source still yields its
-documents in stream order. With a document budget the batch is simply the first N in tag order.
+documents in increasing tag order (ties: lower source index) until the budget is reached:
+
+- a document budget: the first N in tag order;
+- a token budget with ``long_documents: split`` (``cut``): the first document that does not fit
+  is cut to fill the batch exactly, and the rest of it leads its source in the next batch (by
+  documents it was counted at its first piece, so the rest adds nothing to the tag). Nothing is
+  padded or dropped and the mix is exact up to one document per source, at any budget: a
+  183k-token document simply continues over as many batches as it needs;
+- a token budget with ``long_documents: truncate`` (documents stay whole): a source whose next
+  document does not fit in the room left is closed for this batch (that document stays first in
+  line and keeps its low tag, so it leads the next batch); the other sources fill the room in tag
+  order, but never past :data:`HORIZON_BATCHES` global batches of virtual time beyond the
+  document that did not fit. That bounds how far any source can run ahead of another (and so the
+  deficit a closed source carries forward is paid back): every finish tag stays within that
+  horizon plus one document of the others, at the price of some padding at small budgets.
 
 Worked example, weights web=3, code=1, by documents, budget 4 documents, tags start at 0::
 
@@ -28,25 +37,34 @@ documents.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from omniload_dask.plan import MixingSpec
+from omniload_dask.plan import BatchSpec, MixingSpec
 
-__all__ = ["Mixer", "NeedMore", "Selection", "WeightSchedule"]
+__all__ = ["HORIZON_BATCHES", "Mixer", "NeedMore", "Selection", "WeightSchedule", "mix_guarantee"]
 
 FILL_CHUNK = 256  # candidates converted to Python at a time while filling a batch's room
+HORIZON_BATCHES = 4  # how far (in global batches of virtual time) a fill may run ahead
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The documents of one global batch: per source, how many of its candidates are taken."""
+    """The documents of one global batch: per source, how many of its candidates are taken.
 
-    counts: np.ndarray  # int64 per source
+    Row k of ``order`` takes ``taken[k]`` tokens of that candidate: all of it, or (for the last
+    candidate a source gives, with ``cut``) its first ``taken[k]``; the rest leads next time.
+    ``cut`` maps such a source to the tokens taken of its last candidate.
+    """
+
+    counts: np.ndarray  # int64 per source: candidates touched (a cut one included)
     order: np.ndarray  # (source, index within its candidates) in tag order, shape (n, 2)
-    tags: np.ndarray  # finish tag of each taken document, in the same order
+    tags: np.ndarray  # finish tag of what is taken of each, in the same order
+    taken: np.ndarray | None = None  # int64 tokens taken of each (None: all of each)
+    cut: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,12 +96,20 @@ class Mixer:
         *,
         budget_tokens: int | None = None,
         budget_documents: int | None = None,
+        cut: bool = False,
+        chunk: int | None = None,
+        continuing: list[bool] | None = None,
     ) -> Selection | NeedMore:
         """Choose the next global batch from each source's upcoming document sizes.
 
         ``candidates[i]`` are the token counts of source i's next documents, in order;
         ``truncated[i]`` says whether more documents follow them. Returns a :class:`NeedMore`
-        when a truncated source could still change the batch.
+        when a truncated source could still change the batch. With ``cut`` (a token budget and
+        ``long_documents: split``) the batch is filled exactly: what does not fit continues
+        next time; ``chunk`` (tokens) then tags a long document piece by piece, so it flows at
+        its source's share instead of arriving whole at its finish tag. ``continuing[i]``
+        says that source i's first candidate is the rest of a document cut before (with
+        ``by: documents`` it was counted at its first piece).
         """
         if (budget_tokens is None) == (budget_documents is None):
             raise ValueError("give exactly one of budget_tokens and budget_documents")
@@ -97,23 +123,16 @@ class Mixer:
             return Selection(
                 np.zeros(len(weights), np.int64), np.zeros((0, 2), np.int64), np.zeros(0)
             )
-        # All sources at once: a cumulative sum per source (exact, in integers) as one array.
-        counts_shown = np.asarray([len(p) for _, p in shown], dtype=np.int64)
-        order_src = np.asarray([i for i, _ in shown], dtype=np.int64)
-        lengths = np.concatenate([p for _, p in shown])
-        srcs = np.repeat(order_src, counts_shown)
-        starts = np.zeros(len(shown), dtype=np.int64)
-        np.cumsum(counts_shown[:-1], out=starts[1:])
-        ends = starts + counts_shown
-        sizes = lengths if self.by == "tokens" else np.ones_like(lengths)
-        running = np.cumsum(sizes)
-        within = running - np.repeat(running[starts] - sizes[starts], counts_shown)
-        tags = self.tags[srcs] + within / np.asarray(weights, dtype=np.float64)[srcs]
-        idxs = np.arange(len(lengths), dtype=np.int64) - np.repeat(starts, counts_shown)
+        going = [bool(continuing and continuing[i]) for i, _ in shown]
+        c = _Chunks.of(shown, going, chunk if cut else None, self.by == "documents")
+        rates = np.asarray(weights, dtype=np.float64)
+        tags = self.tags[c.srcs] + c.within / rates[c.srcs]
         last_tag = np.full(len(weights), np.inf)
-        cut = np.asarray([truncated[i] for i in order_src], dtype=bool)
-        last_tag[order_src[cut]] = tags[ends[cut] - 1]
-        order = np.lexsort((srcs, tags))
+        more = np.asarray([truncated[i] for i, _ in shown], dtype=bool)
+        order_src = np.asarray([i for i, _ in shown], dtype=np.int64)
+        last_tag[order_src[more]] = tags[c.ends[more] - 1]
+        order = np.lexsort((c.srcs, tags))
+        lengths = c.lengths
         if budget_tokens is not None:
             total = np.cumsum(lengths[order])
             take = int(np.searchsorted(total, budget_tokens, side="right"))
@@ -121,27 +140,51 @@ class Mixer:
             take = min(int(budget_documents), len(order))  # type: ignore[arg-type]
         # Every source must be known up to ``settled``: no unseen document may come before it.
         chosen = order[:take]
+        taken = lengths[chosen]
+        chosen_tags = tags[chosen]
         if take == len(order):  # everything shown fits: only exhausted sources are settled
             settled = np.inf
         elif budget_tokens is None:  # the first document left out ends the batch
             settled = tags[order[take]]
         else:
             room = budget_tokens - (int(total[take - 1]) if take else 0)
+            first_out = order[take]
+            settled = tags[first_out]
             if room == 0:  # exactly full: nothing after the last document taken fits
                 settled = tags[order[take - 1]] if take else -np.inf
+            elif cut:  # what is left out first fills the room; its rest leads next time
+                chosen = order[: take + 1]
+                taken = np.append(taken, room)
+                part_tag = settled
+                if self.by == "tokens":
+                    part_tag -= (int(lengths[first_out]) - room) / rates[c.srcs[first_out]]
+                chosen_tags = np.append(chosen_tags, part_tag)
             else:
-                fill = _fill(order[take:], srcs, lengths, tags, last_tag, len(shown), room)
+                limit = settled + self._horizon(rates, budget_tokens, lengths[order[:take]])
+                fill = _fill(order[take:], c.srcs, lengths, tags, last_tag, len(shown), room, limit)
                 if isinstance(fill, NeedMore):
                     return fill
                 chosen = np.concatenate([chosen, fill])
+                taken = lengths[chosen]
+                chosen_tags = tags[chosen]
                 settled = -np.inf  # _fill checked every document it looked at
         short = tuple(i for i in active if last_tag[i] < settled)
         if short:
             return NeedMore(short)
-        counts = np.bincount(srcs[chosen], minlength=len(weights)).astype(np.int64)
-        return Selection(
-            counts=counts, order=np.stack([srcs[chosen], idxs[chosen]], axis=1), tags=tags[chosen]
-        )
+        return c.selection(chosen, taken, chosen_tags, len(weights))
+
+    def _horizon(self, rates: np.ndarray, budget: int, prefix: np.ndarray) -> float:
+        """How far past the first document left out the fill may reach, in virtual time.
+
+        :data:`HORIZON_BATCHES` global batches at the target mix: one is ``budget /
+        sum(weights)`` by tokens; by documents, the documents it holds at the mean length of
+        the batch's prefix.
+        """
+        total = float(rates[rates > 0].sum())
+        if self.by == "tokens":
+            return HORIZON_BATCHES * budget / total
+        mean = float(prefix.mean()) if len(prefix) else float(budget)
+        return HORIZON_BATCHES * budget / max(mean, 1.0) / total
 
     def activate(self, source: int) -> None:
         """Call when a source starts to take part (weight 0 -> positive, or newly added).
@@ -251,6 +294,130 @@ class WeightSchedule:
         self.reset_step = int(state.get("reset_step", 0))
 
 
+@dataclass
+class _Chunks:
+    """The candidates as the mixer tags them: every document, or (``chunk``) every piece of at
+    most ``chunk`` tokens of it, with its source, document and tag size, in stream order."""
+
+    srcs: np.ndarray  # source of each item
+    docs: np.ndarray  # its candidate (document) index within the source
+    lengths: np.ndarray  # its tokens
+    within: np.ndarray  # cumulative tag size within its source, up to and with this item
+    ends: np.ndarray  # per shown source: one past its last item
+    item_doc: np.ndarray  # its document among all shown documents
+    doc_lengths: np.ndarray  # tokens of each shown document
+
+    @classmethod
+    def of(
+        cls,
+        shown: list[tuple[int, np.ndarray]],
+        continuing: list[bool],
+        chunk: int | None,
+        by_documents: bool,
+    ) -> _Chunks:
+        """Items of the shown sources (``continuing``: the first document is a rest)."""
+        per_src = np.asarray([len(p) for _, p in shown], dtype=np.int64)
+        lengths = np.concatenate([p for _, p in shown])
+        doc_src = np.repeat(np.asarray([i for i, _ in shown], dtype=np.int64), per_src)
+        first_doc = np.zeros(len(shown), dtype=np.int64)
+        np.cumsum(per_src[:-1], out=first_doc[1:])
+        doc_idx = np.arange(len(lengths), dtype=np.int64) - np.repeat(first_doc, per_src)
+        counted = np.ones(len(lengths), dtype=np.int64)  # by documents: 1 at a first piece
+        counted[first_doc[np.asarray(continuing, dtype=bool)]] = 0
+        if chunk is None or not (lengths > chunk).any():
+            pieces = np.ones(len(lengths), dtype=np.int64)
+            item_len, item_doc, head = lengths, np.arange(len(lengths)), np.ones(len(lengths), bool)
+        else:
+            pieces = np.maximum(1, -(-lengths // chunk))
+            item_doc = np.repeat(np.arange(len(lengths)), pieces)
+            starts = np.zeros(len(lengths), dtype=np.int64)
+            np.cumsum(pieces[:-1], out=starts[1:])
+            k = np.arange(len(item_doc), dtype=np.int64) - starts[item_doc]
+            item_len = np.minimum(chunk, lengths[item_doc] - k * chunk)
+            head = k == 0
+        srcs = doc_src[item_doc]
+        sizes = item_len if not by_documents else np.where(head, counted[item_doc], 0)
+        per_src_items = np.bincount(
+            np.repeat(np.arange(len(shown)), per_src)[item_doc], minlength=len(shown)
+        )
+        ends = np.cumsum(per_src_items)
+        begins = ends - per_src_items
+        running = np.cumsum(sizes)
+        before = np.repeat(running[begins] - sizes[begins], per_src_items)
+        return cls(
+            srcs,
+            doc_idx[item_doc],
+            item_len.astype(np.int64),
+            running - before,
+            ends,
+            np.asarray(item_doc, dtype=np.int64),
+            lengths,
+        )
+
+    def selection(
+        self, chosen: np.ndarray, taken: np.ndarray, tags: np.ndarray, num_sources: int
+    ) -> Selection:
+        """The chosen items (tag order) as documents: pieces of one document merge into one
+        row, placed where its first piece is; its tag is that of its last piece."""
+        gdoc = self.item_doc[chosen]
+        uniq, first, inverse = np.unique(gdoc, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        rows = np.argsort(first, kind="stable")  # documents in the order they first appear
+        rank = np.empty(len(uniq), dtype=np.int64)
+        rank[rows] = np.arange(len(uniq))
+        row_of = rank[inverse]
+        out_taken = np.bincount(row_of, taken, len(uniq)).astype(np.int64)
+        out_tags = np.full(len(uniq), -np.inf)
+        np.maximum.at(out_tags, row_of, tags)
+        pos = chosen[first[rows]]
+        src = self.srcs[pos]
+        counts = np.bincount(src, minlength=num_sources).astype(np.int64)
+        order = np.stack([src, self.docs[pos]], axis=1)
+        short = np.flatnonzero(out_taken < self.doc_lengths[uniq[rows]])
+        cut = {int(src[k]): int(out_taken[k]) for k in short.tolist()}
+        return Selection(counts=counts, order=order, tags=out_tags, taken=out_taken, cut=cut)
+
+
+def mix_guarantee(batch: BatchSpec, by: str, weights: Sequence[float]) -> str:
+    """How closely a plan's batches follow its mix, in one line (``omniload validate``).
+
+    The bound is on each source's cumulative share at fixed ``weights``: finish tags stay
+    within a spread ``D`` of virtual time of each other, so a share is within
+    ``w_max / W * D / (tokens drawn)`` of its target. ``D`` is one piece of at most ``seq_len``
+    tokens per source when documents continue across batches (``split``), and
+    :data:`HORIZON_BATCHES` batches plus one document when they are kept whole (``truncate``).
+    """
+    w = np.asarray([x for x in weights if x > 0], dtype=np.float64)
+    if batch.global_tokens is None:
+        return (
+            f"mix: by {by}, exact up to one document per source (a global batch is the next "
+            f"{batch.global_documents} documents in the mix)"
+        )
+    budget = batch.global_tokens
+    top, total, low = float(w.max()), float(w.sum()), float(w.min())
+    if batch.long_documents == "split":
+        if by == "documents":
+            return (
+                "mix: by documents, exact up to one document per source; a document that does "
+                "not fit continues in the next global batch (nothing is padded or dropped)"
+            )
+        points = 100 * top / total * batch.seq_len * total / (low * budget) / 1000
+        return (
+            f"mix: by tokens, exact up to one document piece (<= {batch.seq_len} tokens) per "
+            "source; a document that does not fit continues in the next global batch, so at "
+            f"fixed weights every share is within {points:.2f} points of its target over "
+            "1,000 steps"
+        )
+    cap = batch.seq_len
+    points = 100 * top / total * (HORIZON_BATCHES + cap * total / (low * budget)) / 1000
+    return (
+        f"mix: by {by}, documents kept whole (long_documents: truncate): a source whose next "
+        f"document does not fit sits out and is paid back within {HORIZON_BATCHES} global "
+        f"batches, so at fixed weights every share is within {points:.2f} points of its "
+        "target over 1,000 full steps"
+    )
+
+
 def _fill(
     tail: np.ndarray,
     srcs: np.ndarray,
@@ -259,6 +426,7 @@ def _fill(
     last_tag: np.ndarray,
     num_shown: int,
     room: int,
+    limit: float = np.inf,
 ) -> np.ndarray | NeedMore:
     """Fill the ``room`` left by the first document that did not fit (see the module doc).
 
@@ -267,6 +435,8 @@ def _fill(
     left. Every document looked at must have no unseen document of an open, truncated source
     before it (``last_tag``), so the answer never depends on how many candidates were shown.
     """
+    tail = tail[tags[tail] <= limit]  # documents beyond the horizon wait for later batches
+    last_tag = np.where(last_tag >= limit, np.inf, last_tag)  # known far enough
     closed: set[int] = set()
     # Open truncated sources by the tag of their last shown document (closed ones are dropped
     # lazily): the smallest is how far the scan may go.

@@ -1,244 +1,347 @@
-"""Pass 2 of the balancer: place pieces into the groups' micro-batches, largest cost first.
+"""Pass 2 of the balancer: pieces into micro-batches, largest cost first, in numpy rounds.
 
-Pieces go by decreasing cost (LPT) to the least loaded group that has a micro-batch with room
-for them, into that group's cheapest such micro-batch (which also evens the micro-batches of a
-rank, what pipeline parallelism waits on). A piece that fits no micro-batch whole is cut into
-the micro-batches with the most room (or, when cutting is not allowed, :func:`place` names the
-bucket that needs one more micro-batch per group)::
+Pieces go by decreasing cost (LPT) in rounds: a round gives the next pieces, one each, to the
+groups in increasing order of load, each into the group's cheapest micro-batch with room; as
+exact LPT would, a round stops before a group that is heavier than a lighter one will be with
+its piece (but never before a quarter of the groups have one). A piece that does not fit its
+group tries the groups of the round that got nothing. What no round can place fills the room
+left: by decreasing room, each micro-batch takes the longest piece left that fits (best fit);
+what fits no micro-batch whole is poured into those with the most room, cut where one is full
+(or, when cutting is not allowed, :func:`pack` names the bucket that needs one more
+micro-batch per group)::
 
-    2 groups, 1 micro-batch of 8 tokens each, cost = L, pieces 6, 5, 3, 2
-    6 -> g0 (load 0)    5 -> g1 (0)    3 -> g1 (5 < 6)    2 -> g0 (6 < 8)
+    2 groups x 1 micro-batch of 8 tokens, cost = L, pieces 6, 5, 3, 2
+    round 1: 6 -> g0, 5 -> g1           round 2: 3 -> g1 (5), then 2 -> g0 (6 < 5 + 3)
     loads 8, 8; with pieces 6, 6, 4 instead: 4 fits neither whole -> cut 2 + 2
 
-With ``redo`` it packs the pieces of some groups again, each in its own group: what the
-refinement (:mod:`.refine`) changed.
+A bucket with ``DEAL_FROM`` or more micro-batches per group is packed micro-batches first (the
+same rounds over all its micro-batches, as if each were a group), then dealt to the groups,
+``micro_batches`` rounds: each round gives its micro-batches, costliest first, to the groups in
+increasing order of load. Rounds cost a sort of the open groups (or micro-batches) each, and a
+step takes about as many as a group (or micro-batch) gets pieces, whatever the DP size.
 """
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from omniload_dask.batching.cost import CostFunction
+from omniload_dask.batching.sorting import stable_order
 
-__all__ = ["Pieces", "place"]
+__all__ = ["DEAL_FROM", "Bins", "Pieces", "by_cost", "pack"]
+
+DEAL_FROM = 8  # micro-batches per group from which a bucket is packed bins first, then dealt
+MIN_ROUND = 0.25  # the shortest round of LPT over groups, as a share of the groups
 
 
 @dataclass
 class Pieces:
-    """A step's pieces while they are placed; cutting a piece adds its continuations."""
+    """A step's pieces while they are placed: piece i is tokens ``[start, start + length)`` of
+    document ``doc``; ``extra`` (image encoder cost) sits on a document's first piece and is
+    part of its ``cost``. ``bin`` is the micro-batch a piece is in (-1: not placed yet).
+
+    Cutting a piece (:meth:`cut`) keeps its first part at its index and appends the others.
+    """
 
     doc: np.ndarray
     start: np.ndarray
     length: np.ndarray
     cost: np.ndarray
     bucket: np.ndarray
-    group: np.ndarray
-    micro: np.ndarray
-    cuts: int = 0
-    extra: np.ndarray | None = None  # per piece: cost beyond cost(length) (image encoder)
-
-    def __post_init__(self) -> None:
-        self._more: list[tuple[int, int, int, float, int, int]] = []  # appended at flush()
+    extra: np.ndarray
+    bin: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    cuts: int = 0  # pieces cut (each makes its document continue in another micro-batch)
 
     @classmethod
     def new(
-        cls, doc: np.ndarray, start: np.ndarray, length: np.ndarray, cost: np.ndarray,
-        bucket: np.ndarray, extra: np.ndarray | None = None,
+        cls, doc: np.ndarray, start: np.ndarray, length: np.ndarray, bucket: np.ndarray,
+        extra: np.ndarray, cost: CostFunction,
     ) -> Pieces:  # fmt: skip
-        """Pieces not placed yet (group and micro-batch 0 until :func:`place` sets them)."""
-        n = len(doc)
-        zeros = np.zeros(n, np.int64)
-        return cls(doc, start, length, cost, bucket, zeros, zeros.copy(), extra=extra)
+        """Pieces not placed yet, their costs from ``cost`` (plus ``extra``)."""
+        costs = np.asarray(cost(length), dtype=np.float64) + extra
+        return cls(doc, start, length, costs, bucket, extra, np.full(len(doc), -1, np.int64))
 
-    def cut(self, i: int, chunks: list[tuple[int, int, int]], cost: CostFunction) -> list[float]:
-        """Piece i becomes ``chunks`` of (group, micro-batch, tokens); returns their costs."""
-        costs = np.asarray(cost(np.asarray([n for _, _, n in chunks])), dtype=np.float64).tolist()
-        if self.extra is not None:
-            costs[0] += float(self.extra[i])  # the images stay with the first chunk
-        g, m, n = chunks[0]
-        self.group[i], self.micro[i], self.length[i], self.cost[i] = g, m, n, costs[0]
-        offset = int(self.start[i]) + n
-        for (g, m, n), c in zip(chunks[1:], costs[1:], strict=True):
-            self._more.append((i, offset, n, c, g, m))
-            offset += n
-        self.cuts += 1
-        return costs
+    def __len__(self) -> int:
+        return len(self.doc)
 
-    def flush(self) -> None:
-        """Append the continuations of cut pieces."""
-        if not self._more:
-            return
-        src, start, length, cost, group, micro = (
-            np.asarray(c) for c in zip(*self._more, strict=True)
-        )
+    def cut(self, piece: np.ndarray, tokens: np.ndarray, cost: CostFunction) -> np.ndarray:
+        """Cut pieces into consecutive parts: ``piece`` (ascending, each index once per part,
+        parts in token order) and each part's ``tokens``. Returns the index of every part: a
+        piece's first part keeps its index (and its ``extra``), the others are appended.
+        """
+        first = np.ones(len(piece), dtype=bool)
+        first[1:] = piece[1:] != piece[:-1]
+        parts = np.diff(np.append(np.flatnonzero(first), len(piece)))
+        offset = np.cumsum(tokens) - tokens  # each part's start within its piece
+        offset -= np.repeat(offset[first], parts)
+        index = np.empty(len(piece), dtype=np.int64)
+        index[first] = piece[first]
+        more = ~first
+        index[more] = len(self.doc) + np.arange(int(more.sum()))
+        src = piece[more]
+        extra = np.where(first, self.extra[piece], 0.0)
+        costs = np.asarray(cost(tokens), dtype=np.float64) + extra
         self.doc = np.concatenate([self.doc, self.doc[src]])
         self.bucket = np.concatenate([self.bucket, self.bucket[src]])
-        self.start = np.concatenate([self.start, start.astype(np.int64)])
-        self.length = np.concatenate([self.length, length.astype(np.int64)])
-        self.cost = np.concatenate([self.cost, cost.astype(np.float64)])
-        self.group = np.concatenate([self.group, group.astype(np.int64)])
-        self.micro = np.concatenate([self.micro, micro.astype(np.int64)])
-        if self.extra is not None:
-            self.extra = np.concatenate([self.extra, np.zeros(len(src))])
-        self._more = []
+        self.bin = np.concatenate([self.bin, self.bin[src]])
+        self.extra = np.concatenate([self.extra, np.zeros(len(src))])
+        self.start = np.concatenate([self.start, self.start[src]])
+        self.length = np.concatenate([self.length, np.zeros(len(src), np.int64)])
+        self.cost = np.concatenate([self.cost, np.zeros(len(src))])
+        self.start[index] = self.start[piece] + offset
+        self.length[index] = tokens
+        self.cost[index] = costs
+        self.cuts += int((parts > 1).sum())
+        return index
 
 
-class _Bins:
-    """Room and cost of every (bucket, group, micro-batch), as lists for a fast Python loop.
+@dataclass
+class Bins:
+    """The step's micro-batches: bucket b has bins ``offset[b]:offset[b + 1]``
+    (``groups * micro[b]`` of them), each with its capacity, room, cost and (once dealt) its
+    group and its micro-step within the group's micro-steps of that bucket (``slot``)."""
 
-    ``occupied`` (a mask of pieces) starts the bins with those pieces already in them. Per
-    group, the largest and the total room of each bucket are mirrored in numpy arrays, so the
-    rarer searches across groups are one masked argmin.
+    offset: np.ndarray
+    capacity: np.ndarray
+    room: np.ndarray
+    load: np.ndarray
+    bucket: np.ndarray
+    group: np.ndarray
+    slot: np.ndarray
+
+    @classmethod
+    def new(cls, seq: np.ndarray, micro: np.ndarray, groups: int) -> Bins:
+        """Empty bins for ``micro[b]`` micro-batches of ``seq[b]`` tokens per group."""
+        count = micro * groups
+        offset = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+        bucket = np.repeat(np.arange(len(seq)), count)
+        capacity = seq[bucket].astype(np.int64)
+        within = np.arange(int(offset[-1])) - offset[bucket]
+        slot, group = np.divmod(within, groups)  # slot-major (a bucket packed by bins: dealt)
+        return cls(offset, capacity, capacity.copy(), np.zeros(len(bucket)), bucket, group, slot)
+
+    def put(self, p: Pieces, piece: np.ndarray, where: np.ndarray) -> None:
+        """Put pieces into bins (each bin at most once in ``where``)."""
+        p.bin[piece] = where
+        self.room[where] -= p.length[piece]
+        self.load[where] += p.cost[piece]
+
+    def add(self, p: Pieces, piece: np.ndarray, where: np.ndarray) -> None:
+        """Put pieces into bins (a bin may repeat)."""
+        p.bin[piece] = where
+        n = len(self.room)
+        self.room -= np.bincount(where, p.length[piece], n).astype(np.int64)
+        self.load += np.bincount(where, p.cost[piece], n)
+
+
+def by_cost(p: Pieces, ids: np.ndarray) -> np.ndarray:
+    """``ids`` (ascending) by decreasing cost, ties in the order of ``ids``.
+
+    Where cost follows length alone and rises with it, this is the order by decreasing
+    length: a radix sort of 16-bit lengths, several times faster than sorting the costs
+    (checked on the result: costs fall where lengths do and are equal where they are; else
+    the costs are sorted).
     """
-
-    def __init__(
-        self, seq: np.ndarray, micro: np.ndarray, groups: int, p: Pieces,
-        occupied: np.ndarray | None = None,
-    ) -> None:  # fmt: skip
-        self.room: list[list[list[int]]] = []
-        self.cost: list[list[list[float]]] = []
-        self.most: list[np.ndarray] = []  # per bucket: each group's largest room (numpy)
-        self.most_list: list[list[int]] = []  # the same as lists, read in the hot loop
-        self.total: list[list[int]] = []  # per bucket: each group's room in all
-        for b, (s, m) in enumerate(zip(seq.tolist(), micro.tolist(), strict=True)):
-            tokens = np.zeros(groups * m, dtype=np.int64)
-            costs = np.zeros(groups * m)
-            if occupied is not None:
-                here = occupied & (p.bucket == b)
-                cell = p.group[here] * m + p.micro[here]
-                tokens = np.bincount(cell, p.length[here], groups * m).astype(np.int64)
-                costs = np.bincount(cell, p.cost[here], groups * m)
-            room = (s - tokens).reshape(groups, m)
-            self.room.append(room.tolist())
-            self.cost.append(costs.reshape(groups, m).tolist())
-            self.most.append(room.max(axis=1))
-            self.most_list.append(self.most[-1].tolist())
-            self.total.append(room.sum(axis=1).tolist())
-
-    def pick(self, b: int, g: int, size: int) -> int:
-        """The cheapest micro-batch of group g (bucket b) with room for ``size``, or -1."""
-        room, cost = self.room[b][g], self.cost[b][g]
-        best = -1
-        for m, r in enumerate(room):
-            if r >= size and (best < 0 or cost[m] < cost[best]):
-                best = m
-        return best
-
-    def add(self, b: int, g: int, m: int, size: int, cost: float) -> None:
-        """Put ``size`` tokens of ``cost`` into micro-batch m of group g (bucket b)."""
-        room = self.room[b][g]
-        room[m] -= size
-        self.cost[b][g][m] += cost
-        self.total[b][g] -= size
-        most = max(room)
-        if most != self.most_list[b][g]:
-            self.most_list[b][g] = most
-            self.most[b][g] = most
-
-    def cut_plan(
-        self, b: int, size: int, load: np.ndarray, prefer: int
-    ) -> list[tuple[int, int, int]]:
-        """Where the pieces of a cut go: group ``prefer`` if it has room for all of it, else
-        the least loaded group that has, else the micro-batches with the most room anywhere
-        (a step's tokens always fit: ``balance()`` sizes the buckets for them)."""
-        total = self.total[b]
-        if prefer >= 0 and total[prefer] >= size:
-            groups = [prefer]
-        else:
-            g = _least(load, np.asarray(total) >= size)
-            groups = [g] if g >= 0 else list(range(len(total)))
-        cells = sorted((-r, g, m) for g in groups for m, r in enumerate(self.room[b][g]) if r > 0)
-        chunks, rest = [], size
-        for neg_room, g, m in cells:
-            take = min(rest, -neg_room)
-            chunks.append((g, m, take))
-            rest -= take
-            if not rest:
-                break
-        return chunks
+    length = p.length[ids]
+    if len(ids) > 64 and not p.extra[ids].any() and int(length.max()) < 1 << 16:
+        order = stable_order(0xFFFF - length)
+        c, n = p.cost[ids][order], length[order]
+        if np.all((c[1:] < c[:-1]) | ((n[1:] == n[:-1]) & (c[1:] == c[:-1]))):
+            return ids[order]
+    return ids[np.argsort(-p.cost[ids], kind="stable")]
 
 
-def _least(load: np.ndarray, allowed: np.ndarray) -> int:
-    """The least loaded allowed group (lowest index on ties), or -1."""
-    g = int(np.argmin(np.where(allowed, load, np.inf)))
-    return g if allowed[g] else -1
-
-
-def place(
-    p: Pieces,
-    seq: np.ndarray,
-    micro: np.ndarray,
-    groups: int,
-    cost: CostFunction,
-    cut: bool,
-    redo: np.ndarray | None = None,
-) -> int | None:
-    """Pass 2; with ``redo`` (a mask of groups) re-pack those groups' pieces, each in its group
-    (cut across its micro-batches, if cutting is allowed, rather than moved to another group).
-
-    Returns None, or the bucket that needs one more micro-batch (only when ``cut`` is False).
-    """
-    if redo is None:
-        todo = np.arange(len(p.length))
-        bins = _Bins(seq, micro, groups, p)
-        load = np.zeros(groups)
-    else:
-        moving = redo[p.group]
-        todo = np.flatnonzero(moving)
-        bins = _Bins(seq, micro, groups, p, occupied=~moving)
-        load = np.bincount(p.group[~moving], p.cost[~moving], groups).astype(np.float64)
-    heap = [(x, g) for g, x in enumerate(load.tolist())]
-    heapq.heapify(heap)
-    loads = load.tolist()  # the loop reads lists: numpy scalars cost ~10x more per access
-    lengths, costs = p.length.tolist(), p.cost.tolist()
-    buckets, own = p.bucket.tolist(), p.group.tolist()
-    group, micro_of = list(own), p.micro.tolist()
-    rooms, bin_costs, total = bins.room, bins.cost, bins.total
-    most, most_list = bins.most, bins.most_list
-    replace = heapq.heapreplace
-    for i in todo[np.lexsort((todo, -p.cost[todo]))].tolist():
-        b, size, c = buckets[i], lengths[i], costs[i]
-        if redo is None:
-            top, g = heap[0]
-            while top != loads[g]:  # loads only grow: refresh stale entries lazily
-                replace(heap, (loads[g], g))
-                top, g = heap[0]
-        else:
-            g = own[i]
-        # The cheapest micro-batch of group g with room (inlined: this loop is the hot path).
-        room, cell_cost = rooms[b][g], bin_costs[b][g]
-        m = -1
-        for k, r in enumerate(room):
-            if r >= size and (m < 0 or cell_cost[k] < cell_cost[m]):
-                m = k
-        if m < 0 and not (redo is not None and cut and total[b][g] >= size):
-            g = _least(load, most[b] >= size)  # the least loaded group with room
-            m = bins.pick(b, g, size) if g >= 0 else -1
-        if m >= 0:
-            group[i], micro_of[i] = g, m
-            room = rooms[b][g]
-            room[m] -= size
-            bin_costs[b][g][m] += c
-            total[b][g] -= size
-            largest = max(room)
-            if largest != most_list[b][g]:
-                most_list[b][g] = largest
-                most[b][g] = largest
-            loads[g] += c
-            load[g] = loads[g]
+def _rounds(p: Pieces, bins: Bins, queue: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """LPT in rounds of the pieces ``queue`` (by decreasing cost) into bins ``lo:hi``; returns
+    the pieces that fit no bin of their round (still by decreasing cost)."""
+    length, room, load = p.length, bins.room, bins.load
+    while len(queue):
+        open_ = lo + np.flatnonzero(room[lo:hi] >= length[queue].min())
+        if not len(open_):
+            break
+        k = min(len(open_), len(queue))
+        target = open_[np.argsort(load[open_], kind="stable")][:k]  # the least loaded bins
+        head = queue[:k]
+        fits = length[head] <= room[target]
+        bins.put(p, head[fits], target[fits])
+        if fits.all():
+            queue = queue[k:]
             continue
-        if not cut:
-            return b
-        chunks = bins.cut_plan(b, size, load, own[i] if redo is not None else -1)
-        group[i], micro_of[i] = chunks[0][:2]
-        for (g, m, n), piece_cost in zip(chunks, p.cut(i, chunks, cost), strict=True):
-            bins.add(b, g, m, n, piece_cost)
-            loads[g] += piece_cost
-            load[g] = loads[g]
-    p.group[: len(group)] = group
-    p.micro[: len(micro_of)] = micro_of
-    p.flush()
+        # Misses try the bins of the round that got nothing, by decreasing room.
+        miss, free = head[~fits], target[~fits]
+        free = free[np.lexsort((free, -room[free]))]
+        ok = length[miss] <= room[free]
+        bins.put(p, miss[ok], free[ok])
+        if not (fits.any() or ok.any()):
+            break
+        queue = np.concatenate([miss[~ok], queue[k:]])  # still by decreasing cost
+    return queue
+
+
+def _best_fit(p: Pieces, bins: Bins, waiting: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Fill the bins' room with the waiting pieces, in rounds: by decreasing room, each bin
+    takes the longest piece left that fits it; returns the pieces that fit no bin whole."""
+    length, room = p.length, bins.room
+    while len(waiting):
+        waiting = waiting[np.lexsort((waiting, -length[waiting]))]
+        sizes = -length[waiting]  # ascending
+        open_ = lo + np.flatnonzero(room[lo:hi] >= -sizes[-1])
+        if not len(open_):
+            break
+        open_ = open_[np.argsort(-room[open_], kind="stable")]
+        # The first piece that fits each bin; bin i takes the first not taken by bins before
+        # it: a(i) = max(fits(i), a(i - 1) + 1) = i + running max of (fits(i') - i').
+        fits = np.searchsorted(sizes, -room[open_], side="left")
+        rank = np.arange(len(open_))
+        take = rank + np.maximum.accumulate(fits - rank)
+        ok = take < len(waiting)
+        if not ok.any():
+            break
+        bins.put(p, waiting[take[ok]], open_[ok])
+        keep = np.ones(len(waiting), dtype=bool)
+        keep[take[ok]] = False
+        waiting = waiting[keep]
+    return waiting
+
+
+def _pour(p: Pieces, bins: Bins, left: np.ndarray, lo: int, hi: int, cost: CostFunction) -> None:
+    """Cut the pieces ``left`` into the bins with the most room (a step's tokens always fit:
+    ``balance()`` sizes the buckets for them), fewest bins first."""
+    left = np.sort(left)
+    open_ = lo + np.flatnonzero(bins.room[lo:hi] > 0)
+    open_ = open_[np.argsort(-bins.room[open_], kind="stable")]
+    bin_end = np.cumsum(bins.room[open_])
+    piece_end = np.cumsum(p.length[left])
+    total = int(piece_end[-1])
+    bounds = np.union1d(bin_end[bin_end < total], piece_end)
+    starts = np.concatenate([[0], bounds[:-1]])
+    owner = left[np.searchsorted(piece_end, starts, side="right")]
+    where = open_[np.searchsorted(bin_end, starts, side="right")]
+    bins.add(p, p.cut(owner, bounds - starts, cost), where)
+
+
+def _group_rounds(
+    p: Pieces, bins: Bins, queue: np.ndarray, lo: int, micro: int, load: np.ndarray
+) -> np.ndarray:
+    """LPT in rounds over groups: the next pieces, one per group, to the open groups in
+    increasing order of ``load``, each into its cheapest micro-batch with room (bins
+    ``lo + slot * groups + group``); returns the pieces that fit no group of their round, by
+    decreasing cost."""
+    groups = len(load)
+    length = p.length
+    # Views, slot-major, so that reductions over a group's micro-batches run along axis 0.
+    room = bins.room[lo : lo + groups * micro].reshape(micro, groups)
+    cost = bins.load[lo : lo + groups * micro].reshape(micro, groups)
+    least = np.minimum.accumulate(length[queue][::-1])[::-1]  # shortest piece from i on
+    pos, waiting = 0, queue[:0]  # pieces queue[pos:], after the misses ``waiting``
+
+    def place(piece: np.ndarray, target: np.ndarray) -> np.ndarray:
+        if micro == 1:
+            ok = room[0, target] >= length[piece]
+            where = lo + target
+        else:
+            fit = np.take(room, target, axis=1) >= length[piece]
+            masked = np.where(fit, np.take(cost, target, axis=1), np.inf)
+            m = np.zeros(len(piece), dtype=np.int64)
+            best = masked[0]
+            for j in range(1, micro):  # the cheapest micro-batch with room (lowest slot first)
+                better = masked[j] < best
+                m[better] = j
+                best = np.minimum(best, masked[j])
+            ok = np.isfinite(best)
+            where = lo + m * groups + target
+        if not ok.all():
+            piece, target, where = piece[ok], target[ok], where[ok]
+        bins.put(p, piece, where)
+        load[target] += p.cost[piece]
+        return ok
+
+    while pos < len(queue) or len(waiting):
+        shortest = least[pos] if pos < len(queue) else np.iinfo(np.int64).max
+        if len(waiting):
+            shortest = min(shortest, int(length[waiting].min()))
+        most = room.max(axis=0)
+        is_open = most >= shortest
+        if is_open.all():
+            target = np.argsort(load, kind="stable")  # the least loaded groups
+        else:
+            open_ = np.flatnonzero(is_open)
+            if not len(open_):
+                break
+            target = open_[np.argsort(load[open_], kind="stable")]
+        k = min(len(target), len(waiting) + len(queue) - pos)
+        target = target[:k]
+        if len(waiting):
+            head = np.concatenate([waiting, queue[pos : pos + max(0, k - len(waiting))]])[:k]
+        else:
+            head = queue[pos : pos + k]
+        # As exact LPT would: piece j goes to the j-th lightest group only while that group
+        # is no heavier than the lighter ones will be with their pieces (rounds of at least
+        # a quarter of the groups, which stays within a small piece of exact LPT).
+        after = np.minimum.accumulate(load[target] + p.cost[head])
+        late = np.flatnonzero(load[target[1:]] > after[:-1])
+        if len(late) and late[0] + 1 >= MIN_ROUND * groups:
+            k = int(late[0]) + 1
+            target, head = target[:k], head[:k]
+        taken = max(0, k - len(waiting))  # from queue[pos:]
+        rest = waiting[k:]
+        pos += taken
+        ok = place(head, target)
+        if ok.all():
+            waiting = rest
+            continue
+        # Misses try the groups of the round that got nothing, by decreasing room.
+        miss, free = head[~ok], target[~ok]
+        free = free[np.argsort(-most[free], kind="stable")]
+        again = place(miss, free)
+        waiting = np.concatenate([miss[~again], rest])  # still by decreasing cost
+        if not (ok.any() or again.any()):
+            break
+    return np.concatenate([waiting, queue[pos:]])
+
+
+def pack(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> int | None:
+    """Put every piece into a micro-batch of its bucket and give every micro-batch to a group
+    (module doc); returns None, or (only when ``cut`` is False) the bucket whose pieces cannot
+    all be packed whole."""
+    load = np.zeros(groups)
+    nb = len(bins.offset) - 1
+    peak = [float(p.cost[p.bucket == b].max(initial=0.0)) for b in range(nb)]
+    for b in sorted(range(nb), key=lambda b: (-peak[b], b)):  # costliest pieces first
+        lo, hi = int(bins.offset[b]), int(bins.offset[b + 1])
+        micro = (hi - lo) // groups
+        mine = np.flatnonzero(p.bucket == b)
+        if not len(mine):
+            continue
+        queue = by_cost(p, mine)
+        by_bins = micro >= DEAL_FROM
+        if by_bins:
+            left = _rounds(p, bins, queue, lo, hi)
+        else:
+            left = _group_rounds(p, bins, queue, lo, micro, load)
+        if len(left):
+            left = _best_fit(p, bins, left, lo, hi)
+        if len(left):
+            if not cut:
+                return b
+            _pour(p, bins, left, lo, hi, cost)
+        if by_bins:
+            _deal(bins, lo, hi, micro, load)
+        else:
+            load[:] = np.bincount(bins.group, bins.load, groups)
     return None
+
+
+def _deal(bins: Bins, lo: int, hi: int, micro: int, load: np.ndarray) -> None:
+    """Give every group ``micro`` of the bins ``lo:hi``, in rounds (module doc)."""
+    groups = len(load)
+    ids = np.arange(lo, hi)
+    ids = ids[np.argsort(-bins.load[ids], kind="stable")]
+    for r in range(micro):
+        chunk = ids[r * groups : (r + 1) * groups]
+        lightest = np.argsort(load, kind="stable")
+        bins.group[chunk] = lightest
+        bins.slot[chunk] = r
+        load[lightest] += bins.load[chunk]

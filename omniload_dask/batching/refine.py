@@ -1,165 +1,430 @@
-"""Pass 3 of the balancer: even the heaviest group against the lightest ones.
+"""Pass 3 of the balancer: even the heavy groups against the light ones, many pairs at once.
 
-When every group is full of tokens, LPT can only give the last pieces to whoever has room, and
-only an exchange moves attention cost: a long piece for several short ones of as many tokens.
-Each round takes the heaviest group and tries its lightest partners for the move, swap or
-exchange of pieces whose cost shift is nearest half their gap::
+Each round pairs the heaviest groups with the lightest (the heaviest with the lightest, the
+second with the second, ...) and, for every pair at once in numpy, finds the change whose cost
+shift is nearest half the pair's gap: the move of one piece, the swap of two, or the exchange
+of one piece for a run of the shortest pieces of one of the light group's micro-batches (when
+both are full of tokens, only an exchange moves attention cost)::
 
     both groups full (no room for a move or a one-for-one swap), cost grows faster than L
     heavy: pieces of cost 40 (16 tokens) and 10     light: 4 pieces of cost 5 (4 tokens each)
     gap = 50 - 20 = 30; exchange the 40 for the 4 short pieces: shift 40 - 20 = 20
     loads 30, 40 -> the step costs 40 instead of 50
 
-It works on group totals (a group may hold ``micro_batches * seq_len`` tokens of a bucket); the
-groups it changed are packed into micro-batches again (:func:`~.placement.place` with
-``redo``). Its work is bounded (``REFINE_BUDGET`` piece pairs per step), so planning time is
-too.
+Every change keeps each micro-batch within its tokens and leaves no more of them empty. A
+pair's groups are its own in a round, so the changes of a round never meet. The step time is
+the heaviest group's: a round whose probe (a few of the pairs at the peak) finds no change, or
+that does not lower the peak, ends the pass, so a step that cannot gain costs one probe. With
+at most ``CUT_EXCHANGES_UP_TO`` groups and cutting allowed, an exchange may cut the last piece
+of its run to fit exactly (cheap at that size; at thousands of groups it would cut a document
+per group for a few ten-thousandths of efficiency).
+
+Where cutting is allowed (``long_documents: split``) and a step is still below ``CUT_FROM``
+(0.98) after that, cut rounds follow while it is below ``CUT_BELOW`` (0.99): per pair, the
+better of an exchange whose run's last piece is cut to fit exactly, and the tail of one of the
+heavy group's costliest pieces handed to the light group (which may give back a run of its
+shortest pieces to make room), cut where the two come out most even; a cut is taken only where
+it evens the pair clearly better than whole pieces. The work is bounded: at most ``ROUNDS``
+rounds of each kind per step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from omniload_dask.batching.placement import Pieces
+from omniload_dask.batching.cost import CostFunction
+from omniload_dask.batching.placement import Bins, Pieces, by_cost
+from omniload_dask.batching.sorting import stable_order
 
-__all__ = ["REFINE_BUDGET", "refine_groups"]
+__all__ = ["CUT_BELOW", "ROUNDS", "refine_groups"]
 
-REFINE_TOLERANCE = 2e-3  # stop once the heaviest group is within 0.2% of the mean
-REFINE_PARTNERS = 4  # lightest groups tried against the heaviest before giving up
-REFINE_BUDGET = 3_000_000  # piece pairs the refinement may weigh per global batch (~10 ms)
-SWAP_SAMPLE = 96  # pieces of each group weighed for moves and swaps (all, below that)
-REFINE_PROGRESS = 1e-4  # a run of moves must lower the heaviest group by this fraction ...
-# ... within as many moves as there are groups (each move evens one heavy group), or it stops
+TOLERANCE = 2e-3  # a group within 0.2% of the mean is even enough
+ROUNDS = 8  # rounds of each kind (whole pieces, then cuts) per step
+CANDIDATES = 8  # pieces of each group weighed for moves and swaps, spread over its costs ...
+PAIR_BUDGET = 1 << 15  # ... or more, up to 32, while pairs x candidates^2 stays under this
+PROGRESS = 1e-4  # a round must lower the heaviest group by this share, or refinement stops
+CUT_FROM = 0.98  # a step below this efficiency with whole pieces gets pieces cut ...
+CUT_BELOW = 0.99  # ... while it is below this
+CUT_PIECES = 3  # the heavy group's costliest pieces weighed for a cut
+CUT_GRID = 7  # cut points weighed per piece and run
+CUT_RUNS = 7  # runs (of 0 to 6 short pieces) a light micro-batch may give back for a tail
+PROBE_FROM = 8  # pairs from which a round first weighs this many of its heaviest
+CUT_EXCHANGES_UP_TO = 64  # groups up to which whole-piece rounds may cut an exchange to fit
+CUT_GAIN = 1e-3  # a cut must even a pair this share of its heavy group better than whole
 
 
-def refine_groups(
-    p: Pieces, cap: np.ndarray, groups: int, max_moves: int | None = None
-) -> np.ndarray:
-    """Pass 3: even the heaviest group against the lightest ones; returns the groups changed.
-
-    Works on group totals (a group may hold ``micro_batches * seq_len`` tokens of a bucket);
-    the changed groups are packed into micro-batches again afterwards.
-    """
-    group, length, cost, bucket = p.group, p.length, p.cost, p.bucket
-    nb = len(cap)
-    load = np.bincount(group, cost, groups)
-    tokens = np.bincount(group * nb + bucket, length, groups * nb).astype(np.int64)
-    tokens = tokens.reshape(groups, nb)
-    touched = np.zeros(groups, dtype=bool)
-    ids = np.arange(groups)
-    peak, stalled = float(load.max()), 0
-    budget = REFINE_BUDGET  # pairs weighed: a deterministic bound on the planning time
-    for _ in range(max_moves if max_moves is not None else 8 * groups + 64):
-        heavy = int(np.argmax(load))
-        if load[heavy] - load.mean() <= REFINE_TOLERANCE * load[heavy]:
+def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> None:
+    """Pass 3 (module doc): changes ``p.bin`` (and, with ``cut``, cuts pieces) in place."""
+    if groups < 2 or not len(p):
+        return
+    peak = np.inf
+    for _ in range(ROUNDS):
+        load = np.bincount(bins.group[p.bin], p.cost, groups)
+        if load.max() > peak * (1 - PROGRESS):
+            break  # the last round did not lower the heaviest group: it sets the step time
+        peak = float(load.max())
+        pairs = _pairs(load, TOLERANCE)
+        if pairs is None:
             break
-        if load[heavy] < peak * (1 - REFINE_PROGRESS):
-            peak, stalled = float(load[heavy]), 0
-        elif stalled > max(groups, 4):
-            break  # tiny gains only: not worth the planning time
-        stalled += 1
-        mine = np.flatnonzero(group == heavy)
-        mine_sample = _spread(cost[mine], SWAP_SAMPLE)  # the same for every partner below
-        room_h = np.maximum(cap, tokens[heavy]) - tokens[heavy]
-        for light in np.lexsort((ids, load))[:REFINE_PARTNERS].tolist():
-            gap = load[heavy] - load[light]
-            if gap <= 0:
-                break
-            room_l = np.maximum(cap, tokens[light]) - tokens[light]
-            others = np.flatnonzero(group == light)
-            budget -= min(len(mine), SWAP_SAMPLE) * (min(len(others), SWAP_SAMPLE) + 1)
-            if budget < 0:
-                return touched  # few groups of many small pieces: near even already
-            move = _best_move(mine, others, gap, length, cost, bucket, room_h, room_l, mine_sample)
-            if move is None:
-                continue
-            to_light, to_heavy, delta = move
-            group[to_light] = light
-            group[to_heavy] = heavy
-            load[heavy] -= delta
-            load[light] += delta
-            for src, dst, moved in ((heavy, light, to_light), (light, heavy, to_heavy)):
-                np.add.at(tokens[src], bucket[moved], -length[moved])
-                np.add.at(tokens[dst], bucket[moved], length[moved])
-            touched[[heavy, light]] = True
+        fit_by_cut = cut and groups <= CUT_EXCHANGES_UP_TO  # cheap there, and worth 0.003
+        score, commit = _whole_round(p, bins, load, *pairs, cost if fit_by_cut else None)
+        if not np.isfinite(score).any():
             break
-        else:
-            break  # the heaviest group cannot be improved: it sets the step time
-    return touched
+        commit(np.isfinite(score))
+    load = np.bincount(bins.group[p.bin], p.cost, groups)
+    if not cut or load.mean() >= CUT_FROM * load.max():
+        return
+    peak = np.inf
+    for _ in range(ROUNDS):
+        load = np.bincount(bins.group[p.bin], p.cost, groups)
+        if load.max() > peak * (1 - PROGRESS):
+            break
+        peak = float(load.max())
+        pairs = _pairs(load, 1 - CUT_BELOW)
+        if pairs is None:
+            break
+        heavy, light = pairs
+        # Per pair, a cut only where it evens the pair clearly better than whole pieces do.
+        whole, commit_whole = _whole_round(p, bins, load, heavy, light, cost)
+        by_cut_score, commit_cut = _cut_round(p, bins, load, heavy, light, cost)
+        by_cut = by_cut_score < whole - CUT_GAIN * load[heavy]
+        by_whole = np.isfinite(whole) & ~by_cut
+        if not (by_cut | by_whole).any():
+            break
+        commit_whole(by_whole)  # (pairs are disjoint: one's changes leave the others be)
+        commit_cut(by_cut)
 
 
-def _spread(values: np.ndarray, k: int) -> np.ndarray:
-    """Positions of at most ``k`` of ``values``, evenly spaced over their sorted order."""
-    n = len(values)
-    if n <= k:
-        return np.arange(n)
-    order = np.argsort(values, kind="stable")
-    return np.unique(order[np.linspace(0, n - 1, k).round().astype(np.int64)])
+def _pairs(load: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(heavy, light) groups, paired heaviest with lightest: the groups more than
+    ``tolerance`` of the peak above the mean, at most half of all groups."""
+    peak, mean = float(load.max()), float(load.mean())
+    if peak <= 0 or peak - mean <= tolerance * peak:
+        return None
+    order = np.argsort(-load, kind="stable")
+    count = min(int((load - mean > tolerance * peak).sum()), len(load) // 2)
+    return order[:count], order[::-1][:count]
 
 
-def _best_move(
-    heavy: np.ndarray,
-    light: np.ndarray,
-    gap: float,
-    length: np.ndarray,
-    cost: np.ndarray,
-    bucket: np.ndarray,
-    room_h: np.ndarray,
-    room_l: np.ndarray,
-    hs: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """The move, swap or exchange between two groups whose cost shift is nearest ``gap / 2``.
+def _probe(load: np.ndarray, heavy: np.ndarray) -> np.ndarray | None:
+    """With many pairs: a few of the pairs whose heavy group is at the peak, to weigh first.
+    The peak falls only if every such group gets lighter; if one of these cannot, the round
+    (a few milliseconds at DP 1,024) is not worth running."""
+    if len(heavy) <= PROBE_FROM:
+        return None
+    peak = float(load[heavy[0]])
+    top = int(np.searchsorted(-load[heavy], -peak * (1 - PROGRESS), side="right"))
+    return np.unique(np.linspace(0, max(top, 1) - 1, PROBE_FROM).round().astype(np.int64))
 
-    A shift ``delta`` in (0, gap) lowers the pair's larger cost. ``room_*`` are per bucket;
-    ``hs``: the positions in ``heavy`` weighed for moves and swaps (its ``_spread``), when the
-    caller has them already.
+
+def _rebin(p: Pieces, bins: Bins) -> None:
+    """Recompute every bin's room and cost from its pieces."""
+    n = len(bins.room)
+    bins.room = bins.capacity - np.bincount(p.bin, p.length, n).astype(np.int64)
+    bins.load = np.bincount(p.bin, p.cost, n)
+
+
+def _tables(bins: Bins, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per (group, bucket): its bin with the most room, and all its bins (-1 where none)."""
+    nb = len(bins.offset) - 1
+    ids = np.arange(len(bins.room))
+    cell = bins.group * nb + bins.bucket
+    order = np.lexsort((ids, -bins.room, cell))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = cell[order][1:] != cell[order][:-1]
+    roomiest = np.full(groups * nb, -1, np.int64)
+    roomiest[cell[order][first]] = order[first]
+    width = int(np.diff(bins.offset).max()) // groups
+    every = np.full((groups * nb, width), -1, np.int64)
+    every[cell, bins.slot] = ids
+    return roomiest.reshape(groups, nb), every.reshape(groups, nb, width)
+
+
+def _candidates(p: Pieces, of: np.ndarray, groups: np.ndarray, k: int, total: int) -> np.ndarray:
+    """Per group of ``groups`` (of ``total``): at most ``k`` of its pieces spread over its
+    range of costs, by decreasing cost, padded with -1 (shape ``(len(groups), k)``)."""
+    rank = np.full(total, len(groups), np.int64)
+    rank[groups] = np.arange(len(groups))
+    ids = by_cost(p, np.flatnonzero(rank[of] < len(groups)))
+    if not len(ids):
+        return np.full((len(groups), k), -1, dtype=np.int64)
+    r = rank[of[ids]]
+    ids, r = ids[stable_order(r)], np.sort(r)
+    count = np.bincount(r, minlength=len(groups))
+    start = np.cumsum(count) - count
+    frac = np.linspace(0.0, 1.0, k)
+    spread = np.rint(frac[None, :] * (count[:, None] - 1)).astype(np.int64)
+    dense = np.broadcast_to(np.arange(k), spread.shape)
+    pos = np.where(count[:, None] >= k, spread, dense)
+    out = np.where(pos < count[:, None], ids[np.minimum(start[:, None] + pos, len(ids) - 1)], -1)
+    return np.where(count[:, None] > 0, out, -1)
+
+
+def _whole_round(
+    p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
+    cost: CostFunction | None = None,
+) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
+    """One round of moves, swaps and exchanges: the best for each pair. With ``cost``, an
+    exchange may cut the last piece of its run. Returns each pair's score, its larger cost
+    after the change less the mean of the two before (inf: nothing helps), and a function
+    that makes the changes of the pairs of a mask.
+
+    With many pairs, a few whose heavy groups are at the peak are weighed first
+    (:func:`_probe`).
     """
-    best: tuple[float, np.ndarray, np.ndarray, float] | None = None
-    lh, ch, bh = length[heavy], cost[heavy], bucket[heavy]
-    # Moves (the last column: nothing comes back) and one-for-one swaps, among at most
-    # SWAP_SAMPLE pieces of each group spread over its range of costs (groups of hundreds of
-    # small documents offer many near-equal choices; weighing all pairs cost milliseconds).
-    if hs is None:
-        hs = _spread(ch, SWAP_SAMPLE)
-    ls = _spread(cost[light], SWAP_SAMPLE)
-    sub_h, sub_l = heavy[hs], light[ls]
-    lhs, chs, bhs = lh[hs], ch[hs], bh[hs]
-    lq = np.append(length[sub_l], 0)
-    cq = np.append(cost[sub_l], 0.0)
-    bq = np.append(bucket[sub_l], -1)
-    same = (bhs[:, None] == bq[None, :]) | (bq[None, :] < 0)
-    fits_l = lhs[:, None] - np.where(same, lq[None, :], 0) <= room_l[bhs][:, None]
-    fits_h = np.where(
-        same,
-        lq[None, :] - lhs[:, None] <= room_h[bhs][:, None],
-        lq[None, :] <= room_h[np.maximum(bq, 0)][None, :],
-    )
-    delta = chs[:, None] - cq[None, :]
-    ok = fits_l & fits_h & (delta > 0) & (delta < gap)
-    if ok.any():
-        score = np.where(ok, np.abs(gap / 2 - delta), np.inf)
-        i, j = np.unravel_index(int(np.argmin(score)), score.shape)
-        back = sub_l[j : j + 1] if j < len(sub_l) else sub_l[:0]
-        best = (float(score[i, j]), sub_h[i : i + 1], back, float(delta[i, j]))
-    # Exchanges: a heavy piece for the light group's shortest pieces of its bucket.
-    for b in np.unique(bh).tolist():
-        pool = light[bucket[light] == b]
-        if not len(pool):
-            continue
-        pool = pool[np.lexsort((pool, length[pool]))]
-        cum_tokens = np.cumsum(length[pool])
-        cum_cost = np.cumsum(cost[pool])
-        sel = np.flatnonzero(bh == b)
-        short = lh[sel] - room_l[b]  # tokens the light group must give back
-        k = np.searchsorted(cum_tokens, short, side="left")
-        valid = (short > 0) & (k < len(pool))
-        k = np.minimum(k, len(pool) - 1)
-        d = ch[sel] - cum_cost[k]
-        ok = valid & (d > 0) & (d < gap) & (cum_tokens[k] - lh[sel] <= room_h[b])
-        if not ok.any():
-            continue
-        score = np.where(ok, np.abs(gap / 2 - d), np.inf)
-        at = int(np.argmin(score))
-        if best is None or score[at] < best[0]:
-            best = (float(score[at]), heavy[sel[at] : sel[at] + 1], pool[: k[at] + 1], float(d[at]))
-    return None if best is None else best[1:]
+    nothing = np.full(len(heavy), np.inf), _nothing
+    probe = _probe(load, heavy)
+    if probe is not None:
+        tried, _ = _whole_round(p, bins, load, heavy[probe], light[probe], cost)
+        if not np.isfinite(tried).all():
+            return nothing
+    groups = len(load)
+    of = bins.group[p.bin]
+    gap = load[heavy] - load[light]
+    roomiest, every = _tables(bins, groups)
+    per_bin = np.bincount(p.bin, minlength=len(bins.room))
+    k = int(np.clip(np.sqrt(PAIR_BUDGET / len(heavy)), CANDIDATES, 32))
+    both = _candidates(p, of, np.concatenate([heavy, light]), k, groups)
+    hc, lc = both[: len(heavy)], both[len(heavy) :]  # (P, K) each
+    P, K = hc.shape
+    h = np.maximum(hc, 0)
+    q = np.maximum(lc, 0)
+    h_len, h_cost, h_bucket, h_bin = p.length[h], p.cost[h], p.bucket[h], p.bin[h]
+    q_len, q_cost, q_bin = p.length[q], p.cost[q], p.bin[q]
+    h_room = bins.room[h_bin]
+    # Swaps, (P, K, K): same bucket, both micro-batches keep within their tokens.
+    ok = (hc >= 0)[:, :, None] & (lc >= 0)[:, None, :]
+    ok &= h_bucket[:, :, None] == p.bucket[q][:, None, :]
+    ok &= (h_room + h_len)[:, :, None] >= q_len[:, None, :]
+    ok &= (bins.room[q_bin] + q_len)[:, None, :] >= h_len[:, :, None]
+    delta = h_cost[:, :, None] - q_cost[:, None, :]
+    ok &= (delta > 0) & (delta < gap[:, None, None])
+    swap_score = np.where(ok, np.abs(gap[:, None, None] / 2 - delta), np.inf).reshape(P, -1)
+    # Moves, (P, K): into the light group's micro-batch of that bucket with the most room;
+    # one that empties its micro-batch only into an empty one (no more stay empty).
+    dest = roomiest[light[:, None], h_bucket]
+    fills = per_bin[np.maximum(dest, 0)] == 0
+    move_ok = (hc >= 0) & (dest >= 0) & ((per_bin[h_bin] > 1) | fills)
+    move_ok &= bins.room[np.maximum(dest, 0)] >= h_len
+    move_ok &= h_cost < gap[:, None]
+    move_score = np.where(move_ok, np.abs(gap[:, None] / 2 - h_cost), np.inf)
+    runs = _Runs(p, bins, of, light, groups)
+    ex = _exchanges(p, bins, runs, light, every, hc, (load[heavy], load[light]), cost)
+    best = np.stack([swap_score.min(axis=1), move_score.min(axis=1), ex[0]], axis=1)
+    kind = np.argmin(best, axis=1)
+    score = best[np.arange(P), kind]
+    # A change must lower the heavy group by PROGRESS of its cost (the score is the new
+    # larger cost less the pair's mean, which is half the gap below the heavy group).
+    act = score < (gap / 2) - PROGRESS * load[heavy]
+    score = np.where(act, score, np.inf)
+    if not act.any():
+        return nothing
+
+    def commit(mask: np.ndarray) -> None:
+        do = act & mask
+        if not do.any():
+            return
+        new_bin = p.bin.copy()
+        sel = do & (kind == 0)
+        if sel.any():
+            flat = np.argmin(swap_score[sel], axis=1)
+            a, c = flat // K, flat % K
+            hp, qp = hc[sel, a], lc[sel, c]
+            new_bin[hp], new_bin[qp] = p.bin[qp], p.bin[hp]
+        sel = do & (kind == 1)
+        if sel.any():
+            a = np.argmin(move_score[sel], axis=1)
+            new_bin[hc[sel, a]] = dest[sel, a]
+        sel = do & (kind == 2)
+        cut_last = cut_tail = cut_to = np.zeros(0, np.int64)
+        if sel.any():
+            _, piece, target, run_lo, run_hi, tail = ex
+            order = runs.order
+            new_bin[piece[sel]] = target[sel]
+            counts = run_hi[sel] - run_lo[sel]
+            taken = np.repeat(run_lo[sel] - np.cumsum(counts) + counts, counts)
+            taken += np.arange(int(counts.sum()))
+            new_bin[order[taken]] = np.repeat(p.bin[piece[sel]], counts)
+            cutting = tail[sel] > 0  # the run's last piece stays, less its tail
+            cut_last = order[run_hi[sel][cutting] - 1]
+            cut_tail, cut_to = tail[sel][cutting], p.bin[piece[sel]][cutting]
+            new_bin[cut_last] = target[sel][cutting]
+        p.bin = new_bin
+        if len(cut_last) and cost is not None:
+            by_piece = np.argsort(cut_last)
+            cut_last, cut_tail, cut_to = cut_last[by_piece], cut_tail[by_piece], cut_to[by_piece]
+            parts = np.stack([p.length[cut_last] - cut_tail, cut_tail], axis=1).ravel()
+            index = p.cut(np.repeat(cut_last, 2), parts, cost)
+            p.bin[index[1::2]] = cut_to
+        _rebin(p, bins)
+
+    return score, commit
+
+
+def _nothing(mask: np.ndarray) -> None:
+    """The commit of a round that found nothing."""
+
+
+class _Runs:
+    """The pieces of the light groups' micro-batches, each micro-batch's by increasing
+    length, with running totals: what a micro-batch gives back when it must free tokens."""
+
+    def __init__(
+        self, p: Pieces, bins: Bins, of: np.ndarray, light: np.ndarray, groups: int
+    ) -> None:
+        is_light = np.zeros(groups, dtype=bool)
+        is_light[light] = True
+        mine = np.flatnonzero(is_light[of])
+        mine = mine[stable_order(p.length[mine])]
+        self.order = mine[stable_order(p.bin[mine])]
+        self.empty = not len(self.order)
+        if self.empty:
+            self.order = np.zeros(1, np.int64)  # (nothing is found below)
+        ob = p.bin[self.order]
+        self.tokens = np.cumsum(p.length[self.order])
+        self.costs = np.cumsum(p.cost[self.order])
+        ids = np.arange(len(bins.room))
+        self.first = np.searchsorted(ob, ids, side="left")
+        self.end = np.searchsorted(ob, ids, side="right")
+        self.base_t = np.concatenate([[0], self.tokens])[self.first]  # before each bin's run
+        self.base_c = np.concatenate([[0.0], self.costs])[self.first]
+        self.big = int(self.tokens[-1]) + 1
+        self.key = ob * self.big + (self.tokens - self.base_t[ob])
+
+    def take(
+        self, y: np.ndarray, need: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For bins ``y``: the shortest run of their pieces of at least ``need`` tokens.
+
+        Returns ``(found, tokens, cost, last)``: ``last`` indexes ``order`` (the run is
+        ``order[first[y]:last + 1]``).
+        """
+        at = np.searchsorted(self.key, y * self.big + need, side="left")
+        found = (at < self.end[y]) & (not self.empty)
+        at = np.minimum(at, len(self.order) - 1)
+        return found, self.tokens[at] - self.base_t[y], self.costs[at] - self.base_c[y], at
+
+
+def _exchanges(
+    p: Pieces, bins: Bins, runs: _Runs, light: np.ndarray, every: np.ndarray,
+    hc: np.ndarray, loads: tuple[np.ndarray, np.ndarray], cost: CostFunction | None,
+) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """Per pair, the best exchange of a heavy candidate for a run of the shortest pieces of
+    one of the light group's micro-batches of its bucket. With ``cost`` (cutting allowed), the
+    run's last piece may be cut so that the heavy micro-batch takes back just what it has
+    room for (``tail`` tokens of that piece; 0: no cut).
+
+    Returns ``(score, piece, target bin, run start, run stop, tail)``: the run is
+    ``runs.order[run start:run stop]``; the score is the pair's larger cost after the
+    exchange less the mean of the two before.
+    """
+    P = len(hc)
+    load_h, load_l = (x[:, None, None] for x in loads)
+    h = np.maximum(hc, 0)
+    target = every[light[:, None], p.bucket[h]]  # (P, K, M)
+    valid = (hc >= 0)[:, :, None] & (target >= 0)
+    y = np.maximum(target, 0)
+    h_len = p.length[h][:, :, None]
+    h_cost = p.cost[h][:, :, None]
+    need = h_len - bins.room[y]  # tokens the light bin must give back
+    found, back_t, back_c, at = runs.take(y, need)
+    valid &= (need > 0) & found
+    fill = h_len + bins.room[p.bin[h]][:, :, None]  # the most the heavy bin takes back
+    whole = back_t <= fill
+    last = runs.order[at]
+    tail = np.zeros(at.shape, np.int64)
+    new_h = load_h - h_cost + back_c
+    new_l = load_l + h_cost - back_c
+    if cost is None:
+        valid &= whole
+    else:  # the last piece of the run: its tail goes, its head stays
+        tail = np.where(whole, 0, fill - (back_t - p.length[last]))
+        n_last = p.length[last]
+        both = np.concatenate([np.maximum(tail, 1).ravel(), np.maximum(n_last - tail, 1).ravel()])
+        parts = np.asarray(cost(both), dtype=np.float64).reshape(2, *tail.shape)
+        cut_h = load_h - h_cost + back_c - p.cost[last] + parts[0]
+        cut_l = load_l + h_cost - back_c + parts[1] + p.extra[last]
+        new_h = np.where(whole, new_h, cut_h)
+        new_l = np.where(whole, new_l, cut_l)
+    worst = np.maximum(new_h, new_l)
+    valid &= worst < load_h * (1 - PROGRESS)
+    score = np.where(valid, worst - (load_h + load_l) / 2, np.inf).reshape(P, -1)
+    flat = np.argmin(score, axis=1)
+    rows = np.arange(P)
+    a, m = np.divmod(flat, target.shape[2])
+    yb = y[rows, a, m]
+    return (score[rows, flat], h[rows, a], yb, runs.first[yb], at[rows, a, m] + 1, tail[rows, a, m])
+
+
+def _cut_round(
+    p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
+    cost: CostFunction,
+) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
+    """Each heavy group hands the tail of one of its costliest pieces to the light group's
+    micro-batch of that bucket with the most room, cut where the pair comes out most even;
+    that micro-batch may give back a run of its k shortest pieces (k < ``CUT_RUNS``) to make
+    room, the tail then being about as long as the run. Returns the best cut's score for
+    each pair and its commit, as :func:`_whole_round` does."""
+    nothing = np.full(len(heavy), np.inf), _nothing
+    probe = _probe(load, heavy)
+    if probe is not None:
+        tried, _ = _cut_round(p, bins, load, heavy[probe], light[probe], cost)
+        if not np.isfinite(tried).all():
+            return nothing
+    groups = len(load)
+    roomiest, _ = _tables(bins, groups)
+    of = bins.group[p.bin]
+    hc = _candidates(p, of, heavy, CUT_PIECES, groups)
+    h = np.maximum(hc, 0)
+    n = p.length[h][..., None, None]  # (pairs, pieces, 1, 1): runs, cut points last
+    dest = roomiest[light[:, None], p.bucket[h]]
+    y = np.maximum(dest, 0)[..., None]
+    runs = _Runs(p, bins, of, light, groups)
+    k = np.arange(CUT_RUNS)
+    at = runs.first[y] + k - 1  # the run of the k shortest ends at order[at]
+    has = (k == 0) | (at < runs.end[y])
+    at = np.clip(at, 0, len(runs.order) - 1)
+    back_t = np.where(k > 0, runs.tokens[at] - runs.base_t[y], 0)[..., None]
+    back_c = np.where(k > 0, runs.costs[at] - runs.base_c[y], 0.0)[..., None]
+    room_y, room_h = bins.room[y][..., None], bins.room[p.bin[h]][..., None, None]
+    # The tail x must fit the room the run frees, and the run the room the tail leaves.
+    lo = np.maximum(1, back_t - room_h)
+    hi = np.minimum(n - 1, back_t + room_y)
+    ok = ((hc >= 0) & (dest >= 0))[..., None, None] & has[..., None] & (lo <= hi)
+    frac = np.linspace(0.0, 1.0, CUT_GRID)
+    x = lo + np.rint(frac * np.maximum(hi - lo, 0)).astype(np.int64)
+    x = np.minimum(x, np.maximum(n - 1, 1))
+    both = np.asarray(cost(np.concatenate([(n - x).ravel(), x.ravel()])), np.float64)
+    kept, moved = both.reshape(2, *x.shape)
+    c_h = (p.cost[h] - p.extra[h])[..., None, None]
+    new_h = load[heavy][:, None, None, None] - c_h + kept + back_c
+    new_l = load[light][:, None, None, None] + moved - back_c
+    worst = np.where(ok, np.maximum(new_h, new_l), np.inf).reshape(len(heavy), -1)
+    flat = np.argmin(worst, axis=1)
+    rows = np.arange(len(heavy))
+    act = worst[rows, flat] < load[heavy] * (1 - PROGRESS)
+    score = np.where(act, worst[rows, flat] - (load[heavy] + load[light]) / 2, np.inf)
+    if not act.any():
+        return nothing
+
+    def commit(mask: np.ndarray) -> None:
+        do = act & mask
+        if not do.any():
+            return
+        a, rest = np.divmod(flat[do], CUT_RUNS * CUT_GRID)
+        kk, g = np.divmod(rest, CUT_GRID)
+        r = rows[do]
+        piece, tail, to = h[r, a], x[r, a, kk, g], y[r, a, 0]
+        lo_run = runs.first[to]
+        run = np.repeat(lo_run - np.cumsum(kk) + kk, kk) + np.arange(int(kk.sum()))
+        p.bin[runs.order[run]] = np.repeat(p.bin[piece], kk)
+        order = np.argsort(piece, kind="stable")
+        piece, tail, to = piece[order], tail[order], to[order]
+        parts = np.stack([p.length[piece] - tail, tail], axis=1).ravel()
+        index = p.cut(np.repeat(piece, 2), parts, cost)
+        p.bin[index[1::2]] = to
+        _rebin(p, bins)
+
+    return score, commit

@@ -90,18 +90,19 @@ def check_catalogs(state: dict[str, Any], catalogs: list[Any]) -> None:
 def apply_new_plan(coord: Coordinator, plan: Plan, catalogs: list[Any]) -> None:
     """Resuming with a changed plan: its weights, schedule and sources rule from here on."""
     step = coord.next_step
-    live = {s.spec.name for s in coord.streams if not s.retired}
+    live = set(coord.sources.live_at(step))
     by_name = {s.spec.name: (s, c) for s, c in zip(coord.streams, catalogs, strict=False)}
     coord.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
     coord.schedule.reset_at(step)
     for entry in coord.log:
         if entry["kind"] == "weights":
             coord.schedule.change(int(entry["step"]), entry["weights"])
+    # (changes logged for later steps stay queued: they go after these)
     for spec in plan.sources:
         if spec.name not in live:
-            coord.add_source(spec, by_name[spec.name][1], step)
-    for name in live - set(plan.source_names):
-        coord.remove_source(name, step)
+            coord.sources.add_source(spec, by_name[spec.name][1], step, step, ordered=False)
+    for name in sorted(live - set(plan.source_names)):
+        coord.sources.remove_source(name, step, step, ordered=False)
 
 
 def compare_resume_keys(saved: Plan, new: Plan) -> list[str]:

@@ -2,14 +2,19 @@
 
 A checkpoint is a folder::
 
-    MANIFEST.json                   format, version, plan, file list with sizes and sha256
+    MANIFEST.json                   format, version, plan, file list with sizes and sha256,
+                                    and the sha256 of the manifest itself
     base-000000001000-<run>.json.zst     a full snapshot at step 1000 (see core.state)
     delta-000000001000-000000001087-<run>-<n>.jsonl.zst   a line per drawn step / live change
     ...
 
 The manifest is written last, to a temporary name and then moved over the old one, so a crash
 mid-write leaves the previous checkpoint whole. Every file is verified against the manifest's
-sha256 when read. Every ``compact_every`` steps a new base is written; the newest
+sha256 when read, and the manifest against its own ``manifest_sha256`` (of its other fields,
+as canonical JSON), so an edit that leaves valid JSON (a position, ``latest_step``, a segment
+entry removed) is refused rather than resumed at the wrong step; restoring a step also checks
+that the deltas hold every step from the base to it. Every ``compact_every`` steps a new base
+is written; the newest
 ``keep_bases`` bases and the deltas after the oldest of them are kept, so any step from the
 oldest kept base to the latest flushed step can be restored exactly.
 
@@ -31,6 +36,7 @@ from typing import Any
 import zstandard
 from fsspec.core import url_to_fs
 
+from omniload_dask.core.state import READABLE_VERSIONS as STATE_READABLE
 from omniload_dask.core.state import STATE_VERSION, apply_deltas
 from omniload_dask.errors import CheckpointError
 from omniload_dask.plan import Plan, parse_plan
@@ -38,13 +44,22 @@ from omniload_dask.plan import Plan, parse_plan
 __all__ = ["FORMAT", "VERSION", "Checkpoint", "CheckpointWriter"]
 
 FORMAT = "omniload-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: the manifest carries its own sha256; 1 (read too) did not
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "MANIFEST.json"
+_SELF_DIGEST = "manifest_sha256"
 
 
 def _digest(data: bytes) -> str:
     """The sha256 the manifest lists for a file's bytes."""
     return hashlib.sha256(data).hexdigest()
+
+
+def _manifest_digest(fields: dict[str, Any]) -> str:
+    """The sha256 of a manifest's fields (all but its own digest), as canonical JSON: the same
+    whatever the file's indentation or key order."""
+    body = {k: v for k, v in fields.items() if k != _SELF_DIGEST}
+    return _digest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -67,22 +82,40 @@ class _Manifest:
     written_at: float = 0.0
 
     def to_json(self) -> bytes:
-        """The manifest file's bytes (with the plan's stream fingerprint, for ``inspect``)."""
-        return json.dumps(
-            {
-                "format": FORMAT,
-                "version": VERSION,
-                "state_version": STATE_VERSION,
-                "plan": self.plan,
-                "plan_fingerprint": parse_plan(self.plan).stream_fingerprint(),
-                "bases": self.bases,
-                "segments": self.segments,
-                "latest_step": self.latest_step,
-                "positions": self.positions,
-                "written_at": self.written_at,
-            },
-            indent=1,
-        ).encode()
+        """The manifest file's bytes (with the plan's stream fingerprint, for ``inspect``, and
+        the manifest's own sha256)."""
+        fields: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "state_version": STATE_VERSION,
+            "plan": self.plan,
+            "plan_fingerprint": parse_plan(self.plan).stream_fingerprint(),
+            "bases": self.bases,
+            "segments": self.segments,
+            "latest_step": self.latest_step,
+            "positions": self.positions,
+            "written_at": self.written_at,
+        }
+        fields[_SELF_DIGEST] = _manifest_digest(fields)
+        return json.dumps(fields, indent=1).encode()
+
+    def check(self, url: str) -> None:
+        """Refuse a manifest whose entries contradict each other (CheckpointError)."""
+        where = f"checkpoint {url!r}: {MANIFEST}"
+        steps = [int(b["step"]) for b in self.bases]
+        if not self.bases:
+            raise CheckpointError(f"{where} lists no base snapshot")
+        if steps != sorted(set(steps)) or steps[-1] > self.latest_step or steps[0] < 0:
+            raise CheckpointError(
+                f"{where}: base steps {steps} are not increasing up to latest_step "
+                f"{self.latest_step}"
+            )
+        for seg in self.segments:
+            if not 0 <= int(seg["first"]) <= int(seg["last"]) <= self.latest_step:
+                raise CheckpointError(
+                    f"{where}: segment {seg['file']!r} holds steps {seg['first']} to "
+                    f"{seg['last']}, past latest_step {self.latest_step}"
+                )
 
 
 class Checkpoint:
@@ -112,11 +145,22 @@ class Checkpoint:
             raise CheckpointError(
                 f"checkpoint {url!r}: {MANIFEST} is not an omniload checkpoint manifest"
             )
-        if data.get("version") != VERSION or data.get("state_version") != STATE_VERSION:
+        if (
+            data.get("version") not in READABLE_VERSIONS
+            or data.get("state_version") not in STATE_READABLE
+        ):
             raise CheckpointError(
                 f"checkpoint {url!r}: format version {data.get('version')!r} (state "
-                f"{data.get('state_version')!r}); this omniload-dask reads version {VERSION} "
-                f"(state {STATE_VERSION})"
+                f"{data.get('state_version')!r}); this omniload-dask reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))} (state "
+                f"{', '.join(map(str, STATE_READABLE))})"
+            )
+        if data["version"] >= 2 and data.get(_SELF_DIGEST) != _manifest_digest(data):
+            raise CheckpointError(
+                f"checkpoint {url!r}: {MANIFEST} was changed after it was written (its "
+                f"{_SELF_DIGEST} does not match its content); it cannot be trusted to say "
+                "which step each file holds. Restore the file from a copy, or start afresh "
+                "with another checkpoint.url"
             )
         try:
             self.plan: Plan = parse_plan(data["plan"])
@@ -128,10 +172,9 @@ class Checkpoint:
                 positions=dict(data.get("positions") or {}),
                 written_at=float(data.get("written_at") or 0),
             )
+            self.manifest.check(url)
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {url!r}: {MANIFEST} is incomplete ({exc})") from None
-        if not self.manifest.bases:
-            raise CheckpointError(f"checkpoint {url!r}: {MANIFEST} lists no base snapshot")
 
     @property
     def first_step(self) -> int:
@@ -152,10 +195,16 @@ class Checkpoint:
             raise CheckpointError(
                 f"checkpoint {self.url!r}: file {entry['file']!r} listed in {MANIFEST} is missing"
             ) from None
-        if len(blob) != entry["bytes"] or _digest(blob) != entry["sha256"]:
+        if len(blob) != entry["bytes"]:
             raise CheckpointError(
-                f"checkpoint {self.url!r}: file {entry['file']!r} is corrupt "
-                f"or truncated ({len(blob)} bytes, {entry['bytes']} expected)"
+                f"checkpoint {self.url!r}: file {entry['file']!r} is corrupt or truncated: "
+                f"{len(blob)} bytes, {MANIFEST} lists {entry['bytes']}"
+            )
+        if _digest(blob) != entry["sha256"]:
+            raise CheckpointError(
+                f"checkpoint {self.url!r}: file {entry['file']!r} is corrupt: its bytes have "
+                f"changed since it was written (its sha256 is not the one {MANIFEST} lists; "
+                f"the size, {len(blob)} bytes, is)"
             )
         if entry["file"].endswith(".zst"):
             try:
@@ -176,11 +225,27 @@ class Checkpoint:
             )
         base = max((b for b in self.manifest.bases if b["step"] <= step), key=lambda b: b["step"])
         state = json.loads(self._read(base))
+        if int(state["step"]) != int(base["step"]):
+            raise CheckpointError(
+                f"checkpoint {self.url!r}: base {base['file']!r} holds step {state['step']}, "
+                f"{MANIFEST} says {base['step']}"
+            )
         deltas: list[dict[str, Any]] = []
         for seg in self.manifest.segments:  # later ones too: they may hold logged changes
             if seg["last"] >= base["step"]:
                 for line in self._read(seg).splitlines():
                     deltas.append(json.loads(line))
+        drawn = [d["step"] for d in deltas if "step" in d and base["step"] <= d["step"] < step]
+        if drawn != list(range(base["step"], step)):
+            missing = sorted(set(range(base["step"], step)) - set(drawn))
+            what = (
+                f"lack steps {_ranges(missing)}" if missing else "repeat steps or mix their order"
+            )
+            raise CheckpointError(
+                f"checkpoint {self.url!r}: cannot restore step {step}: its delta files {what} "
+                f"(from the base at step {base['step']}; {MANIFEST} lists "
+                f"{len(self.manifest.segments)} delta files up to step {self.latest_step})"
+            )
         return apply_deltas(state, deltas, step)
 
     def summary(self) -> dict[str, Any]:
@@ -212,6 +277,7 @@ class Checkpoint:
                                     "skipped",
                                     "truncated_tokens",
                                     "retired",
+                                    "offset",
                                 ),
                                 s["state"],
                                 strict=True,
@@ -225,6 +291,17 @@ class Checkpoint:
             ],
             "log": state["log"],
         }
+
+
+def _ranges(steps: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``3-5, 9`` (for messages)."""
+    runs: list[list[int]] = []
+    for step in sorted(set(steps)):
+        if runs and runs[-1][1] == step - 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 class CheckpointWriter:

@@ -10,6 +10,7 @@
     omniload update-plan --address ADDR PLAN [--at-step N]   add/remove sources live
     omniload mixture --address ADDR        target vs realised share per source
     omniload checkpoint inspect URL        what a data-plane checkpoint holds
+    omniload calibrate MODEL --seq-len N --out FILE   measure the cost terms on this device
 
 Each subcommand parses its arguments, calls the library (plans, :class:`Job` via
 :mod:`.runner`, :mod:`omniload_dask.observe.status`, the data plane's handlers, the checkpoint
@@ -43,12 +44,59 @@ def _validate(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    if not args.no_files:
+        problems = _file_problems(plan)
+        for problem in problems:
+            print(f"omniload: error: {problem}", file=sys.stderr)
+        if problems:
+            print(
+                "# (the files are listed from this machine; --no-files skips that)",
+                file=sys.stderr,
+            )
+            return 2
+    from omniload_dask.batching.mixing import mix_guarantee
+
     print(
         f"# plan {plan.name!r} is valid: {len(plan.sources)} sources, "
         f"stream fingerprint {plan.stream_fingerprint()}",
         file=sys.stderr,
     )
+    for note in [] if args.no_files else _tokenizer_notes(plan):
+        print(f"# {note}", file=sys.stderr)
+    weights = [s.weight for s in plan.sources]
+    print(f"# {mix_guarantee(plan.batch, plan.mixing_by, weights)}", file=sys.stderr)
     return 0
+
+
+def _file_problems(plan: Any) -> list[str]:
+    """Each source whose paths find no files, by field (``validate``: found before a job)."""
+    from omniload_dask.sources.registry import list_source
+
+    problems = []
+    for i, spec in enumerate(plan.sources):
+        try:
+            list_source(spec)
+        except OmniloadError as exc:
+            problems.append(f"sources[{i}].path: {exc}")
+    return problems
+
+
+def _tokenizer_notes(plan: Any) -> list[str]:
+    """What ``validate`` says of the plan's tokenizer file: settings of it that are turned off."""
+    if plan.tokenizer.kind == "byte":
+        return []
+    from omniload_dask.preprocess.tokenize import describe
+
+    try:
+        info = describe(plan.tokenizer)
+    except OmniloadError as exc:
+        return [f"tokenizer not loaded here: {exc}"]
+    return [
+        f"tokenizer.path: the file's {what} is turned off (documents are tokenized whole and "
+        "packed here; batch.long_documents and batch.max_document_tokens say how long ones are "
+        "cut, and count it)"
+        for what in info.get("turned_off", ())
+    ]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -231,6 +279,82 @@ def _checkpoint_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    """``omniload calibrate``: time the model, fit the cost terms, print them, write the file."""
+    from omniload_dask.calibrate import calibrate
+    from omniload_dask.errors import CalibrationError
+
+    model: str | dict[str, Any] | None = None
+    encoder: dict[str, Any] | None = None
+    seq_len, patch_size, merge = args.seq_len, 14, 2
+    if args.plan:
+        plan = load_plan(args.plan)
+        if plan.cost.model is not None:
+            model = dict(plan.cost.model)
+        if plan.cost.encoder_model is not None:
+            encoder = dict(plan.cost.encoder_model)
+        seq_len = seq_len or plan.batch.seq_len  # the longest bucket's
+        if plan.images is not None:
+            patch_size, merge = plan.images.patch_size, plan.images.merge
+    if args.model:
+        model = _model_argument(args.model, "MODEL")
+    if args.encoder:
+        described = _model_argument(args.encoder, "--encoder")
+        if not isinstance(described, dict):
+            raise CalibrationError("--encoder: must be a transformer description {hidden: ...}")
+        encoder = described
+    if model is None:
+        raise CalibrationError(
+            "MODEL: name the model (package.module:factory, or a description such as "
+            "'{hidden: 64, layers: 2, heads: 4}'), or give --plan with a cost.model"
+        )
+    if not seq_len:
+        raise CalibrationError("--seq-len: is required without --plan")
+    images = [int(x) for x in args.images.split(",")] if args.images else []
+    quick = args.quick
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if not args.quiet and (done == total or done % max(1, total // 20) == 0):
+            print(f"\r{phase} {done}/{total}", end="\n" if done == total else "", file=sys.stderr)
+
+    result = calibrate(
+        model,
+        seq_len=seq_len,
+        device=args.device,
+        threads=args.threads,
+        repeats=args.repeats or (3 if quick else 5),
+        attention=args.attention,
+        encoder=encoder,
+        images=images,
+        patch_size=args.patch_size or patch_size,
+        merge=args.merge or merge,
+        vocab=args.vocab,
+        random=8 if quick else 24,
+        held_back_count=8 if quick else 24,
+        seed=args.seed,
+        progress=progress,
+    )
+    print(result.summary())
+    path = result.write(args.out)
+    print(f"wrote {path}: use it with cost: {{calibration: {path.name}}}")
+    return 0
+
+
+def _model_argument(text: str, name: str) -> str | dict[str, Any]:
+    """``package.module:factory`` as it is, or a YAML/JSON mapping describing a transformer."""
+    from omniload_dask.errors import CalibrationError
+
+    if text.lstrip().startswith("{"):
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise CalibrationError(f"{name}: not a valid YAML mapping ({exc})") from None
+        if not isinstance(value, dict):
+            raise CalibrationError(f"{name}: must be a mapping, got {text!r}")
+        return value
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``omniload`` argument parser; each subcommand sets ``func``, the function to run."""
     parser = argparse.ArgumentParser(prog="omniload", description=__doc__.split("\n")[0])
@@ -238,6 +362,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a plan and print it resolved")
     p.add_argument("plan")
     p.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    p.add_argument(
+        "--no-files",
+        action="store_true",
+        help="check the plan only: list no source files, load no tokenizer (files elsewhere)",
+    )
     p.set_defaults(func=_validate)
     p = sub.add_parser("run", help="run a plan with simulated trainer ranks")
     p.add_argument("plan")
@@ -271,6 +400,33 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--storage-options", help="fsspec options as JSON (e.g. an S3 endpoint)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_checkpoint_inspect)
+    p = sub.add_parser(
+        "calibrate", help="measure the cost terms: time forward + backward on this device"
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="package.module:factory, or a transformer description '{hidden: 64, layers: 2}'",
+    )
+    p.add_argument("--plan", help="take the model, encoder and seq_len from this plan's cost")
+    p.add_argument("--seq-len", type=int, help="the micro-batches' capacity in tokens")
+    p.add_argument("--out", default="calibration.yaml", help="the file to write")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--repeats", type=int, help="timings per micro-batch, best kept (default 5)")
+    p.add_argument("--attention", default="auto", help="auto, loop or jagged (described model)")
+    p.add_argument("--encoder", help="a vision encoder description (described model)")
+    p.add_argument("--images", help="patch counts of images to time, e.g. 256,1024")
+    p.add_argument("--patch-size", type=int, help="image patch size in pixels (default 14)")
+    p.add_argument("--merge", type=int, help="patches merged per token, per side (default 2)")
+    p.add_argument(
+        "--vocab", type=int, help="token ids drawn below this (default: the model's, or 256)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="fewer micro-batches and repeats")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=_calibrate)
     p = _add_live(sub, "set-weights", "change source weights of a running job", _set_weights)
     p.add_argument("weights", nargs="+", metavar="SOURCE=WEIGHT")
     p.add_argument("--at-step", type=int, help="first step to use them (default: next step)")

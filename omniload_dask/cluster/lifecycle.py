@@ -41,6 +41,7 @@ from omniload_dask.cluster.running import RunningJob
 from omniload_dask.cluster.serving import PartServer
 from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.core.coordinator import Coordinator
+from omniload_dask.core.live import PlanChange
 from omniload_dask.errors import CheckpointError, JobError
 from omniload_dask.plan import Plan, SourceSpec
 from omniload_dask.sources import Catalog
@@ -230,6 +231,7 @@ async def _discover(
         client.submit(
             tasks.discover,
             spec,
+            plan.on_error,
             key=f"omniload-discover-{run_id}-{i}",
             retries=plan.loader.read_retries,
             priority=DISCOVERY_PRIORITY,
@@ -258,17 +260,9 @@ async def _discover(
 
 
 # ---------------------------------------------------------------------- live plan changes
-@dataclass(frozen=True)
-class PlanChange:
-    """What a new version of a running job's plan changes: sources and weights."""
-
-    added: list[SourceSpec]
-    removed: list[str]
-    weights: dict[str, float]  # sources that stay, with a new weight
-
-
-def plan_change(run: RunningJob, new: Plan) -> PlanChange:
-    """Check ``new`` against the running job and say what it changes.
+def plan_change(run: RunningJob, new: Plan, at_step: int | None = None) -> PlanChange:
+    """Check ``new`` against the running job and say what it changes at ``at_step`` (default:
+    the first step not drawn), compared with the plan due at that step.
 
     Sources keep their names (and cursors); other fields must stay as they are.
     """
@@ -280,28 +274,8 @@ def plan_change(run: RunningJob, new: Plan) -> PlanChange:
             )
     if new.mixing.by != old.mixing.by:
         raise JobError("update_plan: mixing.by cannot change while the job runs")
-    live = {s.spec.name: s for s in run.coord.streams if not s.retired}
-    for spec in new.sources:
-        stream = live.get(spec.name)
-        if stream is not None and (
-            stream.spec.paths,
-            stream.spec.format,
-            stream.spec.text,
-            stream.spec.image,
-        ) != (spec.paths, spec.format, spec.text, spec.image):
-            raise JobError(
-                f"update_plan: source {spec.name!r} changed its path, format, "
-                "text or image field; add it under a new name instead"
-            )
-    return PlanChange(
-        added=[s for s in new.sources if s.name not in live],
-        removed=[n for n in live if n not in new.source_names],
-        weights={
-            s.name: s.weight
-            for s in new.sources
-            if s.name in live and live[s.name].spec.weight != s.weight
-        },
-    )
+    coord = run.coord
+    return coord.sources.plan_change(new.sources, at_step, coord.next_step)[1]
 
 
 async def discover_added(
@@ -314,6 +288,7 @@ async def discover_added(
         client.submit(
             tasks.discover,
             spec,
+            new.on_error,
             retries=new.loader.read_retries,
             key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.log)}",
             priority=DISCOVERY_PRIORITY,
@@ -334,11 +309,6 @@ def apply_change(
     """Apply ``change`` from ``at_step`` (default: the first step not drawn); returns the step
     it takes effect at."""
     coord = run.coord
-    step = at_step if at_step is not None else coord.next_step
-    for spec, catalog in zip(change.added, catalogs, strict=True):
-        step = coord.add_source(spec, catalog, step)
-    for name in change.removed:
-        step = coord.remove_source(name, step)
-    if change.weights:
-        step = coord.set_weights(change.weights, step)
-    return step
+    return coord.sources.apply_change(
+        change, catalogs, at_step, coord.next_step, coord.figures.tokens
+    )

@@ -51,9 +51,9 @@ __all__ = [
 MAX_REASONS = 5
 
 
-def discover(spec: SourceSpec) -> Catalog:
-    """List one source's files and read units (start-up)."""
-    return discover_source(spec)
+def discover(spec: SourceSpec, on_error: str = "raise") -> Catalog:
+    """List one source's files and read units (start-up); ``on_error`` is the plan's."""
+    return discover_source(spec, on_error)
 
 
 def check_tokenizer(spec: TokenizerSpec, images: ImageSpec | None = None) -> dict[str, Any]:

@@ -5,9 +5,12 @@ lengths, the weights and the mixer's tags, never of timing::
 
     weights at t    ->  candidates per source: its next known documents, a little more than
                         its share of the budget (mixing.Mixer may ask for more: x2, x4, ...)
-                    ->  Mixer.select: the documents of the batch, in tag order
+                    ->  Mixer.select: the documents of the batch, in tag order (with
+                        ``long_documents: split`` the last one may be cut: its rest leads the
+                        next batch)
                     ->  the cursors move past them; each document is located in its read unit
-                        (and part): the shard slot and row a recipe will name
+                        (and part): the shard slot and row a recipe will name, and the token
+                        where its piece starts (> 0 for the rest of a document cut before)
 
 When a source must report a read first, the draw waits (:meth:`Drawer.draw` returns None), and
 until something it looked at changes, it does not try again.
@@ -20,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.mixing import Mixer, NeedMore
+from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
 from omniload_dask.core.live import LiveSources
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
@@ -35,10 +38,12 @@ MAX_SCALE = 1 << 20  # how far a source's wants may double before the batch is u
 class Documents:
     """The documents of one drawn global batch, in tag order, and where each one lives.
 
-    Document d is ``lengths[d]`` tokens (after the cap) of source ``sources[d]``; it is row
-    ``rows[d]`` of the read task ``slots[slot[d]]`` = (unit, part), whose source is
-    ``slot_source[slot[d]]``. ``extra`` is each document's encoder cost (image sources; None
-    when the plan declares none). ``finished`` are the units the cursors have now passed.
+    Document d is ``lengths[d]`` tokens (after the cap), from token ``starts[d]`` on, of source
+    ``sources[d]``; it is row ``rows[d]`` of the read task ``slots[slot[d]]`` = (unit, part),
+    whose source is ``slot_source[slot[d]]``. ``starts[d] > 0`` is the rest of a document that
+    an earlier batch began; a piece ends before the document does when the batch cut it.
+    ``extra`` is each document's encoder cost (image sources; None when the plan declares
+    none), charged to its first piece. ``finished`` are the units the cursors have now passed.
     """
 
     sources: np.ndarray
@@ -49,6 +54,14 @@ class Documents:
     slots: list[tuple[Unit, int]]
     slot_source: list[int]
     finished: list[Unit]
+    starts: np.ndarray | None = None  # token where each piece starts in its record (0: whole)
+
+    @property
+    def first_pieces(self) -> np.ndarray:
+        """Which pieces begin their document (the documents this batch counts)."""
+        if self.starts is None:
+            return np.ones(len(self.sources), dtype=bool)
+        return self.starts == 0
 
 
 class Drawer:
@@ -61,6 +74,9 @@ class Drawer:
         """A mixer over ``sources``; ``with_extra``: documents carry an encoder cost."""
         self._sources = sources
         self._budget = (plan.batch.global_tokens, plan.batch.global_documents)
+        # split: a token budget is filled exactly, the document that does not fit is cut
+        self._cut = plan.batch.long_documents == "split" and plan.batch.global_tokens is not None
+        self._chunk = plan.batch.seq_len  # long documents are tagged (and flow) in such pieces
         self._with_extra = with_extra
         n = len(sources.streams)
         self.mixer = Mixer(n, plan.mixing_by)
@@ -114,6 +130,9 @@ class Drawer:
                 [not c.complete for c in cands],
                 budget_tokens=tokens,
                 budget_documents=docs,
+                cut=self._cut,
+                chunk=self._chunk,
+                continuing=[c.continuing for c in cands],
             )
             if not isinstance(result, NeedMore):
                 break
@@ -132,7 +151,7 @@ class Drawer:
             self.active = weights > 0
             self.weights = weights
             self.mixer.commit(result)
-        return _locate(result.order, cands, streams, self._with_extra)
+        return _locate(result, cands, streams, self._with_extra)
 
     def _wants(self, i: int, weights: np.ndarray, scale: float) -> tuple[int, int]:
         tokens, docs = self._budget
@@ -144,9 +163,11 @@ class Drawer:
 
 
 def _locate(
-    order: np.ndarray, cands: list[Candidates], streams: list[SourceStream], with_extra: bool
+    selection: Selection, cands: list[Candidates], streams: list[SourceStream], with_extra: bool
 ) -> Documents:
-    """Move the cursors past the chosen documents and find each one's read task and row."""
+    """Move the cursors past the chosen documents and find each one's read task and row (of
+    a source's last one, maybe only its first tokens: the rest leads the next batch)."""
+    order, taken = selection.order, selection.taken
     counts = (
         np.bincount(order[:, 0], minlength=len(streams))
         if len(order)
@@ -154,13 +175,15 @@ def _locate(
     )
     finished: list[Unit] = []
     for i, stream in enumerate(streams):
-        finished += stream.consume(cands[i], int(counts[i])) if counts[i] else []
+        if counts[i]:
+            finished += stream.consume(cands[i], int(counts[i]), selection.cut.get(i, 0))
     # Documents in tag order: (source, unit, row in file order, effective length).
     src = order[:, 0]
     idx = order[:, 1]
     doc_unit = np.empty(len(order), dtype=np.int64)  # index into units
     rows = np.empty(len(order), dtype=np.int64)
     lengths = np.empty(len(order), dtype=np.int64)
+    starts = np.zeros(len(order), dtype=np.int64)
     extra = np.zeros(len(order)) if with_extra else None
     units: list[tuple[Unit, int]] = []  # (unit, part) read by a shard slot
     unit_source: list[int] = []
@@ -172,13 +195,15 @@ def _locate(
         c = cands[s]
         k = idx[sel]
         lengths[sel] = c.lengths[k]
+        if c.continuing:
+            starts[sel[k == 0]] = c.offset
         local = c.unit_of[k]
         for u in np.unique(local).tolist():
             here = sel[local == u]
             unit = c.units[u]
             unit_rows = unit.order[c.row_of[k[local == u]]]
             if extra is not None and unit.extra is not None:
-                extra[here] = unit.extra[unit_rows]
+                extra[here] = unit.extra[unit_rows]  # (charged to a document's first piece)
             part, part_rows = unit.locate(unit_rows)
             for p in np.unique(part).tolist():
                 mine = part == p
@@ -186,4 +211,8 @@ def _locate(
                 doc_unit[here[mine]] = len(units)
                 units.append((unit, p))
                 unit_source.append(s)
-    return Documents(src, lengths, extra, rows, doc_unit, units, unit_source, finished)
+    if taken is not None:
+        lengths[:] = taken
+    if extra is not None:
+        extra[starts > 0] = 0.0  # its images were charged with the document's first piece
+    return Documents(src, lengths, extra, rows, doc_unit, units, unit_source, finished, starts)

@@ -85,11 +85,18 @@ class Figures:
         source_tokens: np.ndarray,
         sources: np.ndarray,
         weights: np.ndarray,
+        first: np.ndarray | None = None,
     ) -> None:
         """Count drawn step ``step``: its split, its documents' ``lengths`` and ``sources``,
-        and the target ``weights`` it was drawn with (one per source)."""
+        and the target ``weights`` it was drawn with (one per source).
+
+        ``first`` marks the pieces that begin a document (the rest of a document begun in an
+        earlier step adds tokens, not a document); all of them when not given.
+        """
         efficiency = plan.efficiency
-        self.documents += len(lengths)
+        first = np.ones(len(lengths), dtype=bool) if first is None else first
+        documents = int(first.sum())
+        self.documents += documents
         self.tokens += int(lengths.sum())
         self.capacity_tokens += self._groups * int(plan.micro_capacity.sum())
         self.extra_micro_steps += max(0, plan.num_micro_steps - self._declared)
@@ -104,9 +111,9 @@ class Figures:
                 efficiency=efficiency,
                 num_micro_steps=plan.num_micro_steps,
                 tokens=int(lengths.sum()),
-                documents=len(lengths),
+                documents=documents,
                 source_tokens=source_tokens.astype(int).tolist(),
-                source_documents=np.bincount(sources, minlength=len(weights)).tolist(),
+                source_documents=np.bincount(sources[first], minlength=len(weights)).tolist(),
                 target=(weights / max(weights.sum(), 1e-300)).round(6).tolist(),
                 cuts=plan.cuts,
             )

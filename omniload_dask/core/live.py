@@ -11,6 +11,17 @@ resume reproduces it::
     add_source(spec, catalog, at_step=60) pending until step 60: a new stream, or the old one
                                           back with its cursor
 
+Changes may be queued for future steps back to back. Each one is checked against the job as it
+will be at its step (with the changes queued for steps up to it in effect,
+:meth:`LiveSources.live_at`), and a new plan version is compared with the plan due at its step,
+not the one in force now (:meth:`LiveSources.plan_change`)::
+
+    v2 at step 20 removes c; v3 at step 40 lists a, b, c again
+    v3 against the plan due at 40 (a, b):  c is added back at 40      (not "nothing changes")
+
+Sources join or leave in step order: a source change for a step before one already queued is
+refused (it would change what that later change was checked against).
+
 Pure: no I/O and no Dask. The coordinator passes in the step and token counts it asks about.
 """
 
@@ -30,7 +41,7 @@ from omniload_dask.plan import Plan, SourceSpec, check_weights, source_dict
 from omniload_dask.plan.fields import check_number
 from omniload_dask.sources.catalog import Catalog, catalog_fingerprint
 
-__all__ = ["MAX_SOURCES_PER_JOB", "Applied", "LiveSources"]
+__all__ = ["MAX_SOURCES_PER_JOB", "Applied", "LiveSources", "PlanChange"]
 
 MAX_SOURCES_PER_JOB = 1024  # the sample id has 10 bits for the source
 
@@ -42,6 +53,16 @@ class Applied:
 
     joined: int | None = None
     dropped: list[Unit] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """What a new plan version changes at its step: sources added, removed, and the weights
+    (of the sources it keeps or adds) that differ from those due at that step."""
+
+    added: list[SourceSpec]
+    removed: list[str]
+    weights: dict[str, float]
 
 
 class LiveSources:
@@ -80,6 +101,93 @@ class LiveSources:
                 w[i] = 0.0
         return w
 
+    # -- the job as it will be ----------------------------------------------------------------
+    def live_at(self, step: int) -> dict[str, SourceSpec]:
+        """The sources taking part at ``step``, by name: those in the job now, with the source
+        changes queued for steps up to ``step`` put in effect."""
+        live = {s.spec.name: s.spec for s in self.streams if not s.retired}
+        for at, kind, payload in self._pending:
+            if at > step:
+                break
+            if kind == "add":
+                live[payload[0].name] = payload[0]
+            else:
+                live.pop(payload, None)
+        return live
+
+    def declared_weight(self, name: str, step: int) -> float | None:
+        """The weight that plan versions and live changes give ``name`` at ``step`` (the
+        plan's mixing schedule aside); None for a source that was never in the job."""
+        value = self.schedule.base.get(name)
+        for at, kind, payload in self._pending:
+            if at > step:
+                break
+            if kind == "add" and payload[0].name == name:
+                value = payload[0].weight
+        schedule = self.schedule
+        for at, weights in schedule.changes:
+            if at > step:
+                break
+            if at < schedule.reset_step <= step:
+                continue
+            if name in weights:
+                value = weights[name]
+        return value
+
+    def plan_change(
+        self, sources: Sequence[SourceSpec], at_step: int | None, next_step: int
+    ) -> tuple[int, PlanChange]:
+        """What a plan version with ``sources`` changes from ``at_step`` (default: the first
+        undrawn step), compared with the plan due at that step; returns the step and the change.
+
+        Sources keep their names (and cursors): one that changes its files, format, text or
+        image field is refused.
+        """
+        step = _future_step(at_step, next_step, "update_plan")
+        live = self.live_at(step)
+        for spec in sources:
+            old = live.get(spec.name)
+            if old is not None and (old.paths, old.format, old.text, old.image) != (
+                spec.paths,
+                spec.format,
+                spec.text,
+                spec.image,
+            ):
+                raise JobError(
+                    f"update_plan: source {spec.name!r} changed its path, format, "
+                    "text or image field; add it under a new name instead"
+                )
+        added = [s for s in sources if s.name not in live]
+        names = {s.name for s in sources}
+        weights = {}
+        for spec in sources:
+            declared = self.declared_weight(spec.name, step)
+            # a source coming back would otherwise keep a weight an older change gave it
+            if declared is not None and declared != spec.weight:
+                weights[spec.name] = spec.weight
+        return step, PlanChange(
+            added=added, removed=[n for n in live if n not in names], weights=weights
+        )
+
+    def apply_change(
+        self,
+        change: PlanChange,
+        catalogs: Sequence[Catalog],
+        at_step: int | None,
+        next_step: int,
+        tokens: int,
+    ) -> int:
+        """Queue ``change`` (``catalogs``: of its added sources) from ``at_step`` (default:
+        ``next_step``); returns the step it takes effect at."""
+        step = _future_step(at_step, next_step, "update_plan")
+        for spec, catalog in zip(change.added, catalogs, strict=True):
+            self.add_source(spec, catalog, step, next_step)
+        for name in change.removed:
+            self.remove_source(name, step, next_step)
+        if change.weights:
+            self.set_weights(change.weights, step, next_step, tokens)
+        return step
+
     # -- changes -----------------------------------------------------------------------------
     def set_weights(
         self, weights: dict[str, float], at_step: int | None, next_step: int, tokens: int
@@ -87,7 +195,7 @@ class LiveSources:
         """Change source weights from ``at_step`` (default: ``next_step``, the first step not
         drawn yet); returns the step it takes effect at."""
         step = _future_step(at_step, next_step, "set_weights")
-        live = [s.spec.name for s in self.streams if not s.retired]
+        live = list(self.live_at(step))
         clean = (
             check_weights("weights", weights, live)
             if any(v > 0 for v in _finite_values(weights))
@@ -95,9 +203,10 @@ class LiveSources:
         )
         trial = WeightSchedule(dict(self.schedule.base), self.schedule.spec)
         trial.changes = [*self.schedule.changes, (step, clean)]
-        w = trial.at(self.names, step, tokens)
-        usable = [not (s.retired or s.exhausted) for s in self.streams]
-        if not any(w[i] > 0 for i in range(len(w)) if usable[i]):
+        names = [*self.names, *(n for n in live if n not in self.names)]
+        w = trial.at(names, step, tokens)
+        exhausted = {s.spec.name for s in self.streams if s.exhausted}
+        if not any(w[i] > 0 for i, n in enumerate(names) if n in live and n not in exhausted):
             raise JobError(
                 f"set_weights: {clean} would leave no source with a weight > 0 at step {step}"
             )
@@ -106,14 +215,24 @@ class LiveSources:
         return step
 
     def add_source(
-        self, spec: SourceSpec, catalog: Catalog, at_step: int | None, next_step: int
+        self,
+        spec: SourceSpec,
+        catalog: Catalog,
+        at_step: int | None,
+        next_step: int,
+        *,
+        ordered: bool = True,
     ) -> int:
-        """Add (or bring back) a source from ``at_step`` on; returns that step."""
+        """Add (or bring back) a source from ``at_step`` on; returns that step.
+
+        ``ordered=False`` (a resume with a new plan) lets it go before changes queued later.
+        """
         step = _future_step(at_step, next_step, "add_source")
-        known = {s.spec.name: s for s in self.streams}
-        old = known.get(spec.name)
-        if old is not None and not old.retired:
+        if ordered:
+            self._in_order(step, "add_source")
+        if spec.name in self.live_at(step):
             raise JobError(f"add_source: source {spec.name!r} is already in the job")
+        old = next((s for s in self.streams if s.spec.name == spec.name), None)
         if old is not None and (old.spec.paths, old.spec.format) != (spec.paths, spec.format):
             raise JobError(
                 f"add_source: source {spec.name!r} was in the job with other paths or "
@@ -131,10 +250,17 @@ class LiveSources:
         )
         return step
 
-    def remove_source(self, name: str, at_step: int | None, next_step: int) -> int:
-        """Stop drawing from ``name`` from ``at_step`` on (its cursor is kept); returns it."""
+    def remove_source(
+        self, name: str, at_step: int | None, next_step: int, *, ordered: bool = True
+    ) -> int:
+        """Stop drawing from ``name`` from ``at_step`` on (its cursor is kept); returns it.
+
+        ``ordered=False`` (a resume with a new plan) lets it go before changes queued later.
+        """
         step = _future_step(at_step, next_step, "remove_source")
-        live = [s.spec.name for s in self.streams if not s.retired]
+        if ordered:
+            self._in_order(step, "remove_source")
+        live = list(self.live_at(step))
         if name not in live:
             raise JobError(
                 f"remove_source: no source {name!r} in the job (sources: {', '.join(live)})"
@@ -189,6 +315,15 @@ class LiveSources:
     def _log(self, entry: dict[str, Any]) -> None:
         self.log.append(entry)
         self._on_log(entry)
+
+    def _in_order(self, step: int, what: str) -> None:
+        """Refuse a source change before one already queued for a later step."""
+        later = [at for at, _, _ in self._pending if at > step]
+        if later:
+            raise JobError(
+                f"{what}: a source change is already queued for step {min(later)}; queue "
+                f"changes in step order (at step {min(later)} or later)"
+            )
 
     def _schedule_change(self, step: int, kind: str, payload: Any) -> None:
         self._pending.append((step, kind, payload))

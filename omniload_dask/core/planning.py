@@ -1,11 +1,13 @@
 """From a drawn step's documents to one recipe per DP group: the split, then the pieces.
 
 :meth:`StepPlanner.split` routes the documents to context buckets and balances them over the
-DP groups by cost (:mod:`omniload_dask.batching.balance`). :meth:`StepPlanner.recipes` turns
-the split into each group's :class:`~omniload_dask.batching.formats.Recipe`, all packed in
-one :class:`~omniload_dask.batching.formats.RecipeTable`: rows of ``(micro-step, shard slot,
-row, token start, token stop)``, where a group's shard slots number the read tasks it uses in
-order of first use::
+DP groups by cost (:mod:`omniload_dask.batching.balance`), then fills any micro-batch a group
+was left without (:mod:`omniload_dask.batching.fill`). :meth:`StepPlanner.recipes` turns the
+split into each group's :class:`~omniload_dask.batching.formats.Recipe`, all packed in one
+:class:`~omniload_dask.batching.formats.RecipeTable`: rows of ``(micro-step, shard slot, row,
+token start, token stop)`` (tokens of the record: a document continued from an earlier step
+starts past 0), where a group's shard slots number the read tasks it uses in order of first
+use::
 
     group 1, micro-step 0: the first 4096 tokens of document 2 (read task R3, row 12),
     then document 7 whole (900 tokens; R1, row 4)
@@ -24,7 +26,9 @@ import numpy as np
 
 from omniload_dask.batching.balance import Assignment, Bucket, balance, route
 from omniload_dask.batching.cost import CostModel
+from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import RecipeTable
+from omniload_dask.batching.sorting import stable_order
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
 from omniload_dask.plan import Plan
@@ -87,12 +91,14 @@ class StepPlanner:
     def split(
         self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None
     ) -> Assignment:
-        """Route a step's documents to buckets and split them among the DP groups.
+        """Route a step's documents to buckets and split them among the DP groups; no
+        micro-batch is left empty where the step has tokens to give it
+        (:mod:`omniload_dask.batching.fill`).
 
         ``extra`` is each document's encoder cost (images), balanced with the backbone's.
         """
         bucket, by_length = route(lengths, src, self.buckets, self.pinned)
-        return balance(
+        split = balance(
             lengths,
             bucket,
             self.buckets,
@@ -102,6 +108,7 @@ class StepPlanner:
             cut=self._cut,
             extra=extra,
         )
+        return fill_empty(split, self.buckets, self.cost, self._cut)
 
     def recipes(
         self, step: int, plan: Assignment, docs: Documents, epochs: np.ndarray
@@ -111,16 +118,29 @@ class StepPlanner:
         ``epochs[k]``)."""
         groups, nu = self._groups, max(1, len(docs.slots))
         order = plan.output_order()
-        piece_unit = docs.slot[plan.doc[order]]
         group = plan.group[order]
-        pair, first, inverse = np.unique(
-            group * nu + piece_unit, return_index=True, return_inverse=True
-        )
-        by_use = np.lexsort((first, pair // nu))
+        # The (group, read) pairs of the pieces, as np.unique would give them (pairs in
+        # order, each one's first piece, each piece's pair) from two radix sorts.
+        unit = docs.slot[plan.doc[order]]
+        by_pair = stable_order(unit)
+        by_pair = by_pair[stable_order(group[by_pair])]
+        g_sorted, u_sorted = group[by_pair], unit[by_pair]
+        new = np.ones(len(order), dtype=bool)
+        new[1:] = (g_sorted[1:] != g_sorted[:-1]) | (u_sorted[1:] != u_sorted[:-1])
+        pair = g_sorted[new] * nu + u_sorted[new]
+        first = by_pair[new]
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[by_pair] = np.cumsum(new) - 1
+        # Pieces are in group order, so the first uses of (group, read) pairs are too: each
+        # group's shard slots number its reads in order of first use.
+        by_use = np.argsort(first)
         pair_group = (pair // nu)[by_use]
+        pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1))
         slot = np.empty(len(pair), dtype=np.int64)
-        slot[by_use] = np.arange(len(pair)) - np.searchsorted(pair_group, pair_group, "left")
+        slot[by_use] = np.arange(len(pair)) - np.repeat(pair_bounds[:-1], np.diff(pair_bounds))
         start = plan.start[order]
+        if docs.starts is not None:  # the rest of a document begun in an earlier step
+            start = start + docs.starts[plan.doc[order]]
         table = np.stack(
             [
                 plan.micro[order],
@@ -138,7 +158,7 @@ class StepPlanner:
             groups=np.arange(groups, dtype=np.int64),
             piece_bounds=np.searchsorted(group, np.arange(groups + 1)).astype(np.int64),
             pieces=table,
-            slot_bounds=np.searchsorted(pair_group, np.arange(groups + 1)).astype(np.int64),
+            slot_bounds=pair_bounds.astype(np.int64),
             slot_reads=used,
             slot_epochs=np.asarray(epochs, dtype=np.int64)[used],
             num_micro_steps=plan.num_micro_steps,

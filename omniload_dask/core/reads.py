@@ -150,7 +150,7 @@ class ReadAhead:
                 ahead = stream.submitted_ahead()
                 if not stream.within_epochs(ref):
                     break
-                if ahead >= MAX_UNITS_AHEAD or (ahead >= window + in_flight and ref > need):
+                if (ahead >= MAX_UNITS_AHEAD or ahead >= window + in_flight) and ref > need:
                     break
                 if (ahead - pending >= window or (limit >= 0 and pending >= limit)) and ref > need:
                     break

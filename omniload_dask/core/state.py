@@ -1,15 +1,20 @@
 """The data plane's state as plain data: full snapshots and per-step deltas (pure, no I/O).
 
 A snapshot holds everything that cannot be re-derived from the files: per source its spec and
-cursor (epoch, position, row) and counters, the mixer's finish tags, the log of live changes,
-and the job's counters. Read units, shards and recipes are not in it: they follow from the
+cursor (epoch, position, row, and the offset into a document cut between two steps) and
+counters, the mixer's finish tags, the log of live changes, and the job's counters. Read units, shards and recipes are not in it: they follow from the
 cursors. A delta holds, for one drawn step, only what that step changed::
 
     {"step": 41, "s": [[0, 130, 3, 1711]], "c": [3, 1711, 8192, 0, 0, 0, 1],
      "e": [40.93, 0.97]}                            (about 100 bytes; see StateRecorder)
 
 Applying the deltas of steps B..S-1 to the snapshot at step B gives the state at step S, so a
-checkpoint made of one base and its deltas can restore any step in between exactly.
+checkpoint made of one base and its deltas can restore any step in between exactly. Live changes
+come in the same list as ``{"log": entry}`` when they are asked for; a source that a change adds
+has no cursor (``state`` None) until the step it joins at, and from then on a fresh one.
+
+Version 2 added the offset (the ninth entry of a source's state vector); a version 1 state is
+read as offset 0.
 
 The state lives in three parts of the data plane, which these functions read and restore:
 the sources (:class:`~.live.LiveSources`: cursors, schedule, log), the mixer
@@ -31,6 +36,7 @@ from omniload_dask.plan import source_dict
 from omniload_dask.sources.catalog import catalog_fingerprint
 
 __all__ = [
+    "READABLE_VERSIONS",
     "STATE_VERSION",
     "StateRecorder",
     "apply_deltas",
@@ -39,7 +45,13 @@ __all__ = [
     "snapshot",
 ]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+# A source's state vector (SourceStream.STATE_KEYS): epoch, position, row, docs, tokens,
+# skipped, truncated_tokens, retired, offset.
+ROW, DOCS, TOKENS, OFFSET = 2, 3, 4, 8
+RARE = slice(5, 8)  # skipped, truncated, retired: sent whole (under "x") when they change
+FRESH = [0] * 9  # the state of a stream that has not drawn yet
 
 
 def _vector(sources: LiveSources, i: int) -> list[int]:
@@ -76,8 +88,24 @@ def snapshot(
 def apply_deltas(state: dict[str, Any], deltas: list[dict[str, Any]], until: int) -> dict[str, Any]:
     """The snapshot ``state`` moved forward by the deltas of steps below ``until``."""
     out = json.loads(json.dumps(state))
+    if out.get("version") not in READABLE_VERSIONS:
+        raise ValueError(f"unknown data-plane state version {out.get('version')!r}")
+    for src in out["sources"]:
+        if src["state"] is not None and len(src["state"]) == OFFSET:  # version 1: no offset
+            src["state"].append(0)
+    out["version"] = STATE_VERSION
     weights = out.get("weights") or []
     by_tokens = out.get("by", "tokens") == "tokens"
+    tags = out["tags"]
+
+    def advance(i: int, d_docs: int, d_tokens: int) -> None:
+        # the mixer's tag after the step, as StateRecorder expects it (None: a source that has
+        # just joined; its tag comes under "t")
+        size = d_tokens if by_tokens else d_docs
+        if size and tags[i] is not None and weights[i] > 0:
+            tags[i] = tags[i] + size / weights[i]
+            out["vtime"] = max(out["vtime"], tags[i])
+
     for delta in deltas:
         if "log" in delta:
             _apply_log(out, delta["log"])
@@ -85,38 +113,44 @@ def apply_deltas(state: dict[str, Any], deltas: list[dict[str, Any]], until: int
         if delta["step"] < out["step"] or delta["step"] >= until:
             continue  # in the base already / later (changes logged after them still count)
         weights = delta.get("w", weights)
-        tags = out["tags"]
         for entry in delta.get("s", ()):
             i, row, d_docs, d_tokens = entry[:4]
-            vec = out["sources"][i]["state"]
-            vec[2], vec[3], vec[4] = row, vec[3] + d_docs, vec[4] + d_tokens
+            vec = _cursor(out, i)
+            vec[ROW], vec[DOCS], vec[TOKENS] = row, vec[DOCS] + d_docs, vec[TOKENS] + d_tokens
             if len(entry) > 4:
                 vec[1] = entry[4]
             if len(entry) > 5:
                 vec[0] = entry[5]
-            tags[i] = tags[i] + (d_tokens if by_tokens else d_docs) / weights[i]
-            out["vtime"] = max(out["vtime"], tags[i])
+            advance(i, d_docs, d_tokens)
         for i, vec in delta.get("x", {}).items():
-            old = out["sources"][int(i)]["state"]
-            d_docs, d_tokens = vec[3] - old[3], vec[4] - old[4]
-            out["sources"][int(i)]["state"] = vec
-            if d_docs:
-                tags[int(i)] = tags[int(i)] + (d_tokens if by_tokens else d_docs) / weights[int(i)]
-                out["vtime"] = max(out["vtime"], tags[int(i)])
+            old = _cursor(out, int(i))
+            out["sources"][int(i)]["state"] = list(vec)
+            advance(int(i), vec[DOCS] - old[DOCS], vec[TOKENS] - old[TOKENS])
+        for i, offset in delta.get("o", {}).items():
+            _cursor(out, int(i))[OFFSET] = offset
         for i, tag in delta.get("t", {}).items():
             tags[int(i)] = tag
         out["vtime"] = delta.get("v", out["vtime"])
-        out["active"] = delta.get("a", out["active"])
+        if "a" in delta:  # (of the sources at that step: one logged later joins inactive)
+            out["active"] = _padded(delta["a"], len(out["sources"]), 0)
         out["counters"] = [
             a + b for a, b in zip(out["counters"][:7], delta["c"], strict=True)
         ] + list(delta["e"])
-        out["weights"] = weights
+        out["weights"] = _padded(weights, len(out["sources"]), 0.0)
         out["step"] = delta["step"] + 1
         out["end_step"] = delta.get("end")
+    # A source added before the step reached has joined: a fresh cursor if it has not moved.
+    for entry in out["log"]:
+        if entry["kind"] == "add" and entry["step"] < out["step"]:
+            i = next(
+                k for k, s in enumerate(out["sources"]) if s["spec"]["name"] == entry["source"]
+            )
+            _cursor(out, i)
     return out
 
 
 def _apply_log(out: dict[str, Any], entry: dict[str, Any]) -> None:
+    """A logged change: a source new to the job gets an entry without a cursor yet."""
     out["log"].append(entry)
     if entry["kind"] == "add" and not any(
         s["spec"]["name"] == entry["spec"]["name"] for s in out["sources"]
@@ -124,6 +158,20 @@ def _apply_log(out: dict[str, Any], entry: dict[str, Any]) -> None:
         out["sources"].append({"spec": entry["spec"], "catalog": entry["catalog"], "state": None})
         out["tags"].append(None)
         out["active"].append(0)
+
+
+def _padded(values: list[Any], n: int, fill: Any) -> list[Any]:
+    """``values`` for ``n`` sources: those added after they were recorded get ``fill``."""
+    return list(values) + [fill] * (n - len(values))
+
+
+def _cursor(out: dict[str, Any], i: int) -> list[int]:
+    """Source i's state vector (a fresh one for a source that joins now)."""
+    src = out["sources"][i]
+    if src["state"] is None:
+        src["state"] = list(FRESH)
+    state: list[int] = src["state"]
+    return state
 
 
 def restore(
@@ -134,12 +182,13 @@ def restore(
 
     Changes logged for steps from ``step`` on (sources joining or leaving) are pending again.
     """
-    if state.get("version") != STATE_VERSION:
+    if state.get("version") not in READABLE_VERSIONS:
         raise ValueError(f"unknown data-plane state version {state.get('version')!r}")
     step = int(state["step"])
     for stream, src in zip(sources.streams, state["sources"], strict=True):
         if src["state"] is not None:
-            stream.load_state_dict(dict(zip(stream.STATE_KEYS, src["state"], strict=True)))
+            vec = list(src["state"]) + [0] * (len(stream.STATE_KEYS) - len(src["state"]))
+            stream.load_state_dict(dict(zip(stream.STATE_KEYS, vec, strict=True)))
         else:  # added after this step: not part of the job yet
             stream.retired = True
     tags = np.asarray([np.nan if t is None else t for t in state["tags"]], dtype=np.float64)
@@ -153,10 +202,11 @@ def restore(
 class StateRecorder:
     """Collects a compact delta after every drawn step, and log entries as they happen.
 
-    Per source that moved: ``[index, row, +documents, +tokens(, position(, epoch))]``. Its
-    mixer tag is not stored: it follows as ``tag + consumed / weight``, which is exactly how
-    the mixer computed it (an explicit ``t`` entry covers any other change). The rarely
-    changing fields (skipped, truncated, retired) come as whole vectors under ``x``.
+    Per source that moved: ``[index, row, +documents, +tokens(, position(, epoch))]``, and
+    its offset under ``o`` when that changed. Its mixer tag is not stored: it follows as
+    ``tag + consumed / weight``, which is exactly how the mixer computed it (an explicit ``t``
+    entry covers any other change). The rarely changing fields (skipped, truncated, retired)
+    come as whole vectors under ``x``.
     """
 
     def __init__(self, sources: LiveSources, drawer: Drawer, figures: Figures) -> None:
@@ -182,27 +232,30 @@ class StateRecorder:
         mixer = self._drawer.mixer
         n = len(self._sources.streams)
         while len(self._vectors) < n:  # a source joined
-            self._vectors.append([0] * 8)
+            self._vectors.append(list(FRESH))
             self._tags.append(None)
         delta: dict[str, Any] = {"step": step}
         weights = [float(w) for w in self._drawer.weights]
         if weights != self._weights:
             delta["w"] = self._weights = weights
-        moved, whole, tags = [], {}, {}
+        moved, whole, tags, offsets = [], {}, {}, {}
         vtime = self._vtime
         for i in range(n):
             vec, old = _vector(self._sources, i), self._vectors[i]
             tag = float(mixer.tags[i])
             expected = self._tags[i]
             if vec != old:
-                d_docs, d_tokens = vec[3] - old[3], vec[4] - old[4]
-                if d_docs and expected is not None and weights[i] > 0:
-                    expected = expected + (d_tokens if self.by_tokens else d_docs) / weights[i]
+                d_docs, d_tokens = vec[DOCS] - old[DOCS], vec[TOKENS] - old[TOKENS]
+                size = d_tokens if self.by_tokens else d_docs
+                if size and expected is not None and weights[i] > 0:
+                    expected = expected + size / weights[i]
                     vtime = max(vtime, expected)
-                if vec[5:] != old[5:]:
+                if vec[RARE] != old[RARE]:
                     whole[str(i)] = vec
                 else:
-                    entry = [i, vec[2], d_docs, d_tokens]
+                    if vec[OFFSET] != old[OFFSET]:
+                        offsets[str(i)] = vec[OFFSET]
+                    entry = [i, vec[ROW], d_docs, d_tokens]
                     if vec[0] != old[0]:
                         entry += [vec[1], vec[0]]
                     elif vec[1] != old[1]:
@@ -216,6 +269,8 @@ class StateRecorder:
             delta["s"] = moved
         if whole:
             delta["x"] = whole
+        if offsets:
+            delta["o"] = offsets
         if tags:
             delta["t"] = tags
         if mixer.vtime != vtime:

@@ -100,7 +100,15 @@ class StepCycle:
         record = StepRecord(
             planned.recipes, drawn.specs, split.group_costs, split.group_tokens, source_tokens
         )
-        figures.record(step, split, docs.lengths, source_tokens, docs.sources, self._drawer.weights)
+        figures.record(
+            step,
+            split,
+            docs.lengths,
+            source_tokens,
+            docs.sources,
+            self._drawer.weights,
+            first=docs.first_pieces,
+        )
         if docs.finished:
             actions.append(Release(tuple(k for u in docs.finished for k in u.keys)))
             for u in docs.finished:

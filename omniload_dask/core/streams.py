@@ -6,7 +6,9 @@ The stream of source s in epoch e is fixed by the seed alone::
     rows in unit u      = permutation of its records            (seed, source name, e, u)
     stream              = rows of unit order[0], then of order[1], ... then epoch e + 1
 
-The cursor ``(epoch, position, row)`` is the whole consumption state. Record counts per unit
+The cursor ``(epoch, position, row, offset)`` is the whole consumption state: ``offset`` is how
+many tokens of the row at the cursor earlier batches took already (a document that continues in
+the next global batch, ``long_documents: split``). Record counts per unit
 are learned when the unit's read task reports, so the stream is only known up to the first unit
 that has not reported yet; :meth:`SourceStream.candidates` says how far it is known.
 
@@ -95,6 +97,7 @@ class Candidates:
     row_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     waiting: bool = False  # stopped at a unit whose report has not arrived
     complete: bool = False  # the source ends after these (its last epoch)
+    offset: int = 0  # > 0: the first candidate is the rest of a document from this token on
     _running: np.ndarray | None = field(default=None, repr=False)  # cumulative lengths
 
     def prefix(self, want_tokens: int, want_docs: int) -> Candidates:
@@ -113,7 +116,13 @@ class Candidates:
             self.row_of[:keep],
             waiting=False,
             complete=False,
+            offset=self.offset,
         )
+
+    @property
+    def continuing(self) -> bool:
+        """Whether the first candidate is the rest of a document begun in an earlier batch."""
+        return self.offset > 0 and len(self.lengths) > 0
 
     def covers(self, want_tokens: int, want_docs: int) -> bool:
         """True if these candidates answer a request for at least that much."""
@@ -141,6 +150,7 @@ class SourceStream:
         self.epoch = 0
         self.position = 0
         self.row = 0
+        self.offset = 0  # tokens of the row at the cursor that earlier batches took
         self.next_submit: UnitRef = (0, 0)
         self.units: dict[UnitRef, Unit] = {}
         self.docs = 0
@@ -264,6 +274,10 @@ class SourceStream:
                 empty_run = 0
                 raw = unit.lengths[rows]
                 lengths = np.minimum(raw, cap)
+                if not parts and self.offset:  # the rest of a document cut by the last batch
+                    raw = raw.copy()
+                    raw[0] -= self.offset
+                    lengths[0] -= self.offset
                 parts.append(lengths)
                 raw_parts.append(raw)
                 unit_parts.append(np.full(len(rows), len(units), np.int64))
@@ -272,7 +286,7 @@ class SourceStream:
                 docs += len(rows)
             else:
                 empty_run += 1
-                if empty_run > self.catalog.num_units:
+                if empty_run >= 2 * self.catalog.num_units:  # a whole epoch lies inside
                     raise JobError(f"source {self.spec.name!r}: a whole epoch held no records")
             units.append(unit)
             ref, row = self.successor(ref), 0
@@ -292,6 +306,7 @@ class SourceStream:
             np.concatenate(row_parts),
             waiting,
             complete,
+            offset=self.offset,  # offset > 0: the cursor's row has tokens left, it comes first
         )
 
     def first_unknown(self) -> UnitRef:
@@ -301,8 +316,12 @@ class SourceStream:
             ref = self.successor(ref)
         return ref
 
-    def consume(self, cands: Candidates, count: int) -> list[Unit]:
-        """Move the cursor past the first ``count`` candidates; return units now finished."""
+    def consume(self, cands: Candidates, count: int, partial: int = 0) -> list[Unit]:
+        """Move the cursor past the first ``count`` candidates; return units now finished.
+
+        ``partial > 0``: of the last of them only that many tokens are taken; the cursor stays
+        on its row, and the rest leads the next batch.
+        """
         if count == 0:
             return []
         last = count - 1
@@ -310,12 +329,23 @@ class SourceStream:
         row = int(cands.row_of[last]) + 1
         self._cache = None
         self.version += 1
-        kept = int(cands.lengths[:count].sum())
-        self.truncated_tokens += int(cands.raw[:count].sum()) - kept
-        self.docs += count
+        head = cands.offset if count else 0
+        if partial:
+            whole = slice(0, last)
+            kept = int(cands.lengths[whole].sum()) + partial
+            raw = int(cands.raw[whole].sum()) + partial  # the cap counts once the rest is taken
+            offset = (head if last == 0 else 0) + partial
+        else:
+            kept = int(cands.lengths[:count].sum())
+            raw = int(cands.raw[:count].sum())
+            offset = 0
+        self.truncated_tokens += raw - kept
+        self.docs += count - (1 if head else 0)  # a document counts at its first piece
         self.tokens += kept
         finished = []
         ref = (self.epoch, self.position)
+        if partial:
+            row -= 1  # the cursor stays on the row being cut
         while ref != (unit.epoch, unit.position):
             finished.append(self.units.pop(ref))
             ref = self.successor(ref)
@@ -324,6 +354,7 @@ class SourceStream:
             ref, row = self.successor(ref), 0
         self.epoch, self.position = ref
         self.row = row
+        self.offset = offset
         # Skipped records count once per epoch, when the cursor has passed their unit.
         self.skipped += sum(u.skipped for u in finished)
         return finished
@@ -337,6 +368,7 @@ class SourceStream:
         "skipped",
         "truncated_tokens",
         "retired",
+        "offset",
     )
 
     def state_dict(self) -> dict[str, int]:

@@ -61,6 +61,7 @@ from omniload_dask.plan.parse_sources import parse_source
 from omniload_dask.plan.plan import Plan
 from omniload_dask.plan.specs import (
     BYTE_IMAGE_TOKEN,
+    NO_CAP,
     BatchSpec,
     BucketSpec,
     CheckpointSpec,
@@ -73,10 +74,12 @@ from omniload_dask.plan.specs import (
     SourceSpec,
     TokenizerSpec,
     source_dict,
+    tokenizer_dict,
 )
 
 __all__ = [
     "BYTE_IMAGE_TOKEN",
+    "NO_CAP",
     "BatchSpec",
     "BucketSpec",
     "CheckpointSpec",
@@ -94,4 +97,5 @@ __all__ = [
     "parse_plan",
     "parse_source",
     "source_dict",
+    "tokenizer_dict",
 ]

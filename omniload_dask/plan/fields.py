@@ -11,7 +11,8 @@ raises :class:`~omniload_dask.errors.PlanError` with ``path.field: what is wrong
               #            did you mean 'micro_batches'?
 
 :func:`resolve_path` reads a path field: environment variables expanded, relative local paths
-taken from the plan file's folder.
+taken from the plan file's folder, and the result checked (:func:`check_path`): no control
+characters, a protocol fsspec knows, a bucket or host where the protocol needs one.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from omniload_dask.errors import PlanError
 
@@ -133,12 +135,14 @@ class Fields:
             fail(self.at(key), f"must be <= {max}", value)
         return value
 
-    def optional_int(self, key: str, *, min: int | None = None) -> int | None:
-        """An integer ``>= min``, or None when the field is absent."""
+    def optional_int(
+        self, key: str, *, min: int | None = None, max: int | None = None
+    ) -> int | None:
+        """An integer within ``[min, max]``, or None when the field is absent."""
         if not self.has(key):
             self._seen.add(key)
             return None
-        return self.integer(key, min=min)
+        return self.integer(key, min=min, max=max)
 
     def number(
         self,
@@ -147,16 +151,22 @@ class Fields:
         *,
         min: float | None = None,
         exclusive_min: bool = False,
+        max: float | None = None,
     ) -> float:
-        """A finite number ``>= min`` (``> min`` with ``exclusive_min``); required without a
-        ``default``."""
+        """A finite number ``>= min`` (``> min`` with ``exclusive_min``) and ``<= max``;
+        required without a ``default``."""
         value = self.required(key) if default is None else self.raw(key, default)
-        return check_number(self.at(key), value, min=min, exclusive_min=exclusive_min)
+        return check_number(self.at(key), value, min=min, exclusive_min=exclusive_min, max=max)
 
-    def size(self, key: str, default: int) -> int:
-        """A byte size: an integer or a string such as ``4MiB`` or ``512 KB``."""
+    def size(self, key: str, default: int, *, min: int = 1, max: int | None = None) -> int:
+        """A byte size within ``[min, max]``: an integer or a string such as ``4MiB``."""
         value = self.raw(key, default)
-        return parse_size(self.at(key), value)
+        size = parse_size(self.at(key), value)
+        if size < min:
+            fail(self.at(key), f"must be at least {min} bytes", value)
+        if max is not None and size > max:
+            fail(self.at(key), f"must be at most {max} bytes", value)
+        return size
 
     def mapping(self, key: str) -> Fields:
         """A nested section as its own :class:`Fields` (empty when absent)."""
@@ -188,17 +198,28 @@ class Fields:
 
 
 def check_number(
-    path: str, value: Any, *, min: float | None = None, exclusive_min: bool = False
+    path: str,
+    value: Any,
+    *,
+    min: float | None = None,
+    exclusive_min: bool = False,
+    max: float | None = None,
 ) -> float:
-    """``value`` as a finite float ``>= min`` (``> min`` with ``exclusive_min``), or a PlanError
-    naming ``path``."""
+    """``value`` as a finite float ``>= min`` (``> min`` with ``exclusive_min``) and ``<=
+    max``, or a PlanError naming ``path``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         fail(path, "must be a number", value)
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
         fail(path, "must be a finite number", value)
-    if min is not None and (value <= min if exclusive_min else value < min):
+    if not math.isfinite(number):
+        fail(path, "must be a finite number", value)
+    if min is not None and (number <= min if exclusive_min else number < min):
         fail(path, f"must be {'>' if exclusive_min else '>='} {min:g}", value)
-    return float(value)
+    if max is not None and number > max:
+        fail(path, f"must be <= {max:g}", value)
+    return number
 
 
 def parse_size(path: str, value: Any) -> int:
@@ -211,7 +232,10 @@ def parse_size(path: str, value: Any) -> int:
         unit = (m.group(2) or "").lower()
         if unit not in _UNITS:
             fail(path, "must be a byte size such as 4MiB", value)
-        size = int(float(m.group(1)) * _UNITS[unit])
+        scaled = float(m.group(1)) * _UNITS[unit]
+        if not math.isfinite(scaled) or scaled >= 2**63:
+            fail(path, "must be a byte size below 2**63", value)
+        size = int(scaled)
     else:
         fail(path, "must be a byte size such as 4MiB", value)
     if size < 1:
@@ -231,6 +255,58 @@ def resolve_path(path: str, base_dir: str | os.PathLike[str] | None, field: str 
         return value
 
     out = _ENV.sub(expand, path)
-    if "://" in out or os.path.isabs(out) or base_dir is None:
+    check_path(field, out)
+    if "://" in out or "::" in out or os.path.isabs(out) or base_dir is None:
         return out
     return str(Path(base_dir) / out)
+
+
+_PROTOCOL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_NO_HOST = ("file", "local", "memory")  # protocols whose URLs need no bucket or host
+
+
+def check_path(field: str, path: str) -> None:
+    """A path or URL that fsspec can open: a PlanError naming ``field`` otherwise.
+
+    Chained URLs (``simplecache::s3://bucket/key``) are checked link by link.
+    """
+    if not path:
+        fail(field, "must be a non-empty path or URL", path)
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        fail(field, "must not contain control characters", path)
+    links = path.split("::")
+    for i, link in enumerate(links):
+        if not link:
+            fail(field, "is not a path or URL (an empty part between '::')", path)
+        protocol, sep, rest = link.partition("://")
+        if not sep:
+            if i < len(links) - 1:  # a bare protocol in a chain, such as simplecache::
+                if not _PROTOCOL.fullmatch(link):
+                    fail(field, f"has no valid protocol before '::' ({link!r})", path)
+                _known_protocol(field, link, path)
+            continue
+        if not _PROTOCOL.fullmatch(protocol):
+            fail(field, f"has no valid protocol before '://' ({protocol!r})", path)
+        _known_protocol(field, protocol, path)
+        if protocol.lower() not in _NO_HOST and (not rest or rest.startswith("/")):
+            fail(field, f"names no bucket or host after '{protocol}://'", path)
+        try:
+            urlsplit(link)
+        except ValueError as exc:
+            fail(field, f"is not a valid URL ({exc})", path)
+
+
+def _known_protocol(field: str, protocol: str, path: str) -> None:
+    """Fail unless fsspec (or a package that registered with it) knows ``protocol``.
+
+    fsspec is imported here, when a plan names a URL, and only to ask which protocols exist:
+    importing the plan package stays free of it.
+    """
+    from fsspec.registry import known_implementations, registry
+
+    name = protocol.lower()
+    if name in known_implementations or name in registry:
+        return
+    close = difflib.get_close_matches(name, sorted(known_implementations), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    fail(field, f"unknown protocol {protocol!r} (fsspec has no filesystem for it){hint}", path)

@@ -34,9 +34,16 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     """Read and validate a YAML plan file; relative paths are taken from its folder."""
     path = Path(path)
     try:
-        text = path.read_text()
+        blob = path.read_bytes()
     except OSError as exc:
         raise PlanError(f"plan file {str(path)!r}: cannot read it ({exc.strerror})") from None
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError(
+            f"plan file {str(path)!r}: not UTF-8 text (byte {blob[exc.start]:#04x} at offset "
+            f"{exc.start}); save it as UTF-8"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -58,7 +65,7 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     layout = read_layout(top.mapping("layout"))
     batch = read_batch(top.mapping("batch"), layout)
     tokenizer = read_tokenizer(top.mapping("tokenizer"), base_dir)
-    cost = read_cost(top.mapping("cost"))
+    cost = read_cost(top.mapping("cost"), base_dir)
     loader = _loader(top.mapping("loader"))
     checkpoint = _checkpoint(top, base_dir)
     mixing_fields = top.mapping("mixing")
@@ -107,9 +114,11 @@ def _checkpoint(top: Fields, base_dir: str | os.PathLike[str] | None) -> Checkpo
     d = CheckpointSpec(url="")
     spec = CheckpointSpec(
         url=resolve_path(f.text("url"), base_dir, field=f.at("url")),
-        flush_seconds=f.number("flush_seconds", d.flush_seconds, min=0, exclusive_min=True),
-        compact_every=f.integer("compact_every", d.compact_every, min=1),
-        keep_bases=f.integer("keep_bases", d.keep_bases, min=1),
+        flush_seconds=f.number(
+            "flush_seconds", d.flush_seconds, min=0, exclusive_min=True, max=86400
+        ),
+        compact_every=f.integer("compact_every", d.compact_every, min=1, max=2**30),
+        keep_bases=f.integer("keep_bases", d.keep_bases, min=1, max=1000),
         storage_options=f.plain_mapping("storage_options"),
     )
     f.done()
@@ -128,7 +137,7 @@ def _loader(f: Fields) -> LoaderSpec:
         read_ahead=f.integer("read_ahead", d.read_ahead, min=1, max=1024),
         prefetch=f.integer("prefetch", d.prefetch, min=1, max=1024),
         lookahead=f.integer("lookahead", d.lookahead, min=0, max=1024),
-        retain_steps=f.integer("retain_steps", d.retain_steps, min=1),
+        retain_steps=f.integer("retain_steps", d.retain_steps, min=1, max=2**20),
         read_retries=f.integer("read_retries", d.read_retries, min=0, max=100),
         standby=f.flag("standby", d.standby),
         task_seconds=_task_seconds(f, d.task_seconds),

@@ -10,6 +10,15 @@ from __future__ import annotations
 import math
 
 from omniload_dask.plan.fields import Fields, fail
+from omniload_dask.plan.limits import (
+    MAX_BUCKETS,
+    MAX_MICRO_BATCHES,
+    MAX_SEQ_LEN,
+    MAX_STEP_DOCUMENTS,
+    MAX_STEP_MICRO_BATCHES,
+    MAX_STEP_TOKENS,
+    MAX_WORLD_SIZE,
+)
 from omniload_dask.plan.specs import BatchSpec, BucketSpec, LayoutSpec
 
 __all__ = ["check_bucket_sources", "read_batch", "read_layout"]
@@ -24,6 +33,9 @@ def read_layout(f: Fields) -> LayoutSpec:
     order = tuple(order_raw.split("-"))
     if sorted(order) != ["cp", "dp", "pp", "tp"]:
         fail(f.at("order"), "must name dp, tp, pp and cp once each, joined by '-'", order_raw)
+    world = axes["dp"] * axes["tp"] * axes["pp"] * axes["cp"]
+    if world > MAX_WORLD_SIZE:
+        fail(f.path, f"dp * tp * pp * cp must be <= {MAX_WORLD_SIZE} ranks", world)
     rank_map = _rank_map(f, axes) if f.has("rank_map") else ()
     f.done()
     return LayoutSpec(order=order, rank_map=rank_map, **axes)
@@ -62,8 +74,8 @@ def _rank_map(f: Fields, axes: dict[str, int]) -> tuple[tuple[int, int, int, int
 
 def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
     """The ``batch`` section: one ``seq_len`` or context buckets, and the global budget."""
-    tokens = f.optional_int("global_tokens", min=1)
-    docs = f.optional_int("global_documents", min=1)
+    tokens = f.optional_int("global_tokens", min=1, max=MAX_STEP_TOKENS)
+    docs = f.optional_int("global_documents", min=1, max=MAX_STEP_DOCUMENTS)
     if tokens is not None and docs is not None:
         fail(f.at("global_documents"), "give global_tokens or global_documents, not both", docs)
     if f.has("buckets"):
@@ -76,17 +88,30 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
         capacity = layout.dp * sum(b.micro_batches * b.seq_len for b in buckets)
     else:
         buckets = ()
-        seq_len = f.integer("seq_len", min=8)
-        micro = f.integer("micro_batches", 1, min=1)
+        seq_len = f.integer("seq_len", min=8, max=MAX_SEQ_LEN)
+        micro = f.integer("micro_batches", 1, min=1, max=MAX_MICRO_BATCHES)
         capacity = layout.dp * micro * seq_len
+    where = f.at("buckets" if buckets else "micro_batches")
+    if layout.dp * micro > MAX_STEP_MICRO_BATCHES:
+        fail(
+            where,
+            f"dp ({layout.dp}) x micro_batches per rank must be <= {MAX_STEP_MICRO_BATCHES} "
+            "micro-batches a step",
+            layout.dp * micro,
+        )
+    if capacity > MAX_STEP_TOKENS:
+        fail(
+            where,
+            f"dp ({layout.dp}) x micro_batches x seq_len must be <= {MAX_STEP_TOKENS} tokens "
+            "a step",
+            capacity,
+        )
     if tokens is None and docs is None:
         tokens = capacity
     long_docs = f.text("long_documents", "split", choices=("split", "truncate"))
-    max_doc = f.optional_int("max_document_tokens", min=1)
+    max_doc = f.optional_int("max_document_tokens", min=1, max=MAX_STEP_TOKENS)
     if max_doc is not None and long_docs == "truncate":
         fail(f.at("max_document_tokens"), "only applies with long_documents: split", max_doc)
-    if tokens is not None and max_doc is not None and max_doc > tokens:
-        fail(f.at("max_document_tokens"), f"must be <= global_tokens ({tokens})", max_doc)
     if tokens is not None and tokens < seq_len and long_docs == "truncate":
         fail(f.at("global_tokens"), f"must be >= seq_len ({seq_len}) so any document fits", tokens)
     pad = f.flag("pad_to_seq_len", False)
@@ -105,13 +130,14 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
 
 def _buckets(f: Fields, layout: LayoutSpec, tokens: int | None) -> tuple[BucketSpec, ...]:
     """``batch.buckets``: each gives seq_len and either share (of global_tokens) or micro_batches."""
-    entries = [
-        Fields(raw, f"{f.at('buckets')}[{i}]") for i, raw in enumerate(f.sequence("buckets"))
-    ]
+    raw_buckets = f.sequence("buckets")
+    if len(raw_buckets) > MAX_BUCKETS:
+        fail(f.at("buckets"), f"at most {MAX_BUCKETS} buckets", len(raw_buckets))
+    entries = [Fields(raw, f"{f.at('buckets')}[{i}]") for i, raw in enumerate(raw_buckets)]
     by_share = entries[0].has("share")
     out = []
     for e in entries:
-        seq_len = e.integer("seq_len", min=8)
+        seq_len = e.integer("seq_len", min=8, max=MAX_SEQ_LEN)
         if e.has("share") and e.has("micro_batches"):
             fail(
                 e.at("micro_batches"),
@@ -133,7 +159,7 @@ def _buckets(f: Fields, layout: LayoutSpec, tokens: int | None) -> tuple[BucketS
                 fail(e.at("share"), "needs batch.global_tokens (or give micro_batches)", share)
             micro = max(1, math.ceil(share * tokens / (layout.dp * seq_len) - 1e-9))
         else:
-            micro = e.integer("micro_batches", 1, min=1)
+            micro = e.integer("micro_batches", 1, min=1, max=MAX_MICRO_BATCHES)
         raw_sources = e.raw("sources", [])
         if not isinstance(raw_sources, (list, tuple)) or not all(
             isinstance(x, str) and x for x in raw_sources

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from omniload_dask.plan.fields import Fields, check_number, fail
+from omniload_dask.plan.limits import MAX_SCHEDULE_AT, MAX_WEIGHT
 from omniload_dask.plan.specs import MixingSpec, SchedulePoint
 
 __all__ = ["check_weights", "read_mixing"]
@@ -25,7 +26,7 @@ def read_mixing(f: Fields, names: list[str]) -> MixingSpec:
         fail(f.at("schedule"), "must be a list of {at, weights}", raw)
     for i, item in enumerate(raw):
         p = Fields(item, f"{f.at('schedule')}[{i}]")
-        at = p.integer("at", min=0)
+        at = p.integer("at", min=0, max=MAX_SCHEDULE_AT)
         if points and at <= points[-1].at:
             fail(p.at("at"), f"must be > the previous point's at ({points[-1].at})", at)
         weights = check_weights(p.at("weights"), p.plain_mapping("weights"), names)
@@ -47,7 +48,7 @@ def check_weights(
     for name, value in weights.items():
         if name not in names:
             fail(f"{path}.{name}", f"unknown source (sources: {', '.join(names)})", value)
-        out[str(name)] = check_number(f"{path}.{name}", value, min=0)
+        out[str(name)] = check_number(f"{path}.{name}", value, min=0, max=MAX_WEIGHT)
     if not any(v > 0 for v in out.values()):
         fail(path, "at least one weight must be > 0", dict(weights))
     return out

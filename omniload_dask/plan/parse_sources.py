@@ -14,12 +14,23 @@ import re
 from typing import Any
 
 from omniload_dask.plan.fields import Fields, fail, resolve_path
+from omniload_dask.plan.limits import (
+    MAX_EPOCHS,
+    MAX_INPUT_PIXELS,
+    MAX_PIXELS,
+    MAX_TOKEN_ID,
+    MAX_UNIT_BYTES,
+    MAX_UNIT_RECORDS,
+    MAX_WEIGHT,
+    MIN_UNIT_BYTES,
+)
 from omniload_dask.plan.specs import BYTE_IMAGE_TOKEN, ImageSpec, SourceSpec, TokenizerSpec
 
 __all__ = [
     "FORMATS",
     "IMAGE_EXTENSIONS",
     "NAME_PATTERN",
+    "TOKENIZER_KINDS",
     "parse_source",
     "read_images",
     "read_source",
@@ -28,6 +39,7 @@ __all__ = [
 
 FORMATS = ("jsonl", "parquet", "webdataset")
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+TOKENIZER_KINDS = ("byte", "huggingface", "tiktoken")
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # plan and source names
 
 
@@ -54,17 +66,17 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
             f.at("path"), "must be a path/URL (globs allowed) or a non-empty list of them", raw_path
         )
     paths = tuple(resolve_path(p, base_dir, field=f.at("path")) for p in raw_paths)
-    weight = f.number("weight", 1.0, min=0)
+    weight = f.number("weight", 1.0, min=0, max=MAX_WEIGHT)
     text = f.text("text", "txt" if fmt == "webdataset" else "text")
     image = _image_field(f, fmt)
     if fmt == "parquet" and image and image[0] == text:
         fail(f.at("image"), "must be another column than sources[].text", image[0])
-    unit_records = f.optional_int("unit_records", min=1)
+    unit_records = f.optional_int("unit_records", min=1, max=MAX_UNIT_RECORDS)
     if unit_records is not None and fmt == "jsonl":
         fail(f.at("unit_records"), "only applies to parquet and webdataset", unit_records)
     if fmt == "webdataset" and unit_records is None:
         unit_records = 64
-    unit_bytes = f.size("unit_bytes", 4 * 2**20)
+    unit_bytes = f.size("unit_bytes", 4 * 2**20, min=MIN_UNIT_BYTES, max=MAX_UNIT_BYTES)
     if f.has("unit_bytes") and fmt != "jsonl":
         fail(
             f.at("unit_bytes"),
@@ -72,7 +84,7 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
             f.raw("unit_bytes"),
         )
     opts = f.plain_mapping("storage_options")
-    epochs = f.optional_int("epochs", min=1)
+    epochs = f.optional_int("epochs", min=1, max=MAX_EPOCHS)
     f.done()
     return SourceSpec(
         name=name,
@@ -112,13 +124,25 @@ def _image_field(f: Fields, fmt: str) -> tuple[str, ...]:
 
 
 def read_tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> TokenizerSpec:
-    """The ``tokenizer`` section: ``byte``, or ``huggingface`` with its file and special tokens."""
-    kind = f.text("kind", "byte", choices=("byte", "huggingface"))
+    """The ``tokenizer`` section: ``byte``; ``huggingface`` with its tokenizer.json; or
+    ``tiktoken`` with its BPE file, pre-tokenizer ``pattern`` and ``special_tokens``::
+
+        tokenizer: {kind: huggingface, path: tokenizer.json, bos: <s>, eos: </s>}
+        tokenizer:
+          kind: tiktoken
+          path: tokenizer.model            # base64 token and rank per line
+          pattern: <the pre-tokenizer regex published with the file>
+          special_tokens: {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001}
+          bos: "<|begin_of_text|>"
+          eos: "<|end_of_text|>"
+    """
+    kind = f.text("kind", "byte", choices=TOKENIZER_KINDS)
     path = None
-    if kind == "huggingface":
-        path = resolve_path(f.text("path"), base_dir)
+    if kind != "byte":
+        path = resolve_path(f.text("path"), base_dir, field=f.at("path"))
     elif f.has("path"):
-        fail(f.at("path"), "only applies to kind: huggingface", f.raw("path"))
+        fail(f.at("path"), "only applies to kind: huggingface or tiktoken", f.raw("path"))
+    pattern, specials = _tiktoken_fields(f, kind)
     bos = f.raw("bos")
     eos = f.raw("eos")
     for key, value in (("bos", bos), ("eos", eos)):
@@ -126,11 +150,14 @@ def read_tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> Tokeni
             fail(f.at(key), "must be a token string such as '<s>'", value)
         if value is not None and kind == "byte":
             fail(f.at(key), "the byte tokenizer has fixed BOS (256) and EOS (257)", value)
+        if value is not None and kind == "tiktoken" and value not in specials:
+            known = ", ".join(map(repr, specials)) or "none"
+            fail(f.at(key), f"must be one of tokenizer.special_tokens (have {known})", value)
     add_bos = f.flag("add_bos", kind == "byte" or bos is not None)
     add_eos = f.flag("add_eos", kind == "byte" or eos is not None)
-    if kind == "huggingface" and add_bos and bos is None:
+    if kind != "byte" and add_bos and bos is None:
         fail(f.at("bos"), "is required when add_bos is true (name the BOS token, e.g. '<s>')")
-    if kind == "huggingface" and add_eos and eos is None:
+    if kind != "byte" and add_eos and eos is None:
         fail(f.at("eos"), "is required when add_eos is true (name the EOS token, e.g. '</s>')")
     opts = f.plain_mapping("storage_options")
     f.done()
@@ -142,7 +169,37 @@ def read_tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> Tokeni
         add_bos=add_bos,
         add_eos=add_eos,
         storage_options=opts,
+        pattern=pattern,
+        special_tokens=specials,
     )
+
+
+def _tiktoken_fields(f: Fields, kind: str) -> tuple[str | None, dict[str, int]]:
+    """``pattern`` (required) and ``special_tokens`` (token -> id) of a tiktoken tokenizer."""
+    if kind != "tiktoken":
+        for key in ("pattern", "special_tokens"):
+            if f.has(key):
+                fail(f.at(key), "only applies to kind: tiktoken", f.raw(key))
+        return None, {}
+    if not f.has("pattern"):
+        fail(
+            f.at("pattern"),
+            "is required with kind: tiktoken (the pre-tokenizer regex that comes with the "
+            "BPE file, e.g. Llama 3's)",
+        )
+    pattern = f.text("pattern")
+    raw = f.plain_mapping("special_tokens")
+    specials: dict[str, int] = {}
+    for token, token_id in raw.items():
+        where = f"{f.at('special_tokens')}[{token!r}]"
+        if not isinstance(token, str) or not token:
+            fail(f.at("special_tokens"), "keys must be non-empty token strings", token)
+        if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+            fail(where, "must be a token id (an integer >= 0)", token_id)
+        if token_id in specials.values():
+            fail(where, "repeats the id of another special token", token_id)
+        specials[token] = token_id
+    return pattern, specials
 
 
 def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
@@ -151,9 +208,13 @@ def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
     patch = f.integer("patch_size", d.patch_size, min=1, max=1024)
     merge = f.integer("merge", d.merge, min=1, max=16)
     factor = patch * merge
-    min_pixels = f.integer("min_pixels", max(d.min_pixels, factor * factor), min=factor * factor)
-    max_pixels = f.integer("max_pixels", max(d.max_pixels, min_pixels), min=min_pixels)
-    max_input = f.integer("max_input_pixels", d.max_input_pixels, min=1)
+    min_pixels = f.integer(
+        "min_pixels", max(d.min_pixels, factor * factor), min=factor * factor, max=MAX_PIXELS
+    )
+    max_pixels = f.integer(
+        "max_pixels", max(d.max_pixels, min_pixels), min=min_pixels, max=MAX_PIXELS
+    )
+    max_input = f.integer("max_input_pixels", d.max_input_pixels, min=1, max=MAX_INPUT_PIXELS)
     raw = f.raw("placeholder")
     if tokenizer.kind == "byte":
         if raw is not None and raw != BYTE_IMAGE_TOKEN:
@@ -164,15 +225,18 @@ def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
     elif raw is None:
         fail(
             f.at("placeholder"),
-            "is required with a huggingface tokenizer (the image token, e.g. '<|image_pad|>')",
+            f"is required with a {tokenizer.kind} tokenizer (the image token, e.g. "
+            "'<|image_pad|>')",
         )
     elif (
         isinstance(raw, bool)
         or not isinstance(raw, (str, int))
         or raw == ""
-        or (isinstance(raw, int) and raw < 0)
+        or (isinstance(raw, int) and not 0 <= raw <= MAX_TOKEN_ID)
     ):
-        fail(f.at("placeholder"), "must be a token string or a token id >= 0", raw)
+        fail(
+            f.at("placeholder"), f"must be a token string or a token id in [0, {MAX_TOKEN_ID}]", raw
+        )
     else:
         placeholder = raw
     f.done()

@@ -24,6 +24,7 @@ from omniload_dask.plan.specs import (
     SourceSpec,
     TokenizerSpec,
     source_dict,
+    tokenizer_dict,
 )
 
 __all__ = ["PLAN_VERSION", "Plan", "source_free", "source_identity"]
@@ -89,6 +90,7 @@ class Plan:
             {"at": p.at, "weights": dict(p.weights)} for p in self.mixing.schedule
         ]
         data["sources"] = [source_dict(s) for s in self.sources]
+        data["tokenizer"] = tokenizer_dict(self.tokenizer)
         if self.checkpoint is None:
             data.pop("checkpoint")
         return data
@@ -103,7 +105,7 @@ class Plan:
         batch = self.batch
         return {
             "seed": self.seed,
-            "tokenizer": source_free(asdict(self.tokenizer)),
+            "tokenizer": source_free(tokenizer_dict(self.tokenizer)),
             "mixing.by": self.mixing.by,
             "batch.global_tokens": batch.global_tokens,
             "batch.global_documents": batch.global_documents,

@@ -16,6 +16,7 @@ from omniload_dask.errors import PlanError
 
 __all__ = [
     "BYTE_IMAGE_TOKEN",
+    "NO_CAP",
     "BatchSpec",
     "BucketSpec",
     "CheckpointSpec",
@@ -28,9 +29,11 @@ __all__ = [
     "SourceSpec",
     "TokenizerSpec",
     "source_dict",
+    "tokenizer_dict",
 ]
 
 BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256, EOS 257)
+NO_CAP = 2**62  # the document cap of a plan that sets none (split): longer than any document
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,12 @@ def source_dict(spec: SourceSpec) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """``byte`` (built in: UTF-8 bytes, BOS 256, EOS 257) or ``huggingface`` (a tokenizer.json)."""
+    """``byte`` (built in: UTF-8 bytes, BOS 256, EOS 257), ``huggingface`` (a tokenizer.json) or
+    ``tiktoken`` (a byte-level BPE file of base64 token / rank lines, as Llama 3 ships).
+
+    A ``tiktoken`` tokenizer also needs its pre-tokenizer regex (``pattern``); its special tokens
+    (``special_tokens``: token -> id) are not in the file, and ``bos``/``eos`` name two of them.
+    """
 
     kind: str = "byte"
     path: str | None = None
@@ -86,6 +94,20 @@ class TokenizerSpec:
     add_bos: bool = True
     add_eos: bool = True
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    pattern: str | None = None  # tiktoken only
+    special_tokens: Mapping[str, int] = field(default_factory=dict)  # tiktoken only
+
+
+def tokenizer_dict(spec: TokenizerSpec) -> dict[str, Any]:
+    """``spec`` as plan data; the tiktoken-only fields only for that kind (``parse_plan`` reads
+    it back to the same spec)."""
+    data = asdict(spec)
+    data["storage_options"] = dict(spec.storage_options)
+    data["special_tokens"] = dict(spec.special_tokens)
+    if spec.kind != "tiktoken":
+        data.pop("pattern")
+        data.pop("special_tokens")
+    return data
 
 
 @dataclass(frozen=True)
@@ -152,11 +174,15 @@ class BatchSpec:
     ``dp * micro_batches * seq_len``: full micro-batches) or a document count
     (``global_documents``); it does not depend on the DP size, so elastic resume keeps the stream.
 
-    ``long_documents: split`` lets documents be cut: those longer than ``seq_len`` into
-    ``seq_len`` pieces, and, when a step's pieces cannot all be packed whole, a piece into the
-    micro-batches that still have room (so a step never needs more micro-batches than its tokens
-    do). ``truncate`` never cuts a document: longer ones are truncated to ``seq_len``, and a step
-    whose documents do not pack into ``micro_batches`` gets one more micro-batch on every rank.
+    ``long_documents: split`` lets documents be cut and drops nothing: those longer than
+    ``seq_len`` into ``seq_len`` pieces; when a step's pieces cannot all be packed whole, a piece
+    into the micro-batches that still have room (so a step never needs more micro-batches than
+    its tokens do); and with a token budget the document that does not fit in a global batch
+    continues in the next one (a document longer than a global batch spans several).
+    ``max_document_tokens`` caps a document (the rest is dropped and counted as truncated);
+    without it nothing is. ``truncate`` never cuts a document: longer ones are truncated to
+    ``seq_len``, and a step whose documents do not pack into ``micro_batches`` gets one more
+    micro-batch on every rank.
 
     With ``buckets`` (context buckets, see :class:`BucketSpec`) each rank's step has micro-batches
     of several sizes, the buckets' in the order declared; ``seq_len`` is then the longest
@@ -179,10 +205,11 @@ class BatchSpec:
 
     @property
     def document_cap(self) -> int:
-        """Tokens kept of one document: ``seq_len`` when truncating, else ``max_document_tokens``."""
+        """Tokens kept of one document: ``seq_len`` when truncating, else
+        ``max_document_tokens`` (:data:`NO_CAP` when the plan sets none: nothing is dropped)."""
         if self.long_documents == "truncate":
             return self.seq_len
-        return self.max_document_tokens or (self.global_tokens or 64 * self.seq_len)
+        return self.max_document_tokens or NO_CAP
 
     def document_cap_for(self, source: str) -> int:
         """:attr:`document_cap` for one source: when truncating, its bucket's ``seq_len``."""
@@ -284,15 +311,19 @@ class MixingSpec:
 class CostSpec:
     """Cost of one document piece of L tokens, to balance ranks by (see :mod:`omniload_dask.batching.cost`).
 
-    ``linear * L + quadratic * L**2`` (dense layers plus attention), with the coefficients given,
-    or derived from ``model`` (a transformer description: hidden, layers, heads, kv_heads, ffn,
-    vocab, gated, causal), or ``function``: ``package.module:function`` taking an array of
-    lengths and returning their costs, imported (and tried once) wherever the plan is loaded:
-    the data plane on the scheduler and every feeder, so it must be importable there.
+    ``piece + linear * L + quadratic * L**2`` (dense layers plus attention), with the
+    coefficients given, or derived from ``model`` (a transformer description: hidden, layers,
+    heads, kv_heads, ffn, vocab, gated, causal), or ``function``: ``package.module:function``
+    taking an array of lengths and returning their costs, imported (and tried once) wherever the
+    plan is loaded: the data plane on the scheduler and every feeder, so it must be importable
+    there.
 
     ``encoder`` adds the vision encoder's cost of each image of P patches,
     ``encoder_linear * P + encoder_quadratic * P**2``: give ``{linear, quadratic}`` or a
     ``model`` description of the encoder (bidirectional unless it says ``causal: true``).
+
+    ``piece`` is a constant per piece (0 unless given with the coefficients); ``calibration``
+    names a file of measured coefficients (``omniload calibrate``) that resolves to them.
     """
 
     linear: float = 1.0
@@ -302,9 +333,11 @@ class CostSpec:
     encoder_linear: float = 0.0
     encoder_quadratic: float = 0.0
     encoder_model: Mapping[str, Any] | None = None
+    piece: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """The form the plan gave (coefficients derived from a model are not repeated)."""
+        """The form the plan gave (coefficients derived from a model are not repeated; a
+        calibration file's are given instead of its name)."""
         out: dict[str, Any]
         if self.function is not None:
             out = {"function": self.function}
@@ -312,6 +345,8 @@ class CostSpec:
             out = {"model": dict(self.model)}
         else:
             out = {"linear": self.linear, "quadratic": self.quadratic}
+            if self.piece:
+                out["piece"] = self.piece
         if self.encoder_model is not None:
             out["encoder"] = {"model": dict(self.encoder_model)}
         elif self.encoder_linear or self.encoder_quadratic:

@@ -29,7 +29,15 @@ import numpy as np
 
 from omniload_dask.plan import ImageSpec
 
-__all__ = ["FORMATS", "BadImage", "decode", "patchify", "target_size", "tokens_of"]
+__all__ = [
+    "FORMATS",
+    "BadImage",
+    "aspect_error",
+    "decode",
+    "patchify",
+    "target_size",
+    "tokens_of",
+]
 
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")  # what Pillow may open (others are bad records)
 _ORIENTATION = 0x0112  # EXIF tag: 5..8 mean the stored image is transposed
@@ -42,21 +50,36 @@ class BadImage(ValueError):
 def target_size(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
     """``(H, W)``: multiples of ``spec.factor``, ``H * W <= max_pixels``, aspect kept.
 
-    ``H * W >= min_pixels`` too, except when the grid cannot also stay within ``max_pixels``.
+    The image is scaled to an area within ``[min_pixels, max_pixels]`` and each side rounded to
+    the grid, as Qwen2-VL's resize does; where rounding leaves that range, the side is rounded
+    the other way, whichever keeps the aspect ratio best. Either way the aspect ratio stays
+    within one grid step (``factor`` pixels) of the image's: ``min(|W - H * w / h|, |H - W * h
+    / w|) <= factor``. ``H * W >= min_pixels`` too, except when the grid cannot also stay
+    within ``max_pixels``; a side shorter than one grid step after scaling gets one.
     """
     f = spec.factor
     if height < 1 or width < 1:
         raise BadImage(f"image has no pixels ({width} x {height})")
     area = height * width
     scale = math.sqrt(min(max(area, spec.min_pixels), spec.max_pixels) / area)
-    h = max(f, round(height * scale / f) * f)
-    w = max(f, round(width * scale / f) * f)
-    while h * w > spec.max_pixels:  # rounding up went over: shrink the longer side
+    hs, ws = height * scale / f, width * scale / f  # the ideal sides, in grid steps
+    h, w = max(1, round(hs)) * f, max(1, round(ws)) * f
+    if spec.min_pixels <= h * w <= spec.max_pixels:
+        return h, w
+    fits = [
+        (h, w)
+        for h in {max(1, math.floor(hs)) * f, max(1, math.ceil(hs)) * f}
+        for w in {max(1, math.floor(ws)) * f, max(1, math.ceil(ws)) * f}
+        if spec.min_pixels <= h * w <= spec.max_pixels
+    ]
+    if fits:
+        return min(fits, key=lambda c: (aspect_error(height, width, *c), -c[0] * c[1]))
+    while h * w > spec.max_pixels and max(h, w) > f:  # no grid fits both limits: stay within max
         if h >= w:
             h -= f
         else:
             w -= f
-    while h * w < spec.min_pixels:  # rounding down went under: grow the shorter side
+    while h * w < spec.min_pixels:  # grow the shorter side while max_pixels allows
         if h <= w and (h + f) * w <= spec.max_pixels:
             h += f
         elif h * (w + f) <= spec.max_pixels:
@@ -66,6 +89,13 @@ def target_size(height: int, width: int, spec: ImageSpec) -> tuple[int, int]:
         else:
             break
     return h, w
+
+
+def aspect_error(height: int, width: int, h: int, w: int) -> float:
+    """How far an ``h`` x ``w`` resize of a ``height`` x ``width`` image is from its aspect
+    ratio, in pixels: how much the shorter way of correcting it would move a side."""
+    ratio = width / height
+    return min(abs(w - h * ratio), abs(h - w / ratio))
 
 
 def tokens_of(height: int, width: int, spec: ImageSpec) -> int:

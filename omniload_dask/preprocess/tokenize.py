@@ -1,14 +1,27 @@
-"""Tokenizers: the built-in byte tokenizer and Hugging Face ``tokenizers`` from a tokenizer.json.
+"""Tokenizers: the built-in byte tokenizer, Hugging Face ``tokenizers`` from a tokenizer.json,
+and ``tiktoken`` byte-level BPE files (base64 token / rank lines, the form Llama 3 ships).
 
-Both turn a list of texts into one flat ``uint32`` token array plus per-document lengths, with
+Each turns a list of texts into one flat ``uint32`` token array plus per-document lengths, with
 BOS/EOS added as the plan declares. The byte tokenizer needs no file: token = UTF-8 byte value,
 BOS = 256, EOS = 257, vocabulary 258. ``"hé"`` becomes ``[256, 104, 195, 169, 257]``.
 
-A Hugging Face tokenizer is loaded once per worker process (cached by path) from any fsspec URL.
+A file-backed tokenizer is loaded once per worker process (cached by its spec) from any fsspec
+URL. A Hugging Face tokenizer.json's own ``truncation`` and ``padding`` are turned off: documents are tokenized whole and
+packed by the loader (a file's ``truncation: {max_length: 128}`` would cut every document to
+128 tokens uncounted, its padding would put pad tokens inside packed sequences);
+:func:`describe` says what was turned off, and ``omniload validate`` prints it.
+
+A tiktoken file holds one ``<base64 token bytes> <rank>`` pair per line; the plan adds the
+pre-tokenizer regex and the special tokens, which the file does not carry::
+
+    SGVsbG8= 0          b"Hello" -> id 0
+    IHdvcmxk 1          b" world" -> id 1
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import itertools
 import json
@@ -28,6 +41,7 @@ __all__ = [
     "BYTE_VOCAB",
     "ByteTokenizer",
     "HuggingFaceTokenizer",
+    "TiktokenTokenizer",
     "TokenizerInfo",
     "add_specials",
     "describe",
@@ -46,10 +60,11 @@ class TokenizerInfo:
     vocab_size: int
     bos_id: int | None
     eos_id: int | None
+    turned_off: tuple[str, ...] = ()  # settings of the tokenizer file that do not apply here
 
 
 class _Encoder(Protocol):
-    """What both tokenizers offer (what :func:`load_tokenizer` returns)."""
+    """What every tokenizer offers (what :func:`load_tokenizer` returns)."""
 
     info: TokenizerInfo
 
@@ -105,6 +120,7 @@ class HuggingFaceTokenizer:
             vocab_size=self._tok.get_vocab_size(with_added_tokens=True),
             bos_id=self._special(spec, "bos", spec.bos),
             eos_id=self._special(spec, "eos", spec.eos),
+            turned_off=_turn_off_truncation_and_padding(self._tok),
         )
 
     def _special(self, spec: TokenizerSpec, field: str, token: str | None) -> int | None:
@@ -137,12 +153,123 @@ class HuggingFaceTokenizer:
         return body, lengths
 
 
+def _turn_off_truncation_and_padding(tok: Any) -> tuple[str, ...]:
+    """Turn off a tokenizer.json's own truncation and padding; what each one was."""
+    off = []
+    cut = tok.truncation
+    if cut is not None:
+        off.append(f"truncation to {cut['max_length']} tokens")
+        tok.no_truncation()
+    pad = tok.padding
+    if pad is not None:
+        size = f"to {pad['length']} tokens" if pad.get("length") else "to the longest in a batch"
+        off.append(f"padding {size} with {pad.get('pad_token')!r}")
+        tok.no_padding()
+    return tuple(off)
+
+
+class TiktokenTokenizer:
+    """A byte-level BPE from a tiktoken file (any fsspec URL), run by the ``tiktoken`` library.
+
+    Texts are encoded as plain text: special-token strings inside a document stay text (no
+    document can inject an EOS). ``bos``/``eos`` name entries of the plan's ``special_tokens``.
+    """
+
+    def __init__(self, spec: TokenizerSpec) -> None:
+        try:
+            import tiktoken
+        except ImportError:
+            raise TokenizerError(
+                "tokenizer.kind: 'tiktoken' needs the tiktoken package (pip install tiktoken)"
+            ) from None
+        assert spec.path is not None and spec.pattern is not None
+        ranks = _read_ranks(spec)
+        specials = dict(spec.special_tokens)
+        used = set(ranks.values())
+        for token, token_id in specials.items():
+            if token_id in used:
+                raise TokenizerError(
+                    f"tokenizer.special_tokens[{token!r}]: id {token_id} is also the rank of a "
+                    f"token in {spec.path!r} (special tokens take ids the file does not use)"
+                )
+        try:
+            self._enc = tiktoken.Encoding(
+                name=f"omniload:{spec.path}",
+                pat_str=spec.pattern,
+                mergeable_ranks=ranks,
+                special_tokens=specials,
+            )
+            self._enc.encode_ordinary("check the pattern")
+        except Exception as exc:
+            raise TokenizerError(
+                f"tokenizer.pattern: tiktoken cannot use it with {spec.path!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        self._ranks = ranks
+        self._specials = specials
+        self.info = TokenizerInfo(
+            vocab_size=int(self._enc.n_vocab),
+            bos_id=specials[spec.bos] if spec.bos is not None else None,
+            eos_id=specials[spec.eos] if spec.eos is not None else None,
+        )
+
+    def token_id(self, token: str | int) -> int | None:
+        """The id of ``token``: a special token, a token whose UTF-8 bytes are in the file, or an
+        id checked against the vocabulary size."""
+        if isinstance(token, int):
+            return token if 0 <= token < self.info.vocab_size else None
+        if token in self._specials:
+            return self._specials[token]
+        return self._ranks.get(token.encode("utf-8"))
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """All ``texts``' tokens as one flat uint32 array, and each text's length (no specials)."""
+        encoded = [self._enc.encode_ordinary(text) for text in texts]
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        body = np.fromiter(
+            itertools.chain.from_iterable(encoded), dtype=np.uint32, count=int(lengths.sum())
+        )
+        return body, lengths
+
+
+def _read_ranks(spec: TokenizerSpec) -> dict[bytes, int]:
+    """The token bytes -> rank table of a tiktoken file; errors name the field, file and line."""
+    assert spec.path is not None
+    try:
+        with fsspec.open(spec.path, "rb", **dict(spec.storage_options)) as f:
+            blob = f.read()
+    except FileNotFoundError:
+        raise TokenizerError(f"tokenizer.path: file {spec.path!r} does not exist") from None
+    except Exception as exc:
+        raise TokenizerError(
+            f"tokenizer.path: cannot read {spec.path!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    ranks: dict[bytes, int] = {}
+    for number, line in enumerate(blob.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except (ValueError, binascii.Error):
+            shown = line[:60].decode("utf-8", "replace")
+            raise TokenizerError(
+                f"tokenizer.path: {spec.path!r} line {number} is not '<base64 token> <rank>' "
+                f"(a tiktoken BPE file), got {shown!r}"
+            ) from None
+    if not ranks:
+        raise TokenizerError(f"tokenizer.path: {spec.path!r} holds no tokens")
+    return ranks
+
+
 @functools.lru_cache(maxsize=8)
 def _cached(spec_json: str) -> _Encoder:
     data = json.loads(spec_json)
     spec = TokenizerSpec(**data)
     if spec.kind == "byte":
         return ByteTokenizer()
+    if spec.kind == "tiktoken":
+        return TiktokenTokenizer(spec)
     return HuggingFaceTokenizer(spec)
 
 
@@ -157,6 +284,8 @@ def load_tokenizer(spec: TokenizerSpec) -> _Encoder:
             "add_bos": spec.add_bos,
             "add_eos": spec.add_eos,
             "storage_options": dict(spec.storage_options),
+            "pattern": spec.pattern,
+            "special_tokens": dict(spec.special_tokens),
         },
         sort_keys=True,
     )
@@ -212,7 +341,8 @@ def image_token_id(spec: TokenizerSpec, token: str | int) -> int:
 def describe(spec: TokenizerSpec, placeholder: str | int | None = None) -> dict[str, Any]:
     """Load the tokenizer and report its vocabulary and special ids (start-up check).
 
-    With ``placeholder`` (plans with images) also the image token's id.
+    With ``placeholder`` (plans with images) also the image token's id; ``turned_off`` lists
+    the tokenizer file's own settings that were turned off (truncation, padding).
     """
     info = load_tokenizer(spec).info
     out: dict[str, Any] = {
@@ -220,6 +350,8 @@ def describe(spec: TokenizerSpec, placeholder: str | int | None = None) -> dict[
         "bos_id": info.bos_id,
         "eos_id": info.eos_id,
     }
+    if info.turned_off:
+        out["turned_off"] = list(info.turned_off)
     if placeholder is not None:
         out["image_token_id"] = image_token_id(spec, placeholder)
         if spec.kind == "byte":

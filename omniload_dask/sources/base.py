@@ -64,8 +64,17 @@ class SourceFormat(Protocol):
         fs: Any,
         files: list[str],
         sizes: list[int],
+        skip_unreadable: bool = False,
     ) -> Units:
-        """Split files into read units; check each file (schema, footer) on the way."""
+        """Split files into read units; check each file (schema, footer) on the way.
+
+        A file whose bytes cannot be parsed raises a SourceError naming it, or with
+        ``skip_unreadable`` (``on_error: skip``) gets a unit whose read reports it as bad.
+        """
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
-        """Read one unit; a bad record goes to ``bad`` with its offset and reason."""
+        """Read one unit; a bad record goes to ``bad`` with its offset and reason.
+
+        Bytes that cannot be decoded (a truncated or corrupt file) are bad records too, the
+        same ones however the unit is split into parts; a failure of the storage raises.
+        """

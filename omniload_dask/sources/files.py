@@ -1,22 +1,22 @@
 """Files through fsspec: resolve a source's paths to files, and open them for exact reads.
 
 Every format reads through :func:`open_file`, which reads byte ranges exactly (no read-ahead)
-and opens zstd with :class:`~omniload_dask.sources.zstd.ZstdFrames`; :func:`list_files` turns
-the plan's paths, folders and globs into one sorted list of files with their sizes.
+and opens compressed files as a :class:`~omniload_dask.sources.decoding.Decompressed` stream
+(zstd with :class:`~omniload_dask.sources.zstd.ZstdFrames`); :func:`list_files` turns the
+plan's paths, folders and globs into one sorted list of files with their sizes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import fsspec
 from fsspec.core import url_to_fs
 
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import SourceFormat
+from omniload_dask.sources.decoding import Decompressed
 from omniload_dask.sources.ids import MAX_FILES
-from omniload_dask.sources.zstd import ZstdFrames
 
 __all__ = ["filesystem", "list_files", "open_file"]
 
@@ -81,12 +81,12 @@ def list_files(spec: SourceSpec, fmt: SourceFormat) -> tuple[Any, list[str], lis
 def open_file(fs: Any, path: str, compression: str | None = None) -> Any:
     """Open for reading without read-ahead beyond what is asked (ranges are read exactly).
 
-    zstd is opened here rather than through fsspec, whose ``zstandard`` reader stops at the end
-    of the first frame (the rest of a multi-frame file, from ``pzstd`` or concatenated files,
-    would be lost without a word) and returns nothing, without an error, for a truncated file.
+    A compressed file comes as a :class:`~omniload_dask.sources.decoding.Decompressed` stream,
+    which ends at bad data and says where. zstd is decompressed here rather than through
+    fsspec, whose ``zstandard`` reader stops at the end of the first frame (the rest of a
+    multi-frame file, from ``pzstd`` or concatenated files, would be lost without a word) and
+    returns nothing, without an error, for a truncated file.
     """
-    if compression == "zstd":
-        return ZstdFrames(fs.open(path, "rb"))
     if compression:
-        return fsspec.core.OpenFile(fs, path, mode="rb", compression=compression).open()
+        return Decompressed(fs, path, compression)
     return fs.open(path, "rb", cache_type="none")

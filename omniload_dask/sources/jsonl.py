@@ -44,6 +44,7 @@ _SKIP_CHUNK = 1 << 20
 MAX_COMPRESSED_UNITS = 16
 DEFAULT_RATIO = 4.0  # decompressed / compressed bytes, when no header tells
 _RATIO_RANGE = (1.0, 50.0)
+_CHECK_FILES = 8  # files tried for the start-up check when unreadable ones are skipped
 
 
 class JsonLines:
@@ -70,9 +71,11 @@ class JsonLines:
         fs: Any,
         files: list[str],
         sizes: list[int],
+        skip_unreadable: bool = False,
     ) -> Units:
         """Byte ranges of ``unit_bytes`` per file (of the decompressed stream where compressed);
-        the first record of the first file is checked for the text field."""
+        the first record of the first file is checked for the text field (with
+        ``skip_unreadable``, of the first file whose first line can be read)."""
         rows: list[tuple[int, int, int]] = []
         ratio: float | None = None
         for i, (url, size) in enumerate(zip(files, sizes, strict=True)):
@@ -90,60 +93,86 @@ class JsonLines:
             rows.extend(
                 (i, lo, min(lo + spec.unit_bytes, size)) for lo in range(0, size, spec.unit_bytes)
             )
-        self._check_first_record(spec, fs, files)
+        self._check_first_record(spec, fs, files, skip_unreadable)
         units = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
         return Units(units, np.full(len(units), -1, dtype=np.int64), split="bytes")
 
-    def _check_first_record(self, spec: SourceSpec, fs: Any, files: list[str]) -> None:
-        """Fail at start-up if the first record of the first file lacks the text field."""
-        if not files:
-            return
-        path = fs._strip_protocol(files[0])
-        try:
-            with open_file(fs, path, infer_compression(files[0])) as f:
+    def _check_first_record(
+        self, spec: SourceSpec, fs: Any, files: list[str], skip_unreadable: bool
+    ) -> None:
+        """Fail at start-up if the first record of the first file lacks the text field.
+
+        A first file that cannot be decompressed fails too, unless ``skip_unreadable``: then the
+        next files are tried (their reads will report what cannot be read).
+        """
+        for url in files[: _CHECK_FILES if skip_unreadable else 1]:
+            with open_file(fs, fs._strip_protocol(url), infer_compression(url)) as f:
                 first = _read_to_newline(f, b"")
-        except (OSError, ValueError, EOFError) as exc:  # corrupt or truncated compression
-            raise SourceError(
-                f"source {spec.name!r}: file {files[0]!r}: cannot read ({type(exc).__name__}: "
-                f"{exc})"
-            ) from None
+                error = getattr(f, "error", None)
+            if error is not None and not first.endswith(b"\n"):
+                if skip_unreadable:
+                    continue
+                raise SourceError(
+                    f"source {spec.name!r}: file {url!r}: cannot read its first line "
+                    f"({type(error).__name__}: {error}); is the file corrupt or truncated?"
+                )
+            self._check_line(spec, url, first)
+            return
+
+    def _check_line(self, spec: SourceSpec, url: str, first: bytes) -> None:
+        """The first line of ``url`` is a JSON object with the text field (or blank)."""
         if not first.strip():
             return
         try:
             record = json.loads(first)
         except ValueError as exc:
             raise SourceError(
-                f"source {spec.name!r}: file {files[0]!r}: first line is not JSON ({exc})"
+                f"source {spec.name!r}: file {url!r}: first line is not JSON ({exc})"
             ) from None
         if not isinstance(record, dict) or spec.text not in record:
             keys = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
             raise SourceError(
-                f"source {spec.name!r}: file {files[0]!r}: first record has no field "
+                f"source {spec.name!r}: file {url!r}: first record has no field "
                 f"{spec.text!r} (has: {keys}); set sources[].text"
             )
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
-        """The lines whose first byte lies in ``(start, stop]`` (and the one at 0), parsed."""
+        """The lines whose first byte lies in ``(start, stop]`` (and the one at 0), parsed.
+
+        A compressed stream that breaks off (corrupt or truncated) gives the lines before the
+        break, and one bad record for the line it breaks off in, reported by the read that owns
+        that line; the rest of the file cannot be read.
+        """
         url = fs.unstrip_protocol(path)
         compression = infer_compression(path)
-        if compression:
-            with open_file(fs, path, compression) as f:
+        with open_file(fs, path, compression) as f:
+            if compression:
                 _skip(f, start)
-                if stop < 0:  # the last unit of the file: to the end of the stream
-                    data = f.read()
-                else:
-                    data = f.read(stop - start)
-                    data += _read_to_newline(f, data)
-            base = start
-            line_starts = _line_starts(data, start, stop if stop >= 0 else start + len(data))
-        else:
-            with open_file(fs, path) as f:
+            else:
                 f.seek(start)
-                data = f.read(stop - start)
+            data = f.read() if stop < 0 else f.read(stop - start)
+            if start > 0 and b"\n" not in data:
+                return _parse(spec, url, b"", start, np.zeros(0, dtype=np.int64))  # inside a line
+            if stop >= 0:
                 data += _read_to_newline(f, data)
-            base = start
-            line_starts = _line_starts(data, start, stop)
-        return _parse(spec, url, data, base, line_starts)
+            error = f.error if compression else None
+        end = stop if stop >= 0 else start + len(data)
+        if error is None:
+            return _parse(spec, url, data, start, _line_starts(data, start, end))
+        # Keep the whole lines; the line the stream broke off in starts after the last newline.
+        whole = data[: data.rfind(b"\n") + 1]
+        records = _parse(spec, url, whole, start, _line_starts(whole, start, end))
+        broken = start + len(whole)
+        if (start < broken <= end) or broken == start == 0:
+            records.bad.append(
+                (
+                    broken,
+                    f"the decompressed stream breaks off at byte {start + len(data)} "
+                    f"({type(error).__name__}: {error}): this line and the rest of the file "
+                    "cannot be read (corrupt or truncated file)",
+                )
+            )
+        return records
 
 
 def _compressed_units(index: int, estimate: int, unit_bytes: int) -> list[tuple[int, int, int]]:

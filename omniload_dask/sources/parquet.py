@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.decoding import WatchedFile
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 
@@ -41,12 +42,23 @@ class Parquet:
         fs: Any,
         files: list[str],
         sizes: list[int],
+        skip_unreadable: bool = False,
     ) -> Units:
         """Row groups (or runs of ``unit_records`` rows of one), from every file's footer; the
-        schema is checked on the way."""
+        schema is checked on the way.
+
+        A file whose footer is not Parquet fails, or with ``skip_unreadable`` becomes one unit
+        of one row, whose read reports the file as one bad record.
+        """
         units: list[tuple[int, int, int]] = []
         for i, url in enumerate(files):
-            meta = self._footer(spec, fs, url)
+            try:
+                meta = self._footer(spec, fs, url)
+            except _Unreadable:
+                if not skip_unreadable:
+                    raise
+                units.append((i, 0, 1))
+                continue
             schema = meta.schema.to_arrow_schema()
             _text_field(spec, url, schema)
             if spec.has_images:
@@ -68,20 +80,42 @@ class Parquet:
         return Units(table, table[:, 2] - table[:, 1], split="rows")
 
     def _footer(self, spec: SourceSpec, fs: Any, url: str) -> pq.FileMetaData:
-        try:
-            with open_file(fs, fs._strip_protocol(url)) as f:
+        """The file's metadata; :class:`_Unreadable` (a SourceError) if its bytes are not
+        Parquet, a SourceError naming the file if the storage fails."""
+        with open_file(fs, fs._strip_protocol(url)) as raw:
+            f = WatchedFile(raw)
+            try:
                 return pq.ParquetFile(f).metadata
-        except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
-            raise SourceError(
-                f"source {spec.name!r}: file {url!r} is not a readable Parquet file ({exc})"
-            ) from None
+            except Exception as exc:
+                if f.failure is not None:
+                    raise SourceError(
+                        f"source {spec.name!r}: file {url!r}: cannot read it "
+                        f"({type(exc).__name__}: {exc})"
+                    ) from None
+                raise _Unreadable(
+                    f"source {spec.name!r}: file {url!r} is not a readable Parquet file ({exc})"
+                ) from None
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
-        """Rows ``[start, stop)`` of the file (they lie in one or more whole or part row groups)."""
+        """Rows ``[start, stop)`` of the file (they lie in one or more whole or part row groups).
+
+        Rows whose bytes cannot be decoded (a corrupt page, a file that is not Parquet) are bad
+        records, one per row, so skipping them never depends on how the rows are split.
+        """
         url = fs.unstrip_protocol(path)
         columns = [spec.text, *spec.image]
-        with open_file(fs, path) as f:
-            pf = pq.ParquetFile(f)
+        with open_file(fs, path) as raw:
+            f = WatchedFile(raw)
+            try:
+                pf = pq.ParquetFile(f)
+            except Exception as exc:
+                if f.failure is not None:
+                    raise
+                return _unreadable(
+                    start,
+                    stop,
+                    f"the file is not readable Parquet ({exc}); none of its rows can be read",
+                )
             _text_field(spec, url, pf.schema_arrow)
             if spec.has_images:
                 _image_kind(spec, url, pf.schema_arrow)
@@ -91,13 +125,35 @@ class Parquet:
             )
             first_group = int(np.searchsorted(bounds, start, side="right")) - 1
             last_group = int(np.searchsorted(bounds, stop, side="left"))
-            table = pf.read_row_groups(list(range(first_group, last_group)), columns=columns)
+            groups = list(range(first_group, last_group))
+            try:
+                table = pf.read_row_groups(groups, columns=columns)
+            except Exception as exc:
+                if f.failure is not None:
+                    raise
+                where = f"row group {groups[0]}" if len(groups) == 1 else f"row groups {groups}"
+                return _unreadable(
+                    start, stop, f"{where} cannot be decoded ({type(exc).__name__}: {exc})"
+                )
         table = table.slice(start - int(bounds[first_group]), stop - start)
         texts, offsets, bad, keep = _texts(spec, table.column(0), start)
         if not spec.has_images:
             return RawRecords(texts=texts, offsets=offsets, bad=bad)
         images, offsets, texts, bad = _images(spec, table.column(1), start, keep, texts, bad)
         return RawRecords(texts=texts, offsets=offsets, bad=bad, images=images)
+
+
+class _Unreadable(SourceError):
+    """A file's bytes are not Parquet (not an I/O failure)."""
+
+
+def _unreadable(start: int, stop: int, reason: str) -> RawRecords:
+    """Rows ``[start, stop)`` as bad records: ``reason`` says why they cannot be read."""
+    return RawRecords(
+        texts=[],
+        offsets=np.zeros(0, dtype=np.int64),
+        bad=[(row, reason) for row in range(start, stop)],
+    )
 
 
 def _texts(

@@ -17,7 +17,7 @@ from omniload_dask.sources.base import RawRecords, SourceFormat
 from omniload_dask.sources.catalog import Catalog
 from omniload_dask.sources.files import filesystem, list_files
 
-__all__ = ["discover_source", "formats", "get_format", "read_unit_records"]
+__all__ = ["discover_source", "formats", "get_format", "list_source", "read_unit_records"]
 
 
 @functools.cache
@@ -36,11 +36,29 @@ def get_format(name: str) -> SourceFormat:
     return formats()[name]
 
 
-def discover_source(spec: SourceSpec) -> Catalog:
-    """List a source's files and split them into read units (runs on a worker)."""
+def list_source(spec: SourceSpec) -> list[str]:
+    """The source's files (its paths, folders and globs resolved); a SourceError naming the
+    path that finds none (``omniload validate`` calls it before any job starts)."""
+    return list_files(spec, get_format(spec.format))[1]
+
+
+def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
+    """List a source's files and split them into read units (runs on a worker).
+
+    A file that cannot be parsed fails here, naming it; with ``on_error="skip"`` it gets a
+    unit whose read reports it as a bad record instead.
+    """
     fmt = get_format(spec.format)
     fs, files, sizes = list_files(spec, fmt)
-    found = fmt.units(spec, fs, files, sizes)
+    try:
+        found = fmt.units(spec, fs, files, sizes, skip_unreadable=on_error == "skip")
+    except SourceError:
+        raise
+    except Exception as exc:
+        raise SourceError(
+            f"source {spec.name!r}: cannot split its {len(files)} files into read units: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
     return Catalog(
         source=spec.name,
         files=tuple(files),

@@ -12,7 +12,9 @@ Discovery reads every member header once (not the data) to find where each recor
 unit is ``sources[].unit_records`` consecutive records (default 64), ``(file, first byte,
 stop byte)``, and can be read in parts at record boundaries. A record's offset (and so its
 sample id) is the byte offset of its first header. A record without an image or text file is a
-bad record (``on_error``); a tar that cannot be parsed fails at start-up, naming the file.
+bad record (``on_error``); a tar that cannot be parsed fails at start-up, naming the file
+(with ``on_error: skip`` it becomes one bad record). A unit whose tar data breaks off (a
+truncated shard) keeps the records before the break and reports the one it breaks off in.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.decoding import WatchedFile
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 
@@ -67,21 +70,36 @@ class WebDataset:
         fs: Any,
         files: list[str],
         sizes: list[int],
+        skip_unreadable: bool = False,
     ) -> Units:
-        """Runs of records found from every member header; records start at the ``marks``."""
+        """Runs of records found from every member header; records start at the ``marks``.
+
+        A file that is not a tar fails, or with ``skip_unreadable`` becomes one unit of one
+        record, whose read reports it as a bad record.
+        """
         per_unit = spec.unit_records or 64
         table: list[tuple[int, int, int]] = []
         rows: list[int] = []
         marks: list[int] = []
         index = [0]
         for i, url in enumerate(files):
-            try:
-                with open_file(fs, fs._strip_protocol(url)) as f:
+            with open_file(fs, fs._strip_protocol(url)) as raw:
+                f = WatchedFile(raw)
+                try:
                     members = _members(f)
-            except (tarfile.TarError, OSError, EOFError) as exc:
-                raise SourceError(
-                    f"source {spec.name!r}: file {url!r} is not a readable tar file ({exc})"
-                ) from None
+                except Exception as exc:
+                    if f.failure is None and skip_unreadable:
+                        members = [("", 0, max(1, sizes[i]))]  # one record: the whole file
+                    else:
+                        what = (
+                            "cannot be read"
+                            if f.failure is not None
+                            else "is not a readable tar file"
+                        )
+                        raise SourceError(
+                            f"source {spec.name!r}: file {url!r} {what} "
+                            f"({type(exc).__name__}: {exc})"
+                        ) from None
             starts: list[int] = []
             ends: list[int] = []
             previous = None
@@ -117,22 +135,24 @@ class WebDataset:
             f.seek(start)
             data = f.read(stop - start)
         records: list[tuple[int, dict[str, bytes]]] = []
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            previous = None
-            for info in tar:
-                if not info.isfile() or posixpath.basename(info.name).startswith("."):
-                    continue
-                key, ext = split_name(info.name)
-                if key != previous:
-                    records.append((start + info.offset, {}))
-                    previous = key
-                member = tar.extractfile(info)
-                assert member is not None
-                records[-1][1].setdefault(ext, member.read())
+        bad: list[tuple[int, str]] = []
+        try:
+            _parse_tar(data, start, records)
+        except Exception as exc:  # bad bytes: the data is in memory, no I/O can fail here
+            # The record being read when the tar broke off (it may lack files) and the rest of
+            # this read are lost; the records before it are whole.
+            at = records.pop()[0] if records else start
+            bad.append(
+                (
+                    at,
+                    f"the tar data breaks off in this record ({type(exc).__name__}: {exc}): "
+                    f"it and the rest of bytes [{start}, {stop}) cannot be read "
+                    "(corrupt or truncated file)",
+                )
+            )
         texts: list[str] = []
         offsets: list[int] = []
         images: list[list[bytes]] = []
-        bad: list[tuple[int, str]] = []
         for offset, files in records:
             blobs = [files[ext] for ext in spec.image if ext in files]
             text = files.get(spec.text)
@@ -148,9 +168,30 @@ class WebDataset:
                     continue
                 offsets.append(offset)
                 images.append(blobs)
+        bad.sort(key=lambda b: b[0])
         return RawRecords(
             texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad, images=images
         )
+
+
+def _parse_tar(data: bytes, start: int, records: list[tuple[int, dict[str, bytes]]]) -> None:
+    """Append ``(offset, {extension: bytes})`` per record of the tar bytes ``data`` (which
+    start at byte ``start`` of the file), in order, as far as they can be parsed."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        previous = None
+        for info in tar:
+            if not info.isfile() or posixpath.basename(info.name).startswith("."):
+                continue
+            key, ext = split_name(info.name)
+            if key != previous:
+                records.append((start + info.offset, {}))
+                previous = key
+            member = tar.extractfile(info)
+            assert member is not None
+            blob = member.read()
+            if len(blob) < info.size:
+                raise tarfile.ReadError(f"member {info.name!r} is cut short")
+            records[-1][1].setdefault(ext, blob)
 
 
 FORMAT = WebDataset()

@@ -1,0 +1,329 @@
+"""Planning time of one global batch: everything the data plane does per drawn step, by phase.
+
+    python benchmarks/planning.py [--quick] [--mix balance|manysources] [--runs 3] [--steps 6]
+
+The real :class:`~omniload_dask.core.coordinator.Coordinator` runs on synthetic catalogs (no
+I/O: a read unit "reports" at once, with document lengths drawn from a fixed seed per unit),
+so only planning is timed. One point is a DP size and a global batch of about ``docs``
+documents::
+
+    dp1024_docs16384   DP 1,024; a global batch of 16,384 x 1,024 = 16 Mi tokens (mix
+                       "balance": a document averages 1,024 tokens); seq_len 8192, so every
+                       rank has ceil(16 Mi / (1,024 x 8192)) = 2 micro-batches, all full
+
+The mixes are the length distributions of the other benchmarks: ``balance`` is
+``benchmarks/balance.py``'s (web-like lognormal, code-like lognormal, 8k-64k log-uniform long
+documents; token weights 0.5 / 0.3 / 0.2) with every length scaled by 0.886 so that the mean
+document is 1,024 tokens; ``manysources`` is ``benchmarks/manysources.py``'s 16 sources (web,
+code and book word counts, each source with its own length scale; code counts a third more
+tokens than words for its punctuation). The global batch is ``docs`` times the mix's mean
+document (the global batch does not depend on the DP size); the layout follows from it.
+
+Per point it reports, as the best of ``--runs`` runs (a fresh coordinator each, so each run
+plans the same steps) of the process's CPU time, the median over the timed steps of:
+
+- ``step``: one drawn step, as ``Coordinator._draw`` (the apply of live changes, the draw,
+  the split, the recipes, the construction actions, the figures and the state record);
+- ``draw`` (the mixer's selection and the cursors), ``split`` (routing to buckets, the split
+  among DP groups, the packing into micro-batches) and ``recipes``; ``rest`` is the remainder;
+
+and the balance of those steps: efficiency (mean/max of the group costs under the plan's cost
+model) mean and minimum, the structural bound (``Assignment.bound``: the mean group cost over
+the costliest piece of at most ``seq_len`` tokens, what any split that does not cut documents
+shorter can reach) mean, and the documents cut per step. Ends with ``RESULT {json}``.
+
+:func:`planning_ms` gives the per-step figure alone, keyed like ``"dp1024_docs16384"``, for
+other benchmarks (``benchmarks/scale.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from omniload_dask.core.coordinator import Coordinator, SubmitRead
+from omniload_dask.plan import parse_plan
+from omniload_dask.sources import Catalog
+
+SEQ_LEN = 8192
+DPS = (128, 1024, 4096)
+DOCS = (4096, 16384, 65536)
+QUICK = ((128, 4096), (1024, 16384), (4096, 4096), (4096, 16384))
+MODEL_8B = {"hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8, "ffn": 14336,
+            "vocab": 128256, "gated": True}  # fmt: skip
+UNIT_TOKENS = 1 << 20  # a read unit holds about this many tokens (a few MiB of text)
+BALANCE_SCALE = 0.886  # benchmarks/balance.py's lengths times this: a 1,024-token mean
+
+
+# ------------------------------------------------------------------ length mixes
+class Mix:
+    """Sources (name, token weight) and a deterministic length sampler per source."""
+
+    def __init__(
+        self,
+        name: str,
+        weights: list[float],
+        draw: Callable[[np.random.Generator, int, int], np.ndarray],
+        mean_tokens: float | None = None,
+    ) -> None:
+        self.name = name
+        self.weights = np.asarray(weights, dtype=np.float64)
+        self.draw = draw  # (rng, source, n) -> token counts
+        rng = np.random.default_rng(12345)
+        means = np.asarray([draw(rng, s, 200_000).mean() for s in range(len(weights))])
+        share = self.weights / self.weights.sum()
+        # documents are drawn by tokens; the balance mix is scaled to a 1,024-token mean
+        self.mean_tokens = mean_tokens or round(float(1.0 / (share / means).sum()))
+        self.source_mean = means
+
+
+def _balance_draw(rng: np.random.Generator, source: int, n: int) -> np.ndarray:
+    s = BALANCE_SCALE
+    if source == 0:  # web-like: median 400 tokens, heavy tail
+        x = np.clip(rng.lognormal(np.log(400 * s), 1.0, n), 16, 16000 * s)
+    elif source == 1:  # code-like files: median 1500 tokens, heavier tail
+        x = np.clip(rng.lognormal(np.log(1500 * s), 1.2, n), 32, 60000 * s)
+    else:  # long documents: 8k to 64k, log-uniform
+        x = np.exp(rng.uniform(np.log(8192 * s), np.log(65536 * s), n))
+    return np.maximum(x, 1).astype(np.int64)
+
+
+MANY_SOURCES = 16
+_KIND_WEIGHT = (0.5, 0.3, 0.2)  # web, code, books; split evenly among the sources of a kind
+_SCALES = np.random.default_rng(20261130).uniform(0.7, 1.4, MANY_SOURCES)
+
+
+def _many_draw(rng: np.random.Generator, source: int, n: int) -> np.ndarray:
+    kind, scale = source % 3, float(_SCALES[source])
+    if kind == 0:  # web: median ~100 words, heavy tail
+        words = np.clip(rng.lognormal(np.log(100 * scale), 0.8, n), 5, 4000)
+    elif kind == 1:  # code: median ~250 words, plus a punctuation token for a third of them
+        words = np.clip(rng.lognormal(np.log(250 * scale), 0.9, n), 20, 12000) * 4 / 3
+    else:  # books: Pareto tail from 300 words, up to 40k
+        words = np.clip(rng.pareto(1.5, n) * 800 * scale + 300, 300, 40000)
+    return words.astype(np.int64) + 2  # BOS and EOS
+
+
+def _many_weights() -> list[float]:
+    kinds = [s % 3 for s in range(MANY_SOURCES)]
+    return [_KIND_WEIGHT[k] / kinds.count(k) for k in kinds]
+
+
+MIXES = {
+    "balance": lambda: Mix("balance", [0.5, 0.3, 0.2], _balance_draw, 1024),
+    "manysources": lambda: Mix("manysources", _many_weights(), _many_draw),
+}
+
+
+# ------------------------------------------------------------------ one point
+def point_key(dp: int, docs: int) -> str:
+    """The key of a point in :func:`planning_ms`'s answer."""
+    return f"dp{dp}_docs{docs}"
+
+
+def setup(dp: int, docs: int, mix: Mix, steps: int) -> tuple[Any, list[Catalog], dict[str, Any]]:
+    """The plan and catalogs of one point, and its shape (tokens, micro-batches, fill)."""
+    tokens = int(docs * mix.mean_tokens)
+    micro = max(1, math.ceil(tokens / (dp * SEQ_LEN)))
+    sources = [
+        {"name": f"s{i:02d}", "format": "jsonl", "path": f"memory://s{i:02d}.jsonl", "weight": w}
+        for i, w in enumerate(mix.weights.tolist())
+    ]
+    plan = parse_plan({
+        "name": "planning", "seed": 1,
+        "batch": {"seq_len": SEQ_LEN, "micro_batches": micro, "global_tokens": tokens},
+        "layout": {"dp": dp}, "cost": {"model": MODEL_8B}, "sources": sources,
+        "loader": {"lookahead": 0, "prefetch": 1},
+    })  # fmt: skip
+    share = mix.weights / mix.weights.sum()
+    catalogs = []
+    for i, spec in enumerate(plan.sources):
+        need = share[i] * tokens * (steps + 2) / UNIT_TOKENS + 4
+        units = int(need) + 1
+        catalogs.append(
+            Catalog(
+                source=spec.name,
+                files=(f"memory://{spec.name}.jsonl",),
+                units=np.array([[0, u, u + 1] for u in range(units)], dtype=np.int64),
+                rows=np.full(units, -1, dtype=np.int64),
+            )
+        )
+    shape = {"global_tokens": tokens, "micro_batches": micro,
+             "fill": tokens / (dp * micro * SEQ_LEN)}  # fmt: skip
+    return plan, catalogs, shape
+
+
+def _report(coord: Coordinator, mix: Mix, actions: Iterable[Any]) -> None:
+    """Report every submitted read at once, with lengths fixed by (source, unit)."""
+    for a in actions:
+        if isinstance(a, SubmitRead):
+            s, u = a.read.source, a.read.start
+            rng = np.random.default_rng([zlib.crc32(mix.name.encode()), s, u])
+            n = max(8, int(UNIT_TOKENS / mix.source_mean[s]))
+            coord.on_report(a.read.key, mix.draw(rng, s, n).astype(np.int32), 0)
+
+
+def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str, Any]:
+    """Plan ``warmup + steps`` steps with a fresh coordinator; CPU ms per phase of each step."""
+    plan, catalogs, shape = setup(dp, docs, mix, steps + warmup)
+    coord = Coordinator(plan, catalogs, "bench")
+    phases: dict[str, float] = {}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            c0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phases[name] = phases.get(name, 0.0) + (time.process_time() - c0) * 1e3
+
+        return wrapper
+
+    splits: list[Any] = []
+    split = coord.planner.split
+
+    def keep_split(*args: Any, **kwargs: Any) -> Any:
+        out = split(*args, **kwargs)
+        splits.append(out)
+        return out
+
+    coord.drawer.draw = timed("draw", coord.drawer.draw)  # type: ignore[method-assign]
+    coord.planner.split = timed("split", keep_split)  # type: ignore[method-assign]
+    coord.planner.recipes = timed("recipes", coord.planner.recipes)  # type: ignore[method-assign]
+    draw_step = timed("step", coord._draw)
+    coord._draw = draw_step  # type: ignore[method-assign]
+    rows = []
+    for rank in range(plan.layout.world_size):
+        coord.on_request(rank, 0, steps + warmup)
+    for _ in range(steps + warmup):
+        for _ in range(64):  # report the reads it asks for until the step is drawn
+            before = coord.next_step
+            phases.clear()
+            _report(coord, mix, coord.advance(max_steps=1))
+            if coord.next_step > before:
+                break
+        else:
+            raise RuntimeError("a step was not drawn after 64 rounds of reads")
+        a = splits[-1]
+        step_rows = {k: phases.get(k, 0.0) for k in ("step", "draw", "split", "recipes")}
+        step_rows["rest"] = step_rows["step"] - step_rows["draw"] - step_rows["split"]
+        step_rows["rest"] -= step_rows["recipes"]
+        step_rows.update(
+            efficiency=a.efficiency,
+            bound=getattr(a, "bound", None),
+            cuts=a.cuts,
+            documents=coord.history[-1].documents,
+            pieces=len(a.doc),
+        )
+        rows.append(step_rows)
+    return {"shape": shape, "rows": rows[warmup:]}
+
+
+def measure(
+    dp: int, docs: int, mix: str = "balance", steps: int = 6, runs: int = 3, warmup: int = 1
+) -> dict[str, Any]:
+    """One point: best of ``runs`` per step and phase, then the median over ``steps`` steps."""
+    m = MIXES[mix]()
+    results = [run_once(dp, docs, m, steps, warmup) for _ in range(runs)]
+    first = results[0]["rows"]
+    best = {
+        k: np.min([[r[k] for r in res["rows"]] for res in results], axis=0)
+        for k in ("step", "draw", "split", "recipes", "rest")
+    }
+    eff = np.asarray([r["efficiency"] for r in first])
+    bounds = [r["bound"] for r in first if r["bound"] is not None]
+    return {
+        "key": point_key(dp, docs),
+        "mix": mix,
+        "dp": dp,
+        "docs_nominal": docs,
+        **results[0]["shape"],
+        "documents_per_step": float(np.mean([r["documents"] for r in first])),
+        "documents_per_group": float(np.mean([r["documents"] for r in first]) / dp),
+        "pieces_per_step": float(np.mean([r["pieces"] for r in first])),
+        "step_ms": float(np.median(best["step"])),
+        "step_ms_max": float(np.max(best["step"])),
+        "draw_ms": float(np.median(best["draw"])),
+        "split_ms": float(np.median(best["split"])),
+        "recipes_ms": float(np.median(best["recipes"])),
+        "rest_ms": float(np.median(best["rest"])),
+        "efficiency_mean": float(eff.mean()),
+        "efficiency_min": float(eff.min()),
+        "bound_mean": float(np.mean(bounds)) if bounds else None,
+        "cuts_per_step": float(np.mean([r["cuts"] for r in first])),
+        "steps": len(first),
+        "runs": runs,
+    }
+
+
+def planning_ms(
+    points: Iterable[tuple[int, int]] | None = None,
+    *,
+    mix: str = "balance",
+    steps: int = 4,
+    runs: int = 3,
+) -> dict[str, float]:
+    """CPU milliseconds per drawn step (best of ``runs``, median over ``steps``) per point,
+    keyed like ``"dp1024_docs16384"``; ``points`` are ``(dp, docs)`` pairs (default: the
+    ``--quick`` set)."""
+    return {
+        point_key(dp, docs): measure(dp, docs, mix, steps, runs)["step_ms"]
+        for dp, docs in (points if points is not None else QUICK)
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="four points, fewer steps")
+    parser.add_argument("--mix", choices=sorted(MIXES), default="balance")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per point")
+    parser.add_argument("--runs", type=int, default=3, help="runs per point (best of)")
+    parser.add_argument("--point", nargs=2, type=int, action="append", metavar=("DP", "DOCS"),
+                        help="only this point (repeatable)")  # fmt: skip
+    args = parser.parse_args()
+    points = args.point or (QUICK if args.quick else [(d, n) for d in DPS for n in DOCS])
+    steps = args.steps or (3 if args.quick else 6)
+    load_before = os.getloadavg()[0]
+    print(f"planning per global batch, mix {args.mix}, seq_len {SEQ_LEN}, CPU ms, best of "
+          f"{args.runs} runs, median over {steps} steps")  # fmt: skip
+    print(f"{'point':>18} {'docs/grp':>8} {'micro':>5} {'fill':>5} {'step':>7} {'max':>7} "
+          f"{'draw':>6} {'split':>6} {'recipes':>7} {'rest':>6} {'eff mean':>8} {'min':>6} "
+          f"{'bound':>6} {'cuts':>6}")  # fmt: skip
+    rows = []
+    for dp, docs in points:
+        r = measure(dp, docs, args.mix, steps, args.runs)
+        rows.append(r)
+        print(f"{r['key']:>18} {r['documents_per_group']:>8.1f} {r['micro_batches']:>5} "
+              f"{r['fill']:>5.2f} {r['step_ms']:>7.2f} {r['step_ms_max']:>7.2f} "
+              f"{r['draw_ms']:>6.2f} {r['split_ms']:>6.2f} {r['recipes_ms']:>7.2f} "
+              f"{r['rest_ms']:>6.2f} {r['efficiency_mean']:>8.4f} {r['efficiency_min']:>6.4f} "
+              f"{r['bound_mean'] or float('nan'):>6.3f} {r['cuts_per_step']:>6.0f}",
+              flush=True)  # fmt: skip
+    load_after = os.getloadavg()[0]
+    print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
+    result = {
+        "benchmark": "planning",
+        "mix": args.mix,
+        "quick": args.quick,
+        "load_average": [load_before, load_after],
+        "planning_ms": {r["key"]: r["step_ms"] for r in rows},
+        "points": rows,
+    }
+    print("RESULT " + json.dumps(result, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

