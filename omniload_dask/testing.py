@@ -28,6 +28,7 @@ from omniload_dask.core.actions import Release, SubmitConstruct, SubmitRead
 from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.plan import Plan
+from omniload_dask.plan.credentials import resolve
 
 __all__ = [
     "InlineDataPlane",
@@ -317,7 +318,7 @@ class _CheckpointFiles:
 
         assert plan.checkpoint is not None
         spec = plan.checkpoint
-        self.fs, self.root = url_to_fs(spec.url, **dict(spec.storage_options))
+        self.fs, self.root = url_to_fs(spec.url, **resolve(spec.storage_options))
         self.files = {path: self.fs.cat_file(path) for path in self.fs.find(self.root)}
 
     def put_back(self) -> None:

@@ -40,6 +40,7 @@ from omniload_dask.core.state import READABLE_VERSIONS as STATE_READABLE
 from omniload_dask.core.state import STATE_VERSION, apply_deltas
 from omniload_dask.errors import CheckpointError
 from omniload_dask.plan import Plan, parse_plan
+from omniload_dask.plan.credentials import redact, redact_url, resolve
 
 __all__ = ["FORMAT", "VERSION", "Checkpoint", "CheckpointWriter"]
 
@@ -64,10 +65,11 @@ def _manifest_digest(fields: dict[str, Any]) -> str:
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
     """The fsspec filesystem and root path of ``url``; a CheckpointError if it cannot be opened."""
+    resolved = resolve(options, "checkpoint.storage_options")
     try:
-        return url_to_fs(url, **options)
+        return url_to_fs(url, **resolved)
     except (ImportError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {url!r}: cannot open it: {exc}") from None
+        raise CheckpointError(f"checkpoint {redact_url(url)!r}: cannot open it: {exc}") from None
 
 
 @dataclass
@@ -320,7 +322,7 @@ class CheckpointWriter:
         self.fs, self.root = _filesystem(url, dict(storage_options or {}))
         self.compact_every = compact_every
         self.keep_bases = keep_bases
-        self.manifest = _Manifest(plan=plan.to_dict())
+        self.manifest = _Manifest(plan=plan.redacted())  # no credentials: see credentials.py
         self._buffer: list[dict[str, Any]] = []
         self._lock = threading.Lock()  # one flush at a time
         self._token = uuid.uuid4().hex[:6]  # this writer's file names never reuse old ones
@@ -387,7 +389,9 @@ class CheckpointWriter:
             t0 = time.perf_counter()
             first = min(steps) if steps else self.manifest.latest_step
             last = max(steps) if steps else self.manifest.latest_step
-            lines = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
+            lines = b"".join(
+                json.dumps(redact(r), separators=(",", ":")).encode() + b"\n" for r in records
+            )
             blob = zstandard.ZstdCompressor(level=3).compress(lines)
             self._seq += 1
             name = f"delta-{first:012d}-{last:012d}-{self._token}-{self._seq:06d}.jsonl.zst"
@@ -432,8 +436,8 @@ class CheckpointWriter:
 
     def _write_base(self, state: dict[str, Any]) -> int:
         """Write a base snapshot of ``state`` and list it (replacing one at the same step)."""
-        blob = zstandard.ZstdCompressor(level=3).compress(
-            json.dumps(state, separators=(",", ":")).encode()
+        blob = zstandard.ZstdCompressor(level=3).compress(  # sources' specs, without credentials
+            json.dumps(redact(state), separators=(",", ":")).encode()
         )
         name = f"base-{int(state['step']):012d}-{self._token}.json.zst"
         self._put(name, blob)
@@ -471,7 +475,7 @@ class CheckpointWriter:
     def stats(self) -> dict[str, Any]:
         """Figures for the job's status: steps and bytes written, cost per step, pending deltas."""
         return {
-            "url": self.url,
+            "url": redact_url(self.url),
             "latest_step": self.manifest.latest_step,
             "bases": [b["step"] for b in self.manifest.bases],
             "bytes_written": self.bytes_written,

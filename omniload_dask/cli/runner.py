@@ -59,12 +59,16 @@ def run_plan(
     progress: bool = True,
     job: Job | None = None,
     resume: bool = False,
+    security: Any = None,
 ) -> RunReport:
-    """Start (or use) the plan's job, drive all its ranks for ``steps`` steps, report."""
+    """Start (or use) the plan's job, drive all its ranks for ``steps`` steps, report
+    (``security``: as :meth:`Job.start`'s)."""
     t0 = time.perf_counter()
     own = job is None
     if job is None:
-        job = Job.start(plan, address=address, workers=workers, resume=resume or None)
+        job = Job.start(
+            plan, address=address, workers=workers, resume=resume or None, security=security
+        )
     started = time.perf_counter() - t0
     try:
         return _drive(job, steps, t0, started, progress)

@@ -93,8 +93,28 @@ def add_handlers(server: Any, prefix: str, handlers: dict[str, Any]) -> None:
 
 
 def scheduler_security(scheduler: Any) -> Any:
-    """The scheduler's ``distributed.Security`` (None without one), for clients it opens."""
-    return getattr(scheduler, "security", None)
+    """A ``distributed.Security`` for the clients the scheduler opens to itself (the data
+    plane's client), or None where the scheduler has none.
+
+    ``dask scheduler --tls-cert ...`` sets only the scheduler's own certificate; a client
+    connection needs a client certificate, so the scheduler's stands in where no client
+    certificate is configured (the same CA signed it, so the scheduler accepts it).
+    """
+    sec = getattr(scheduler, "security", None)
+    if sec is None:
+        return None
+    from distributed import Security
+
+    return Security(
+        require_encryption=sec.require_encryption,
+        tls_ca_file=sec.tls_ca_file,
+        tls_ciphers=sec.tls_ciphers,
+        tls_min_version=sec.tls_min_version,
+        tls_max_version=sec.tls_max_version,
+        tls_client_cert=sec.tls_client_cert or sec.tls_scheduler_cert,
+        tls_client_key=sec.tls_client_key or sec.tls_scheduler_key,
+        extra_conn_args=dict(sec.extra_conn_args or {}),
+    )
 
 
 def scheduler_address(client: Any) -> str | None:
@@ -313,18 +333,22 @@ def scheduler_running(scheduler: Any) -> bool:
     return getattr(scheduler, "status", None) not in (Status.closing, Status.closed)
 
 
-def probe_scheduler(address: str, timeout: float) -> None:
-    """Open and close one connection to ``address`` (raises OSError/ValueError if it can't).
+def probe_scheduler(address: str, timeout: float, security: Any = None) -> None:
+    """Open and close one connection to ``address`` (raises OSError/ValueError if it can't),
+    with the client side of ``security`` (None: Dask's config).
 
     Checking first keeps a failed ``Client(...)`` from leaving a half-built client behind,
     whose clean-up prints a traceback at exit.
     """
     import asyncio
 
+    from distributed import Security
     from distributed.comm import connect
 
+    args = (security or Security()).get_connection_args("client")
+
     async def probe() -> None:
-        comm = await connect(address, timeout=timeout)
+        comm = await connect(address, timeout=timeout, **args)
         await comm.close()
 
     asyncio.run(probe())

@@ -10,6 +10,13 @@
     job = Job.start(plan, address="tcp://scheduler:8786")   # an existing cluster
     feeder = Feeder("quickstart", address="tcp://scheduler:8786")   # in each trainer rank
 
+    sec = Security(tls_ca_file="ca.pem", tls_client_cert="me.pem", tls_client_key="me.key",
+                   require_encryption=True)
+    job = Job.start(plan, address="tls://scheduler:8786", security=sec)   # TLS
+    with Job.start(plan, security=True) as job:  # embedded, temporary certificates
+
+Without ``security`` a connection takes Dask's configuration (``distributed.comm.tls.*``).
+
 Starting is idempotent: every rank may call ``Job.start`` with the same plan and they all get
 the one job. The scheduler plugin is registered on the fly, or preloaded with
 ``dask scheduler --preload omniload_dask.preload``.
@@ -31,7 +38,7 @@ from omniload_dask.trainer.feeder import Feeder
 
 CLOSE_IDLE_TIMEOUT = 3.0  # seconds close() lets a stopped job's running reads finish
 
-__all__ = ["Job", "local_cluster"]
+__all__ = ["Job", "local_cluster", "loopback"]
 
 # Settings of the embedded cluster (a cluster given by address keeps its own):
 _DASK_CONFIG = {
@@ -64,6 +71,8 @@ def local_cluster(
     (``/metrics``, ``/health``) then listens on a free port instead of 8787.
     """
     kwargs.setdefault("resources", {"omniload-read": threads_per_worker})
+    if kwargs.get("security") is not None and dashboard_address is not None:
+        dashboard_address = loopback(dashboard_address)
     if dashboard_address is None:
         kwargs["scheduler_kwargs"] = {
             "dashboard_address": ":0",
@@ -77,6 +86,26 @@ def local_cluster(
             dashboard_address=dashboard_address,
             **kwargs,
         )
+
+
+def loopback(address: str) -> str:
+    """``address`` (``host:port`` or ``:port``) with the host forced to 127.0.0.1: the
+    dashboard is plain HTTP, so a secured embedded cluster serves it on loopback only."""
+    port = address.rpartition(":")[2] if ":" in address else address
+    return f"127.0.0.1:{port or 0}"
+
+
+def _embedded_security(security: Any, plan: Plan) -> Any:
+    """The embedded cluster's ``distributed.Security``: the one given, temporary certificates
+    (``security=True`` or the plan's ``loader.tls``), or None (Dask's config)."""
+    if security is True or (security is None and plan.loader.tls):
+        from distributed import Security
+
+        try:
+            return Security.temporary()
+        except ImportError as exc:
+            raise JobError(f"TLS for the embedded cluster: {exc}") from None
+    return security or None
 
 
 class Job:
@@ -110,9 +139,15 @@ class Job:
         resume: bool | int | None = None,
         dashboard_address: str | None = ":0",
         scheduler_port: int = 0,
+        security: Any = None,
         **layout: int,
     ) -> Job:
         """Start (or join) the plan's job. ``layout`` overrides the plan's dp/tp/pp/cp.
+
+        ``security``: a ``distributed.Security`` for the scheduler at ``address`` (default:
+        Dask's config). Without an address, ``security=True`` (or the plan's ``loader.tls``)
+        runs the embedded cluster on TLS with temporary certificates, its dashboard on
+        loopback; ``job.client.security`` then lets other processes of this machine connect.
 
         ``resume=True`` continues from the plan's checkpoint where the slowest rank was;
         ``resume=STEP`` continues from that step (e.g. the smallest ``step`` of the ranks'
@@ -134,14 +169,21 @@ class Job:
         owns = False
         if client is None:
             if address is None:
+                security = _embedded_security(security, plan)
                 cluster = local_cluster(
                     workers or plan.loader.workers,
                     plan.loader.threads_per_worker,
                     dashboard_address=dashboard_address,
                     scheduler_port=scheduler_port,
+                    security=security,
                 )
                 address = cluster.scheduler_address
-            client = Client(address, set_as_default=False)
+            elif security is True:
+                raise JobError(
+                    "Job.start: security=True makes temporary certificates for the embedded "
+                    "cluster; for the cluster at an address give a distributed.Security"
+                )
+            client = Client(address, security=security, set_as_default=False)
             owns = True
         try:
             client.register_plugin(OmniloadPlugin())
@@ -157,13 +199,21 @@ class Job:
         return cls(client, info, cluster=cluster, owns_client=owns)
 
     @classmethod
-    def attach(cls, name: str, *, address: str | None = None, client: Client | None = None) -> Job:
-        """A handle on job ``name`` that runs on the cluster at ``address``."""
+    def attach(
+        cls,
+        name: str,
+        *,
+        address: str | None = None,
+        client: Client | None = None,
+        security: Any = None,
+    ) -> Job:
+        """A handle on job ``name`` that runs on the cluster at ``address`` (``security``: a
+        ``distributed.Security``; default: Dask's config)."""
         owns = client is None
         if client is None:
             if address is None:
                 raise JobError("Job.attach: give an address or a client")
-            client = Client(address, set_as_default=False)
+            client = Client(address, security=security, set_as_default=False)
         info = _dask.call(client, "info", job=name)
         return cls(client, info, owns_client=owns)
 

@@ -204,7 +204,7 @@ async def open_job(
     info = {
         "name": plan.name,
         "run_id": prepared.run_id,
-        "plan": plan.to_dict(),
+        "plan": plan.redacted(),  # feeders get no credentials
         "sources": coord.names,
         "files": [len(c.files) for c in catalogs],
         "units": [c.num_units for c in catalogs],

@@ -133,7 +133,7 @@ def _start_process(plan: Plan) -> Executor | None:
             1,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_process,
-            initargs=(plan.to_dict(),),
+            initargs=(plan.redacted(),),  # planning needs no credentials
         )
     except Exception as exc:  # e.g. no processes allowed here: the thread will do
         logger.warning("omniload: no planning process (%r); planning in a thread", exc)

@@ -291,6 +291,7 @@ class OmniloadPlugin(SchedulerPlugin):
         run = self._job(job)
         new = parse_plan(plan)
         change = lifecycle.plan_change(run, new, at_step)
+        run.secrets |= new.secrets()
         assert self._client is not None
         client = await self._client.get()
         catalogs = await lifecycle.discover_added(client, run, new, change.added)

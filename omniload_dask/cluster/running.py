@@ -38,6 +38,7 @@ from omniload_dask.core.coordinator import Coordinator, PlannedStep
 from omniload_dask.errors import JobError, MissingJobError, OmniloadError
 from omniload_dask.observe.monitoring import JobMonitor
 from omniload_dask.plan import Plan
+from omniload_dask.plan.credentials import scrub
 
 __all__ = ["RunningJob"]
 
@@ -63,6 +64,7 @@ class RunningJob:
         self.plan = plan
         self.coord = coord
         self.info = info
+        self.secrets = plan.secrets()  # taken out of every error text the job shows
         self.executor = executor
         self.started = time.time()
         self.monitor = JobMonitor(len(plan.sources), self.started)
@@ -115,7 +117,7 @@ class RunningJob:
 
     def on_task_failed(self, key: str, text: str) -> None:
         """A task of the job failed for good: the job fails with its error."""
-        self.coord.on_failure(key, text)
+        self.coord.on_failure(key, scrub(text, self.secrets))
         self.waiters.wake_all()
 
     def on_workers(self, workers: int, threads: int) -> None:
@@ -237,10 +239,10 @@ class RunningJob:
                 actions = coord.take_actions()
                 self.executor.execute(actions)
             except OmniloadError as exc:
-                coord.error = coord.error or str(exc)
+                coord.error = coord.error or scrub(str(exc), self.secrets)
             except Exception as exc:  # a bug: surface it to feeders instead of stalling them
                 logger.exception("omniload data plane failed")
-                coord.error = coord.error or f"internal error: {exc!r}"
+                coord.error = coord.error or scrub(f"internal error: {exc!r}", self.secrets)
             after = (coord.planned_step, coord.end_step, coord.error)
             if after != before or actions:
                 self._dirty = True

@@ -19,6 +19,7 @@ from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster.running import RunningJob
 from omniload_dask.core import autoscale
 from omniload_dask.observe.monitoring import realised_shares
+from omniload_dask.plan.credentials import scrub
 
 __all__ = ["SHARE_WINDOW", "job_stats", "mixture", "steps", "workers_wanted"]
 
@@ -70,6 +71,17 @@ def job_stats(run: RunningJob, scheduler: Any) -> dict[str, Any]:
     out["checkpoint"] = checkpoints.stats() if checkpoints is not None else None
     if checkpoints is not None and checkpoints.error:
         out["checkpoint_error"] = checkpoints.error
+    return _scrubbed(out, run.secrets)
+
+
+def _scrubbed(out: dict[str, Any], secrets: set[str]) -> dict[str, Any]:
+    """``out`` with credentials taken out of the texts that came from elsewhere (errors of
+    storage libraries, bad records)."""
+    for key in ("error", "checkpoint_error"):
+        if out.get(key):
+            out[key] = scrub(str(out[key]), secrets)
+    for src in out["sources"]:
+        src["bad_examples"] = [scrub(str(b), secrets) for b in src.get("bad_examples") or ()]
     return out
 
 

@@ -36,19 +36,20 @@ __all__ = ["connect", "format_status", "job_stats", "watch"]
 MAX_RANK_ROWS = 8
 
 
-def connect(address: str, timeout: float) -> Any:
-    """A client of the scheduler at ``address``; JobError naming the address if unreachable."""
+def connect(address: str, timeout: float, security: Any = None) -> Any:
+    """A client of the scheduler at ``address`` (``security``: a ``distributed.Security``;
+    None: Dask's config); JobError naming the address if unreachable or refused."""
     from distributed import Client
 
     try:
-        _dask.probe_scheduler(address, timeout)
+        _dask.probe_scheduler(address, timeout, security)
     except (ValueError, TypeError) as exc:
         raise JobError(f"not a scheduler address: {address!r} ({exc})") from None
     except (OSError, TimeoutError) as exc:
         raise JobError(
             f"cannot reach a Dask scheduler at {address!r} within {timeout:g} s: {exc}"
         ) from None
-    return Client(address, timeout=timeout, set_as_default=False)
+    return Client(address, timeout=timeout, security=security, set_as_default=False)
 
 
 def job_stats(client: Any, job: str | None, address: str) -> list[dict[str, Any]]:

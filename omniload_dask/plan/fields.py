@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from omniload_dask.errors import PlanError
+from omniload_dask.plan.credentials import StorageOptions, is_reference
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -178,6 +179,25 @@ class Fields:
         if not isinstance(value, Mapping):
             fail(self.at(key), "must be a mapping", value)
         return dict(value)
+
+    def storage_options(self, key: str = "storage_options") -> StorageOptions:
+        """fsspec options, taken whole; ``${env:...}`` references checked, not resolved.
+
+        Errors never show a value here: it may be a credential.
+        """
+        value = self.raw(key, {})
+        if not isinstance(value, Mapping):
+            fail(self.at(key), f"must be a mapping of fsspec options, got a {type(value).__name__}")
+        for name, item in value.items():
+            if not isinstance(name, str):
+                fail(self.at(key), f"option names must be strings, got {name!r}")
+            if isinstance(item, str) and item.startswith("${env:") and not is_reference(item):
+                fail(
+                    f"{self.at(key)}.{name}",
+                    "an environment reference is ${env:NAME}, NAME made of letters, digits "
+                    "and _ (not starting with a digit)",
+                )
+        return StorageOptions(value)
 
     def sequence(self, key: str) -> list[Any]:
         """A required, non-empty list (its items are checked by the caller)."""

@@ -119,7 +119,7 @@ def _checkpoint(top: Fields, base_dir: str | os.PathLike[str] | None) -> Checkpo
         ),
         compact_every=f.integer("compact_every", d.compact_every, min=1, max=2**30),
         keep_bases=f.integer("keep_bases", d.keep_bases, min=1, max=1000),
-        storage_options=f.plain_mapping("storage_options"),
+        storage_options=f.storage_options(),
     )
     f.done()
     return spec
@@ -145,6 +145,7 @@ def _loader(f: Fields) -> LoaderSpec:
         reads_per_thread=f.integer("reads_per_thread", d.reads_per_thread, min=1, max=1024),
         groups_per_task=f.integer("groups_per_task", d.groups_per_task, min=0, max=1 << 20),
         fanout=f.text("fanout", d.fanout, choices=FANOUTS),
+        tls=f.flag("tls", d.tls),
     )
     f.done()
     return spec

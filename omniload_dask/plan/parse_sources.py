@@ -83,7 +83,7 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
             "only applies to format: jsonl (parquet reads row groups)",
             f.raw("unit_bytes"),
         )
-    opts = f.plain_mapping("storage_options")
+    opts = f.storage_options()
     epochs = f.optional_int("epochs", min=1, max=MAX_EPOCHS)
     f.done()
     return SourceSpec(
@@ -159,7 +159,7 @@ def read_tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> Tokeni
         fail(f.at("bos"), "is required when add_bos is true (name the BOS token, e.g. '<s>')")
     if kind != "byte" and add_eos and eos is None:
         fail(f.at("eos"), "is required when add_eos is true (name the EOS token, e.g. '</s>')")
-    opts = f.plain_mapping("storage_options")
+    opts = f.storage_options()
     f.done()
     return TokenizerSpec(
         kind=kind,

@@ -2,7 +2,8 @@
 
 :meth:`Plan.to_dict` gives the plan back as data (``parse_plan`` reads it again to the same
 plan); :meth:`Plan.resume_key` is what a checkpoint and the plan resuming from it must share;
-:meth:`Plan.stream_fingerprint` hashes what decides the global sample stream.
+:meth:`Plan.stream_fingerprint` hashes what decides the global sample stream;
+:meth:`Plan.redacted` is the form every output shows (no credentials).
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omniload_dask.errors import PlanError
+from omniload_dask.plan.credentials import (
+    redact,
+    redact_url,
+    secret_values,
+    without_credentials,
+)
 from omniload_dask.plan.specs import (
     BatchSpec,
     CheckpointSpec,
@@ -93,7 +100,26 @@ class Plan:
         data["tokenizer"] = tokenizer_dict(self.tokenizer)
         if self.checkpoint is None:
             data.pop("checkpoint")
+        else:
+            data["checkpoint"]["storage_options"] = dict(self.checkpoint.storage_options)
         return data
+
+    def redacted(self) -> dict[str, Any]:
+        """:meth:`to_dict` fit to show or store: credentials ``***``, ``${env:...}`` references
+        as written (see :mod:`omniload_dask.plan.credentials`). What ``omniload validate``
+        prints, feeders get and checkpoints hold; it parses back to a plan."""
+        return dict(redact(self.to_dict()))
+
+    def secrets(self) -> set[str]:
+        """The credential values this process knows of the plan (literal ones, references set
+        here, URL passwords): what :func:`~omniload_dask.plan.credentials.scrub` takes out of
+        error texts before they are shown."""
+        options = [s.storage_options for s in self.sources] + [self.tokenizer.storage_options]
+        urls = [p for s in self.sources for p in s.paths] + [self.tokenizer.path or ""]
+        if self.checkpoint is not None:
+            options.append(self.checkpoint.storage_options)
+            urls.append(self.checkpoint.url)
+        return secret_values([*options, {"urls": urls}])
 
     def resume_key(self) -> dict[str, Any]:
         """What must match between a checkpoint's plan and the plan resuming from it.
@@ -118,8 +144,9 @@ class Plan:
         }
 
     def stream_fingerprint(self) -> str:
-        """Hash of everything that decides the global sample stream (not loader tuning/layout)."""
-        data = self.to_dict()
+        """Hash of everything that decides the global sample stream (not loader tuning/layout,
+        nor credentials: a new key, or one moved to the environment, keeps the stream)."""
+        data = without_credentials(self.to_dict())
         for key in ("loader", "layout", "cost", "name", "checkpoint"):
             data.pop(key, None)
         blob = json.dumps(data, sort_keys=True, default=str).encode()
@@ -129,7 +156,7 @@ class Plan:
 def source_identity(spec: SourceSpec) -> dict[str, Any]:
     """What a source may not change across a resume: where and how its records are read."""
     return {
-        "paths": list(spec.paths),
+        "paths": [redact_url(p) for p in spec.paths],
         "format": spec.format,
         "text": spec.text,
         "unit_bytes": spec.unit_bytes if spec.format == "jsonl" else None,

@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from omniload_dask.errors import PlanError
+from omniload_dask.plan.credentials import StorageOptions
 
 __all__ = [
     "BYTE_IMAGE_TOKEN",
@@ -46,7 +47,7 @@ class SourceSpec:
     weight: float
     text: str = "text"
     unit_bytes: int = 4 * 2**20
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    storage_options: Mapping[str, Any] = field(default_factory=StorageOptions)
     epochs: int | None = None  # stop after this many passes; None: a new epoch, reshuffled
     # Image-text sources: the image column (Parquet) or file extensions (WebDataset); () = text.
     image: tuple[str, ...] = ()
@@ -93,7 +94,7 @@ class TokenizerSpec:
     eos: str | None = None
     add_bos: bool = True
     add_eos: bool = True
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    storage_options: Mapping[str, Any] = field(default_factory=StorageOptions)
     pattern: str | None = None  # tiktoken only
     special_tokens: Mapping[str, int] = field(default_factory=dict)  # tiktoken only
 
@@ -379,6 +380,8 @@ class LoaderSpec:
     # batches over shared memory).
     groups_per_task: int = 0
     fanout: str = "none"
+    # The embedded cluster on TLS, with temporary certificates (Job.start(security=True)).
+    tls: bool = False
 
 
 @dataclass(frozen=True)
@@ -395,4 +398,4 @@ class CheckpointSpec:
     flush_seconds: float = 2.0
     compact_every: int = 1000
     keep_bases: int = 3
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    storage_options: Mapping[str, Any] = field(default_factory=StorageOptions)

@@ -34,6 +34,7 @@ import numpy as np
 from omniload_dask.errors import TokenizerError
 from omniload_dask.plan import BYTE_IMAGE_TOKEN as BYTE_IMAGE
 from omniload_dask.plan import TokenizerSpec
+from omniload_dask.plan.credentials import resolve
 
 __all__ = [
     "BYTE_BOS",
@@ -102,7 +103,7 @@ class HuggingFaceTokenizer:
 
         assert spec.path is not None
         try:
-            with fsspec.open(spec.path, "rb", **dict(spec.storage_options)) as f:
+            with fsspec.open(spec.path, "rb", **_options(spec)) as f:
                 blob = f.read()
         except FileNotFoundError:
             raise TokenizerError(f"tokenizer.path: file {spec.path!r} does not exist") from None
@@ -236,7 +237,7 @@ def _read_ranks(spec: TokenizerSpec) -> dict[bytes, int]:
     """The token bytes -> rank table of a tiktoken file; errors name the field, file and line."""
     assert spec.path is not None
     try:
-        with fsspec.open(spec.path, "rb", **dict(spec.storage_options)) as f:
+        with fsspec.open(spec.path, "rb", **_options(spec)) as f:
             blob = f.read()
     except FileNotFoundError:
         raise TokenizerError(f"tokenizer.path: file {spec.path!r} does not exist") from None
@@ -271,6 +272,11 @@ def _cached(spec_json: str) -> _Encoder:
     if spec.kind == "tiktoken":
         return TiktokenTokenizer(spec)
     return HuggingFaceTokenizer(spec)
+
+
+def _options(spec: TokenizerSpec) -> dict[str, Any]:
+    """The tokenizer file's fsspec options, ``${env:...}`` resolved here."""
+    return resolve(spec.storage_options, "tokenizer.storage_options")
 
 
 def load_tokenizer(spec: TokenizerSpec) -> _Encoder:

@@ -14,6 +14,7 @@ from fsspec.core import url_to_fs
 
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
+from omniload_dask.plan.credentials import resolve
 from omniload_dask.sources.base import SourceFormat
 from omniload_dask.sources.decoding import Decompressed
 from omniload_dask.sources.ids import MAX_FILES
@@ -26,7 +27,8 @@ _GLOB_CHARS = set("*?[")
 def filesystem(spec: SourceSpec, url: str) -> tuple[Any, str]:
     """The fsspec filesystem and path of ``url``, with the source's storage options."""
     try:
-        return url_to_fs(url, **dict(spec.storage_options))
+        options = resolve(spec.storage_options)
+        return url_to_fs(url, **options)
     except (ImportError, ValueError) as exc:
         raise SourceError(f"source {spec.name!r}: cannot open {url!r}: {exc}") from None
 

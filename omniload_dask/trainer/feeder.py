@@ -27,6 +27,7 @@ batches over shared memory). What each rank yields is the same as with its own f
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -257,6 +258,18 @@ class Feeder:
         from omniload_dask.trainer.torch_dataset import FeederDataset
 
         return FeederDataset(self)
+
+    @classmethod
+    def dataset(cls, job: str, *, address: str, security: Any = None, **kwargs: Any) -> Any:
+        """A ``torch.utils.data.IterableDataset`` whose Feeder (job ``job`` at ``address``,
+        ``security`` a ``distributed.Security`` or None for Dask's config, and the Feeder's
+        other arguments) is made on first use, in the process that iterates it: the dataset
+        pickles, e.g. into a DataLoader worker process."""
+        from omniload_dask.trainer.torch_dataset import FeederDataset
+
+        return FeederDataset(
+            make=functools.partial(cls, job, address=address, security=security, **kwargs)
+        )
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
