@@ -163,3 +163,59 @@ def test_missing_s3_objects_and_tokenizer(s3):
                 storage_options=opts,
             )
         )
+
+
+def test_s3_credentials_from_the_environment_never_reach_an_output_or_the_checkpoint(
+    s3, tmp_path, monkeypatch
+):
+    """Key, secret and endpoint as ${env:...}: resolved on the workers (and, for the
+    checkpoint, the scheduler); the plan, the feeders' info, the figures and every checkpoint
+    object hold the references only."""
+    import json
+
+    import zstandard
+
+    endpoint, client = s3
+    key, secret = "AKIAFROMTHEENVIRONMENT", "secret-from-the-environment-5d1e"
+    monkeypatch.setenv("OMNILOAD_S3_KEY", key)
+    monkeypatch.setenv("OMNILOAD_S3_SECRET", secret)
+    monkeypatch.setenv("OMNILOAD_S3_ENDPOINT", endpoint)  # unresolved, nothing would be read
+    write_jsonl(tmp_path / "env" / "a.jsonl", texts(60, seed=11))
+    client.upload_file(str(tmp_path / "env" / "a.jsonl"), "corpus", "env/a.jsonl")
+    opts = {
+        "key": "${env:OMNILOAD_S3_KEY}",
+        "secret": "${env:OMNILOAD_S3_SECRET}",
+        "client_kwargs": {
+            "endpoint_url": "${env:OMNILOAD_S3_ENDPOINT}",
+            "region_name": "us-east-1",
+        },
+    }
+    plan = parse_plan(
+        plan_dict(
+            [
+                {
+                    "name": "env",
+                    "format": "jsonl",
+                    "path": "s3://corpus/env/*.jsonl",
+                    "storage_options": opts,
+                }
+            ],
+            name="s3env",
+            layout={"dp": 1},
+            checkpoint={"url": "s3://corpus/ckpt-env", "storage_options": opts},
+        )
+    )
+    with Job.start(plan, workers=1, dashboard_address=None) as job:
+        with job.feeder(dp_rank=0, max_steps=3, output="numpy") as feeder:
+            assert sum(mb["num_tokens"] for mb in feeder) > 0
+        job.flush_checkpoint()
+        shown = json.dumps([job.info, job.stats()])
+    assert "${env:OMNILOAD_S3_SECRET}" in shown
+    listed = client.list_objects_v2(Bucket="corpus", Prefix="ckpt-env/")["Contents"]
+    assert any(o["Key"].endswith("MANIFEST.json") for o in listed)
+    for obj in listed:
+        blob = client.get_object(Bucket="corpus", Key=obj["Key"])["Body"].read()
+        if obj["Key"].endswith(".zst"):
+            blob = zstandard.ZstdDecompressor().decompressobj().decompress(blob)
+        for text in (blob.decode(), shown):
+            assert key not in text and secret not in text, obj["Key"]

@@ -99,8 +99,18 @@ def checkpoint_text(folder: Path) -> str:
 
 # ---------------------------------------------------------------------- credentials, no cluster
 def test_what_counts_as_a_credential():
-    for name in ("key", "secret", "token", "password", "aws_secret_access_key", "secretAccessKey",
-                 "sas_token", "Authorization", "client-secret", "private_key_id"):  # fmt: skip
+    for name in (
+        "key",
+        "secret",
+        "token",
+        "password",
+        "aws_secret_access_key",
+        "secretAccessKey",
+        "sas_token",
+        "Authorization",
+        "client-secret",
+        "private_key_id",
+    ):
         assert is_credential_key(name), name
     for name in ("endpoint_url", "region_name", "anon", "use_ssl", "client_kwargs", "tokens"):
         assert not is_credential_key(name), name
@@ -140,8 +150,11 @@ def test_references_resolve_where_storage_is_opened_and_an_unset_one_is_named(mo
     opts = {"token": "${env:OMNILOAD_TEST_TOKEN}", "nested": {"x": ["${env:OMNILOAD_TEST_TOKEN}"]}}
     assert resolve(opts) == {"token": ENV_TOKEN, "nested": {"x": [ENV_TOKEN]}}
     monkeypatch.delenv("OMNILOAD_TEST_TOKEN")
-    with pytest.raises(Exception, match=r"storage_options\.token: environment variable "
-                       r"OMNILOAD_TEST_TOKEN is not set"):  # fmt: skip
+    with pytest.raises(
+        Exception,
+        match=r"storage_options\.token: environment variable "
+        r"OMNILOAD_TEST_TOKEN is not set",
+    ):
         resolve(opts)
 
 
@@ -374,8 +387,12 @@ def test_the_readme_tls_cluster_serves_its_trainers_and_refuses_strangers(
     from omniload_dask.trainer import link
 
     ckpt = tmp_path / "ckpt"
-    plan = secret_plan(small_sources, "secure", layout={"dp": 1},
-                       checkpoint={"url": str(ckpt), "flush_seconds": 0.2})  # fmt: skip
+    plan = secret_plan(
+        small_sources,
+        "secure",
+        layout={"dp": 1},
+        checkpoint={"url": str(ckpt), "flush_seconds": 0.2},
+    )
     plan_path = tmp_path / "plan.yaml"
     plan_path.write_text(yaml.safe_dump(plan.to_dict()))
     assert "OMNILOAD_TEST_TOKEN" not in os.environ  # resolved on the workers only
@@ -392,8 +409,10 @@ def test_the_readme_tls_cluster_serves_its_trainers_and_refuses_strangers(
         # the README's status command, as written
         proc = subprocess.run(
             localise(tls_cluster.status, pki, tls_cluster.port),
-            capture_output=True, text=True, timeout=WAIT,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "omniload job secure" in proc.stdout
         assert_no_leak(proc.stdout + proc.stderr, "omniload status")
@@ -410,8 +429,9 @@ def test_the_readme_tls_cluster_serves_its_trainers_and_refuses_strangers(
                 with pytest.raises((OSError, TimeoutError)):
                     Feeder("secure", address=address, security=security, dp_rank=0)
         # nothing changed: the job runs, with its weights, and its feeder goes on
-        again = ns["Job"].attach("secure", address=tls_cluster.address,
-                                 security=tls_cluster.security)  # fmt: skip
+        again = ns["Job"].attach(
+            "secure", address=tls_cluster.address, security=tls_cluster.security
+        )
         assert [(r["name"], r["target_now"]) for r in again.mixture()] == targets
         again.close()
         assert next(feeder)["num_tokens"] > 0
@@ -428,9 +448,18 @@ def test_the_readme_tls_cluster_serves_its_trainers_and_refuses_strangers(
 @pytest.mark.slow
 def test_a_plan_whose_variable_is_unset_on_the_workers_fails_naming_it(tls_cluster, small_sources):
     data = make_plan(small_sources, name="unset", layout={"dp": 1}).to_dict()
-    data["sources"][0]["storage_options"] = {"token": "${env:OMNILOAD_TEST_UNSET}"}
-    with pytest.raises(Exception, match="environment variable OMNILOAD_TEST_UNSET is not set"):
+    data["sources"][0]["storage_options"] = {"key": KEY, "token": "${env:OMNILOAD_TEST_UNSET}"}
+    with pytest.raises(Exception, match="environment variable OMNILOAD_TEST_UNSET is not set") as e:
         Job.start(parse_plan(data), address=tls_cluster.address, security=tls_cluster.security)
+    assert_no_leak(str(e.value), "the error")
+    # the workers logged the failed task, with its arguments (the source's spec)
+    deadline = time.monotonic() + WAIT
+    logs = ""
+    while "Compute Failed" not in logs and time.monotonic() < deadline:
+        time.sleep(0.2)
+        logs = "".join(p.read_text() for p in tls_cluster.logs.iterdir())
+    assert "Compute Failed" in logs and "OMNILOAD_TEST_UNSET" in logs
+    assert_no_leak(logs, "the scheduler's and workers' logs")
 
 
 # ---------------------------------------------------------------------- the embedded cluster
@@ -440,15 +469,46 @@ def test_security_true_needs_the_embedded_cluster(small_plan):
 
 
 @pytest.mark.slow
-def test_the_embedded_cluster_on_tls_serves_its_dashboard_on_loopback(small_sources):
-    plan = make_plan(small_sources, name="embedded", layout={"dp": 1}, loader={"tls": True})
+def test_the_embedded_cluster_on_tls_serves_its_dashboard_on_loopback(small_sources, monkeypatch):
+    from omniload_dask.trainer import link
+
+    monkeypatch.setenv("OMNILOAD_TEST_TOKEN", ENV_TOKEN)  # the workers inherit it
+    plan = secret_plan(small_sources, "embedded", layout={"dp": 1}, loader={"tls": True})
     with Job.start(plan, workers=1) as job:
-        assert job.client.scheduler.address.startswith("tls://127.0.0.1:")
+        address = job.client.scheduler.address
+        assert address.startswith("tls://127.0.0.1:")
         assert job.dashboard_link.startswith("http://127.0.0.1:")
         with job.feeder(dp_rank=0, max_steps=1, output="numpy") as feeder:
             assert sum(mb["num_tokens"] for mb in feeder) > 0
+        # a dataset made elsewhere (pickled, as into a DataLoader worker) carries the security
+        ds = Feeder.dataset(
+            "embedded",
+            address=address,
+            security=job.client.security,
+            dp_rank=0,
+            max_steps=1,
+            output="numpy",
+        )
+        copy = pickle.loads(pickle.dumps(ds))
+        assert sum(mb["num_tokens"] for mb in copy) > 0
+        copy.feeder.close()
+        monkeypatch.setattr(link, "SCHEDULER_CONNECT_TIMEOUT", CONNECT_TIMEOUT)
+        with pytest.raises((OSError, TimeoutError)):  # Dask's config here: no TLS
+            Feeder("embedded", address=address.replace("tls://", "tcp://"), dp_rank=0)
         with Job.attach("embedded", client=job.client) as again:  # the client's security
             assert again.info["run_id"] == job.info["run_id"]
+            shown = again.plan.to_dict()  # the plan as the job shows it: credentials ***
+            assert_no_leak(json.dumps(shown), "Job.attach(...).plan")
+            shown["sources"][0]["weight"] = 5.0
+            again.update_plan(parse_plan(shown))  # keeps the credentials the job has
+
+        def secret_now(dask_scheduler):
+            run = dask_scheduler.plugins["omniload"].jobs["embedded"]
+            return dict(run.coord.streams[0].spec.storage_options)["secret"]
+
+        assert job.client.run_on_scheduler(secret_now) == SECRET
+        with job.feeder(dp_rank=0, start_step=1, max_steps=3, output="numpy") as feeder:
+            assert sum(mb["num_tokens"] for mb in feeder) > 0
 
 
 @pytest.mark.slow
@@ -468,16 +528,26 @@ def test_a_secured_feeder_survives_a_scheduler_restart(pki, small_sources, tmp_p
         tls_client_key=key["scheduler.pem"],
         require_encryption=True,
     )
-    plan = make_plan(small_sources, name="tlsloss", layout={"dp": 1},
-                     checkpoint={"url": str(tmp_path / "ckpt"), "flush_seconds": 0.2})  # fmt: skip
+    plan = make_plan(
+        small_sources,
+        name="tlsloss",
+        layout={"dp": 1},
+        checkpoint={"url": str(tmp_path / "ckpt"), "flush_seconds": 0.2},
+    )
     ref = reference(make_plan(small_sources, name="tlsloss", layout={"dp": 1}), 10)
     port = free_port()
     opts = dict(workers=2, scheduler_port=port, dashboard_address=None, security=cluster_sec)
     job = Job.start(plan, **opts)
     address = job.client.scheduler.address
     assert address.startswith("tls://")
-    feeder = Feeder("tlsloss", address=address, security=trainer_security(pki), dp_rank=0,
-                    output="numpy", reconnect_timeout=120)  # fmt: skip
+    feeder = Feeder(
+        "tlsloss",
+        address=address,
+        security=trainer_security(pki),
+        dp_rank=0,
+        output="numpy",
+        reconnect_timeout=120,
+    )
     got: dict = {}
     try:
         take([feeder], 4, got)
@@ -486,8 +556,8 @@ def test_a_secured_feeder_survives_a_scheduler_restart(pki, small_sources, tmp_p
         job.client.close()
         again = Job.start(plan, resume=True, **opts)
         try:
-            take([feeder], 6, got)
-            assert feeder.reconnects > 0
+            assert again.info["resumed"] and again.info["run_id"] != job.info["run_id"]
+            take([feeder], 6, got)  # more than it holds: it fetched from the new scheduler
         finally:
             again.close()
     finally:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from distributed import Client
@@ -44,6 +44,7 @@ from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.core.live import PlanChange
 from omniload_dask.errors import CheckpointError, JobError
 from omniload_dask.plan import Plan, SourceSpec
+from omniload_dask.plan.credentials import redact
 from omniload_dask.sources import Catalog
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "open_job",
     "plan_change",
     "prepare",
+    "with_known_credentials",
 ]
 
 DISCOVERY_TIMEOUT = 120.0
@@ -260,6 +262,32 @@ async def _discover(
 
 
 # ---------------------------------------------------------------------- live plan changes
+def with_known_credentials(run: RunningJob, new: Plan) -> Plan:
+    """``new`` with the running job's options wherever it carries their redacted form.
+
+    A plan read back from a job (``Job.attach(...).plan``, the ``info`` reply) holds ``***``
+    for credentials; updating the job with it keeps the credentials the job already has.
+    """
+    old = {s.name: s for s in run.plan.sources}
+    old.update((s.spec.name, s.spec) for s in run.coord.streams)
+
+    def known(options: Any, mine: Any) -> Any:
+        shown = redact({"storage_options": dict(mine)})["storage_options"]
+        return mine if dict(options) == shown else options
+
+    sources = tuple(
+        replace(s, storage_options=known(s.storage_options, old[s.name].storage_options))
+        if s.name in old
+        else s
+        for s in new.sources
+    )
+    tokenizer = replace(
+        new.tokenizer,
+        storage_options=known(new.tokenizer.storage_options, run.plan.tokenizer.storage_options),
+    )
+    return replace(new, sources=sources, tokenizer=tokenizer)
+
+
 def plan_change(run: RunningJob, new: Plan, at_step: int | None = None) -> PlanChange:
     """Check ``new`` against the running job and say what it changes at ``at_step`` (default:
     the first step not drawn), compared with the plan due at that step.

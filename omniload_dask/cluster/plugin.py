@@ -289,7 +289,7 @@ class OmniloadPlugin(SchedulerPlugin):
         Sources keep their names (and cursors); other fields must stay as they are.
         """
         run = self._job(job)
-        new = parse_plan(plan)
+        new = lifecycle.with_known_credentials(run, parse_plan(plan))
         change = lifecycle.plan_change(run, new, at_step)
         run.secrets |= new.secrets()
         assert self._client is not None
