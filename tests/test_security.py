@@ -462,6 +462,31 @@ def test_a_plan_whose_variable_is_unset_on_the_workers_fails_naming_it(tls_clust
     assert_no_leak(logs, "the scheduler's and workers' logs")
 
 
+@pytest.mark.slow
+def test_a_node_agent_connects_with_its_ranks_security(tls_cluster, small_sources, monkeypatch):
+    monkeypatch.setenv("OMNILOAD_AGENT_LINGER", "1")  # the agent leaves soon after its ranks
+    plan = make_plan(small_sources, name="tlsnode", layout={"dp": 1})
+    job = Job.start(plan, address=tls_cluster.address, security=tls_cluster.security)
+    try:
+        feeder = Feeder(
+            "tlsnode",
+            address=tls_cluster.address,
+            security=tls_cluster.security,
+            fanout="node",
+            rank=0,
+            node_ranks=[0],
+            max_steps=2,
+            output="numpy",
+        )
+        with feeder:
+            assert sum(mb["num_tokens"] for mb in feeder) > 0
+            assert feeder._link is None  # the agent process fetched, over TLS
+        assert job.stats()["agent_requests"] >= 1
+    finally:
+        job.stop()
+        job.close()
+
+
 # ---------------------------------------------------------------------- the embedded cluster
 def test_security_true_needs_the_embedded_cluster(small_plan):
     with pytest.raises(Exception, match="security=True makes temporary certificates"):
@@ -563,3 +588,19 @@ def test_a_secured_feeder_survives_a_scheduler_restart(pki, small_sources, tmp_p
     finally:
         feeder.close()
     assert got == {t: ref[t] for t in range(10)}
+
+
+def test_the_cli_names_a_missing_tls_option(pki, capsys):
+    args = ["status", "--address", "tls://127.0.0.1:1", "--tls-ca-file", pki.ca.ca_file, "--once"]
+    assert cli_main(args) == 2
+    assert "give --tls-cert too" in capsys.readouterr().err
+    assert cli_main([*args[:3], "--tls-ca-file", "missing.pem", "--tls-cert", "x.pem"]) == 2
+    assert "--tls-ca-file: no such file 'missing.pem'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_omniload_run_tls_runs_the_embedded_cluster_on_tls(small_sources, tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(make_plan(small_sources, name="clitls").to_dict()))
+    assert cli_main(["run", str(path), "--tls", "--steps", "2", "--workers", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 2

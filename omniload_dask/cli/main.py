@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from omniload_dask.cli.tls import add_tls_options, security_of
 from omniload_dask.errors import OmniloadError
 from omniload_dask.plan import load_plan
 
@@ -120,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=not args.json,
         resume=args.resume,
-        security=True if args.tls and not args.address else _security(args),
+        security=True if args.tls and not args.address else security_of(args),
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -147,50 +148,11 @@ def _status(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise JobError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     logging.getLogger("distributed").setLevel(logging.CRITICAL)
-    client = connect(args.address, args.timeout, _security(args))
+    client = connect(args.address, args.timeout, security_of(args))
     try:
         return watch(client, args.job, args.address, once=args.once, interval=args.interval)
     finally:
         client.close()
-
-
-def _security(args: argparse.Namespace) -> Any:
-    """The ``distributed.Security`` of ``--tls-ca-file``/``--tls-cert``/``--tls-key``, or None
-    (Dask's config, ``distributed.comm.tls.*``) when none is given."""
-    given = {
-        "--tls-ca-file": args.tls_ca_file,
-        "--tls-cert": args.tls_cert,
-        "--tls-key": args.tls_key,
-    }
-    if not any(given.values()):
-        return None
-    from omniload_dask.errors import JobError
-
-    missing = [flag for flag, value in given.items() if not value and flag != "--tls-key"]
-    if missing:
-        raise JobError(
-            f"TLS: give {' and '.join(missing)} too (with --tls-key unless the "
-            "key is in the certificate file)"
-        )
-    for flag, value in given.items():
-        if value and not Path(value).is_file():
-            raise JobError(f"{flag}: no such file {value!r}")
-    from distributed import Security
-
-    return Security(
-        require_encryption=True,
-        tls_ca_file=args.tls_ca_file,
-        tls_client_cert=args.tls_cert,
-        tls_client_key=args.tls_key,
-    )
-
-
-def _add_tls(p: argparse.ArgumentParser) -> None:
-    """The TLS options of a subcommand that connects to a scheduler."""
-    g = p.add_argument_group("TLS (default: Dask's config, distributed.comm.tls.*)")
-    g.add_argument("--tls-ca-file", help="CA certificate (PEM) the scheduler's is signed by")
-    g.add_argument("--tls-cert", help="this client's certificate (PEM)")
-    g.add_argument("--tls-key", help="this client's private key (PEM)")
 
 
 def _one_job(client: object, job: str | None, address: str) -> str:
@@ -229,7 +191,7 @@ def _running_job(args: argparse.Namespace) -> Iterator[tuple[Any, str]]:
     from omniload_dask.observe.status import connect
 
     logging.getLogger("distributed").setLevel(logging.CRITICAL)
-    client = connect(args.address, args.timeout, _security(args))
+    client = connect(args.address, args.timeout, security_of(args))
     try:
         yield client, _one_job(client, args.job, args.address)
     finally:
@@ -431,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="embedded cluster on TLS with temporary certificates (as loader.tls)",
     )
-    _add_tls(p)
+    add_tls_options(p)
     p.set_defaults(func=_run)
     p = sub.add_parser("demo-data", help="write the deterministic demo data")
     p.add_argument("folder")
@@ -442,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
-    _add_tls(p)
+    add_tls_options(p)
     p.set_defaults(func=_status)
     p = sub.add_parser("checkpoint", help="look at a data-plane checkpoint")
     csub = p.add_subparsers(dest="action", required=True)
@@ -500,7 +462,7 @@ def _add_live(
     p.add_argument("--address", required=True, help="scheduler address, e.g. tcp://host:8786")
     p.add_argument("--job", help="the job's name (default: the only job running)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
-    _add_tls(p)
+    add_tls_options(p)
     p.set_defaults(func=func)
     return p
 

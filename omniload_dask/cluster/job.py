@@ -38,7 +38,7 @@ from omniload_dask.trainer.feeder import Feeder
 
 CLOSE_IDLE_TIMEOUT = 3.0  # seconds close() lets a stopped job's running reads finish
 
-__all__ = ["Job", "local_cluster", "loopback"]
+__all__ = ["Job", "local_cluster"]
 
 # Settings of the embedded cluster (a cluster given by address keeps its own):
 _DASK_CONFIG = {
@@ -72,7 +72,7 @@ def local_cluster(
     """
     kwargs.setdefault("resources", {"omniload-read": threads_per_worker})
     if kwargs.get("security") is not None and dashboard_address is not None:
-        dashboard_address = loopback(dashboard_address)
+        dashboard_address = _loopback(dashboard_address)
     if dashboard_address is None:
         kwargs["scheduler_kwargs"] = {
             "dashboard_address": ":0",
@@ -88,7 +88,7 @@ def local_cluster(
         )
 
 
-def loopback(address: str) -> str:
+def _loopback(address: str) -> str:
     """``address`` (``host:port`` or ``:port``) with the host forced to 127.0.0.1: the
     dashboard is plain HTTP, so a secured embedded cluster serves it on loopback only."""
     port = address.rpartition(":")[2] if ":" in address else address

@@ -260,16 +260,12 @@ class Feeder:
         return FeederDataset(self)
 
     @classmethod
-    def dataset(cls, job: str, *, address: str, security: Any = None, **kwargs: Any) -> Any:
-        """A ``torch.utils.data.IterableDataset`` whose Feeder (job ``job`` at ``address``,
-        ``security`` a ``distributed.Security`` or None for Dask's config, and the Feeder's
-        other arguments) is made on first use, in the process that iterates it: the dataset
-        pickles, e.g. into a DataLoader worker process."""
+    def dataset(cls, job: str, **kwargs: Any) -> Any:
+        """A ``torch.utils.data.IterableDataset`` whose ``Feeder(job, **kwargs)`` (``address``,
+        ``security``...) is made where it is first used: it pickles (into DataLoader workers)."""
         from omniload_dask.trainer.torch_dataset import FeederDataset
 
-        return FeederDataset(
-            make=functools.partial(cls, job, address=address, security=security, **kwargs)
-        )
+        return FeederDataset(make=functools.partial(cls, job, **kwargs))
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -327,11 +323,7 @@ class Feeder:
         """The job's ``info`` (or ``stats``), over this feeder's connection or a short one."""
         if self._link is not None:
             return dict(self._link.call(handler, job=self.job))
-        link = Link(self.address, self._security)
-        try:
-            return dict(link.call(handler, job=self.job))
-        finally:
-            link.close()
+        return _ask_once(self.address, self._security, self.job, handler)
 
     def close(self) -> None:
         """Stop fetching (the thread ends within one poll) and close the connections."""
@@ -357,6 +349,15 @@ class Feeder:
         if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined
             self.source_names = list(self._source.info()["sources"])
         return _output(mb, self.source_names, self.output)
+
+
+def _ask_once(address: str, security: Any, job: str, handler: str) -> dict[str, Any]:
+    """The reply of the job's ``handler`` over a short connection of its own."""
+    link = Link(address, security)
+    try:
+        return dict(link.call(handler, job=job))
+    finally:
+        link.close()
 
 
 def _start_of(info: dict[str, Any]) -> int:
