@@ -487,6 +487,43 @@ def test_a_node_agent_connects_with_its_ranks_security(tls_cluster, small_source
         job.close()
 
 
+@pytest.mark.slow
+def test_the_data_plane_client_reconnects_with_the_scheduler_s_certificate(
+    tls_cluster, small_sources
+):
+    """``dask scheduler --tls-cert`` gives the scheduler its own certificate only: the data
+    plane's client, and the one replacing it after a lost connection, present that one."""
+    from .test_scale import assert_same, reference
+
+    plan = make_plan(small_sources, name="tlsreconnect", layout={"dp": 1})
+    ref = reference(plan, steps=8)
+    job = Job.start(plan, address=tls_cluster.address, security=tls_cluster.security)
+    try:
+        with job.feeder(dp_rank=0, output="numpy", max_steps=8) as feeder:
+            got = [next(feeder) for _ in range(len(ref[0]) // 2)]
+
+            def cut(dask_scheduler):
+                from omniload_dask.cluster import internals
+
+                internals.break_connection(dask_scheduler.plugins["omniload"]._client.current)
+
+            job.client.run_on_scheduler(cut)
+            got += list(feeder)
+
+        def replaced(dask_scheduler):
+            return dask_scheduler.plugins["omniload"]._client.replaced
+
+        deadline = time.monotonic() + WAIT
+        while job.client.run_on_scheduler(replaced) < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert job.client.run_on_scheduler(replaced) >= 1
+        assert job.stats()["error"] is None
+    finally:
+        job.stop()
+        job.close()
+    assert_same(ref, {0: got})
+
+
 # ---------------------------------------------------------------------- the embedded cluster
 def test_security_true_needs_the_embedded_cluster(small_plan):
     with pytest.raises(Exception, match="security=True makes temporary certificates"):
@@ -604,3 +641,22 @@ def test_omniload_run_tls_runs_the_embedded_cluster_on_tls(small_sources, tmp_pa
     path.write_text(yaml.safe_dump(make_plan(small_sources, name="clitls").to_dict()))
     assert cli_main(["run", str(path), "--tls", "--steps", "2", "--workers", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 2
+
+
+def test_error_texts_shown_by_a_job_lose_the_plan_s_credentials(small_sources, monkeypatch):
+    from omniload_dask.cluster.stats import _scrubbed
+
+    monkeypatch.setenv("OMNILOAD_TEST_TOKEN", ENV_TOKEN)
+    plan = secret_plan(small_sources, "errors")
+    secrets = plan.secrets()
+    assert {KEY, SECRET, SECRET + "-nested", ENV_TOKEN} <= secrets
+    out = _scrubbed(
+        {
+            "error": f"read failed: AccessDenied for key {KEY} (token {ENV_TOKEN})",
+            "checkpoint_error": f"cannot write s3://me:{SECRET}@bucket/ckpt",
+            "sources": [{"bad_examples": [f"record with {SECRET}-nested in it"]}],
+        },
+        secrets,
+    )
+    assert_no_leak(json.dumps(out), "a job's error texts")
+    assert out["error"] == "read failed: AccessDenied for key *** (token ***)"

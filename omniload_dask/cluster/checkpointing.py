@@ -26,6 +26,7 @@ from typing import Any
 from omniload_dask.checkpoint import Checkpoint, CheckpointWriter
 from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.plan import CheckpointSpec, Plan
+from omniload_dask.plan.credentials import scrub, secret_values
 
 __all__ = ["CheckpointSchedule", "open_writer"]
 
@@ -75,6 +76,8 @@ class CheckpointSchedule:
         self._on_more = on_more
         self._flushing: asyncio.Future[Any] | None = None
         self._last_flush = time.monotonic()
+        # what storage errors may echo: taken out of the log line and the error shown
+        self._secrets = secret_values([spec.storage_options, {"url": spec.url}])
 
     def tick(self, force: bool = False) -> asyncio.Future[Any] | None:
         """Queue the new deltas; start a flush when one is due (or ``force``).
@@ -121,7 +124,7 @@ class CheckpointSchedule:
         """A flush ended: keep its error, or have the deltas that came meanwhile flushed."""
         exc = fut.exception() if not fut.cancelled() else None
         if exc is not None:
-            logger.error("omniload checkpoint flush failed: %s", exc)
-            self.error = str(exc)
+            self.error = scrub(str(exc), self._secrets)
+            logger.error("omniload checkpoint flush failed: %s", self.error)
         elif self.writer.pending():
             self._on_more()  # more arrived meanwhile
