@@ -39,6 +39,7 @@ from omniload_dask.plan.credentials import (
 from omniload_dask.testing import InlineDataPlane
 
 from .conftest import make_plan
+from .datagen import plan_dict
 from .pki import Authority
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -660,3 +661,15 @@ def test_error_texts_shown_by_a_job_lose_the_plan_s_credentials(small_sources, m
     )
     assert_no_leak(json.dumps(out), "a job's error texts")
     assert out["error"] == "read failed: AccessDenied for key *** (token ***)"
+
+
+def test_the_readme_credentials_example_is_a_valid_source_with_references(monkeypatch):
+    (block,) = readme_blocks("yaml")
+    source = yaml.safe_load(block)["sources"][0]
+    plan = parse_plan(plan_dict([source]))
+    opts = plan.sources[0].storage_options
+    assert opts["secret"] == "${env:S3_SECRET}"
+    assert plan.redacted()["sources"][0]["storage_options"] == dict(opts)  # nothing to hide
+    monkeypatch.setenv("S3_KEY", KEY)
+    monkeypatch.setenv("S3_SECRET", SECRET)
+    assert resolve(opts)["secret"] == SECRET and resolve(opts)["key"] == KEY
