@@ -46,13 +46,16 @@ images with ``image``; the ``images`` section says how images become patches and
 A source with ``epochs: N`` stops after N passes; without it, it starts a new epoch with a fresh
 shuffle. Every error names the field path and the value (``sources[1].weight: must be >= 0, got -1``).
 Relative local paths are resolved against the plan file's folder; ``${VAR}`` and
-``${VAR:-default}`` are expanded from the environment in paths.
+``${VAR:-default}`` are expanded from the environment in paths. Credentials in
+``storage_options`` are best given as ``${env:NAME}``, resolved only where storage is opened;
+every output shows a plan without them (:meth:`Plan.redacted`, :mod:`.credentials`).
 
 The modules: ``specs`` (the frozen section specs), ``plan`` (:class:`Plan`: the whole plan, its
 plain-data form, resume key and stream fingerprint), ``parse`` (:func:`load_plan`,
 :func:`parse_plan`: the top level) with one parser module per group of sections
 (``parse_sources``, ``parse_batch``, ``parse_mixing``, ``parse_cost``), and ``fields`` (field by
-field validation that names the path). Import the names below from this package.
+field validation that names the path), ``credentials`` (what counts as one, redaction,
+resolution). Import the names below from this package.
 """
 
 from omniload_dask.plan.parse import load_plan, parse_plan
