@@ -16,8 +16,11 @@ Memory Manager's policy classes, the dashboard's Bokeh application. Everything e
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 METADATA_FIELD = "omniload"
 
@@ -159,6 +162,37 @@ async def rpc(pool: Any, address: str, handler: str, /, **kwargs: Any) -> Any:
     ``omniload_*`` handlers, or a worker's :mod:`.serving` handler) through ``pool``; a
     remote error is raised here."""
     return await getattr(pool(address), handler)(**kwargs)
+
+
+def pooled(pool: Any, address: str) -> bool:
+    """Whether ``pool`` holds a comm to ``address`` that is not known to be closed."""
+    comms = [*pool.available.get(address, ()), *pool.occupied.get(address, ())]
+    return any(not comm.closed() for comm in comms)
+
+
+async def refused(address: str, timeout: float) -> bool:
+    """Whether a plain TCP connection to ``address`` (``tcp://`` only) is refused at once.
+
+    Dask's ``connect`` retries a refused connection until its timeout; a fetcher asks this
+    first before opening a comm to a worker, since a refusal means that no process listens
+    there (a killed worker; its nanny starts the new one on another port). False for other
+    schemes (a TLS server would log a bare probe) and when the host does not answer in time.
+    """
+    import asyncio
+
+    from distributed.comm.addressing import get_address_host_port, parse_address
+
+    if parse_address(address)[0] != "tcp":
+        return False
+    host, port = get_address_host_port(address)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return False
 
 
 def open_comms(pool: Any) -> int:
@@ -353,6 +387,30 @@ def run_on_scheduler_loop(scheduler: Any, fn: Any, timeout: float = 10.0) -> Any
     return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout)
 
 
+# ---------------------------------------------------------------------- worker life
+SCHEDULER_LOST = "worker-handle-scheduler-connection-broken"  # a worker's close reason
+
+
+def keep_nanny_on_scheduler_loss(nanny: Any) -> None:
+    """Have ``nanny`` start a new worker process when its worker closes for a lost scheduler.
+
+    A worker whose stream to the scheduler breaks closes itself and first calls its nanny's
+    ``close_gracefully`` handler, which marks the nanny as closing: it then exits with the
+    worker. Wrapped here, that call with the scheduler-lost reason is declined, so the nanny
+    treats the worker's exit as a crash and instantiates a new worker process (Dask's own
+    restart path), which keeps trying to connect to the scheduler's address.
+    """
+    original = nanny.handlers["close_gracefully"]
+
+    def close_gracefully(reason: str = "nanny-close-gracefully") -> Any:
+        if reason == SCHEDULER_LOST:
+            logger.warning("omniload: scheduler lost; the nanny restarts its worker to rejoin")
+            return None
+        return original(reason=reason)
+
+    nanny.handlers["close_gracefully"] = close_gracefully
+
+
 # ---------------------------------------------------------------------- standby replicas
 def install_standby(scheduler: Any, is_standby: Any) -> Any:
     """Keep a second in-memory copy of the keys ``is_standby(key)`` accepts, on another worker.
@@ -411,6 +469,22 @@ def install_standby(scheduler: Any, is_standby: Any) -> Any:
     standby = Standby()
     amm.add_policy(standby)
     return standby
+
+
+def drop_peer(worker: Any, address: str) -> None:
+    """Close ``worker``'s comms to ``address`` and fail its attempts to connect there.
+
+    A worker fetching a task's input from a peer that just died keeps retrying the refused
+    connection until ``distributed.comm.timeouts.connect`` (30 s by default), and the task
+    waits that long although the scheduler knows the peer is gone. Failing the attempt makes
+    the worker drop the peer and ask the scheduler where else the input is (or will be).
+    """
+    worker.rpc.remove(address, reason=f"omniload: worker {address} left the cluster")
+
+
+async def tell_workers_gone(scheduler: Any, address: str, handler: str) -> None:
+    """Call ``handler(address=...)`` on every worker of ``scheduler`` (errors ignored)."""
+    await scheduler.broadcast(msg={"op": handler, "address": address}, on_error="ignore")
 
 
 def run_memory_manager(scheduler: Any) -> None:

@@ -8,12 +8,17 @@ fetcher calls over Dask's comms (no Client)::
     fetcher -> worker   omniload_parts(parts=[[block key, part], ...])
     worker  -> fetcher  [part's GroupBatch or None, ...]     (None: not held here)
 
+When a worker leaves, the data plane calls ``omniload_peer_gone(address=...)`` on the others:
+a construction fetching a shard from the lost worker then asks the scheduler for the shard's
+standby copy at once, instead of retrying the dead address for Dask's 30 s connect timeout.
+
 The values travel as Dask serializes task results (numpy buffers out of band, no copy). The
 handler counts what it sends (``sent_bytes``, ``sent_parts``) for the scale benchmark.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from dask.sizeof import sizeof
@@ -23,9 +28,10 @@ from omniload_dask.batching.formats import BatchBlock
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 
-__all__ = ["PART_HANDLER", "PartServer"]
+__all__ = ["PART_HANDLER", "PEER_GONE_HANDLER", "PartServer"]
 
 PART_HANDLER = "omniload_parts"
+PEER_GONE_HANDLER = "omniload_peer_gone"
 
 
 class PartServer(WorkerPlugin):
@@ -39,11 +45,19 @@ class PartServer(WorkerPlugin):
         self.sent_bytes = 0
         self.sent_parts = 0
         self.calls = 0
+        self.peers_gone: deque[str] = deque(maxlen=64)  # the latest workers lost, for tests
 
     def setup(self, worker: Any) -> None:
         """Install the handler on ``worker``."""
         self.worker = worker
-        _dask.add_handlers(worker, "", {PART_HANDLER: self.parts})
+        _dask.add_handlers(
+            worker, "", {PART_HANDLER: self.parts, PEER_GONE_HANDLER: self.peer_gone}
+        )
+
+    def peer_gone(self, address: str) -> None:
+        """The scheduler lost the worker at ``address``: stop waiting to connect to it."""
+        _dask.drop_peer(self.worker, str(address))
+        self.peers_gone.append(str(address))
 
     def parts(self, parts: list[Any]) -> list[Any]:
         """The asked parts of blocks held here, in order (None where not held)."""

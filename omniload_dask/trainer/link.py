@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import threading
 import zlib
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -66,6 +66,9 @@ class Link:
         self._scheduler = _dask.connection_pool(security, SCHEDULER_CONNECT_TIMEOUT, limit=4)
         self._workers = _dask.connection_pool(security, WORKER_CONNECT_TIMEOUT)
         self._closed = False
+        self._unreachable: set[str] = set()  # workers whose last fetch failed
+        self.failed_fetches = 0  # fetches from a worker that failed (then another was tried)
+        self.fetch_errors: deque[tuple[str, str]] = deque(maxlen=8)  # the latest: (worker, error)
         self._run(self._start(), SCHEDULER_CONNECT_TIMEOUT)
 
     async def _start(self) -> None:
@@ -94,24 +97,28 @@ class Link:
     ) -> dict[tuple[str, int], Any]:
         got: dict[tuple[str, int], Any] = {}
         pending = list(dict.fromkeys(refs))
+        order = {ref: self._order(who_has.get(ref[0]) or [], ref[0]) for ref in pending}
         for attempt in range(2):
             by_worker: dict[str, list[tuple[str, int]]] = defaultdict(list)
             for ref in pending:
-                holders = who_has.get(ref[0]) or []
+                holders = order[ref]
                 if len(holders) > attempt:
-                    pick = (self.salt + zlib.crc32(ref[0].encode()) + attempt) % len(holders)
-                    by_worker[holders[pick]].append(ref)
+                    by_worker[holders[attempt]].append(ref)
             if not by_worker:
                 break
             replies = await asyncio.gather(
                 *(self._from_worker(addr, mine) for addr, mine in by_worker.items()),
                 return_exceptions=True,
             )
-            for mine, reply in zip(by_worker.values(), replies, strict=True):
+            for addr, mine, reply in zip(by_worker, by_worker.values(), replies, strict=True):
                 if isinstance(reply, BaseException):
                     if not isinstance(reply, (OSError, asyncio.TimeoutError)):
                         raise reply
+                    self._unreachable.add(addr)  # tried last until it answers again
+                    self.failed_fetches += 1
+                    self.fetch_errors.append((addr, f"{type(reply).__name__}: {reply}"))
                     continue
+                self._unreachable.discard(addr)
                 for ref, value in zip(mine, reply, strict=True):
                     if value is not None:
                         got[ref] = value
@@ -120,7 +127,23 @@ class Link:
                 break
         return got
 
+    def _order(self, holders: list[str], key: str) -> list[str]:
+        """The holders of ``key`` in the order to try them: spread over agents by ``salt``,
+        workers that could not be reached lately last (a worker just killed may still be
+        listed until the scheduler notices)."""
+        if not holders:
+            return holders
+        first = (self.salt + zlib.crc32(key.encode())) % len(holders)
+        turned = holders[first:] + holders[:first]
+        if self._unreachable:
+            turned.sort(key=lambda addr: addr in self._unreachable)
+        return turned
+
     async def _from_worker(self, address: str, refs: list[tuple[str, int]]) -> list[Any]:
+        if not _dask.pooled(self._workers, address) and await _dask.refused(
+            address, WORKER_CONNECT_TIMEOUT
+        ):  # a killed worker: no waiting for Dask's connect retries, the other holder now
+            raise ConnectionRefusedError(f"worker {address} refused the connection")
         reply = await _dask.rpc(
             self._workers, address, PART_HANDLER, parts=[[k, p] for k, p in refs]
         )
