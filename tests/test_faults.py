@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from omniload_dask import Feeder, Job
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster.standby import is_standby_key
 from omniload_dask.testing import InlineDataPlane
 
@@ -95,14 +98,13 @@ def test_killing_a_worker_process_costs_at_most_one_step(small_sources):
     print(f"longest wait for a step after the kill: {max(waits) * 1e3:.0f} ms")
 
 
-async def _connect_then_drop(address: str, dask_worker=None) -> str:
-    """Start connecting to ``address`` (nobody listens: Dask retries until its timeout), drop
-    the peer, and say how the attempt ended."""
-    attempt = asyncio.ensure_future(dask_worker.rpc.connect(address))
-    await asyncio.sleep(0)  # the attempt is under way
-    _dask.drop_peer(dask_worker, address)
+async def _connect_after_drop(address: str, dask_worker=None) -> str:
+    """Tell the worker ``address`` left, then start connecting there (nobody listens: Dask
+    would retry until its 30 s connect timeout); say how the attempt ended."""
+    dask_worker.plugins["omniload-parts"].peer_gone(address)
+    await asyncio.sleep(0.05)  # the attempt starts after the word came (an older who_has)
     try:
-        await asyncio.wait_for(attempt, 20)
+        await asyncio.wait_for(dask_worker.rpc.connect(address), 20)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return "connected"
@@ -123,7 +125,7 @@ def test_a_killed_worker_is_dropped_by_the_others_at_once(small_sources):
             list(f)
         pids = job.client.run(os.getpid)
         victim, *others = sorted(pids)
-        ended = job.client.run(_connect_then_drop, f"tcp://127.0.0.1:{free_port()}",
+        ended = job.client.run(_connect_after_drop, f"tcp://127.0.0.1:{free_port()}",
                                workers=[others[0]])  # fmt: skip
         assert "left the cluster" in ended[others[0]], ended
         os.kill(pids[victim], signal.SIGKILL)
@@ -265,3 +267,84 @@ def test_a_rank_that_never_fetches_is_named_by_the_feeders_and_in_status(
     assert "never connected: 1, 3" in format_status(stats)
     warned = [r.getMessage() for r in caplog.records if "no batch for step 24" in r.getMessage()]
     assert warned and "ranks 1, 3" in warned[0], warned
+
+
+def _dask_command(*args: str) -> list[str]:
+    exe = Path(sys.executable).parent / "dask"
+    return [str(exe) if exe.exists() else shutil.which("dask") or "dask", *args]
+
+
+@pytest.mark.slow
+def test_dask_workers_rejoin_a_restarted_scheduler_by_themselves(small_sources, tmp_path):
+    # The README's external cluster: `dask scheduler --preload omniload_dask.preload` and
+    # `dask worker ... --preload-nanny omniload_dask.rejoin`. The scheduler is killed and a new
+    # one started at the same address; nobody touches the workers: they rejoin, the job
+    # resumes from its checkpoint, and the feeder goes on exactly where it was.
+    plan = make_plan(
+        small_sources,
+        name="rejoin",
+        checkpoint={"url": str(tmp_path / "ckpt"), "flush_seconds": 0.2},
+        layout={"dp": 1},
+    )
+    ref = reference(make_plan(small_sources, name="rejoin", layout={"dp": 1}), 14)
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler_cmd = _dask_command(
+        "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard",
+        "--preload", "omniload_dask.preload",
+    )  # fmt: skip
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen(scheduler_cmd, **quiet)]
+    workers = [
+        subprocess.Popen(
+            _dask_command(
+                "worker",
+                address,
+                "--nthreads",
+                "2",
+                "--resources",
+                "omniload-read=1",
+                "--no-dashboard",
+                "--preload-nanny",
+                "omniload_dask.rejoin",
+            ),
+            **quiet,
+        )
+        for _ in range(2)
+    ]
+    feeder = None
+    try:
+        job = Job.start(plan, address=address)
+        feeder = Feeder("rejoin", address=address, dp_rank=0, output="numpy",
+                        reconnect_timeout=120)  # fmt: skip
+        got: dict = {}
+        take([feeder], 5, got)
+        job.flush_checkpoint()
+        job.close()
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(30)
+        procs.append(subprocess.Popen(scheduler_cmd, **quiet))
+        again = Job.start(plan, address=address, resume=True)  # waits for the workers
+        try:
+            assert again.info["resumed"]
+            take([feeder], 9, got)
+            deadline = time.monotonic() + 60
+            while len(again.client.scheduler_info()["workers"]) < 2:  # both came back
+                assert time.monotonic() < deadline, again.client.scheduler_info()["workers"]
+                time.sleep(0.1)
+        finally:
+            again.close()
+        assert all(w.poll() is None for w in workers)  # the same processes, never restarted
+    finally:
+        if feeder is not None:
+            feeder.close()
+        for proc in [*workers, *procs]:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in [*workers, *procs]:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    assert got == {t: ref[t] for t in range(14)}

@@ -398,13 +398,25 @@ def keep_nanny_on_scheduler_loss(nanny: Any) -> None:
     ``close_gracefully`` handler, which marks the nanny as closing: it then exits with the
     worker. Wrapped here, that call with the scheduler-lost reason is declined, so the nanny
     treats the worker's exit as a crash and instantiates a new worker process (Dask's own
-    restart path), which keeps trying to connect to the scheduler's address.
+    restart path), which keeps trying to connect to the scheduler's address. The old process
+    is killed at once: what it holds is of no use without its scheduler, and a read running
+    in one of its threads would otherwise delay its exit (and the rejoin) until it ends. Its
+    address is forgotten first, so the nanny does not try to unregister it from a scheduler
+    that is gone (up to 10 s) before it starts the new process.
     """
+    import os
+    import signal
+
     original = nanny.handlers["close_gracefully"]
 
     def close_gracefully(reason: str = "nanny-close-gracefully") -> Any:
         if reason == SCHEDULER_LOST:
             logger.warning("omniload: scheduler lost; the nanny restarts its worker to rejoin")
+            pid = nanny.pid
+            if nanny.process is not None:
+                nanny.process.worker_address = None  # set again by the next process
+            if pid:
+                os.kill(pid, signal.SIGKILL)
             return None
         return original(reason=reason)
 
@@ -480,6 +492,14 @@ def drop_peer(worker: Any, address: str) -> None:
     the worker drop the peer and ask the scheduler where else the input is (or will be).
     """
     worker.rpc.remove(address, reason=f"omniload: worker {address} left the cluster")
+
+
+def connect_timeout() -> float:
+    """Dask's connect timeout in seconds (``distributed.comm.timeouts.connect``)."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s") or 30)
 
 
 async def tell_workers_gone(scheduler: Any, address: str, handler: str) -> None:

@@ -18,6 +18,7 @@ handler counts what it sends (``sent_bytes``, ``sent_parts``) for the scale benc
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = ["PART_HANDLER", "PEER_GONE_HANDLER", "PartServer"]
 
 PART_HANDLER = "omniload_parts"
 PEER_GONE_HANDLER = "omniload_peer_gone"
+DROP_EVERY = 0.2  # seconds between drops of a lost worker's connection attempts
 
 
 class PartServer(WorkerPlugin):
@@ -46,6 +48,7 @@ class PartServer(WorkerPlugin):
         self.sent_parts = 0
         self.calls = 0
         self.peers_gone: deque[str] = deque(maxlen=64)  # the latest workers lost, for tests
+        self._dropping: dict[str, asyncio.Task[None]] = {}
 
     def setup(self, worker: Any) -> None:
         """Install the handler on ``worker``."""
@@ -55,9 +58,31 @@ class PartServer(WorkerPlugin):
         )
 
     def peer_gone(self, address: str) -> None:
-        """The scheduler lost the worker at ``address``: stop waiting to connect to it."""
-        _dask.drop_peer(self.worker, str(address))
-        self.peers_gone.append(str(address))
+        """The scheduler lost the worker at ``address``: stop waiting to connect to it.
+
+        Fetches that started before this call fail now; one that starts a little later (the
+        worker had an older list of who holds what) is failed by a later drop, so no task
+        waits on the lost worker for Dask's connect timeout. The drops go on that long.
+        """
+        address = str(address)
+        self.peers_gone.append(address)
+        _dask.drop_peer(self.worker, address)
+        if address not in self._dropping:
+            task = asyncio.get_running_loop().create_task(self._keep_dropping(address))
+            self._dropping[address] = task
+            task.add_done_callback(lambda _: self._dropping.pop(address, None))
+
+    async def _keep_dropping(self, address: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _dask.connect_timeout()
+        while loop.time() < deadline:
+            await asyncio.sleep(DROP_EVERY)
+            _dask.drop_peer(self.worker, address)
+
+    def teardown(self, worker: Any) -> None:
+        """Stop dropping lost workers' connections (the worker closes)."""
+        for task in list(self._dropping.values()):
+            task.cancel()
 
     def parts(self, parts: list[Any]) -> list[Any]:
         """The asked parts of blocks held here, in order (None where not held)."""
