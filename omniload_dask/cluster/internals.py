@@ -274,12 +274,31 @@ def wait_workers_idle(client: Any, timeout: float) -> bool:
         time.sleep(0.05)
 
 
-def call(client: Any, handler: str, /, **kwargs: Any) -> Any:
-    """Call the scheduler handler ``omniload_<handler>`` from a synchronous client.
+def call(client: Any, handler: str, /, *, call_timeout: float | None = None, **kwargs: Any) -> Any:
+    """Call the scheduler handler ``omniload_<handler>`` from a synchronous client (waiting at
+    most ``call_timeout`` seconds, if given).
 
     The reply comes back as plain data with lists (msgpack turns lists into tuples).
     """
-    return _lists(client.sync(getattr(client.scheduler, "omniload_" + handler), **kwargs))
+    method = getattr(client.scheduler, "omniload_" + handler)
+    return _lists(client.sync(method, callback_timeout=call_timeout, **kwargs))
+
+
+def close_local_workers(cluster: Any, timeout: float) -> None:
+    """Close the workers of a ``LocalCluster`` (nannies and their processes), waiting up to
+    ``timeout`` seconds for each process to exit by itself.
+
+    ``LocalCluster.close()`` gives a worker process 4 s before it kills it with a warning
+    ("Worker process still alive after 4.0 seconds, killing"); on a loaded machine a clean
+    exit can take longer. Closed first here, the workers are then gone when the cluster closes.
+    """
+    import asyncio
+
+    async def close_all() -> None:
+        workers = list(getattr(cluster, "workers", {}).values())
+        await asyncio.gather(*(w.close(timeout=timeout) for w in workers), return_exceptions=True)
+
+    cluster.sync(close_all, callback_timeout=timeout + 5)
 
 
 def _lists(value: Any) -> Any:
