@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -239,9 +240,20 @@ def test_feeders_survive_the_scheduler_and_continue_exactly(small_sources, tmp_p
     assert got == {t: ref[t] for t in range(16)}
 
 
+class Collect(logging.Handler):
+    """Keeps the messages logged to it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @pytest.mark.slow
 def test_a_rank_that_never_fetches_is_named_by_the_feeders_and_in_status(
-    small_sources, monkeypatch, caplog
+    small_sources, monkeypatch
 ):
     # The data plane draws at most a window of steps past the slowest rank: a rank whose
     # feeder never starts holds the job there. The waiting feeders name it (after
@@ -250,22 +262,27 @@ def test_a_rank_that_never_fetches_is_named_by_the_feeders_and_in_status(
     from omniload_dask.trainer import fetch
 
     monkeypatch.setattr(fetch, "HELD_BACK_WARN", 0.0)
+    warnings = Collect()
+    fetch.logger.addHandler(warnings)
     plan = make_plan(small_sources, name="missing", layout={"dp": 2, "tp": 2})
-    with Job.start(plan, workers=2, dashboard_address=None) as job:
-        feeders = [job.feeder(dp_rank=g, tp_rank=0, output="numpy") for g in range(2)]
-        got: dict = {}
-        take(feeders, 24, got)  # 4 * (prefetch + lookahead) + 8: the draw stops here
-        deadline = time.monotonic() + 60
-        while not all(f._source.stalls.warnings for f in feeders):
-            assert time.monotonic() < deadline, "no feeder warned"
-            time.sleep(0.1)
-        stats = job.stats()
-        for f in feeders:
-            f.close()
+    try:
+        with Job.start(plan, workers=2, dashboard_address=None) as job:
+            feeders = [job.feeder(dp_rank=g, tp_rank=0, output="numpy") for g in range(2)]
+            got: dict = {}
+            take(feeders, 24, got)  # 4 * (prefetch + lookahead) + 8: the draw stops here
+            deadline = time.monotonic() + 60
+            while not all(f._source.stalls.warnings for f in feeders):
+                assert time.monotonic() < deadline, "no feeder warned"
+                time.sleep(0.1)
+            stats = job.stats()
+            for f in feeders:
+                f.close()
+    finally:
+        fetch.logger.removeHandler(warnings)
     assert stats["held_back"]["ranks"] == [1, 3]
     assert stats["held_back"]["never_seen"] == [1, 3]
     assert "never connected: 1, 3" in format_status(stats)
-    warned = [r.getMessage() for r in caplog.records if "no batch for step 24" in r.getMessage()]
+    warned = [m for m in warnings.messages if "no batch for step 24" in m]
     assert warned and "ranks 1, 3" in warned[0], warned
 
 

@@ -170,31 +170,6 @@ def pooled(pool: Any, address: str) -> bool:
     return any(not comm.closed() for comm in comms)
 
 
-async def refused(address: str, timeout: float) -> bool:
-    """Whether a plain TCP connection to ``address`` (``tcp://`` only) is refused at once.
-
-    Dask's ``connect`` retries a refused connection until its timeout; a fetcher asks this
-    first before opening a comm to a worker, since a refusal means that no process listens
-    there (a killed worker; its nanny starts the new one on another port). False for other
-    schemes (a TLS server would log a bare probe) and when the host does not answer in time.
-    """
-    import asyncio
-
-    from distributed.comm.addressing import get_address_host_port, parse_address
-
-    if parse_address(address)[0] != "tcp":
-        return False
-    host, port = get_address_host_port(address)
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except ConnectionRefusedError:
-        return True
-    except (OSError, asyncio.TimeoutError):
-        return False
-    writer.close()
-    return False
-
-
 def open_comms(pool: Any) -> int:
     """Comms ``pool`` holds open now."""
     return int(pool.open)
@@ -282,23 +257,6 @@ def call(client: Any, handler: str, /, *, call_timeout: float | None = None, **k
     """
     method = getattr(client.scheduler, "omniload_" + handler)
     return _lists(client.sync(method, callback_timeout=call_timeout, **kwargs))
-
-
-def close_local_workers(cluster: Any, timeout: float) -> None:
-    """Close the workers of a ``LocalCluster`` (nannies and their processes), waiting up to
-    ``timeout`` seconds for each process to exit by itself.
-
-    ``LocalCluster.close()`` gives a worker process 4 s before it kills it with a warning
-    ("Worker process still alive after 4.0 seconds, killing"); on a loaded machine a clean
-    exit can take longer. Closed first here, the workers are then gone when the cluster closes.
-    """
-    import asyncio
-
-    async def close_all() -> None:
-        workers = list(getattr(cluster, "workers", {}).values())
-        await asyncio.gather(*(w.close(timeout=timeout) for w in workers), return_exceptions=True)
-
-    cluster.sync(close_all, callback_timeout=timeout + 5)
 
 
 def _lists(value: Any) -> Any:
@@ -511,14 +469,6 @@ def drop_peer(worker: Any, address: str) -> None:
     the worker drop the peer and ask the scheduler where else the input is (or will be).
     """
     worker.rpc.remove(address, reason=f"omniload: worker {address} left the cluster")
-
-
-def connect_timeout() -> float:
-    """Dask's connect timeout in seconds (``distributed.comm.timeouts.connect``)."""
-    import dask
-    from dask.utils import parse_timedelta
-
-    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s") or 30)
 
 
 async def tell_workers_gone(scheduler: Any, address: str, handler: str) -> None:

@@ -36,6 +36,14 @@ PEER_GONE_HANDLER = "omniload_peer_gone"
 DROP_EVERY = 0.2  # seconds between drops of a lost worker's connection attempts
 
 
+def connect_timeout() -> float:
+    """Dask's connect timeout in seconds (``distributed.comm.timeouts.connect``)."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s") or 30)
+
+
 class PartServer(WorkerPlugin):
     """Serves parts of the blocks a worker holds (see the module docstring)."""
 
@@ -74,7 +82,7 @@ class PartServer(WorkerPlugin):
 
     async def _keep_dropping(self, address: str) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + _dask.connect_timeout()
+        deadline = loop.time() + connect_timeout()
         while loop.time() < deadline:
             await asyncio.sleep(DROP_EVERY)
             _dask.drop_peer(self.worker, address)

@@ -140,7 +140,7 @@ class Link:
         return turned
 
     async def _from_worker(self, address: str, refs: list[tuple[str, int]]) -> list[Any]:
-        if not _dask.pooled(self._workers, address) and await _dask.refused(
+        if not _dask.pooled(self._workers, address) and await refused(
             address, WORKER_CONNECT_TIMEOUT
         ):  # a killed worker: no waiting for Dask's connect retries, the other holder now
             raise ConnectionRefusedError(f"worker {address} refused the connection")
@@ -173,6 +173,29 @@ class Link:
         except TimeoutError:
             future.cancel()
             raise
+
+
+async def refused(address: str, timeout: float) -> bool:
+    """Whether a plain TCP connection to ``address`` (``tcp://`` only) is refused at once.
+
+    Dask's ``connect`` retries a refused connection until its timeout; a link asks this first
+    before it opens a comm to a worker, since a refusal means that no process listens there
+    (a killed worker; its nanny starts the new one on another port). False for other schemes
+    (a TLS server would log a bare probe) and when the host does not answer in time.
+    """
+    from distributed.comm import get_address_host_port, parse_address
+
+    if parse_address(address)[0] != "tcp":
+        return False
+    host, port = get_address_host_port(address)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return False
 
 
 def _lists(value: Any) -> Any:
