@@ -111,6 +111,7 @@ def rank_process(args: argparse.Namespace) -> int:
             "wait": wait,
             "digests": [digest(mb) for mb in mbs],
             "state": feeder.state_dict(),
+            "failed_fetches": feeder._link.failed_fetches if feeder._link is not None else 0,
         }
         print(json.dumps(line), flush=True)
         time.sleep(args.step_ms / 1e3)
@@ -216,6 +217,19 @@ def wait_for_workers(client: Any, count: int, timeout: float = 120.0) -> None:
         time.sleep(0.1)
 
 
+def wait_for_port(port: int, timeout: float = 120.0) -> None:
+    """Until something listens at ``port`` (a new scheduler is up)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def worker_pids(client: Any) -> dict[str, int]:
     return dict(client.run(os.getpid))
 
@@ -244,6 +258,7 @@ class Run:
         self.step = {r.rank: -1 for r in ranks}
         self.state: dict[int, Any] = {}
         self.done: set[int] = set()
+        self.failed: dict[int, int] = {}  # each rank's fetches that failed (a dead holder)
 
     def pump(self, until: float) -> None:
         """Take the ranks' lines until ``until`` (monotonic seconds)."""
@@ -260,6 +275,7 @@ class Run:
                     self.delivered.setdefault(key, []).append(line["digests"])
                     self.events.append((r.rank, line["t"], line["step"], line["wait"]))
                     self.step[r.rank] = line["step"]
+                    self.failed[r.rank] = line["failed_fetches"]
                     self.state[r.rank] = line["state"]
                 elif "done" in line:
                     self.done.add(r.rank)
@@ -343,6 +359,8 @@ def driver(args: argparse.Namespace) -> int:
             at += gap
         # 3. the scheduler killed; a new one at the same address; the job resumed
         run.wait_step(at)
+        plane = job.stats()  # the data plane's figures before the scheduler goes
+        failed_before = sum(run.failed.values())
         if "scheduler" in args.faults:
             job.flush_checkpoint()
             client.close(timeout=5)  # the driver's own client would log its reconnects
@@ -350,6 +368,7 @@ def driver(args: argparse.Namespace) -> int:
             cluster.scheduler.send_signal(signal.SIGKILL)
             cluster.scheduler.wait(30)
             cluster.scheduler = cluster.start_scheduler()
+            wait_for_port(cluster.port)  # (Dask's connect backs off to seconds while refused)
             client = Client(cluster.address, timeout=60, set_as_default=False)
             job = Job.start(parse_plan(plan), client=client, resume=True)
             resumed_s = time.time() - t
@@ -379,6 +398,8 @@ def driver(args: argparse.Namespace) -> int:
     for f, end in zip(faults, ends, strict=True):
         f["max_stall_s"] = run.max_stall(f["t"], end)
         f["max_stall_steps"] = f["max_stall_s"] / step_s
+    warm = min(when for _, when, step, _ in run.events if step >= 10)
+    baseline = run.max_stall(warm, faults[0]["t"]) if faults else None
     kills = [f for f in faults if f["fault"] == "worker_kill"] or [
         {"max_stall_s": None, "max_stall_steps": None}
     ]
@@ -395,6 +416,7 @@ def driver(args: argparse.Namespace) -> int:
         "ranks": args.ranks,
         "workers": args.workers,
         "load_average": round(os.getloadavg()[0], 2),
+        "baseline_max_stall_s": _round(baseline, 3),
         "worker_kills": len(kills),
         "worker_kill_max_stall_steps": _round(max(f["max_stall_steps"] for f in kills), 2),
         "worker_kill_max_stall_s": _round(max(f["max_stall_s"] for f in kills), 3),
@@ -404,11 +426,15 @@ def driver(args: argparse.Namespace) -> int:
         "scheduler_restart_s": round(sched_first - sched["t"], 3) if sched_first else None,
         "scheduler_restart_resume_s": _round(sched["resumed_s"], 3),
         "scheduler_restart_max_stall_s": _round(sched["max_stall_s"], 3),
+        "batches_recomputed": plane["batches_recomputed"],
+        "reads_recomputed": plane["reads_recomputed"],
+        "failed_fetches": failed_before,
         "stream_identical": identical,
         "lost": lost,
         "repeated": repeated,
         "wrong": wrong,
     }
+    print(f"undisturbed stretch (step 10 to the first fault): longest stall {baseline:.3f} s")
     for f in faults:
         print(
             f"{f['fault']:<18} at step {f['step']:>4}: longest stall of any rank "
@@ -418,6 +444,11 @@ def driver(args: argparse.Namespace) -> int:
         f"feeder restart: kill to first batch {result['feeder_restart_s']} s; scheduler "
         f"restart: kill to first batch {result['scheduler_restart_s']} s (Job.start resumed "
         f"after {result['scheduler_restart_resume_s']} s)"
+    )
+    print(
+        f"before the scheduler restart: {plane['batches_recomputed']} batches and "
+        f"{plane['reads_recomputed']} reads recomputed (lost with no standby copy yet), "
+        f"{failed_before} fetches from a dead worker (then the standby copy)"
     )
     print(f"stream identical: {identical} (lost {lost}, repeated {repeated}, wrong {wrong})")
     print("RESULT " + json.dumps(result))

@@ -14,7 +14,11 @@ process connect as real ones would::
     link.close()
 
 A lost connection is opened again on the next call (a restarted scheduler at the same address
-is simply found again); callers retry what failed (see :func:`.fetch.retryable`).
+is simply found again); callers retry what failed (see :func:`.fetch.retryable`). Before it
+opens a comm to a worker (or to a scheduler it lost), a link checks with a bare TCP connect
+that the address does not refuse (:func:`refused`): a killed worker then costs no wait for
+Dask's connect retries, and the other holder is asked at once. (The server logs such a check
+at INFO as "closed before handshake completed"; ``tls://`` addresses are not checked.)
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class Link:
         self._workers = _dask.connection_pool(security, WORKER_CONNECT_TIMEOUT)
         self._closed = False
         self._unreachable: set[str] = set()  # workers whose last fetch failed
+        self._scheduler_lost = False  # the last call failed on its connection
         self.failed_fetches = 0  # fetches from a worker that failed (then another was tried)
         self.fetch_errors: deque[tuple[str, str]] = deque(maxlen=8)  # the latest: (worker, error)
         self._run(self._start(), SCHEDULER_CONNECT_TIMEOUT)
@@ -78,11 +83,24 @@ class Link:
     def call(self, handler: str, /, *, wait: float = 0.0, **kwargs: Any) -> Any:
         """Call the data plane's handler ``omniload_<handler>`` (which may hold the call for
         ``wait`` seconds); the reply as plain data, with lists."""
-        reply = self._run(
-            _dask.rpc(self._scheduler, self.address, "omniload_" + handler, **kwargs),
-            wait + CALL_SLACK,
-        )
+        reply = self._run(self._call(handler, kwargs), wait + CALL_SLACK)
         return _lists(reply)
+
+    async def _call(self, handler: str, kwargs: dict[str, Any]) -> Any:
+        if (
+            self._scheduler_lost
+            and not _dask.pooled(self._scheduler, self.address)
+            and await refused(self.address, SCHEDULER_CONNECT_TIMEOUT)
+        ):  # the scheduler is down (restarting): the caller's backoff decides when to retry,
+            # not Dask's connect, whose backoff grows to seconds while it is refused
+            raise ConnectionRefusedError(f"the scheduler at {self.address} refused the connection")
+        try:
+            reply = await _dask.rpc(self._scheduler, self.address, "omniload_" + handler, **kwargs)
+        except OSError:
+            self._scheduler_lost = True
+            raise
+        self._scheduler_lost = False
+        return reply
 
     def fetch(
         self, refs: list[tuple[str, int]], who_has: dict[str, list[str]]
