@@ -369,11 +369,18 @@ def driver(args: argparse.Namespace) -> int:
             cluster.scheduler.wait(30)
             cluster.scheduler = cluster.start_scheduler()
             wait_for_port(cluster.port)  # (Dask's connect backs off to seconds while refused)
+            up_s = time.time() - t
             client = Client(cluster.address, timeout=60, set_as_default=False)
             job = Job.start(parse_plan(plan), client=client, resume=True)
             resumed_s = time.time() - t
             faults.append(
-                {"fault": "scheduler_restart", "t": t, "step": at, "resumed_s": resumed_s}
+                {
+                    "fault": "scheduler_restart",
+                    "t": t,
+                    "step": at,
+                    "resumed_s": resumed_s,
+                    "up_s": up_s,
+                }
             )
         run.wait_step(args.steps - 1)
         run.pump(time.monotonic() + 1.0)
@@ -403,10 +410,13 @@ def driver(args: argparse.Namespace) -> int:
     kills = [f for f in faults if f["fault"] == "worker_kill"] or [
         {"max_stall_s": None, "max_stall_steps": None}
     ]
-    none = {"t": float("inf"), "max_stall_s": None, "resumed_s": None}
+    none = {"t": float("inf"), "max_stall_s": None, "resumed_s": None, "up_s": None}
     feeder = next((f for f in faults if f["fault"] == "feeder_restart"), none)
     sched = next((f for f in faults if f["fault"] == "scheduler_restart"), none)
-    feeder_first = run.first_batch_after(feeder["t"], sched["t"], ranks[-1].rank)
+    victim = ranks[-1].rank
+    feeder_first = min(
+        (when for r, when, _, _ in run.events if r == victim and when > feeder["t"]), default=None
+    )
     sched_first = run.first_batch_after(sched["t"], float("inf"))
     result = {
         "benchmark": "faults",
@@ -424,6 +434,7 @@ def driver(args: argparse.Namespace) -> int:
         "feeder_restart_s": round(feeder_first - feeder["t"], 3) if feeder_first else None,
         "feeder_restart_max_stall_s": _round(feeder["max_stall_s"], 3),
         "scheduler_restart_s": round(sched_first - sched["t"], 3) if sched_first else None,
+        "scheduler_restart_listening_s": _round(sched["up_s"], 3),
         "scheduler_restart_resume_s": _round(sched["resumed_s"], 3),
         "scheduler_restart_max_stall_s": _round(sched["max_stall_s"], 3),
         "batches_recomputed": plane["batches_recomputed"],
@@ -442,7 +453,8 @@ def driver(args: argparse.Namespace) -> int:
         )
     print(
         f"feeder restart: kill to first batch {result['feeder_restart_s']} s; scheduler "
-        f"restart: kill to first batch {result['scheduler_restart_s']} s (Job.start resumed "
+        f"restart: kill to first batch {result['scheduler_restart_s']} s (the new scheduler "
+        f"listened after {result['scheduler_restart_listening_s']} s, Job.start resumed "
         f"after {result['scheduler_restart_resume_s']} s)"
     )
     print(
