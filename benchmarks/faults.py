@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -463,6 +464,10 @@ def driver(args: argparse.Namespace) -> int:
         f"{failed_before} fetches from a dead worker (then the standby copy)"
     )
     print(f"stream identical: {identical} (lost {lost}, repeated {repeated}, wrong {wrong})")
+    if args.keep:
+        print(f"logs and data kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     print("RESULT " + json.dumps(result))
     return 0
 
@@ -482,6 +487,7 @@ def main() -> int:
     parser.add_argument(
         "--faults", default="worker,feeder,scheduler", help="which faults, comma-separated"
     )
+    parser.add_argument("--keep", action="store_true", help="keep the logs and data folder")
     parser.add_argument("--rank-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--address", default=None, help=argparse.SUPPRESS)
