@@ -92,3 +92,4 @@ def test_run_of_the_quickstart_plan_shuts_down_cleanly():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["steps"] == 20
     assert "CancelledError" not in proc.stderr, proc.stderr[-2000:]
+    assert "still alive after" not in proc.stderr, proc.stderr[-2000:]  # no worker killed

@@ -407,12 +407,18 @@ def test_a_waiting_feeder_does_not_spin_the_data_plane(small_plan):
             time.sleep(0.1)
         assert job.stats()["workers"] == 0
         ask = dict(job=job.plan.name, rank=0, start=40, count=1)
-        _dask.call(job.client, "batches", **ask, timeout=1.0)  # draws what known lengths allow
+        # The first requests draw what known lengths allow (on a loaded machine that can take
+        # several polls); once a poll finds the data plane quiet, nothing can move any more.
+        for _ in range(30):
+            before = job.stats()["data_plane_runs"]
+            _dask.call(job.client, "batches", **ask, timeout=0.5)
+            if job.stats()["data_plane_runs"] == before:
+                break
         before = job.stats()["data_plane_runs"]
         reply = _dask.call(job.client, "batches", **ask, timeout=1.5)  # then nothing can move
         runs = job.stats()["data_plane_runs"] - before
         assert reply["parts"] == []
-        assert runs <= 3, runs  # (a request that moves nothing no longer runs it at all)
+        assert runs <= 1, runs  # (a request that moves nothing does not run it at all)
 
 
 def test_the_embedded_cluster_skips_the_profiler_and_checks_less_often():

@@ -86,11 +86,12 @@ def test_bad_images_on_a_cluster_are_skipped_and_counted_per_source(image_root):
             delivered = {int(d) for mb in f for d in mb["doc_id"]}
         stats = job.stats()
     src = stats["sources"][0]
-    # Every read of the file's one unit meets both bad images (reads_done: once per epoch,
-    # or again on a retry); "skipped" counts them once per epoch, when the cursor is past them.
-    reads = src["reads_done"]
-    assert reads >= 1 and src["bad_images"] == 2 * reads and src["images_read"] == 14 * reads
-    assert src["skipped"] >= 2 and src["skipped"] % 2 == 0 and src["epoch"] >= 1
+    # Each pass over the file (16 images, 2 bad) meets both bad images, however its units are
+    # cut (auto-partitioning splits slow units, and read-ahead may start the next pass);
+    # "skipped" counts them once per epoch, when the cursor is past them.
+    assert src["reads_done"] >= 1 and src["epoch"] >= 1
+    assert src["bad_images"] >= 2 and src["images_read"] >= 14
+    assert src["skipped"] >= 2 and src["skipped"] % 2 == 0
     reasons = " | ".join(src["bad_examples"])
     assert "record at offset 1: image: not an image" in reasons
     assert "record at offset 6: image: cannot decode" in reasons

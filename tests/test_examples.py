@@ -19,6 +19,7 @@ def test_tiny_training_example_runs_on_feeder_batches(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "still alive after" not in proc.stderr, proc.stderr[-3000:]  # a clean exit
     losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", proc.stdout)]
     assert len(losses) == 3
     assert all(0 < x < 20 for x in losses)
@@ -35,6 +36,7 @@ def test_tiny_vlm_example_scatters_image_tokens_from_feeder_batches():
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "still alive after" not in proc.stderr, proc.stderr[-3000:]  # a clean exit
     steps = re.findall(r"loss (\d+\.\d+)  (\d+) images", proc.stdout)
     assert len(steps) == 2
     assert all(0 < float(loss) < 20 for loss, _ in steps)

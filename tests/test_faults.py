@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from omniload_dask import Feeder, Job
+from omniload_dask.cluster.standby import is_standby_key
 from omniload_dask.testing import InlineDataPlane
 
 from .conftest import make_plan
@@ -43,8 +50,29 @@ def take(feeders, n, out, waits=None):
             out.setdefault(step[0]["step"], {})[g] = [digest(mb) for mb in step]
 
 
+def _settled(dask_scheduler) -> bool:
+    """No task runs or waits, and every batch and shard in memory has two copies."""
+    for key, ts in dask_scheduler.tasks.items():
+        if ts.state in ("processing", "waiting", "queued", "no-worker"):
+            return False
+        if is_standby_key(key) and ts.state == "memory" and len(ts.who_has or ()) < 2:
+            return False
+    return True
+
+
+def wait_settled(job, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not job.client.run_on_scheduler(_settled):
+        assert time.monotonic() < deadline, "the standby copies did not land"
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
-def test_killing_a_worker_loses_and_repeats_nothing(small_sources):
+def test_killing_a_worker_process_costs_at_most_one_step(small_sources):
+    # kill -9 of a worker process (its nanny starts a new one). Every upcoming batch and shard
+    # has a standby copy by then, so nothing is recomputed, and each rank tries the dead
+    # worker at most once before it takes the standby copy: at most one step waits on the
+    # fault, and on a fetch retry, not on a rebuild.
     plan = make_plan(
         small_sources,
         name="kill",
@@ -56,15 +84,59 @@ def test_killing_a_worker_loses_and_repeats_nothing(small_sources):
         feeders = [job.feeder(dp_rank=g, output="numpy") for g in range(2)]
         got: dict = {}
         take(feeders, 8, got)
-        time.sleep(0.5)  # let the standby copies of the upcoming batches land
+        wait_settled(job)
         pids = job.client.run(os.getpid)
         victim = sorted(pids)[0]
         os.kill(pids[victim], signal.SIGKILL)
         waits: list[float] = []
         take(feeders, 22, got, waits)
-        assert len(job.client.scheduler_info()["workers"]) <= 3
+        stats = job.stats()
+        failed = [f._link.failed_fetches for f in feeders]
     assert got == ref
+    assert stats["batches_recomputed"] == 0
+    assert stats["reads_recomputed"] == 0
+    assert max(failed) <= 1, (failed, [list(f._link.fetch_errors) for f in feeders])
     print(f"longest wait for a step after the kill: {max(waits) * 1e3:.0f} ms")
+
+
+async def _connect_after_drop(address: str, dask_worker=None) -> str:
+    """Tell the worker ``address`` left, then start connecting there (nobody listens: Dask
+    would retry until its 30 s connect timeout); say how the attempt ended."""
+    dask_worker.plugins["omniload-parts"].peer_gone(address)
+    await asyncio.sleep(0.05)  # the attempt starts after the word came (an older who_has)
+    try:
+        await asyncio.wait_for(dask_worker.rpc.connect(address), 20)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "connected"
+
+
+def _peers_gone(dask_worker) -> list[str]:
+    return list(dask_worker.plugins["omniload-parts"].peers_gone)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_dropped_by_the_others_at_once(small_sources):
+    # A construction fetching a shard from a worker that just died would retry the refused
+    # connection for Dask's connect timeout (30 s) before asking where else the shard is. The
+    # data plane tells every worker when one leaves, and that fails such attempts at once.
+    plan = make_plan(small_sources, name="peers")
+    with Job.start(plan, workers=3, dashboard_address=None) as job:
+        with job.feeder(dp_rank=0, output="numpy", max_steps=1) as f:
+            list(f)
+        pids = job.client.run(os.getpid)
+        victim, *others = sorted(pids)
+        ended = job.client.run(_connect_after_drop, f"tcp://127.0.0.1:{free_port()}",
+                               workers=[others[0]])  # fmt: skip
+        assert "left the cluster" in ended[others[0]], ended
+        os.kill(pids[victim], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            told = job.client.run(_peers_gone, workers=others)
+            if all(victim in gone for gone in told.values()):
+                break
+            assert time.monotonic() < deadline, told
+            time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -166,3 +238,130 @@ def test_feeders_survive_the_scheduler_and_continue_exactly(small_sources, tmp_p
         feeder.close()
         again.close()
     assert got == {t: ref[t] for t in range(16)}
+
+
+class Collect(logging.Handler):
+    """Keeps the messages logged to it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_fetches_is_named_by_the_feeders_and_in_status(
+    small_sources, monkeypatch
+):
+    # The data plane draws at most a window of steps past the slowest rank: a rank whose
+    # feeder never starts holds the job there. The waiting feeders name it (after
+    # HELD_BACK_WARN seconds; none here), and so do stats and `omniload status`.
+    from omniload_dask.observe.status import format_status
+    from omniload_dask.trainer import fetch
+
+    monkeypatch.setattr(fetch, "HELD_BACK_WARN", 0.0)
+    warnings = Collect()
+    fetch.logger.addHandler(warnings)
+    plan = make_plan(small_sources, name="missing", layout={"dp": 2, "tp": 2})
+    try:
+        with Job.start(plan, workers=2, dashboard_address=None) as job:
+            feeders = [job.feeder(dp_rank=g, tp_rank=0, output="numpy") for g in range(2)]
+            got: dict = {}
+            take(feeders, 24, got)  # 4 * (prefetch + lookahead) + 8: the draw stops here
+            deadline = time.monotonic() + 60
+            while not all(f._source.stalls.warnings for f in feeders):
+                assert time.monotonic() < deadline, "no feeder warned"
+                time.sleep(0.1)
+            stats = job.stats()
+            for f in feeders:
+                f.close()
+    finally:
+        fetch.logger.removeHandler(warnings)
+    assert stats["held_back"]["ranks"] == [1, 3]
+    assert stats["held_back"]["never_seen"] == [1, 3]
+    assert "never connected: 1, 3" in format_status(stats)
+    warned = [m for m in warnings.messages if "no batch for step 24" in m]
+    assert warned and "ranks 1, 3" in warned[0], warned
+
+
+def _dask_command(*args: str) -> list[str]:
+    exe = Path(sys.executable).parent / "dask"
+    return [str(exe) if exe.exists() else shutil.which("dask") or "dask", *args]
+
+
+@pytest.mark.slow
+def test_dask_workers_rejoin_a_restarted_scheduler_by_themselves(small_sources, tmp_path):
+    # The README's external cluster: `dask scheduler --preload omniload_dask.preload` and
+    # `dask worker ... --preload-nanny omniload_dask.rejoin`. The scheduler is killed and a new
+    # one started at the same address; nobody touches the workers: they rejoin, the job
+    # resumes from its checkpoint, and the feeder goes on exactly where it was.
+    plan = make_plan(
+        small_sources,
+        name="rejoin",
+        checkpoint={"url": str(tmp_path / "ckpt"), "flush_seconds": 0.2},
+        layout={"dp": 1},
+    )
+    ref = reference(make_plan(small_sources, name="rejoin", layout={"dp": 1}), 14)
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler_cmd = _dask_command(
+        "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard",
+        "--preload", "omniload_dask.preload",
+    )  # fmt: skip
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    procs = [subprocess.Popen(scheduler_cmd, **quiet)]
+    workers = [
+        subprocess.Popen(
+            _dask_command(
+                "worker",
+                address,
+                "--nthreads",
+                "2",
+                "--resources",
+                "omniload-read=1",
+                "--no-dashboard",
+                "--preload-nanny",
+                "omniload_dask.rejoin",
+            ),
+            **quiet,
+        )
+        for _ in range(2)
+    ]
+    feeder = None
+    try:
+        job = Job.start(plan, address=address)
+        feeder = Feeder("rejoin", address=address, dp_rank=0, output="numpy",
+                        reconnect_timeout=120)  # fmt: skip
+        got: dict = {}
+        take([feeder], 5, got)
+        job.flush_checkpoint()
+        job.close()
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(30)
+        procs.append(subprocess.Popen(scheduler_cmd, **quiet))
+        again = Job.start(plan, address=address, resume=True)  # waits for the workers
+        try:
+            assert again.info["resumed"]
+            take([feeder], 9, got)
+            deadline = time.monotonic() + 60
+            while len(again.client.scheduler_info()["workers"]) < 2:  # both came back
+                assert time.monotonic() < deadline, again.client.scheduler_info()["workers"]
+                time.sleep(0.1)
+        finally:
+            again.close()
+        assert all(w.poll() is None for w in workers)  # the same processes, never restarted
+    finally:
+        if feeder is not None:
+            feeder.close()
+        for proc in [*workers, *procs]:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in [*workers, *procs]:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    assert got == {t: ref[t] for t in range(14)}

@@ -74,6 +74,8 @@ class ActionExecutor:
         self.actions: dict[str, SubmitRead | SubmitConstruct] = {}  # behind each future
         self._since: dict[str, float] = {}  # when each was submitted (monotonic)
         self.resubmits = 0
+        self.recomputed = {"read": 0, "batch": 0}  # keys that reached memory again (lost)
+        self._landed: set[str] = set()  # held keys that reached memory once
         self._source_spec = source_spec
         self._read_resources = read_resources
 
@@ -89,6 +91,16 @@ class ActionExecutor:
                 self._construct(action)
             elif isinstance(action, Release):
                 self.release(action.keys)
+
+    def landed(self, key: str, kind: str) -> None:
+        """``key`` (a ``"read"`` or ``"batch"``) reached memory; a second time for a key still
+        held means it was lost (its worker died without a standby copy) and recomputed."""
+        if key not in self.futures:
+            return
+        if key in self._landed:
+            self.recomputed[kind] += 1
+        else:
+            self._landed.add(key)
 
     def lost(self) -> bool:
         """Whether futures the job holds were cancelled under it (a lost client connection)."""
@@ -106,6 +118,7 @@ class ActionExecutor:
         self.futures.clear()
         self.actions.clear()
         self._since.clear()
+        self._landed.clear()
         self.resubmits += 1
         self.execute([a for a in held if isinstance(a, SubmitRead)])
         self.execute([a for a in held if isinstance(a, SubmitConstruct)])
@@ -124,9 +137,9 @@ class ActionExecutor:
             read.file_url,
             read.start,
             read.stop,
-            images=plan.images,
+            plan.images,
+            plan.loader.read_retries,  # transient errors only, inside the task (not Dask's)
             key=read.key,
-            retries=plan.loader.read_retries,
             priority=read_priority(lead),
             resources=self._read_resources(),
         )
@@ -137,6 +150,7 @@ class ActionExecutor:
         for key in keys:
             self.actions.pop(key, None)
             self._since.pop(key, None)
+            self._landed.discard(key)
             fut = self.futures.pop(key, None)
             if fut is not None:
                 fut.release()
@@ -149,6 +163,7 @@ class ActionExecutor:
         self.futures.clear()
         self.actions.clear()
         self._since.clear()
+        self._landed.clear()
 
     def _construct(self, action: SubmitConstruct) -> None:
         """Submit a block's construction on its reads (a read released already is read again:

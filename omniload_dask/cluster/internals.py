@@ -16,8 +16,11 @@ Memory Manager's policy classes, the dashboard's Bokeh application. Everything e
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 METADATA_FIELD = "omniload"
 
@@ -181,6 +184,12 @@ async def rpc(pool: Any, address: str, handler: str, /, **kwargs: Any) -> Any:
     return await getattr(pool(address), handler)(**kwargs)
 
 
+def pooled(pool: Any, address: str) -> bool:
+    """Whether ``pool`` holds a comm to ``address`` that is not known to be closed."""
+    comms = [*pool.available.get(address, ()), *pool.occupied.get(address, ())]
+    return any(not comm.closed() for comm in comms)
+
+
 def open_comms(pool: Any) -> int:
     """Comms ``pool`` holds open now."""
     return int(pool.open)
@@ -260,12 +269,14 @@ def wait_workers_idle(client: Any, timeout: float) -> bool:
         time.sleep(0.05)
 
 
-def call(client: Any, handler: str, /, **kwargs: Any) -> Any:
-    """Call the scheduler handler ``omniload_<handler>`` from a synchronous client.
+def call(client: Any, handler: str, /, *, call_timeout: float | None = None, **kwargs: Any) -> Any:
+    """Call the scheduler handler ``omniload_<handler>`` from a synchronous client (waiting at
+    most ``call_timeout`` seconds, if given).
 
     The reply comes back as plain data with lists (msgpack turns lists into tuples).
     """
-    return _lists(client.sync(getattr(client.scheduler, "omniload_" + handler), **kwargs))
+    method = getattr(client.scheduler, "omniload_" + handler)
+    return _lists(client.sync(method, callback_timeout=call_timeout, **kwargs))
 
 
 def _lists(value: Any) -> Any:
@@ -377,6 +388,42 @@ def run_on_scheduler_loop(scheduler: Any, fn: Any, timeout: float = 10.0) -> Any
     return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout)
 
 
+# ---------------------------------------------------------------------- worker life
+SCHEDULER_LOST = "worker-handle-scheduler-connection-broken"  # a worker's close reason
+
+
+def keep_nanny_on_scheduler_loss(nanny: Any) -> None:
+    """Have ``nanny`` start a new worker process when its worker closes for a lost scheduler.
+
+    A worker whose stream to the scheduler breaks closes itself and first calls its nanny's
+    ``close_gracefully`` handler, which marks the nanny as closing: it then exits with the
+    worker. Wrapped here, that call with the scheduler-lost reason is declined, so the nanny
+    treats the worker's exit as a crash and instantiates a new worker process (Dask's own
+    restart path), which keeps trying to connect to the scheduler's address. The old process
+    is killed at once: what it holds is of no use without its scheduler, and a read running
+    in one of its threads would otherwise delay its exit (and the rejoin) until it ends. Its
+    address is forgotten first, so the nanny does not try to unregister it from a scheduler
+    that is gone (up to 10 s) before it starts the new process.
+    """
+    import os
+    import signal
+
+    original = nanny.handlers["close_gracefully"]
+
+    def close_gracefully(reason: str = "nanny-close-gracefully") -> Any:
+        if reason == SCHEDULER_LOST:
+            logger.warning("omniload: scheduler lost; the nanny restarts its worker to rejoin")
+            pid = nanny.pid
+            if nanny.process is not None:
+                nanny.process.worker_address = None  # set again by the next process
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+            return None
+        return original(reason=reason)
+
+    nanny.handlers["close_gracefully"] = close_gracefully
+
+
 # ---------------------------------------------------------------------- standby replicas
 def install_standby(scheduler: Any, is_standby: Any) -> Any:
     """Keep a second in-memory copy of the keys ``is_standby(key)`` accepts, on another worker.
@@ -435,6 +482,22 @@ def install_standby(scheduler: Any, is_standby: Any) -> Any:
     standby = Standby()
     amm.add_policy(standby)
     return standby
+
+
+def drop_peer(worker: Any, address: str) -> None:
+    """Close ``worker``'s comms to ``address`` and fail its attempts to connect there.
+
+    A worker fetching a task's input from a peer that just died keeps retrying the refused
+    connection until ``distributed.comm.timeouts.connect`` (30 s by default), and the task
+    waits that long although the scheduler knows the peer is gone. Failing the attempt makes
+    the worker drop the peer and ask the scheduler where else the input is (or will be).
+    """
+    worker.rpc.remove(address, reason=f"omniload: worker {address} left the cluster")
+
+
+async def tell_workers_gone(scheduler: Any, address: str, handler: str) -> None:
+    """Call ``handler(address=...)`` on every worker of ``scheduler`` (errors ignored)."""
+    await scheduler.broadcast(msg={"op": handler, "address": address}, on_error="ignore")
 
 
 def run_memory_manager(scheduler: Any) -> None:

@@ -24,7 +24,11 @@ the one job. The scheduler plugin is registered on the fly, or preloaded with
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import dask
@@ -37,6 +41,9 @@ from omniload_dask.plan import Plan, load_plan, parse_plan
 from omniload_dask.trainer.feeder import Feeder
 
 CLOSE_IDLE_TIMEOUT = 3.0  # seconds close() lets a stopped job's running reads finish
+CLOSE_TIMEOUT = 30.0  # seconds each part of close() may take (stop, workers, client, cluster)
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Job", "local_cluster"]
 
@@ -106,6 +113,31 @@ def _embedded_security(security: Any, plan: Plan) -> Any:
         except ImportError as exc:
             raise JobError(f"TLS for the embedded cluster: {exc}") from None
     return security or None
+
+
+def _close_local_workers(cluster: LocalCluster, timeout: float) -> None:
+    """Close the workers of a ``LocalCluster`` (nannies and their processes), waiting up to
+    ``timeout`` seconds for each process to exit by itself.
+
+    ``LocalCluster.close()`` gives a worker process 4 s before it kills it with a warning
+    ("Worker process still alive after 4.0 seconds, killing"); on a loaded machine a clean
+    exit can take longer. Closed first here, the workers are gone when the cluster closes.
+    """
+
+    async def close_all() -> None:
+        workers = list(cluster.workers.values())
+        await asyncio.gather(*(w.close(timeout=timeout) for w in workers), return_exceptions=True)
+
+    cluster.sync(close_all, callback_timeout=timeout + 5)
+
+
+@contextlib.contextmanager
+def _bounded(what: str) -> Iterator[None]:
+    """Log (not raise) a part of closing that ran out of time or failed."""
+    try:
+        yield
+    except Exception as exc:  # close() must end, and close what it can
+        logger.warning("omniload: %s did not finish cleanly: %s: %s", what, type(exc).__name__, exc)
 
 
 class Job:
@@ -287,21 +319,30 @@ class Job:
             feeder.close()
         self._feeders.clear()
         if self.client.status == "running":
-            _dask.call(self.client, "stop", job=self.name)
+            _dask.call(self.client, "stop", job=self.name, call_timeout=CLOSE_TIMEOUT)
 
     def close(self) -> None:
-        """Stop the job if this handle started the cluster, and close what it owns."""
+        """Stop the job if this handle started the cluster, and close what it owns.
+
+        Bounded: each part (the stop, the workers' exit, the client, the cluster) has its own
+        time limit; one that runs out is logged and the rest still closes.
+        """
         for feeder in self._feeders:
             feeder.close()
         self._feeders.clear()
         if self.cluster is not None:
-            self.stop()
+            with _bounded("stopping the job"):
+                self.stop()
             if self.client.status == "running":  # let reads in flight end before closing
                 _dask.wait_workers_idle(self.client, CLOSE_IDLE_TIMEOUT)
+            with _bounded("closing the workers"):  # their exit may take a while under load
+                _close_local_workers(self.cluster, CLOSE_TIMEOUT)
         if self._owns_client:
-            self.client.close()
+            with _bounded("closing the client"):
+                self.client.close(timeout=CLOSE_TIMEOUT)
         if self.cluster is not None:
-            self.cluster.close()
+            with _bounded("closing the cluster"):
+                self.cluster.close(timeout=CLOSE_TIMEOUT)
 
     def __enter__(self) -> Job:
         return self

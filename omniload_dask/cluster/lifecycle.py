@@ -234,8 +234,8 @@ async def _discover(
             tasks.discover,
             spec,
             plan.on_error,
+            plan.loader.read_retries,  # transient errors only, inside the task
             key=f"omniload-discover-{run_id}-{i}",
-            retries=plan.loader.read_retries,
             priority=DISCOVERY_PRIORITY,
         )
         for i, spec in enumerate(plan.sources)
@@ -317,7 +317,7 @@ async def discover_added(
             tasks.discover,
             spec,
             new.on_error,
-            retries=new.loader.read_retries,
+            new.loader.read_retries,
             key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.log)}",
             priority=DISCOVERY_PRIORITY,
         )

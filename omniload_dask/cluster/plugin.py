@@ -156,8 +156,11 @@ class OmniloadPlugin(SchedulerPlugin):
         self._workers_changed()
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
-        """A worker left (or was lost): read slots change."""
+        """A worker left (or was lost): read slots change; the others stop fetching from it
+        and the standby copies it held are replaced."""
         self._workers_changed()
+        if self._standby is not None and self.jobs:
+            self._standby.worker_lost(worker)
 
     def _workers_changed(self) -> None:
         """Read quotas count worker threads: tell every job (``cluster.scale`` and losses)."""

@@ -105,6 +105,7 @@ class RunningJob:
         """A read task's shard is in memory; ``report`` carries its records' lengths."""
         if report is not None:
             self._on_report(key, report, seconds)
+        self.executor.landed(key, "read")
         self._keep_copy(key)  # shards too: a lost worker then costs no re-read
 
     def on_batch_done(self, key: str, seconds: float | None) -> None:
@@ -113,6 +114,7 @@ class RunningJob:
         self.monitor.on_batch_built()
         if seconds is not None:
             self.coord.on_construct(seconds)
+        self.executor.landed(key, "batch")
         self._keep_copy(key)
 
     def on_task_failed(self, key: str, text: str) -> None:
@@ -181,7 +183,10 @@ class RunningJob:
             if ready or remaining <= 0 or ended:
                 break
             await self.waiters.wait(blocker, remaining)
-        return {"start": start, "parts": ready, "who_has": who_has, "end": coord.end_step}
+        reply = {"start": start, "parts": ready, "who_has": who_has, "end": coord.end_step}
+        if not ready:  # say who holds the job back, if ranks do (feeders warn about it)
+            reply["held_back"] = coord.delivery.held_back()
+        return reply
 
     def _ready(
         self,

@@ -9,6 +9,10 @@ install_standby`); this module decides which keys it covers and when it runs::
     read or batch key reaches memory, the job still holds it  ->  keep(key)
     a burst of keep() calls within 20 ms                       ->  one memory-manager run
     the job releases the key (or stops)                        ->  forget(keys)
+    a worker leaves                                            ->  worker_lost(address): the
+                                                                   others stop fetching from
+                                                                   it; keys left with one copy
+                                                                   get a new second one
 
 It is best effort: without an AMM, or when replication fails, lineage still recomputes lost
 data.
@@ -22,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster.serving import PEER_GONE_HANDLER
 
 __all__ = ["StandbyCopies", "is_standby_key"]
 
@@ -41,6 +46,7 @@ class StandbyCopies:
         self._scheduler = scheduler
         self._policy = _dask.install_standby(scheduler, is_standby_key)
         self._run_soon = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def keep(self, key: str) -> None:
         """Ask for a second copy of ``key`` (in memory now) on another worker."""
@@ -50,6 +56,18 @@ class StandbyCopies:
         if not self._run_soon:
             self._run_soon = True
             asyncio.get_running_loop().call_later(COALESCE_SECONDS, self._run)
+
+    def worker_lost(self, address: str) -> None:
+        """``address`` left: tell the other workers, and replace the copies it held."""
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(
+            _dask.tell_workers_gone(self._scheduler, address, PEER_GONE_HANDLER)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if self._policy is not None and not self._run_soon:
+            self._run_soon = True
+            loop.call_later(COALESCE_SECONDS, self._run)
 
     def forget(self, keys: Iterable[str]) -> None:
         """Stop keeping copies of ``keys`` (released: Dask drops every copy)."""

@@ -60,6 +60,8 @@ def job_stats(run: RunningJob, scheduler: Any) -> dict[str, Any]:
         planning_cpu_s=round(run.planner.cpu_s, 4),
         planning_in=run.planner.where,
         resubmits=run.executor.resubmits,
+        batches_recomputed=run.executor.recomputed["batch"],
+        reads_recomputed=run.executor.recomputed["read"],
         scheduler_tasks=_dask.task_count(scheduler),
         mixing_by=run.plan.mixing_by,
         start_step=start_step,

@@ -29,6 +29,7 @@ from omniload_dask.batching.formats import (
 )
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
+from omniload_dask.cluster.retry import with_retries
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.plan import ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.image import BadImage, decode, patchify
@@ -51,9 +52,12 @@ __all__ = [
 MAX_REASONS = 5
 
 
-def discover(spec: SourceSpec, on_error: str = "raise") -> Catalog:
-    """List one source's files and read units (start-up); ``on_error`` is the plan's."""
-    return discover_source(spec, on_error)
+def discover(spec: SourceSpec, on_error: str = "raise", retries: int = 0) -> Catalog:
+    """List one source's files and read units (start-up); ``on_error`` is the plan's.
+
+    Transient errors are tried again ``retries`` times, others raised at once (:mod:`.retry`).
+    """
+    return with_retries(discover_source, retries, spec, on_error)
 
 
 def check_tokenizer(spec: TokenizerSpec, images: ImageSpec | None = None) -> dict[str, Any]:
@@ -82,14 +86,43 @@ def read_unit(
     start: int,
     stop: int,
     images: ImageSpec | None = None,
+    retries: int = 0,
 ) -> Shard:
     """Read, decode and tokenize one unit; bad records raise or are skipped and counted.
 
     Image-text sources (``images``: the plan's image settings) decode every image on the way; a
     record with a bad image is a bad record. The data plane gets the records' token counts
     (image tokens included) and, for images, their patch counts, with the task's finished
-    message.
+    message. A transient error (a read cut short) is tried again ``retries`` times; anything
+    else (a missing file, a bad record with ``on_error: raise``) is raised at once, so the job
+    fails with it (:mod:`.retry`).
     """
+    return with_retries(
+        _read_unit,
+        retries,
+        spec,
+        source_index,
+        tokenizer,
+        on_error,
+        file_index,
+        file_url,
+        start,
+        stop,
+        images,
+    )
+
+
+def _read_unit(
+    spec: SourceSpec,
+    source_index: int,
+    tokenizer: TokenizerSpec,
+    on_error: str,
+    file_index: int,
+    file_url: str,
+    start: int,
+    stop: int,
+    images: ImageSpec | None,
+) -> Shard:
     t0 = time.perf_counter()
     records = read_unit_records(spec, file_url, start, stop)
     t1 = time.perf_counter()

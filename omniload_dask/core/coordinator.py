@@ -334,6 +334,7 @@ class Coordinator:
             "held_batches": len(self.delivery.held),
             "units_in_flight": sum(len(s.units) for s in self.streams),
             "ranks": self.delivery.positions(),
+            "held_back": self.delivery.held_back(),
             "sources": self.reads.source_stats(weights),
             "worker_threads": self.reads.threads,
             "work_per_step": self.work_per_step(),

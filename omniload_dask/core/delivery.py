@@ -125,6 +125,29 @@ class Delivery:
         window = 4 * (loader.prefetch + loader.lookahead) + 8
         return min(self.where.furthest + loader.lookahead, self.where.slowest + window)
 
+    def held_back(self, limit: int = 16) -> dict[str, object] | None:
+        """Who holds the draw back, when it waits for the slowest ranks (None when not).
+
+        Drawing stops ``window`` steps past the slowest rank (see :meth:`draw_target`); a rank
+        that never fetches (no feeder runs for it) stops the job there. Returns the step, how
+        many ranks are at it, the first ``limit`` of them, and those never heard from.
+        O(ranks): for stats and for replies that found nothing ready, not per request.
+        """
+        loader = self._loader
+        window = 4 * (loader.prefetch + loader.lookahead) + 8
+        w = self.where
+        if w.slowest + window >= w.furthest + loader.lookahead:
+            return None
+        behind = np.flatnonzero(w.position == w.slowest)
+        never = behind[w.last_seen[behind] == 0]
+        return {
+            "step": int(w.slowest),
+            "count": len(behind),
+            "ranks": behind[:limit].tolist(),
+            "never_seen": never[:limit].tolist(),
+            "never_seen_count": len(never),
+        }
+
     def offer(
         self, step: int, recipes: RecipeTable, reads: list[ReadSpec]
     ) -> list[SubmitConstruct]:

@@ -6,6 +6,8 @@ Each function takes figures from ``stats()`` and returns a phrase::
     format_si(1234567)                                 -> "1.23M"
     fetched_text(stats)                                -> "every rank fetched through step 228"
     efficiency_text(stats, " · ")                      -> "last 0.9981 · mean 0.9912 · min 0.9520"
+    held_back_text(stats["held_back"])                 -> "held back at step 24 by rank 1 (not
+                                                           fetched it; never connected: 1)"
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["checkpoint_text", "efficiency_text", "fetched_text", "format_si", "milliseconds"]
+__all__ = [
+    "checkpoint_text",
+    "efficiency_text",
+    "fetched_text",
+    "format_si",
+    "held_back_text",
+    "milliseconds",
+]
 
 
 def checkpoint_text(checkpoint: Mapping[str, Any] | None, now: float) -> str:
@@ -46,6 +55,20 @@ def fetched_text(stats: Mapping[str, Any]) -> str:
     if not stats["steps_fetched"]:
         return "no step fetched by every rank yet"
     return f"every rank fetched through step {stats['start_step'] + stats['steps_fetched'] - 1}"
+
+
+def held_back_text(held: Mapping[str, Any]) -> str:
+    """Which ranks hold the job back (``stats()["held_back"]``, or a feeder's reply)."""
+    ranks, count = list(held["ranks"]), int(held["count"])
+    listed = ", ".join(str(r) for r in ranks) + (
+        f" and {count - len(ranks)} more" if count > len(ranks) else ""
+    )
+    text = f"held back at step {held['step']} by rank{'s' if count > 1 else ''} {listed} (not fetched it"
+    never, never_count = list(held.get("never_seen") or ()), int(held.get("never_seen_count") or 0)
+    if never_count:
+        more = f" and {never_count - len(never)} more" if never_count > len(never) else ""
+        text += "; never connected: " + ", ".join(str(r) for r in never) + more
+    return text + ")"
 
 
 def efficiency_text(stats: Mapping[str, Any], sep: str) -> str:

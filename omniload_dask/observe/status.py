@@ -28,6 +28,7 @@ from omniload_dask.observe.formatting import (
     efficiency_text,
     fetched_text,
     format_si,
+    held_back_text,
     milliseconds,
 )
 
@@ -122,6 +123,8 @@ def format_status(stats: dict[str, Any], now: float | None = None) -> str:
         )
     if len(shown) < len(ranks):
         lines.append(f"  ... {len(ranks) - len(shown)} more ranks (shown: longest p99 waits)")
+    if stats.get("held_back"):
+        lines.append("  " + held_back_text(stats["held_back"]))
     for s in sources:
         for example in (s.get("bad_examples") or [])[-1:]:
             lines.append(f"  last skipped ({s['name']}): {example}")

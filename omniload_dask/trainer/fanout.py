@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from omniload_dask.batching.formats import GroupBatch
 from omniload_dask.errors import JobError
 from omniload_dask.trainer.broadcast import GroupShare
-from omniload_dask.trainer.fetch import ask_for_steps, gather_parts
+from omniload_dask.trainer.fetch import StallWatch, ask_for_steps, gather_parts
 from omniload_dask.trainer.link import Link
 from omniload_dask.trainer.prefetch import Prefetcher
 
@@ -96,6 +96,8 @@ class DirectSteps:
         self._needs = list(needs)
         self._pick = pick
         self._report = report
+        ranks_text = ", ".join(str(r) for r in self._ranks[:8])
+        self.stalls = StallWatch(f"rank{'s' if len(self._ranks) > 1 else ''} {ranks_text}")
         self.prefetcher = Prefetcher(
             self._fetch,
             start,
@@ -122,6 +124,7 @@ class DirectSteps:
         reply = ask_for_steps(
             self.link, self._job, self._ranks, self._needs, start, count, report, pre.refill
         )
+        self.stalls.note(start, reply)
         end = reply.get("end")
         return gather_parts(self.link, reply), int(end) if end is not None else None
 

@@ -21,6 +21,7 @@ wait figures for monitoring (:func:`wait_report`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -30,11 +31,15 @@ import numpy as np
 
 from omniload_dask.batching.formats import GroupBatch
 from omniload_dask.errors import MissingJobError, OmniloadError
+from omniload_dask.observe.formatting import held_back_text
 from omniload_dask.trainer.link import Link
 
 __all__ = [
+    "HELD_BACK_REPEAT",
+    "HELD_BACK_WARN",
     "LOST_RETRY",
     "POLL_TIMEOUT",
+    "StallWatch",
     "ask_for_steps",
     "gather_parts",
     "retryable",
@@ -43,6 +48,10 @@ __all__ = [
 
 POLL_TIMEOUT = 2.0  # seconds the data plane holds a request that nothing is ready for
 LOST_RETRY = 0.05  # seconds before asking again for a batch whose worker left
+HELD_BACK_WARN = 30.0  # seconds without a step, held back by other ranks, before a warning
+HELD_BACK_REPEAT = 60.0  # seconds between repeated warnings
+
+logger = logging.getLogger(__name__)
 
 
 def ask_for_steps(
@@ -100,6 +109,48 @@ def gather_parts(link: Link, reply: dict[str, Any]) -> list[list[GroupBatch]]:
         # standby copy) once the scheduler notices; ask again after a moment.
         time.sleep(LOST_RETRY)
     return got
+
+
+class StallWatch:
+    """Warns when an agent has waited long for one step because other ranks never fetch.
+
+    The data plane draws at most a window of steps past the slowest rank, and says in a reply
+    that found nothing ready which ranks hold it there (``held_back``). A rank whose feeder
+    never started stops the whole job at that step; after ``HELD_BACK_WARN`` seconds without
+    a step the agent logs a warning naming those ranks (again every ``HELD_BACK_REPEAT`` s),
+    so the job does not stop silently. ``last`` keeps the latest ``held_back`` seen.
+    """
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.last: dict[str, Any] | None = None
+        self.warnings = 0
+        self._step: int | None = None
+        self._since = 0.0
+        self._warned = float("-inf")
+
+    def note(self, start: int, reply: dict[str, Any]) -> None:
+        """Look at the reply to a request for the steps from ``start`` on."""
+        now = time.monotonic()
+        if reply.get("parts"):
+            self._step, self.last = None, None
+            return
+        if self._step != start:
+            self._step, self._since, self._warned = start, now, float("-inf")
+        held = reply.get("held_back")
+        self.last = held
+        waited = now - self._since
+        if held and waited >= HELD_BACK_WARN and now - self._warned >= HELD_BACK_REPEAT:
+            self._warned = now
+            self.warnings += 1
+            logger.warning(
+                "omniload %s: no batch for step %d for %.0f s: the job is %s. Every rank of "
+                "the layout needs a running Feeder (or a fanout agent serving it).",
+                self.who,
+                start,
+                waited,
+                held_back_text(held),
+            )
 
 
 def wait_report(waits: deque[float], buffered: int, prefetch: int) -> dict[str, Any]:

@@ -14,7 +14,11 @@ process connect as real ones would::
     link.close()
 
 A lost connection is opened again on the next call (a restarted scheduler at the same address
-is simply found again); callers retry what failed (see :func:`.fetch.retryable`).
+is simply found again); callers retry what failed (see :func:`.fetch.retryable`). Before it
+opens a comm to a worker (or to a scheduler it lost), a link checks with a bare TCP connect
+that the address does not refuse (:func:`refused`): a killed worker then costs no wait for
+Dask's connect retries, and the other holder is asked at once. (The server logs such a check
+at INFO as "closed before handshake completed"; ``tls://`` addresses are not checked.)
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import asyncio
 import contextlib
 import threading
 import zlib
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -66,6 +70,10 @@ class Link:
         self._scheduler = _dask.connection_pool(security, SCHEDULER_CONNECT_TIMEOUT, limit=4)
         self._workers = _dask.connection_pool(security, WORKER_CONNECT_TIMEOUT)
         self._closed = False
+        self._unreachable: set[str] = set()  # workers whose last fetch failed
+        self._scheduler_lost = False  # the last call failed on its connection
+        self.failed_fetches = 0  # fetches from a worker that failed (then another was tried)
+        self.fetch_errors: deque[tuple[str, str]] = deque(maxlen=8)  # the latest: (worker, error)
         self._run(self._start(), SCHEDULER_CONNECT_TIMEOUT)
 
     async def _start(self) -> None:
@@ -75,11 +83,24 @@ class Link:
     def call(self, handler: str, /, *, wait: float = 0.0, **kwargs: Any) -> Any:
         """Call the data plane's handler ``omniload_<handler>`` (which may hold the call for
         ``wait`` seconds); the reply as plain data, with lists."""
-        reply = self._run(
-            _dask.rpc(self._scheduler, self.address, "omniload_" + handler, **kwargs),
-            wait + CALL_SLACK,
-        )
+        reply = self._run(self._call(handler, kwargs), wait + CALL_SLACK)
         return _lists(reply)
+
+    async def _call(self, handler: str, kwargs: dict[str, Any]) -> Any:
+        if (
+            self._scheduler_lost
+            and not _dask.pooled(self._scheduler, self.address)
+            and await refused(self.address, SCHEDULER_CONNECT_TIMEOUT)
+        ):  # the scheduler is down (restarting): the caller's backoff decides when to retry,
+            # not Dask's connect, whose backoff grows to seconds while it is refused
+            raise ConnectionRefusedError(f"the scheduler at {self.address} refused the connection")
+        try:
+            reply = await _dask.rpc(self._scheduler, self.address, "omniload_" + handler, **kwargs)
+        except OSError:
+            self._scheduler_lost = True
+            raise
+        self._scheduler_lost = False
+        return reply
 
     def fetch(
         self, refs: list[tuple[str, int]], who_has: dict[str, list[str]]
@@ -94,24 +115,28 @@ class Link:
     ) -> dict[tuple[str, int], Any]:
         got: dict[tuple[str, int], Any] = {}
         pending = list(dict.fromkeys(refs))
+        order = {ref: self._order(who_has.get(ref[0]) or [], ref[0]) for ref in pending}
         for attempt in range(2):
             by_worker: dict[str, list[tuple[str, int]]] = defaultdict(list)
             for ref in pending:
-                holders = who_has.get(ref[0]) or []
+                holders = order[ref]
                 if len(holders) > attempt:
-                    pick = (self.salt + zlib.crc32(ref[0].encode()) + attempt) % len(holders)
-                    by_worker[holders[pick]].append(ref)
+                    by_worker[holders[attempt]].append(ref)
             if not by_worker:
                 break
             replies = await asyncio.gather(
                 *(self._from_worker(addr, mine) for addr, mine in by_worker.items()),
                 return_exceptions=True,
             )
-            for mine, reply in zip(by_worker.values(), replies, strict=True):
+            for addr, mine, reply in zip(by_worker, by_worker.values(), replies, strict=True):
                 if isinstance(reply, BaseException):
                     if not isinstance(reply, (OSError, asyncio.TimeoutError)):
                         raise reply
+                    self._unreachable.add(addr)  # tried last until it answers again
+                    self.failed_fetches += 1
+                    self.fetch_errors.append((addr, f"{type(reply).__name__}: {reply}"))
                     continue
+                self._unreachable.discard(addr)
                 for ref, value in zip(mine, reply, strict=True):
                     if value is not None:
                         got[ref] = value
@@ -120,7 +145,23 @@ class Link:
                 break
         return got
 
+    def _order(self, holders: list[str], key: str) -> list[str]:
+        """The holders of ``key`` in the order to try them: spread over agents by ``salt``,
+        workers that could not be reached lately last (a worker just killed may still be
+        listed until the scheduler notices)."""
+        if not holders:
+            return holders
+        first = (self.salt + zlib.crc32(key.encode())) % len(holders)
+        turned = holders[first:] + holders[:first]
+        if self._unreachable:
+            turned.sort(key=lambda addr: addr in self._unreachable)
+        return turned
+
     async def _from_worker(self, address: str, refs: list[tuple[str, int]]) -> list[Any]:
+        if not _dask.pooled(self._workers, address) and await refused(
+            address, WORKER_CONNECT_TIMEOUT
+        ):  # a killed worker: no waiting for Dask's connect retries, the other holder now
+            raise ConnectionRefusedError(f"worker {address} refused the connection")
         reply = await _dask.rpc(
             self._workers, address, PART_HANDLER, parts=[[k, p] for k, p in refs]
         )
@@ -150,6 +191,29 @@ class Link:
         except TimeoutError:
             future.cancel()
             raise
+
+
+async def refused(address: str, timeout: float) -> bool:
+    """Whether a plain TCP connection to ``address`` (``tcp://`` only) is refused at once.
+
+    Dask's ``connect`` retries a refused connection until its timeout; a link asks this first
+    before it opens a comm to a worker, since a refusal means that no process listens there
+    (a killed worker; its nanny starts the new one on another port). False for other schemes
+    (a TLS server would log a bare probe) and when the host does not answer in time.
+    """
+    from distributed.comm import get_address_host_port, parse_address
+
+    if parse_address(address)[0] != "tcp":
+        return False
+    host, port = get_address_host_port(address)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return False
 
 
 def _lists(value: Any) -> Any:

@@ -14,6 +14,7 @@ consumer at its next :meth:`Prefetcher.take`.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import deque
@@ -27,6 +28,15 @@ __all__ = ["Fetch", "Prefetcher"]
 
 # fetch(start, count) -> (items of the ready steps from start on, the stream's end or None)
 Fetch = Callable[[int, int], tuple[list[Any], int | None]]
+
+
+MAX_BACKOFF = 1.0  # seconds between retries at most: a restarted scheduler is found soon
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds before retry ``attempt`` (1, 2, ...): doubling from 0.1 s up to MAX_BACKOFF,
+    with jitter so that many ranks do not knock on a new scheduler at the same instant."""
+    return min(MAX_BACKOFF, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0)
 
 
 class Prefetcher:
@@ -156,7 +166,7 @@ class Prefetcher:
                 if retryable(exc) and now - failing_since < self.reconnect_timeout:
                     self.reconnects += 1
                     attempt += 1
-                    time.sleep(min(5.0, 0.1 * 2 ** min(attempt, 6)))
+                    time.sleep(_backoff(attempt))
                     continue
                 with self._lock:
                     self._error = (
