@@ -2,8 +2,9 @@
 
 "Internals" are the parts of distributed that are not its documented API: the scheduler's task,
 worker and client state, what the ``transition`` hook's keyword arguments hold, the worker's task
-state and memory, the comm layer (``ConnectionPool``, handlers, ``to_serialize``), the Active
-Memory Manager's policy classes, the dashboard's Bokeh application. Everything else in the package uses Dask's public API only.
+state and memory, the comm layer (``ConnectionPool``, handlers, ``to_serialize``), the nanny's
+handlers, the dashboard's Bokeh application; the Active Memory Manager's policy classes are in
+:mod:`omniload_dask.cluster.amm`. Everything else in the package uses Dask's public API only.
 
 - Workers attach a read task's sample metadata to the task's own finished message (the worker
   task state's ``metadata``), which the scheduler passes to plugins' ``transition`` hooks as
@@ -424,66 +425,6 @@ def keep_nanny_on_scheduler_loss(nanny: Any) -> None:
     nanny.handlers["close_gracefully"] = close_gracefully
 
 
-# ---------------------------------------------------------------------- standby replicas
-def install_standby(scheduler: Any, is_standby: Any) -> Any:
-    """Keep a second in-memory copy of the keys ``is_standby(key)`` accepts, on another worker.
-
-    Uses the Active Memory Manager's policy API: a policy that asks for a second replica of
-    each registered key, and Dask's ReduceReplicas wrapped so that it leaves those replicas
-    alone (unwrapped, it would drop them a few seconds later). Returns the policy, whose
-    ``keys`` set the caller fills and empties, or None without an AMM.
-    """
-    from distributed.active_memory_manager import (
-        ActiveMemoryManagerPolicy,
-        ReduceReplicas,
-        Suggestion,
-    )
-
-    amm = getattr(scheduler, "extensions", {}).get("amm")
-    if amm is None:
-        return None
-
-    class SparingReduceReplicas(ReduceReplicas):
-        """Dask's ReduceReplicas, minus our standby copies."""
-
-        def run(self) -> Any:
-            inner = super().run()
-            reply = None
-            while True:
-                try:
-                    suggestion = inner.send(reply)
-                except StopIteration:
-                    return
-                if is_standby(suggestion.ts.key):
-                    reply = None
-                    continue
-                reply = yield suggestion
-
-    class Standby(ActiveMemoryManagerPolicy):
-        """A second copy of each registered in-memory key, so one worker's loss costs nothing."""
-
-        def __init__(self) -> None:
-            self.keys: set[str] = set()
-
-        def run(self) -> Any:
-            if len(self.manager.scheduler.workers) < 2:
-                return
-            for key in list(self.keys):
-                ts = self.manager.scheduler.tasks.get(key)
-                if ts is None or ts.state != "memory":
-                    continue
-                if len(ts.who_has or ()) < 2:
-                    yield Suggestion("replicate", ts)
-
-    for policy in list(amm.policies):
-        if type(policy) is ReduceReplicas:
-            amm.policies.discard(policy)
-            amm.add_policy(SparingReduceReplicas())
-    standby = Standby()
-    amm.add_policy(standby)
-    return standby
-
-
 def drop_peer(worker: Any, address: str) -> None:
     """Close ``worker``'s comms to ``address`` and fail its attempts to connect there.
 
@@ -498,10 +439,3 @@ def drop_peer(worker: Any, address: str) -> None:
 async def tell_workers_gone(scheduler: Any, address: str, handler: str) -> None:
     """Call ``handler(address=...)`` on every worker of ``scheduler`` (errors ignored)."""
     await scheduler.broadcast(msg={"op": handler, "address": address}, on_error="ignore")
-
-
-def run_memory_manager(scheduler: Any) -> None:
-    """Run the Active Memory Manager's policies once now (creates standby copies promptly)."""
-    amm = getattr(scheduler, "extensions", {}).get("amm")
-    if amm is not None:
-        amm.run_once()

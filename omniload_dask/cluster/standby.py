@@ -3,7 +3,7 @@
 With ``loader.standby`` on, every batch a rank will fetch and every shard a construction will
 read is replicated once it is in memory (the paper's "shadow loader"): losing one worker then
 costs no recomputation, the feeder fetches from the other holder. Replication is Dask's own
-Active Memory Manager's, driven by a policy (see :func:`~omniload_dask.cluster.internals.
+Active Memory Manager's, driven by a policy (see :func:`~omniload_dask.cluster.amm.
 install_standby`); this module decides which keys it covers and when it runs::
 
     read or batch key reaches memory, the job still holds it  ->  keep(key)
@@ -25,6 +25,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from omniload_dask.cluster import amm
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster.serving import PEER_GONE_HANDLER
 
@@ -44,7 +45,7 @@ class StandbyCopies:
 
     def __init__(self, scheduler: Any) -> None:
         self._scheduler = scheduler
-        self._policy = _dask.install_standby(scheduler, is_standby_key)
+        self._policy = amm.install_standby(scheduler, is_standby_key)
         self._run_soon = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -78,6 +79,6 @@ class StandbyCopies:
         """One memory-manager run for the keys kept since the last one."""
         self._run_soon = False
         try:
-            _dask.run_memory_manager(self._scheduler)
+            amm.run_memory_manager(self._scheduler)
         except Exception:  # replication is best effort: lineage still recomputes lost data
             logger.exception("omniload: standby replication failed")
