@@ -603,7 +603,7 @@ def main() -> None:
         return real_host_main()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--points", help="RANKSxTP,... (default: by --quick)")
+    parser.add_argument("--points", help="RANKSxTP,... or none (default: by --quick)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="read slots per worker")
     parser.add_argument("--hosts", type=int, default=4, help="processes the agents share")
@@ -622,10 +622,10 @@ def main() -> None:
     if args.quick:
         args.steps = min(args.steps, 8)
         args.warmup = min(args.warmup, 3)
-    points = [
-        tuple(int(x) for x in p.split("x"))
-        for p in (args.points or (QUICK_POINTS if args.quick else FULL_POINTS)).split(",")
-    ]
+    chosen = args.points or (QUICK_POINTS if args.quick else FULL_POINTS)
+    points = (
+        [] if chosen == "none" else [tuple(int(x) for x in p.split("x")) for p in chosen.split(",")]
+    )
     result: dict[str, Any] = {
         "benchmark": "scale",
         "quick": args.quick,
