@@ -534,22 +534,23 @@ def measure_planning(dp: int, docs: int, repeats: int = 5) -> tuple[float, float
 
 
 def planning_figures() -> tuple[dict[str, float], dict[str, float]]:
-    """``planning_ms`` (and efficiency) per case; benchmarks/planning.py's ``planning_ms``
-    when it offers one (the planning benchmark's own measurement)."""
+    """``planning_ms`` (and balance efficiency) per case: ``benchmarks/planning.py``'s
+    measurement (the whole drawn step in the real coordinator) where it can be imported,
+    else the split alone (:func:`measure_planning`)."""
     try:
         sys.path.insert(0, str(Path(__file__).parent))
-        from planning import planning_ms as external  # type: ignore[import-not-found]
+        from planning import measure as external  # type: ignore[import-not-found]
     except ImportError:
         external = None
     ms, eff = {}, {}
     for dp, docs in PLANNING_CASES:
         key = f"dp{dp}_docs{docs}"
         if external is not None:
-            ms[key] = float(external(dp=dp, docs=docs))
+            point = external(dp, docs, "balance", 4, 3)
+            ms[key], eff[key] = point["step_ms"], point["efficiency_mean"]
         else:
             ms[key], eff[key] = measure_planning(dp, docs)
-            ms[key] = round(ms[key], 2)
-            eff[key] = round(eff[key], 4)
+        ms[key], eff[key] = round(ms[key], 2), round(eff[key], 4)
     return ms, eff
 
 
@@ -602,7 +603,7 @@ def main() -> None:
         return real_host_main()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--points", help="RANKSxTP,... (default: by --quick)")
+    parser.add_argument("--points", help="RANKSxTP,... or none (default: by --quick)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="read slots per worker")
     parser.add_argument("--hosts", type=int, default=4, help="processes the agents share")
@@ -621,10 +622,10 @@ def main() -> None:
     if args.quick:
         args.steps = min(args.steps, 8)
         args.warmup = min(args.warmup, 3)
-    points = [
-        tuple(int(x) for x in p.split("x"))
-        for p in (args.points or (QUICK_POINTS if args.quick else FULL_POINTS)).split(",")
-    ]
+    chosen = args.points or (QUICK_POINTS if args.quick else FULL_POINTS)
+    points = (
+        [] if chosen == "none" else [tuple(int(x) for x in p.split("x")) for p in chosen.split(",")]
+    )
     result: dict[str, Any] = {
         "benchmark": "scale",
         "quick": args.quick,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omniload_dask.batching.formats import IGNORE_INDEX, Recipe, Shard, build, expand
+from omniload_dask.batching.formats import IGNORE_INDEX, Recipe, RecipeTable, Shard, build, expand
 
 
 def shard(source: int, docs: list[list[int]]) -> Shard:
@@ -110,3 +110,32 @@ def test_dask_counts_the_arrays_of_shards_and_built_batches():
     assert arrays > 1500 * 8 * 3  # input_ids, labels and position_ids are int64
     assert sizeof(batch) == arrays + 256
     assert sizeof(s) == s.tokens.nbytes + s.offsets.nbytes + s.sample_ids.nbytes + 256
+
+
+def test_a_recipe_table_selects_any_groups_with_their_reads_numbered_by_first_use():
+    rng = np.random.default_rng(5)
+    n = 12
+    piece_bounds = np.concatenate([[0], np.cumsum(rng.integers(0, 5, n))]).astype(np.int64)
+    slot_bounds = np.concatenate([[0], np.cumsum(rng.integers(1, 4, n))]).astype(np.int64)
+    table = RecipeTable(
+        step=7,
+        groups=np.arange(n, dtype=np.int64),
+        piece_bounds=piece_bounds,
+        pieces=rng.integers(0, 50, (int(piece_bounds[-1]), 5)),
+        slot_bounds=slot_bounds,
+        slot_reads=rng.integers(0, 9, int(slot_bounds[-1])),
+        slot_epochs=rng.integers(0, 3, int(slot_bounds[-1])),
+        num_micro_steps=1,
+        seq_len=64,
+    )
+    for rows in (np.arange(3, 9), np.array([0, 2, 7, 11]), np.arange(n), np.zeros(0, np.int64)):
+        block, used = table.select_reads(rows)
+        assert block.groups.tolist() == rows.tolist()
+        first_use = dict.fromkeys(t for r in rows for t in table.reads_of(r).tolist())
+        assert used.tolist() == list(first_use)  # each read once, in order of first use
+        assert np.array_equal(table.used_reads(rows), used)
+        for j, r in enumerate(rows.tolist()):
+            mine, whole = block.recipe(j), table.recipe(r)
+            assert np.array_equal(mine.pieces, whole.pieces)
+            assert mine.slot_epochs == whole.slot_epochs
+            assert used[block.reads_of(j)].tolist() == table.reads_of(r).tolist()

@@ -90,6 +90,70 @@ def test_one_agent_fetches_every_slice_of_a_dp_group_in_one_round_trip(small_sou
     assert all(seen[r] == 0 for r in layout.group_ranks(0))
 
 
+def _guard_rank_arrays(dask_scheduler, name):
+    """Make the job's per-rank arrays note every reduction or listing over all of them."""
+    import numpy as np
+
+    run = dask_scheduler.plugins["omniload"].jobs[name]
+    where = run.coord.delivery.where
+    world = len(where.position)
+    run.scans = scans = []
+
+    class Noted(np.ndarray):
+        def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+            if method != "__call__" and any(
+                isinstance(x, Noted) and x.size == world for x in inputs
+            ):
+                scans.append(f"{ufunc.__name__}.{method}")
+            plain = [np.asarray(x) if isinstance(x, Noted) else x for x in inputs]
+            return getattr(ufunc, method)(*plain, **kwargs)
+
+        def tolist(self):
+            if self.size == world:
+                scans.append("tolist")
+            return np.asarray(self).tolist()
+
+    for field in ("position", "requested", "last_seen", "group_of", "cp_of"):
+        setattr(where, field, getattr(where, field).view(Noted))
+    return world
+
+
+def test_no_request_scans_every_rank(small_sources, cluster):
+    plan = make_plan(small_sources, name="noscan", layout={"dp": 4, "tp": 2})
+    ref = reference(plan, steps=6)
+    layout = plan.layout
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        world = client.run_on_scheduler(_guard_rank_arrays, name="noscan")
+        agents = [
+            DirectSteps(
+                Link(cluster.scheduler_address), "noscan", layout.group_ranks(g), [(g, 0)],
+                0, 2, lambda b: {}, pick=None, max_steps=6,
+            )
+            for g in range(layout.dp)
+        ]  # fmt: skip
+        try:
+            got = {r: [] for r in range(world)}
+            for step in range(6):
+                for g, agent in enumerate(agents):
+                    (batch,) = agent.take(step)
+                    agent.done(step)
+                    for r in layout.group_ranks(g):
+                        got[r] += batch.micro_batches
+            scans = plugin_job(client, "noscan", lambda run: list(run.scans))
+            # the guard sees a scan when there is one
+            check = plugin_job(client, "noscan", lambda run: run.coord.delivery.slowest() >= 0
+                               and run.coord.delivery.where.position.min() >= 0
+                               and list(run.scans))  # fmt: skip
+        finally:
+            for agent in agents:
+                agent.close()
+            job.stop()
+    assert_same(ref, got)
+    assert world == 8 and scans == []
+    assert check == ["minimum.reduce"]
+
+
 @pytest.mark.parametrize("where", ["thread", "process"])
 def test_planning_off_the_loop_gives_the_same_stream(small_plan, monkeypatch, where):
     monkeypatch.setattr(planner, "INLINE_MS", -1.0)  # every step off the loop
@@ -128,3 +192,32 @@ def test_the_data_plane_client_survives_a_lost_connection(small_sources):
             time.sleep(0.2)
         assert job.stats()["resubmits"] >= 1
     assert_same(ref, {0: got})
+
+
+@pytest.mark.slow
+def test_the_job_fails_saying_so_when_its_client_cannot_connect_again(small_sources, monkeypatch):
+    from omniload_dask.cluster import watchdog
+    from omniload_dask.errors import JobError
+
+    monkeypatch.setattr(watchdog, "RECONNECT_TIMEOUT", 10.0)
+    plan = make_plan(small_sources, name="noreconnect", layout={"dp": 1})
+    with Job.start(plan, workers=1, dashboard_address=None) as job:
+        data_client = job.cluster.scheduler.plugins["omniload"]._client
+
+        async def refuse():
+            raise OSError("the scheduler takes no new clients (test)")
+
+        with job.feeder(dp_rank=0, output="numpy", max_steps=100_000) as feeder:
+            next(feeder)
+            data_client._connect = refuse  # every new client fails to connect from now on
+
+            def cut(dask_scheduler):
+                from omniload_dask.cluster import internals
+
+                internals.break_connection(dask_scheduler.plugins["omniload"]._client.current)
+
+            job.client.run_on_scheduler(cut)
+            deadline = time.monotonic() + 120
+            with pytest.raises(JobError, match="could not connect again"):
+                for _ in feeder:  # what was fetched before comes out, then the error
+                    assert time.monotonic() < deadline, "the feeder stalled without an error"

@@ -52,6 +52,8 @@ from typing import Any
 
 import numpy as np
 
+from omniload_dask.batching.sorting import stable_order
+
 __all__ = [
     "IGNORE_INDEX",
     "IMAGE_FIELDS",
@@ -251,38 +253,77 @@ class RecipeTable:
     def select(self, rows: np.ndarray) -> RecipeTable:
         """The recipes ``rows`` (ascending) alone, their reads renumbered 0.. in order of first
         use (:meth:`used_reads` gives the old numbers in that order)."""
-        pieces = [self.pieces[self.piece_bounds[r] : self.piece_bounds[r + 1]] for r in rows]
-        slots = [np.arange(self.slot_bounds[r], self.slot_bounds[r + 1]) for r in rows]
-        piece_bounds = np.concatenate([[0], np.cumsum([len(p) for p in pieces])])
-        slot_bounds = np.concatenate([[0], np.cumsum([len(s) for s in slots])])
-        picked = np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64)
-        _, first, inverse = np.unique(
-            self.slot_reads[picked], return_index=True, return_inverse=True
-        )
-        order = np.argsort(first, kind="stable")  # renumber by first use
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(order))
-        return RecipeTable(
+        return self.select_reads(rows)[0]
+
+    def used_reads(self, rows: np.ndarray) -> np.ndarray:
+        """The reads recipes ``rows`` use, in the order :meth:`select` numbers them."""
+        return self.select_reads(rows)[1]
+
+    def select_reads(self, rows: np.ndarray) -> tuple[RecipeTable, np.ndarray]:
+        """:meth:`select` and :meth:`used_reads` at once (a block's construction needs both).
+
+        A block's groups are usually a run of consecutive recipes: their rows are one slice
+        of each array; any other choice is gathered in one index per array, never a loop
+        over the recipes."""
+        rows = np.asarray(rows, dtype=np.int64)
+        pieces_at, piece_bounds = _ranges(self.piece_bounds, rows)
+        slots_at, slot_bounds = _ranges(self.slot_bounds, rows)
+        used, renumbered = _by_first_use(self.slot_reads[slots_at])
+        table = RecipeTable(
             step=self.step,
             groups=self.groups[rows],
-            piece_bounds=piece_bounds.astype(np.int64),
-            pieces=np.concatenate(pieces) if pieces else self.pieces[:0],
-            slot_bounds=slot_bounds.astype(np.int64),
-            slot_reads=rank[inverse.reshape(-1)].astype(np.int64),
-            slot_epochs=self.slot_epochs[picked],
+            piece_bounds=piece_bounds,
+            pieces=self.pieces[pieces_at],
+            slot_bounds=slot_bounds,
+            slot_reads=renumbered,
+            slot_epochs=self.slot_epochs[slots_at],
             num_micro_steps=self.num_micro_steps,
             seq_len=self.seq_len,
             pad_to_seq_len=self.pad_to_seq_len,
             micro_seq_lens=self.micro_seq_lens,
             patch_size=self.patch_size,
         )
+        return table, used
 
-    def used_reads(self, rows: np.ndarray) -> np.ndarray:
-        """The reads recipes ``rows`` use, in the order :meth:`select` numbers them."""
-        slots = [self.slot_reads[self.slot_bounds[r] : self.slot_bounds[r + 1]] for r in rows]
-        used = np.concatenate(slots) if slots else np.zeros(0, dtype=np.int64)
-        _, first = np.unique(used, return_index=True)
-        return used[np.sort(first)]
+
+def _ranges(bounds: np.ndarray, rows: np.ndarray) -> tuple[slice | np.ndarray, np.ndarray]:
+    """Where the entries of recipes ``rows`` lie in an array cut by ``bounds`` (a slice when
+    the rows are consecutive), and their bounds from 0::
+
+        bounds [0 2 3 7]  rows [0 2]  ->  entries [0 1 3 4 5 6]  bounds [0 2 6]
+    """
+    lo, hi = bounds[rows], bounds[rows + 1]
+    if not len(rows):
+        return slice(0, 0), np.zeros(1, dtype=np.int64)
+    if int(rows[-1]) - int(rows[0]) + 1 == len(rows):  # consecutive: one slice
+        first = int(lo[0])
+        return slice(first, int(hi[-1])), np.append(lo, hi[-1]).astype(np.int64) - first
+    sizes = hi - lo
+    out = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return np.repeat(lo - out[:-1], sizes) + np.arange(out[-1]), out
+
+
+def _by_first_use(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``values`` (integers >= 0) in order of first use, and each value's
+    number in that order::
+
+        [7 3 7 5]  ->  used [7 3 5], numbers [0 1 0 2]
+    """
+    values = values.astype(np.int64, copy=False)
+    if not len(values):
+        return values[:0], values[:0]
+    order = stable_order(values)
+    ordered = values[order]
+    new = np.ones(len(values), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    first = order[new]  # each distinct value's first position, by value
+    by_use = np.argsort(first)
+    number = np.empty(len(first), dtype=np.int64)
+    number[by_use] = np.arange(len(first))
+    out = np.empty(len(values), dtype=np.int64)
+    out[order] = number[np.cumsum(new) - 1]
+    return values[first[by_use]], out
 
 
 @dataclass

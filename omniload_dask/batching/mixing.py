@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from omniload_dask.batching.sorting import stable_order
 from omniload_dask.plan import BatchSpec, MixingSpec
 
 __all__ = ["HORIZON_BATCHES", "Mixer", "NeedMore", "Selection", "WeightSchedule", "mix_guarantee"]
@@ -360,15 +361,22 @@ class _Chunks:
         """The chosen items (tag order) as documents: pieces of one document merge into one
         row, placed where its first piece is; its tag is that of its last piece."""
         gdoc = self.item_doc[chosen]
-        uniq, first, inverse = np.unique(gdoc, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        rows = np.argsort(first, kind="stable")  # documents in the order they first appear
+        # np.unique(gdoc, return_index=True, return_inverse=True), from one radix sort; the
+        # largest tag of each document's pieces from the same order.
+        by_doc = stable_order(gdoc)
+        new = np.ones(len(gdoc), dtype=bool)
+        new[1:] = gdoc[by_doc[1:]] != gdoc[by_doc[:-1]]
+        uniq, first = gdoc[by_doc[new]], by_doc[new]
+        inverse = np.empty(len(gdoc), dtype=np.int64)
+        inverse[by_doc] = np.cumsum(new) - 1
+        rows = stable_order(first)  # documents in the order they first appear
         rank = np.empty(len(uniq), dtype=np.int64)
         rank[rows] = np.arange(len(uniq))
         row_of = rank[inverse]
         out_taken = np.bincount(row_of, taken, len(uniq)).astype(np.int64)
         out_tags = np.full(len(uniq), -np.inf)
-        np.maximum.at(out_tags, row_of, tags)
+        if len(gdoc):
+            out_tags[rank] = np.maximum.reduceat(tags[by_doc], np.flatnonzero(new))
         pos = chosen[first[rows]]
         src = self.srcs[pos]
         counts = np.bincount(src, minlength=num_sources).astype(np.int64)

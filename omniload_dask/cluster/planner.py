@@ -99,6 +99,7 @@ class StepPlanning:
             docs.slot,
             len(docs.slots),
             drawn.epochs,
+            docs.starts,
         )
         assert self._process is not None
         try:
@@ -147,10 +148,11 @@ def _init_process(plan: dict[str, Any]) -> None:
 
 def _plan_in_process(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
     """In the planning process: plan one step from its documents' arrays."""
-    step, sources, lengths, extra, rows, slot, slots, epochs = arrays
+    step, sources, lengths, extra, rows, slot, slots, epochs, starts = arrays
     assert _planner is not None
     t0 = time.thread_time()
-    docs = Documents(sources, lengths, extra, rows, slot, [None] * slots, [], [])  # type: ignore[list-item]
+    # What the recipes read of the step's documents, the rest of a continued one included.
+    docs = Documents(sources, lengths, extra, rows, slot, [None] * slots, [], [], starts)  # type: ignore[list-item]
     planned = _planner.plan(DrawnStep(step, docs, [], np.asarray(epochs), 0.0))
     return (
         planned.split,

@@ -152,20 +152,21 @@ class Delivery:
         self, step: int, recipes: RecipeTable, reads: list[ReadSpec]
     ) -> list[SubmitConstruct]:
         """Hold and build a drawn step's blocks, for the groups that will fetch it."""
-        out = []
-        size, group_min = self.block_size, self.where.group_min
-        for b, first in enumerate(range(0, self.layout.dp, size)):
-            # Groups whose ranks are all past the step (replaying towards where they resume)
-            # are built on demand only.
-            groups = [
-                g for g in range(first, min(first + size, self.layout.dp)) if group_min[g] <= step
-            ]
-            if not groups:
+        out: list[SubmitConstruct] = []
+        size, dp = self.block_size, self.layout.dp
+        # Groups whose ranks are all past the step (replaying towards where they resume) are
+        # built on demand only.
+        if self.where.slowest > step:
+            return out
+        wanted = np.flatnonzero(np.asarray(self.where.group_min) <= step)
+        bounds = np.searchsorted(wanted, np.append(np.arange(0, dp, size), dp))
+        for b in range(len(bounds) - 1):
+            groups = wanted[bounds[b] : bounds[b + 1]]
+            if not len(groups):
                 continue
             key = self._keys.block(step, b)
-            for g in groups:
-                self._hold(step, g, key)
-            out.append(self._block(key, recipes, np.asarray(groups), reads))
+            self._hold(step, groups.tolist(), key)
+            out.append(self._block(key, recipes, groups, reads))
         return out
 
     def keep(self, step: int, record: StepRecord, next_step: int) -> None:
@@ -227,9 +228,9 @@ class Delivery:
         self, key: str, recipes: RecipeTable, rows: np.ndarray, reads: list[ReadSpec]
     ) -> SubmitConstruct:
         """A construction of recipes ``rows`` under ``key``, each read of the block once."""
-        used = recipes.used_reads(rows)
+        table, used = recipes.select_reads(rows)
         specs = tuple(reads[i] for i in used.tolist())
-        return SubmitConstruct(key, recipes.select(rows), specs, self.layout.cp)
+        return SubmitConstruct(key, table, specs, self.layout.cp)
 
     def _rebuild(self, step: int, group: int) -> SubmitConstruct:
         """Submit a released step's batch for ``group`` again, alone, from its kept recipe."""
@@ -242,18 +243,23 @@ class Delivery:
             )
         record.rebuilds += 1
         key = self._keys.rebuild(step, group, record.rebuilds)
-        self._hold(step, group, key)
+        self._hold(step, [group], key)
         return self._block(key, record.recipes, np.asarray([group]), record.reads)
 
-    def _hold(self, step: int, group: int, key: str) -> None:
-        old = self.held.get((step, group))
-        if old is None:
-            heapq.heappush(self._held_steps[group], step)
-            self._held_count[step] += 1
-        else:
-            self._block_left[old] -= 1  # (a rebuild replaces a lost hold; not in practice)
-        self.held[(step, group)] = key
-        self._block_left[key] += 1
+    def _hold(self, step: int, groups: list[int], key: str) -> None:
+        """Hold ``key`` for ``groups`` at ``step`` (one block's groups at once)."""
+        held, heaps, left = self.held, self._held_steps, self._block_left
+        new = 0
+        for group in groups:
+            old = held.get((step, group))
+            if old is None:
+                heapq.heappush(heaps[group], step)
+                new += 1
+            else:
+                left[old] -= 1  # (a rebuild replaces a lost hold; not in practice)
+            held[(step, group)] = key
+        self._held_count[step] += new
+        left[key] += len(groups)
 
     def _release_fetched(self, group: int) -> list[str]:
         """The blocks no group holds any more once ``group``'s fetched steps are let go."""

@@ -18,12 +18,14 @@ until something it looked at changes, it does not try again.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
+from omniload_dask.batching.sorting import stable_order
 from omniload_dask.core.live import LiveSources
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
@@ -187,28 +189,27 @@ def _locate(
     extra = np.zeros(len(order)) if with_extra else None
     units: list[tuple[Unit, int]] = []  # (unit, part) read by a shard slot
     unit_source: list[int] = []
-    by_source = np.argsort(src, kind="stable")  # one pass instead of one scan per source
-    sources_in, first = np.unique(src[by_source], return_index=True)
-    bounds = [*first.tolist(), len(src)]
-    for j, s in enumerate(sources_in.tolist()):
-        sel = by_source[bounds[j] : bounds[j + 1]]
+    by_source = stable_order(src)  # one pass instead of one scan per source
+    source_bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    for s in np.flatnonzero(counts).tolist():
+        sel = by_source[source_bounds[s] : source_bounds[s + 1]]
         c = cands[s]
         k = idx[sel]
         lengths[sel] = c.lengths[k]
         if c.continuing:
             starts[sel[k == 0]] = c.offset
-        local = c.unit_of[k]
-        for u in np.unique(local).tolist():
-            here = sel[local == u]
+        # Each unit's documents (units in index order, documents in tag order), then each
+        # part's of the unit: runs of one stable sort, not a scan per unit.
+        for here, at, u in _runs(sel, k, c.unit_of[k]):
             unit = c.units[u]
-            unit_rows = unit.order[c.row_of[k[local == u]]]
+            assert unit.order is not None  # a candidate's unit has reported
+            unit_rows = unit.order[c.row_of[at]]
             if extra is not None and unit.extra is not None:
                 extra[here] = unit.extra[unit_rows]  # (charged to a document's first piece)
             part, part_rows = unit.locate(unit_rows)
-            for p in np.unique(part).tolist():
-                mine = part == p
-                rows[here[mine]] = part_rows[mine]
-                doc_unit[here[mine]] = len(units)
+            for mine, rows_of, p in _runs(here, part_rows, part):
+                rows[mine] = rows_of
+                doc_unit[mine] = len(units)
                 units.append((unit, p))
                 unit_source.append(s)
     if taken is not None:
@@ -216,3 +217,21 @@ def _locate(
     if extra is not None:
         extra[starts > 0] = 0.0  # its images were charged with the document's first piece
     return Documents(src, lengths, extra, rows, doc_unit, units, unit_source, finished, starts)
+
+
+def _runs(
+    items: np.ndarray, values: np.ndarray, keys: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """``(items, values, key)`` for each distinct key of ``keys`` (integers >= 0), keys
+    ascending, each run's entries in their order: ``[(items[keys == u], values[keys == u],
+    u) for u in np.unique(keys)]``, from one stable sort."""
+    if len(keys) and keys[0] == keys[-1] and (keys == keys[0]).all():
+        return [(items, values, int(keys[0]))]  # one key (a unit read whole: the usual case)
+    order = stable_order(keys)
+    ordered = keys[order]
+    edges = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(keys)]
+    return [
+        (items[order[a:b]], values[order[a:b]], int(ordered[a]))
+        for a, b in itertools.pairwise(edges)
+        if b > a
+    ]

@@ -249,7 +249,9 @@ class ReadAhead:
     def _steps_per_unit(self, i: int, weights: np.ndarray) -> float | None:
         """Steps that one read unit of source i feeds at ``weights`` (None: none measured)."""
         stream = self._sources.streams[i]
-        known = [u for u in stream.units.values() if u.lengths is not None]
+        # Units without records (a file's empty tail) say nothing about unit size; counted,
+        # they would make a unit seem to feed no steps and the read-ahead run to its cap.
+        known = [u for u in stream.units.values() if u.lengths is not None and len(u.lengths)]
         if not known:
             return None
         tokens, docs = self._budget
