@@ -231,3 +231,18 @@ def test_context_parallel_ranks_fetch_their_slices_and_tensor_parallel_peers_one
         plane.coord.on_request(rank, 3, 1)
     plane.coord.advance()
     assert not any(step < 3 for step, _ in plane.coord.delivery.held)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_units_without_records_do_not_stretch_the_read_ahead(tmp_path, seed):
+    # Files of one line longer than a unit: each file's second unit owns no line start and
+    # reads back empty. Only units with records say how many steps a unit feeds; where an
+    # empty one reported first, it made a unit seem to feed no steps and the read-ahead ran
+    # to its cap (about 250 units in flight here instead of under 10).
+    for i in range(40):
+        write_jsonl(tmp_path / f"a{i:02d}.jsonl", ["word " * 300])
+    source = {"name": "a", "format": "jsonl", "path": str(tmp_path / "*.jsonl"), "unit_bytes": 1024}
+    dp = InlineDataPlane(parse_plan(plan_dict([source], seed=1)), shuffle_reports=seed)
+    dp.step(0)
+    stats = dp.coord.stats()["sources"][0]
+    assert stats["units_in_flight"] <= 4 * stats["read_window"] < 80, stats
