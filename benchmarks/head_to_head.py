@@ -390,7 +390,8 @@ class Child:
 # ------------------------------------------------------------------ the README cluster
 class ReadmeCluster:
     """``dask scheduler --preload omniload_dask.preload`` and ``dask worker ... --nthreads 2
-    --resources omniload-read=1`` processes, as the README starts them (free ports only)."""
+    --resources omniload-read=1 --preload omniload_dask.preload`` processes, as the README
+    starts them (free ports only)."""
 
     def __init__(self, workers: int, logs: Path, env: dict[str, str]) -> None:
         dask = str(Path(sys.executable).parent / "dask")
@@ -415,7 +416,7 @@ class ReadmeCluster:
             self.logs.append(open(logs / f"worker{i}.log", "w"))  # noqa: SIM115
             self.workers.append(subprocess.Popen(
                 [dask, "worker", self.address, "--nthreads", "2", "--resources",
-                 "omniload-read=1"], stdout=self.logs[-1], stderr=subprocess.STDOUT, env=env))  # fmt: skip
+                 "omniload-read=1", "--preload", "omniload_dask.preload"], stdout=self.logs[-1], stderr=subprocess.STDOUT, env=env))  # fmt: skip
         from distributed import Client
 
         with Client(self.address, timeout=60) as client:
