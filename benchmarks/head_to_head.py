@@ -890,7 +890,7 @@ def main() -> int:
     parser.add_argument("--memory-only", action="store_true", help="only the 16 x 4 memory runs")
     parser.add_argument("--workers", type=int, default=2, help="loader workers (each system)")
     parser.add_argument("--loader", type=json.loads, default={},
-                        help='omniload plan loader settings, JSON (e.g. \'{"standby": false}\')')
+                        help='omniload plan loader settings, JSON (e.g. \'{"standby": false}\')')  # fmt: skip
     parser.add_argument("--seconds", type=float, help="measured window per run")
     parser.add_argument("--warmup", type=float, help="seconds after every rank's first batch")
     parser.add_argument("--rounds", type=int, help="passes over the systems (order reversed "
