@@ -114,7 +114,7 @@ def make_plan(corpus: dict[str, Any], mix: tuple[list[str], list[float]], tokeni
         "layout": {"dp": ranks},
         "cost": cost,
         "on_error": "skip",
-        "loader": {"workers": args.workers},
+        "loader": {"workers": args.workers, **args.loader},
         "sources": source_specs(corpus, *mix),
     }
 
@@ -390,7 +390,8 @@ class Child:
 # ------------------------------------------------------------------ the README cluster
 class ReadmeCluster:
     """``dask scheduler --preload omniload_dask.preload`` and ``dask worker ... --nthreads 2
-    --resources omniload-read=1`` processes, as the README starts them (free ports only)."""
+    --resources omniload-read=1 --preload omniload_dask.preload`` processes, as the README
+    starts them (free ports only)."""
 
     def __init__(self, workers: int, logs: Path, env: dict[str, str]) -> None:
         dask = str(Path(sys.executable).parent / "dask")
@@ -415,7 +416,7 @@ class ReadmeCluster:
             self.logs.append(open(logs / f"worker{i}.log", "w"))  # noqa: SIM115
             self.workers.append(subprocess.Popen(
                 [dask, "worker", self.address, "--nthreads", "2", "--resources",
-                 "omniload-read=1"], stdout=self.logs[-1], stderr=subprocess.STDOUT, env=env))  # fmt: skip
+                 "omniload-read=1", "--preload", "omniload_dask.preload"], stdout=self.logs[-1], stderr=subprocess.STDOUT, env=env))  # fmt: skip
         from distributed import Client
 
         with Client(self.address, timeout=60) as client:
@@ -888,6 +889,8 @@ def main() -> int:
                         "not with --quick)")  # fmt: skip
     parser.add_argument("--memory-only", action="store_true", help="only the 16 x 4 memory runs")
     parser.add_argument("--workers", type=int, default=2, help="loader workers (each system)")
+    parser.add_argument("--loader", type=json.loads, default={},
+                        help='omniload plan loader settings, JSON (e.g. \'{"standby": false}\')')  # fmt: skip
     parser.add_argument("--seconds", type=float, help="measured window per run")
     parser.add_argument("--warmup", type=float, help="seconds after every rank's first batch")
     parser.add_argument("--rounds", type=int, help="passes over the systems (order reversed "
@@ -1003,7 +1006,7 @@ def main() -> int:
         "workers": args.workers, "seq_len": args.seq_len, "micro_batches": args.micro,
         "window_s": args.seconds, "seconds": round(time.monotonic() - t_start, 1),
         "prepare_s": prep["prepare_s"], "cpu_count": os.cpu_count(),
-        "cluster_env": args.cluster_env, "profiled": bool(args.profile),
+        "cluster_env": args.cluster_env, "loader": args.loader, "profiled": bool(args.profile),
         "load_start": [round(x, 2) for x in load_start],
         "load_end": [round(x, 2) for x in os.getloadavg()], "failures": failures,
     }  # fmt: skip

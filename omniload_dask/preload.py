@@ -1,20 +1,35 @@
-"""The scheduler preload that installs the data plane on a Dask scheduler started by hand::
+"""The preload for a Dask cluster started by hand, on the scheduler and on the workers::
 
     dask scheduler --preload omniload_dask.preload
+    dask worker tcp://scheduler:8786 --nthreads 2 --resources omniload-read=1 \\
+        --preload omniload_dask.preload
 
-Dask imports this module in the scheduler's process and calls :func:`dask_setup`, which adds
-:class:`~omniload_dask.cluster.plugin.OmniloadPlugin`; jobs are then started from any client
-(``Job.start(plan, address=...)``). Without the preload, ``Job.start`` registers the plugin on
-the running scheduler itself; registering it twice is harmless.
+Dask imports this module in the scheduler's or worker's process and calls :func:`dask_setup`.
+On the scheduler it adds :class:`~omniload_dask.cluster.plugin.OmniloadPlugin`; jobs are then
+started from any client (``Job.start(plan, address=...)``). Without the preload,
+``Job.start`` registers the plugin on the running scheduler itself; registering it twice is
+harmless.
+
+On both, importing it makes the loader's cluster settings this process's Dask defaults (the
+settings the embedded cluster runs with, :mod:`omniload_dask.cluster.settings`; a value the
+user configured wins). Dask reads most of them after it imported the preload; the few a worker
+read before (its event-loop tick, disk counters) :func:`dask_setup` sets on the worker.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import settings
 from omniload_dask.cluster.plugin import OmniloadPlugin
 
+settings.apply_defaults()
 
-def dask_setup(scheduler: Any) -> None:
-    """Dask's preload hook: add the data-plane plugin to ``scheduler`` (once)."""
-    scheduler.add_plugin(OmniloadPlugin(), idempotent=True)
+
+def dask_setup(server: Any) -> None:
+    """Dask's preload hook: add the data-plane plugin to a scheduler (once); tune a worker."""
+    if _dask.is_scheduler(server):
+        server.add_plugin(OmniloadPlugin(), idempotent=True)
+    else:
+        _dask.tune_server(server)

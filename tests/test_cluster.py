@@ -7,6 +7,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -184,6 +185,15 @@ def test_bad_input_fails_at_start_up_with_a_clear_error(tmp_path, cluster):
         with pytest.raises(TokenizerError, match="does not exist"):
             Job.start(tok, client=client)
         assert list(client.sync(client.scheduler.omniload_jobs)) == []
+        # the embedded cluster runs with the loader's settings (the preload's, see below)
+        assert client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.WORKER_SATURATION
+        ) == float("inf")
+        tuned = client.run(_worker_settings)
+        assert all(
+            t == {"profiler": False, "tick_ms": 200.0, "disk": False, "tokenizers": "false"}
+            for t in tuned.values()
+        )
 
 
 def test_a_bad_record_mid_stream_fails_the_feeder_with_the_file_and_offset(tmp_path, cluster):
@@ -251,7 +261,21 @@ def test_feeders_in_other_processes_attach_by_address(small_sources, cluster, tm
         job.close()
 
 
-def test_plugin_preloaded_on_a_dask_scheduler(small_sources, tmp_path):
+def _worker_settings(dask_worker: Any) -> dict[str, Any]:
+    """What the worker preload tuned, as seen inside a worker."""
+    import os
+
+    return {
+        "profiler": "profile" in dask_worker.periodic_callbacks,
+        "tick_ms": dask_worker.periodic_callbacks["tick"].callback_time,
+        "disk": dask_worker.monitor.monitor_disk_io,
+        "tokenizers": os.environ.get("TOKENIZERS_PARALLELISM"),
+    }
+
+
+def test_plugin_and_cluster_settings_preloaded_on_a_dask_scheduler_and_worker(
+    small_sources, tmp_path
+):
     import os
     import socket
     import time
@@ -279,8 +303,17 @@ def test_plugin_preloaded_on_a_dask_scheduler(small_sources, tmp_path):
         stderr=subprocess.DEVNULL,
     )
     worker = subprocess.Popen(
-        [str(bindir / "dask"), "worker", address, "--nthreads", "1", "--no-dashboard"],
-        env=env,
+        [
+            str(bindir / "dask"),
+            "worker",
+            address,
+            "--nthreads",
+            "1",
+            "--no-dashboard",
+            "--preload",
+            "omniload_dask.preload",
+        ],
+        env={k: v for k, v in env.items() if k != "TOKENIZERS_PARALLELISM"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -297,6 +330,14 @@ def test_plugin_preloaded_on_a_dask_scheduler(small_sources, tmp_path):
         client.wait_for_workers(1, timeout=60)
         assert client.run_on_scheduler(lambda dask_scheduler: "omniload" in dask_scheduler.plugins)
         assert list(client.sync(client.scheduler.omniload_jobs)) == []
+        # the embedded cluster's settings reached both through the preload
+        assert client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.WORKER_SATURATION
+        ) == float("inf")
+        tuned = client.run(_worker_settings)
+        assert list(tuned.values()) == [
+            {"profiler": False, "tick_ms": 200.0, "disk": False, "tokenizers": "false"}
+        ]
         plan = make_plan(small_sources, name="preloaded", layout={"dp": 1})
         job = Job.start(plan, client=client)
         batch = next(job.feeder(dp_rank=0, output="numpy"))

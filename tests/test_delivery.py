@@ -50,7 +50,7 @@ def test_rank_positions_keep_group_minima_and_the_job_wide_extremes_without_a_sc
 
 
 def test_an_agent_request_moves_all_its_ranks_and_releases_what_its_groups_fetched(small_sources):
-    plan = make_plan(small_sources, layout={"dp": 2, "tp": 2})
+    plan = make_plan(small_sources, layout={"dp": 2, "tp": 2}, loader={"groups_per_task": 1})
     plane = InlineDataPlane(plan)
     list(plane.stream(3))
     held = dict(plane.coord.delivery.held)
@@ -93,9 +93,20 @@ def test_blocks_build_several_dp_groups_in_one_task_and_every_rank_gets_its_own_
         assert set(a.recipes.slot_reads.tolist()) == set(range(len(a.reads)))
 
 
-def test_the_default_block_size_keeps_about_eight_tasks_a_step(small_sources):
-    for dp, size in ((1, 1), (8, 1), (9, 2), (512, 64), (2048, 256)):
-        assert groups_per_task(make_plan(small_sources, layout={"dp": dp})) == size
+def test_the_default_block_size_keeps_at_most_eight_tasks_a_step_of_half_a_million_tokens(
+    small_sources,
+):
+    def size(dp: int, seq_len: int, micro: int = 1) -> int:
+        batch = {"seq_len": seq_len, "micro_batches": micro}
+        return groups_per_task(make_plan(small_sources, layout={"dp": dp}, batch=batch))
+
+    # 8,192-token groups: one block a step up to 64 groups, then about eight blocks a step
+    for dp, groups in ((1, 1), (8, 8), (64, 64), (65, 64), (512, 64), (2048, 256)):
+        assert size(dp, 8192) == groups
+    # long groups: eight blocks a step as soon as each holds half a million tokens
+    assert size(16, 65536) == 8
+    assert size(16, 65536, micro=4) == 2
+    assert size(8, 1 << 20) == 1
 
 
 def test_a_step_drawn_planned_and_committed_in_phases_is_the_step_advance_makes(small_plan):

@@ -12,7 +12,8 @@
 - :mod:`.stats`: what the figure handlers (``stats``, ``mixture``, ...) reply.
 - :mod:`.tasks`: the functions that run on workers (discover, read, construct blocks).
 - :mod:`.serving`: the worker handler that hands a fetcher its part of a block.
-- :mod:`.job`: ``Job``, the client-side handle, and the embedded ``LocalCluster``.
+- :mod:`.job`: ``Job``, the client-side handle, and the embedded ``LocalCluster``;
+  :mod:`.settings`: the Dask settings it runs with, which the preload gives other clusters.
 - :mod:`.adaptive`: Dask's adaptive scaling, told how many workers keep the trainers fed.
 - :mod:`.internals`: every use of Dask internals, and only there.
 """

@@ -89,6 +89,29 @@ def task_count(scheduler: Any) -> int:
     return len(scheduler.tasks)
 
 
+def is_scheduler(server: Any) -> bool:
+    """Whether a preload's ``server`` is a Dask scheduler (else a worker or a nanny)."""
+    from distributed import Scheduler
+
+    return isinstance(server, Scheduler)
+
+
+def tune_server(server: Any) -> None:
+    """Apply to a running server what Dask read from its config before a preload could set
+    it: the event-loop tick's period and the disk I/O counters of its system monitor."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
+    tick = parse_timedelta(dask.config.get("distributed.admin.tick.interval"), default="ms")
+    callback = getattr(server, "periodic_callbacks", {}).get("tick")
+    if callback is not None and tick:
+        callback.callback_time = tick * 1000
+        server._tick_interval = tick
+    monitor = getattr(server, "monitor", None)
+    if monitor is not None and not dask.config.get("distributed.admin.system-monitor.disk"):
+        monitor.monitor_disk_io = False
+
+
 def add_handlers(server: Any, prefix: str, handlers: dict[str, Any]) -> None:
     """Serve each of ``handlers`` as the RPC ``prefix + name`` of ``server`` (a scheduler or
     a worker)."""

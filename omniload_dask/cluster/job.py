@@ -35,6 +35,7 @@ import dask
 from distributed import Client, LocalCluster
 
 from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import settings
 from omniload_dask.cluster.plugin import OmniloadPlugin
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan, load_plan, parse_plan
@@ -46,20 +47,6 @@ CLOSE_TIMEOUT = 30.0  # seconds each part of close() may take (stop, workers, cl
 logger = logging.getLogger(__name__)
 
 __all__ = ["Job", "local_cluster"]
-
-# Settings of the embedded cluster (a cluster given by address keeps its own):
-_DASK_CONFIG = {
-    # reads are coarse tasks; without root-task queuing small tasks start ~5x sooner
-    "distributed.scheduler.worker-saturation": "inf",
-    # the cluster does one job, so it skips what costs CPU and serves nobody here: the
-    # workers' statistical profiler (a stack sample every 10 ms per thread), host-wide disk
-    # I/O counters; process memory is checked every 0.5 s rather than every 0.1 s, and the
-    # event-loop health tick (it only warns) runs every 0.2 s rather than every 20 ms
-    "distributed.worker.profile.enabled": False,
-    "distributed.admin.system-monitor.disk": False,
-    "distributed.worker.memory.monitor-interval": "500ms",
-    "distributed.admin.tick.interval": "200ms",
-}
 
 
 def local_cluster(
@@ -75,7 +62,8 @@ def local_cluster(
     Each worker also gets one more thread, for constructions: reads ask for the
     ``omniload-read`` resource, so a short construction never waits behind a long read.
     ``dashboard_address=None`` turns the Bokeh dashboard off; the scheduler's small HTTP server
-    (``/metrics``, ``/health``) then listens on a free port instead of 8787.
+    (``/metrics``, ``/health``) then listens on a free port instead of 8787. The cluster runs
+    with :data:`.settings.DASK_SETTINGS` (a cluster given by address gets them from the preload).
     """
     kwargs.setdefault("resources", {"omniload-read": threads_per_worker})
     if kwargs.get("security") is not None and dashboard_address is not None:
@@ -85,7 +73,7 @@ def local_cluster(
             "dashboard_address": ":0",
             **kwargs.get("scheduler_kwargs", {}),
         }
-    with dask.config.set(_DASK_CONFIG):
+    with dask.config.set(settings.DASK_SETTINGS):
         return LocalCluster(
             n_workers=workers,
             threads_per_worker=threads_per_worker + 1,

@@ -28,6 +28,7 @@ from omniload_dask.batching.formats import (
     build,
 )
 from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import settings
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster.retry import with_retries
 from omniload_dask.errors import RecordError, SourceError
@@ -73,6 +74,7 @@ def check_tokenizer(spec: TokenizerSpec, images: ImageSpec | None = None) -> dic
                 "the plan has image sources but Pillow is not installed where the workers run "
                 "(pip install 'omniload-dask[images]')"
             ) from None
+    settings.single_threaded_tokenizers()
     return describe(spec, images.placeholder if images is not None else None)
 
 
@@ -123,6 +125,7 @@ def _read_unit(
     stop: int,
     images: ImageSpec | None,
 ) -> Shard:
+    settings.single_threaded_tokenizers()  # before the tokenizer's first use in this process
     t0 = time.perf_counter()
     records = read_unit_records(spec, file_url, start, stop)
     t1 = time.perf_counter()

@@ -36,18 +36,34 @@ from omniload_dask.core.positions import RankPositions
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan
 
-__all__ = ["BLOCKS_PER_STEP", "Delivery", "Part", "RankState", "StepRecord", "groups_per_task"]
+__all__ = [
+    "BLOCKS_PER_STEP",
+    "BLOCK_TOKENS",
+    "Delivery",
+    "Part",
+    "RankState",
+    "StepRecord",
+    "groups_per_task",
+]
 
-BLOCKS_PER_STEP = 8  # with loader.groups_per_task 0 (auto): about this many block tasks a step
+BLOCKS_PER_STEP = 8  # with loader.groups_per_task 0 (auto): at most about this many a step
+# ... and each auto block holds at least this many tokens (or every group): a task costs the
+# scheduler and a worker a few ms of CPU whatever its size, about what packing 0.5 M tokens does
+BLOCK_TOKENS = 1 << 19
 
 Part = tuple[str, int]  # (block key, part): what one rank fetches for one step
 
 
 def groups_per_task(plan: Plan) -> int:
-    """DP groups per block task: ``loader.groups_per_task``, or (0) enough for about
-    :data:`BLOCKS_PER_STEP` blocks a step (one group per task up to dp 8)."""
+    """DP groups per block task: ``loader.groups_per_task``, or (0) enough for at most about
+    :data:`BLOCKS_PER_STEP` blocks a step, each of :data:`BLOCK_TOKENS` tokens or more (one
+    block a step for 8,192-token groups up to dp 64)."""
     given = plan.loader.groups_per_task
-    return given if given > 0 else max(1, math.ceil(plan.layout.dp / BLOCKS_PER_STEP))
+    if given > 0:
+        return given
+    dp = plan.layout.dp
+    group_tokens = max(1, plan.batch.seq_len * plan.batch.micro_batches)
+    return min(dp, max(math.ceil(dp / BLOCKS_PER_STEP), math.ceil(BLOCK_TOKENS / group_tokens)))
 
 
 @dataclass
