@@ -313,7 +313,14 @@ def test_plugin_and_cluster_settings_preloaded_on_a_dask_scheduler_and_worker(
             "--preload",
             "omniload_dask.preload",
         ],
-        env={k: v for k, v in env.items() if k != "TOKENIZERS_PARALLELISM"},
+        # The repository root on the path: the worker runs this module's _worker_settings,
+        # which the client sends by reference.
+        env={
+            **{k: v for k, v in env.items() if k != "TOKENIZERS_PARALLELISM"},
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")) if p
+            ),
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
