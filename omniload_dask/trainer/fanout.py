@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from omniload_dask.batching.formats import GroupBatch
 from omniload_dask.errors import JobError
 from omniload_dask.trainer.broadcast import GroupShare
-from omniload_dask.trainer.fetch import StallWatch, ask_for_steps, gather_parts
+from omniload_dask.trainer.fetch import StallWatch, fetch_steps
 from omniload_dask.trainer.link import Link
 from omniload_dask.trainer.prefetch import Prefetcher
 
@@ -121,12 +121,12 @@ class DirectSteps:
     def _fetch(self, start: int, count: int) -> tuple[list[Any], int | None]:
         pre = self.prefetcher
         report = self._report(pre.buffered())
-        reply = ask_for_steps(
+        reply, got = fetch_steps(
             self.link, self._job, self._ranks, self._needs, start, count, report, pre.refill
         )
         self.stalls.note(start, reply)
         end = reply.get("end")
-        return gather_parts(self.link, reply), int(end) if end is not None else None
+        return got, int(end) if end is not None else None
 
     def take(self, step: int) -> Any:
         """This rank's batch of ``step`` (the list of every need's with ``pick`` None)."""

@@ -4,14 +4,16 @@ An agent fetches for one rank (a plain feeder), for a model-parallel group (its 
 rank) or for a node's ranks (the node agent). It names the ranks it serves and the parts they
 need, ``(DP group, cp rank)`` each::
 
-    ask_for_steps(link, job, ranks=[8..15], needs=[(1, 0)], start=40, count=4, report)
-        -> {"parts": [[[block key, part]], ...],      one entry per step ready (in order),
-            "who_has": {block key: [worker, ...]},    one ref per need
-            "end": None}                             (long-polls until one step is ready)
-    gather_parts(link, reply)
-        -> [[batch of step 40], [batch of step 41], ...]   straight from the workers; stops
-                                                           before the first step a worker no
-                                                           longer had
+    fetch_steps(link, job, ranks=[8..15], needs=[(1, 0)], start=40, count=4, report)
+        -> (reply, batches)
+    reply:   {"parts": [[[block key, part]], ...],      one entry per step ready (in order),
+              "who_has": {block key: [worker, ...]},    one ref per need
+              "end": None}                             (long-polls until one step is ready)
+    batches: [[batch of step 40], [batch of step 41], ...]   straight from the workers;
+             stops before the first step a worker no longer had
+
+Both calls run as one coroutine on the links' event loop: one hand-off between the agent's
+thread and that loop per round trip.
 
 Asking also tells the data plane that the agent's ranks have fetched every step below
 ``start`` (it holds each block until every rank of its groups has), and carries the agent's
@@ -32,7 +34,7 @@ import numpy as np
 from omniload_dask.batching.formats import GroupBatch
 from omniload_dask.errors import MissingJobError, OmniloadError
 from omniload_dask.observe.formatting import held_back_text
-from omniload_dask.trainer.link import Link
+from omniload_dask.trainer.link import CALL_SLACK, FETCH_TIMEOUT, Link
 
 __all__ = [
     "HELD_BACK_REPEAT",
@@ -40,8 +42,7 @@ __all__ = [
     "LOST_RETRY",
     "POLL_TIMEOUT",
     "StallWatch",
-    "ask_for_steps",
-    "gather_parts",
+    "fetch_steps",
     "retryable",
     "wait_report",
 ]
@@ -54,7 +55,7 @@ HELD_BACK_REPEAT = 60.0  # seconds between repeated warnings
 logger = logging.getLogger(__name__)
 
 
-def ask_for_steps(
+def fetch_steps(
     link: Link,
     job: str,
     ranks: Sequence[int],
@@ -63,17 +64,36 @@ def ask_for_steps(
     count: int,
     report: dict[str, Any],
     ahead: int = 0,
-) -> dict[str, Any]:
-    """The data plane's reply: which of the steps ``start..start+count-1`` are ready, where.
+) -> tuple[dict[str, Any], list[list[GroupBatch]]]:
+    """One round trip: the data plane's reply for the steps ``start..start+count-1`` and, per
+    step ready, the batch of each need, straight from the workers holding them.
 
+    Both calls run as one coroutine on the links' loop, so the calling thread hands off to
+    the loop once per round trip, not once per call.
     ``ahead`` more steps are asked for but not taken: the data plane then plans and builds
     them before the agent's next request (which comes ``ahead`` steps later, see
     :mod:`.prefetch`), so that one finds all its steps ready.
+    The batches stop at the first step with a part lost since the reply (its worker left);
+    when that is the first one, it waits a moment so that the next ask finds it rebuilt or
+    its standby copy.
     Raises MissingJobError when the scheduler has no data plane (yet): e.g. one just restarted.
     """
-    reply = link.call(
-        "batches",
-        wait=POLL_TIMEOUT,
+    coro = _fetch_steps(link, job, ranks, needs, start, count, report, ahead)
+    reply, got = link.run(coro, POLL_TIMEOUT + CALL_SLACK + FETCH_TIMEOUT)
+    return reply, got
+
+
+async def _fetch_steps(
+    link: Link,
+    job: str,
+    ranks: Sequence[int],
+    needs: Sequence[tuple[int, int]],
+    start: int,
+    count: int,
+    report: dict[str, Any],
+    ahead: int,
+) -> tuple[dict[str, Any], list[list[GroupBatch]]]:
+    request = dict(
         job=job,
         ranks=[int(r) for r in ranks],
         parts=[[int(g), int(c)] for g, c in needs],
@@ -82,23 +102,15 @@ def ask_for_steps(
         timeout=POLL_TIMEOUT,
         report=report,
     )
+    reply = await link.acall("batches", request)
     if reply is None:
         raise MissingJobError(f"the scheduler has no omniload data plane for job {job!r}")
     reply = dict(reply)
     reply["parts"] = reply["parts"][:count]
-    return reply
-
-
-def gather_parts(link: Link, reply: dict[str, Any]) -> list[list[GroupBatch]]:
-    """Per ready step of ``reply``, the batch of each need, from the workers holding them.
-
-    Stops at the first step with a part lost since the reply (its worker left); when that is
-    the first one, sleeps a moment so that the next ask finds it rebuilt or its standby copy.
-    """
     steps = [[(str(k), int(p)) for k, p in refs] for refs in reply["parts"]]
     if not steps:
-        return []
-    data = link.fetch([ref for refs in steps for ref in refs], reply["who_has"])
+        return reply, []
+    data = await link.afetch([ref for refs in steps for ref in refs], reply["who_has"])
     got = []
     for refs in steps:
         if not all(ref in data for ref in refs):
@@ -107,8 +119,8 @@ def gather_parts(link: Link, reply: dict[str, Any]) -> list[list[GroupBatch]]:
     if not got:
         # Its worker left after the reply: the data plane recomputes the block (or finds its
         # standby copy) once the scheduler notices; ask again after a moment.
-        time.sleep(LOST_RETRY)
-    return got
+        await asyncio.sleep(LOST_RETRY)
+    return reply, got
 
 
 class StallWatch:

@@ -34,11 +34,19 @@ from typing import Any
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster.serving import PART_HANDLER
 
-__all__ = ["SCHEDULER_CONNECT_TIMEOUT", "WORKER_CONNECT_TIMEOUT", "Link", "io_loop"]
+__all__ = [
+    "CALL_SLACK",
+    "FETCH_TIMEOUT",
+    "SCHEDULER_CONNECT_TIMEOUT",
+    "WORKER_CONNECT_TIMEOUT",
+    "Link",
+    "io_loop",
+]
 
 SCHEDULER_CONNECT_TIMEOUT = 10.0
 WORKER_CONNECT_TIMEOUT = 1.0  # then the standby copy, or the data plane is asked again
 CALL_SLACK = 30.0  # seconds a call may take beyond what the data plane holds it for
+FETCH_TIMEOUT = SCHEDULER_CONNECT_TIMEOUT + CALL_SLACK  # seconds a fetch from workers may take
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
@@ -83,8 +91,11 @@ class Link:
     def call(self, handler: str, /, *, wait: float = 0.0, **kwargs: Any) -> Any:
         """Call the data plane's handler ``omniload_<handler>`` (which may hold the call for
         ``wait`` seconds); the reply as plain data, with lists."""
-        reply = self._run(self._call(handler, kwargs), wait + CALL_SLACK)
-        return _lists(reply)
+        return self._run(self.acall(handler, kwargs), wait + CALL_SLACK)
+
+    async def acall(self, handler: str, kwargs: dict[str, Any]) -> Any:
+        """:meth:`call` as a coroutine on the links' loop (:meth:`run` several in one go)."""
+        return _lists(await self._call(handler, kwargs))
 
     async def _call(self, handler: str, kwargs: dict[str, Any]) -> Any:
         if (
@@ -108,9 +119,9 @@ class Link:
         """The parts ``refs`` = (block key, part), from the workers holding them: one call per
         worker, a second holder tried for what the first could not give. A part no holder
         gave is left out."""
-        return dict(self._run(self._fetch(refs, who_has), SCHEDULER_CONNECT_TIMEOUT + CALL_SLACK))
+        return dict(self._run(self.afetch(refs, who_has), FETCH_TIMEOUT))
 
-    async def _fetch(
+    async def afetch(
         self, refs: list[tuple[str, int]], who_has: dict[str, list[str]]
     ) -> dict[tuple[str, int], Any]:
         got: dict[tuple[str, int], Any] = {}
@@ -182,6 +193,11 @@ class Link:
     async def _close(self) -> None:
         await _dask.close_pool(self._scheduler)
         await _dask.close_pool(self._workers)
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        """Run ``coro`` (made of :meth:`acall` and :meth:`afetch`) on the links' loop and wait
+        for it (at most ``timeout`` s): one hand-off between threads for all of it."""
+        return self._run(coro, timeout)
 
     def _run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
         """Run ``coro`` on the links' loop and wait for it (at most ``timeout`` s)."""

@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 from omniload_dask.errors import JobError, OmniloadError
-from omniload_dask.trainer.fetch import POLL_TIMEOUT, ask_for_steps, gather_parts, retryable
+from omniload_dask.trainer.fetch import POLL_TIMEOUT, fetch_steps, retryable
 from omniload_dask.trainer.link import Link
 from omniload_dask.trainer.shm import Segment, write_segment
 
@@ -241,8 +241,7 @@ class NodeAgent:
     ) -> tuple[Any, ...]:
         """Fetch ``rank``'s part of the steps from ``start`` for it alone."""
         try:
-            reply = ask_for_steps(self.link, self.job, [rank], [need], start, count, {})
-            parts = gather_parts(self.link, reply)
+            reply, parts = fetch_steps(self.link, self.job, [rank], [need], start, count, {})
         except OmniloadError as exc:
             return ("error", str(exc))
         except Exception as exc:
@@ -290,10 +289,9 @@ class NodeAgent:
             report = self._report()
             try:
                 self.calls += 1
-                reply = ask_for_steps(
+                reply, parts = fetch_steps(
                     self.link, self.job, ranks, needs, start, count, report, self.refill
                 )
-                parts = gather_parts(self.link, reply)
                 attempt = 0
             except BaseException as exc:
                 if retryable(exc):
