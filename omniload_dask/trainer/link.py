@@ -124,6 +124,8 @@ class Link:
     async def afetch(
         self, refs: list[tuple[str, int]], who_has: dict[str, list[str]]
     ) -> dict[tuple[str, int], Any]:
+        """:meth:`fetch` as a coroutine on the link's loop (one hand-off for a whole round
+        trip, see :func:`omniload_dask.trainer.fetch.fetch_steps`)."""
         got: dict[tuple[str, int], Any] = {}
         pending = list(dict.fromkeys(refs))
         order = {ref: self._order(who_has.get(ref[0]) or [], ref[0]) for ref in pending}
