@@ -75,3 +75,35 @@ def test_thousands_of_steps_keep_memory_flat(tmp_path):
     # This process holds the scheduler: Dask keeps a little per finished task (bounded logs,
     # a key-name cache; dask/distributed#7977), about 1 KiB per step here. Far below 16 KiB.
     assert late["rss"] - early["rss"] < (STEPS - STEPS // 3) * (16 << 10)
+
+
+def test_key_name_cache_stays_bounded(tmp_path, monkeypatch):
+    """Every step's block key is a new name: the scheduler's ``key_split`` cache (100,000
+    names) filled with them, about 200 bytes a step. The plugin empties it past a bound."""
+    from dask.utils import key_split
+
+    from omniload_dask.cluster import internals
+
+    monkeypatch.setattr(internals, "KEY_CACHE_ENTRIES", 100)
+    trim, emptied = internals.trim_key_cache, []
+    monkeypatch.setattr(internals, "trim_key_cache", lambda: emptied.append(trim()))
+    write_jsonl(tmp_path / "a.jsonl", texts(200, seed=3, mean_words=6))
+    plan = parse_plan(
+        plan_dict(
+            [{"name": "a", "format": "jsonl", "path": str(tmp_path / "a.jsonl")}],
+            name="keycache",
+            batch={"seq_len": 64, "micro_batches": 1, "global_tokens": 64},
+            layout={"dp": 1},
+        )
+    )
+    key_split.cache_clear()
+    with Job.start(plan, workers=1, dashboard_address=None) as job:
+        steps = job.feeder(output="numpy").steps()
+        sizes = []
+        for step in range(1, 401):
+            next(steps)
+            if step % 20 == 0:
+                sizes.append(key_split.cache_info().currsize)
+    assert max(sizes) <= 100 + 50  # never many more names than the bound ...
+    assert len(emptied) >= 400  # ... checked for every block built ...
+    assert sum(emptied) >= 3  # ... and emptied as new names piled up past it

@@ -145,6 +145,7 @@ class OmniloadPlugin(SchedulerPlugin):
             job.on_read_done(key, report, _dask.task_duration(kwargs))
         elif finish == "memory" and key.startswith(BATCH_KEY_PREFIX):
             job.on_batch_done(key, _dask.task_duration(kwargs))
+            _dask.trim_key_cache()  # once per block: every step's keys are new names
         elif finish == "erred":
             job.on_task_failed(key, _dask.failure_text(self.scheduler, key, kwargs))
         else:
