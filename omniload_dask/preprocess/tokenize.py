@@ -101,16 +101,7 @@ class HuggingFaceTokenizer:
     def __init__(self, spec: TokenizerSpec) -> None:
         from tokenizers import Tokenizer
 
-        assert spec.path is not None
-        try:
-            with fsspec.open(spec.path, "rb", **_options(spec)) as f:
-                blob = f.read()
-        except FileNotFoundError:
-            raise TokenizerError(f"tokenizer.path: file {spec.path!r} does not exist") from None
-        except Exception as exc:
-            raise TokenizerError(
-                f"tokenizer.path: cannot read {spec.path!r}: {type(exc).__name__}: {exc}"
-            ) from None
+        blob = _read_file(spec)
         try:
             self._tok = Tokenizer.from_str(blob.decode("utf-8"))
         except Exception as exc:
@@ -235,16 +226,7 @@ class TiktokenTokenizer:
 
 def _read_ranks(spec: TokenizerSpec) -> dict[bytes, int]:
     """The token bytes -> rank table of a tiktoken file; errors name the field, file and line."""
-    assert spec.path is not None
-    try:
-        with fsspec.open(spec.path, "rb", **_options(spec)) as f:
-            blob = f.read()
-    except FileNotFoundError:
-        raise TokenizerError(f"tokenizer.path: file {spec.path!r} does not exist") from None
-    except Exception as exc:
-        raise TokenizerError(
-            f"tokenizer.path: cannot read {spec.path!r}: {type(exc).__name__}: {exc}"
-        ) from None
+    blob = _read_file(spec)
     ranks: dict[bytes, int] = {}
     for number, line in enumerate(blob.splitlines(), start=1):
         if not line.strip():
@@ -272,6 +254,20 @@ def _cached(spec_json: str) -> _Encoder:
     if spec.kind == "tiktoken":
         return TiktokenTokenizer(spec)
     return HuggingFaceTokenizer(spec)
+
+
+def _read_file(spec: TokenizerSpec) -> bytes:
+    """The bytes of the tokenizer file ``tokenizer.path``; errors name the field and the file."""
+    assert spec.path is not None
+    try:
+        with fsspec.open(spec.path, "rb", **_options(spec)) as f:
+            return bytes(f.read())
+    except FileNotFoundError:
+        raise TokenizerError(f"tokenizer.path: file {spec.path!r} does not exist") from None
+    except Exception as exc:
+        raise TokenizerError(
+            f"tokenizer.path: cannot read {spec.path!r}: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _options(spec: TokenizerSpec) -> dict[str, Any]:
