@@ -16,6 +16,7 @@ No torch or Dask imports here: this module also runs inside the scheduler's proc
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,18 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
                 t = proc.cpu_times()
                 out[proc.pid] = t.user + t.system
     return out
+
+
+def stop_processes(procs: list[Any], timeout: float = 30) -> None:
+    """Terminate ``subprocess.Popen`` processes (all at once), wait up to ``timeout`` seconds
+    for each, and kill the tree of any still running."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
 
 
 def kill_tree(pid: int) -> None:

@@ -198,14 +198,9 @@ class Cluster:
         return handle
 
     def close(self) -> None:
-        for proc in [*self.workers, self.scheduler]:
-            proc.terminate()
-        for proc in [*self.workers, self.scheduler]:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        from accounting import stop_processes
+
+        stop_processes([*self.workers, self.scheduler])
         for handle in self._logs:
             handle.close()
 

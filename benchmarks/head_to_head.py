@@ -423,15 +423,9 @@ class ReadmeCluster:
             client.wait_for_workers(workers, timeout=120)
 
     def close(self) -> None:
-        from accounting import kill_tree
+        from accounting import stop_processes
 
-        for proc in [*self.workers, self.scheduler]:
-            proc.terminate()
-        for proc in [*self.workers, self.scheduler]:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                kill_tree(proc.pid)
+        stop_processes([*self.workers, self.scheduler], timeout=20)
         for f in self.logs:
             f.close()
 

@@ -168,13 +168,9 @@ class Cluster:
         try:
             self.client.close(timeout=10)
         finally:
-            for proc in [*self.workers, self.scheduler]:
-                proc.terminate()
-            for proc in [*self.workers, self.scheduler]:
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            from accounting import stop_processes
+
+            stop_processes([*self.workers, self.scheduler])
 
 
 # ---------------------------------------------------------------------- data and plans
