@@ -55,7 +55,10 @@ the last rank's first batch, then memory while the ranks still run:
 - balance, per step over the window: efficiency under the plan's cost (mean/max of rank costs),
   and its bound, an upper bound of what any assignment of that step's pieces to R ranks could
   reach: mean / max(mean, largest piece, and for every k, the k+1 smallest of the k*R+1 largest
-  pieces, of which some rank must hold k+1). Token limits are relaxed, so it is an upper bound.
+  pieces, of which some rank must hold k+1; and, under the token limit of ``seq_len x micro``
+  a rank, for every piece, its cost plus the cheapest per-token cost of the step's pieces times
+  the tokens its rank must still hold when every other rank is full). Pieces are not cut
+  further and micro-batch boundaries are ignored, so it is an upper bound.
 - step time on real compute: per rank and step, forward + backward seconds of ``realcompute``'s
   small transformer over its micro-batches (from the measured per-piece curve, checked against
   direct timings of whole micro-batches), the step's time the slowest rank's, against the
@@ -639,16 +642,27 @@ def _processes(samples: list[dict[str, Any]]) -> int:
 
 
 # ------------------------------------------------------------------ analysis
-def balance_bound(costs: Any, ranks: int) -> float:
+def balance_bound(costs: Any, ranks: int, lengths: Any = None, cap: float | None = None) -> float:
     """An upper bound of mean/max rank cost over every assignment of pieces of ``costs`` to
-    ``ranks`` ranks (see the module doc)."""
+    ``ranks`` ranks (see the module doc); with the pieces' token ``lengths`` and the tokens a
+    rank may hold, ``cap``, also under that limit."""
     import numpy as np
 
-    c = np.sort(np.asarray(costs, dtype=np.float64))[::-1]
+    c = np.asarray(costs, dtype=np.float64)
     if not len(c) or c.sum() <= 0:
         return 1.0
     mean = c.sum() / ranks
-    low = max(mean, c[0])
+    low = max(mean, float(c.max()))
+    if lengths is not None and cap is not None:
+        # Every rank holds at least ``need`` tokens when the others are full, and a token of
+        # any piece costs at least ``rate``; so the rank holding piece i costs at least
+        # c_i + rate * (need - L_i).
+        n = np.asarray(lengths, dtype=np.float64)
+        need = float(n.sum()) - (ranks - 1) * float(cap)
+        if need > 0 and (n > 0).any():
+            rate = float((c[n > 0] / n[n > 0]).min())
+            low = max(low, rate * need, float(np.max(c + rate * np.maximum(0.0, need - n))))
+    c = np.sort(c)[::-1]
     k = 1
     while k * ranks + 1 <= len(c):
         low = max(low, c[k * ranks + 1 - (k + 1) : k * ranks + 1].sum())
@@ -656,8 +670,9 @@ def balance_bound(costs: Any, ranks: int) -> float:
     return float(mean / low)
 
 
-def analyse(run: dict[str, Any], cost: Any, timer: Any) -> dict[str, Any]:
-    """Throughput, CPU, balance and real-compute figures of one run."""
+def analyse(run: dict[str, Any], cost: Any, timer: Any, cap: float | None = None) -> dict[str, Any]:
+    """Throughput, CPU, balance and real-compute figures of one run; ``cap``: the tokens a
+    rank holds at most in a step (for the balance bound)."""
     import numpy as np
 
     t_a, t_b = run["t_a"], run["t_b"]
@@ -699,7 +714,8 @@ def analyse(run: dict[str, Any], cost: Any, timer: Any) -> dict[str, Any]:
             rank_cost = np.asarray([sum(float(cost(mb).sum()) for mb in r) for r in per_rank])
             eff.append(rank_cost.mean() / rank_cost.max() if rank_cost.max() > 0 else 1.0)
             pieces = np.concatenate([cost(mb) for r in per_rank for mb in r])
-            bound.append(balance_bound(pieces, run["ranks"]))
+            lengths = np.concatenate([mb for r in per_rank for mb in r])
+            bound.append(balance_bound(pieces, run["ranks"], lengths, cap))
             st = timer.step([[mb.tolist() for mb in r] for r in per_rank])
             real_eff.append(st.efficiency)
             real_max.append(st.max)
@@ -962,7 +978,11 @@ def main() -> int:
                 label = f"{tok} R={r} {len(mix[0])} sources {system}"
                 try:
                     run = run_system(system, r, plan_data, args, logs, extra)
-                    row = {**analyse(run, cost, prep["timer"]), "tokenizer": tok, "round": rnd}
+                    row = {
+                        **analyse(run, cost, prep["timer"], args.seq_len * args.micro),
+                        "tokenizer": tok,
+                        "round": rnd,
+                    }
                 except Exception as exc:  # record it and go on with the other systems
                     failures.append(f"{label}: {type(exc).__name__}: {exc}")
                     print(f"FAILED {failures[-1]}", flush=True)

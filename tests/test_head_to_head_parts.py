@@ -91,6 +91,33 @@ def test_balance_bound_is_an_upper_bound_of_every_assignment():
     assert balance_bound([5.0, 1.0, 1.0, 1.0], 2) == pytest.approx(0.8)
 
 
+def test_balance_bound_under_a_token_limit_bounds_every_assignment_within_it():
+    rng = np.random.default_rng(1)
+    tighter = 0
+    for _ in range(40):
+        lengths = rng.integers(1, 9, size=int(rng.integers(3, 8))).astype(np.float64)
+        costs = 0.5 * lengths + 0.05 * lengths**2
+        ranks = int(rng.integers(2, 4))
+        cap = float(np.ceil(lengths.sum() / ranks) + rng.integers(0, 3))
+        best = 0.0
+        for assignment in itertools.product(range(ranks), repeat=len(costs)):
+            held = np.bincount(assignment, weights=lengths, minlength=ranks)
+            if held.max() > cap:
+                continue  # over the limit: not a split the bound has to cover
+            load = np.bincount(assignment, weights=costs, minlength=ranks)
+            best = max(best, load.mean() / load.max())
+        bound = balance_bound(costs, ranks, lengths, cap)
+        assert best <= bound + 1e-12
+        tighter += bound < balance_bound(costs, ranks) - 1e-9
+    assert tighter  # the limit makes the bound tighter on some of these steps
+    # Two full ranks: the one holding the 6-token piece costs 3 + 1.8 + (2 tokens at 0.55).
+    lengths = np.array([6.0, 1.0, 1.0, 4.0, 4.0])
+    costs = 0.5 * lengths + 0.05 * lengths**2
+    assert balance_bound(costs, 2, lengths, 8.0) == pytest.approx(
+        costs.sum() / 2 / (costs[0] + 2 * 0.55)
+    )
+
+
 def test_real_compute_estimate_follows_the_measured_time():
     from realcompute import StepTimer
 
