@@ -256,15 +256,18 @@ def _group_rounds(
             where = lo + m * groups + target
         if not ok.all():
             piece, target, where = piece[ok], target[ok], where[ok]
-        bins.put(p, piece, where)
-        load[target] += p.cost[piece]
+        c = p.cost[piece]  # (Bins.put, with the costs gathered once)
+        p.bin[piece] = where
+        bins.room[where] -= length[piece]
+        bins.load[where] += c
+        load[target] += c
         return ok
 
     while pos < len(queue) or len(waiting):
         shortest = least[pos] if pos < len(queue) else np.iinfo(np.int64).max
         if len(waiting):
             shortest = min(shortest, int(length[waiting].min()))
-        most = room.max(axis=0)
+        most = room[0].copy() if micro == 1 else room.max(axis=0)
         is_open = most >= shortest
         if is_open.all():
             target = np.argsort(load, kind="stable")  # the least loaded groups
