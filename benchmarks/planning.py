@@ -10,6 +10,8 @@ documents::
     dp1024_docs16384   DP 1,024; a global batch of 16,384 x 1,024 = 16 Mi tokens (mix
                        "balance": a document averages 1,024 tokens); seq_len 8192, so every
                        rank has ceil(16 Mi / (1,024 x 8192)) = 2 micro-batches, all full
+    dp8_docs64         DP 8; 64 x 1,024 = 64 Ki tokens: one full 8192-token micro-batch per
+                       rank, the step of the throughput benchmark at R = 8 (issue 15)
 
 The mixes are the length distributions of the other benchmarks: ``balance`` is
 ``benchmarks/balance.py``'s (web-like lognormal, code-like lognormal, 8k-64k log-uniform long
@@ -64,6 +66,7 @@ DOCS = (4096, 16384, 65536)
 QUICK = ((128, 4096), (1024, 16384), (4096, 4096), (4096, 16384))
 MODEL_8B = {"hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8, "ffn": 14336,
             "vocab": 128256, "gated": True}  # fmt: skip
+TRAIL = 8  # the ranks have fetched every step but the last 8 drawn
 UNIT_TOKENS = 1 << 20  # a read unit holds about this many tokens (a few MiB of text)
 BALANCE_SCALE = 0.886  # benchmarks/balance.py's lengths times this: a 1,024-token mean
 
@@ -209,9 +212,12 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
     coord.plan_step = timed("step", coord.plan_step)  # type: ignore[method-assign]
     coord.commit_step = timed("step", coord.commit_step)  # type: ignore[method-assign]
     rows = []
-    for rank in range(plan.layout.world_size):
+    ranks = list(range(plan.layout.world_size))
+    for rank in ranks:
         coord.on_request(rank, 0, steps + warmup)
-    for _ in range(steps + warmup):
+    for t in range(steps + warmup):
+        if t >= TRAIL:  # the ranks fetch as they go (the draw stops 12 steps past the slowest)
+            coord.on_request(ranks, t - TRAIL, steps + warmup - t + TRAIL)
         for _ in range(64):  # report the reads it asks for until the step is drawn
             before = coord.next_step
             phases.clear()

@@ -174,3 +174,45 @@ def test_an_exactly_full_batch_needs_no_more_candidates_than_its_own():
     cands = [np.array([50, 49, 5]), np.array([1, 100])]
     sel = mixer.select(np.array([1.0, 1.0]), cands, [True, True], budget_tokens=100)
     assert isinstance(sel, Selection) and sel.counts.tolist() == [2, 1]
+
+
+def _merge_by_document(chunks, chosen, taken, tags, num_sources):
+    """What ``_Chunks.selection`` must give, written the plain way (a loop over the pieces)."""
+    rows: dict[int, list] = {}
+    for i, item in enumerate(chosen.tolist()):
+        d = int(chunks.item_doc[item])
+        if d not in rows:
+            rows[d] = [int(chunks.srcs[item]), int(chunks.docs[item]), 0, -np.inf]
+        rows[d][2] += int(taken[i])
+        rows[d][3] = max(rows[d][3], float(tags[i]))
+    counts = np.bincount([r[0] for r in rows.values()], minlength=num_sources)
+    cut = {r[0]: r[2] for d, r in rows.items() if r[2] < chunks.doc_lengths[d]}
+    tags_of = [r[3] for r in rows.values()]
+    return [r[:2] for r in rows.values()], [r[2] for r in rows.values()], tags_of, counts, cut
+
+
+@pytest.mark.parametrize("in_tag_order", [True, False])
+def test_pieces_of_a_document_merge_into_one_row_where_it_first_appears(in_tag_order):
+    # In tag order every piece follows its document's first piece (the path without a sort);
+    # any other order of the chosen pieces takes the sorted path; both must agree with a loop.
+    from omniload_dask.batching.mixing import _Chunks
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        shown = [(i, rng.integers(1, 30_000, int(rng.integers(1, 30)))) for i in range(3)]
+        going = [bool(rng.random() < 0.3) for _ in shown]
+        chunks = _Chunks.of(shown, going, 8192, by_documents=False)
+        tags = chunks.within / np.asarray([1.0, 0.5, 2.0])[chunks.srcs]
+        order = np.lexsort((chunks.srcs, tags)) if in_tag_order else rng.permutation(len(tags))
+        chosen = order[: int(rng.integers(1, len(order) + 1))]
+        taken = chunks.lengths[chosen].copy()
+        taken[-1] = max(1, taken[-1] // 2)  # the last piece may be cut
+        sel = chunks.selection(chosen, taken, tags[chosen], 3)
+        rows, row_taken, row_tags, counts, cut = _merge_by_document(
+            chunks, chosen, taken, tags[chosen], 3
+        )
+        assert sel.order.tolist() == rows
+        assert sel.taken.tolist() == row_taken
+        assert sel.tags.tolist() == row_tags  # a document's tag is its last piece's
+        assert sel.counts.tolist() == counts.tolist()
+        assert sel.cut == cut

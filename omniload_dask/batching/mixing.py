@@ -307,6 +307,7 @@ class _Chunks:
     ends: np.ndarray  # per shown source: one past its last item
     item_doc: np.ndarray  # its document among all shown documents
     doc_lengths: np.ndarray  # tokens of each shown document
+    head: np.ndarray  # whether it is its document's first piece
 
     @classmethod
     def of(
@@ -353,6 +354,7 @@ class _Chunks:
             ends,
             np.asarray(item_doc, dtype=np.int64),
             lengths,
+            head,
         )
 
     def selection(
@@ -361,27 +363,32 @@ class _Chunks:
         """The chosen items (tag order) as documents: pieces of one document merge into one
         row, placed where its first piece is; its tag is that of its last piece."""
         gdoc = self.item_doc[chosen]
-        # np.unique(gdoc, return_index=True, return_inverse=True), from one radix sort; the
-        # largest tag of each document's pieces from the same order.
-        by_doc = stable_order(gdoc)
-        new = np.ones(len(gdoc), dtype=bool)
-        new[1:] = gdoc[by_doc[1:]] != gdoc[by_doc[:-1]]
-        uniq, first = gdoc[by_doc[new]], by_doc[new]
-        inverse = np.empty(len(gdoc), dtype=np.int64)
-        inverse[by_doc] = np.cumsum(new) - 1
-        rows = stable_order(first)  # documents in the order they first appear
-        rank = np.empty(len(uniq), dtype=np.int64)
-        rank[rows] = np.arange(len(uniq))
-        row_of = rank[inverse]
-        out_taken = np.bincount(row_of, taken, len(uniq)).astype(np.int64)
-        out_tags = np.full(len(uniq), -np.inf)
-        if len(gdoc):
-            out_tags[rank] = np.maximum.reduceat(tags[by_doc], np.flatnonzero(new))
-        pos = chosen[first[rows]]
+        # Usually every chosen piece comes after its document's first piece (a source's
+        # pieces are chosen in stream order): a document's row is where that piece is.
+        first = np.flatnonzero(self.head[chosen])
+        row = np.full(len(self.doc_lengths), -1, dtype=np.int64)
+        row[gdoc[first]] = np.arange(len(first))
+        row_of = row[gdoc]
+        if (row_of < 0).any() or (first[row_of] > np.arange(len(gdoc))).any():
+            # Else np.unique(gdoc, return_index=True, return_inverse=True) from a radix sort.
+            by_doc = stable_order(gdoc)
+            new = np.ones(len(gdoc), dtype=bool)
+            new[1:] = gdoc[by_doc[1:]] != gdoc[by_doc[:-1]]
+            first = by_doc[new]
+            inverse = np.empty(len(gdoc), dtype=np.int64)
+            inverse[by_doc] = np.cumsum(new) - 1
+            rows = stable_order(first)  # documents in the order they first appear
+            rank = np.empty(len(first), dtype=np.int64)
+            rank[rows] = np.arange(len(first))
+            first, row_of = first[rows], rank[inverse]
+        out_taken = np.bincount(row_of, taken, len(first)).astype(np.int64)
+        out_tags = np.full(len(first), -np.inf)
+        np.maximum.at(out_tags, row_of, tags)
+        pos = chosen[first]
         src = self.srcs[pos]
         counts = np.bincount(src, minlength=num_sources).astype(np.int64)
         order = np.stack([src, self.docs[pos]], axis=1)
-        short = np.flatnonzero(out_taken < self.doc_lengths[uniq[rows]])
+        short = np.flatnonzero(out_taken < self.doc_lengths[gdoc[first]])
         cut = {int(src[k]): int(out_taken[k]) for k in short.tolist()}
         return Selection(counts=counts, order=order, tags=out_tags, taken=out_taken, cut=cut)
 

@@ -215,7 +215,9 @@ def _pour(p: Pieces, bins: Bins, left: np.ndarray, lo: int, hi: int, cost: CostF
     bin_end = np.cumsum(bins.room[open_])
     piece_end = np.cumsum(p.length[left])
     total = int(piece_end[-1])
-    bounds = np.union1d(bin_end[bin_end < total], piece_end)
+    # np.union1d of two ascending arrays: one vectorised sort, then the repeats dropped
+    bounds = np.sort(np.concatenate([bin_end[bin_end < total], piece_end]))
+    bounds = bounds[np.append(True, bounds[1:] != bounds[:-1])]
     starts = np.concatenate([[0], bounds[:-1]])
     owner = left[np.searchsorted(piece_end, starts, side="right")]
     where = open_[np.searchsorted(bin_end, starts, side="right")]
@@ -254,15 +256,18 @@ def _group_rounds(
             where = lo + m * groups + target
         if not ok.all():
             piece, target, where = piece[ok], target[ok], where[ok]
-        bins.put(p, piece, where)
-        load[target] += p.cost[piece]
+        c = p.cost[piece]  # (Bins.put, with the costs gathered once)
+        p.bin[piece] = where
+        bins.room[where] -= length[piece]
+        bins.load[where] += c
+        load[target] += c
         return ok
 
     while pos < len(queue) or len(waiting):
         shortest = least[pos] if pos < len(queue) else np.iinfo(np.int64).max
         if len(waiting):
             shortest = min(shortest, int(length[waiting].min()))
-        most = room.max(axis=0)
+        most = room[0].copy() if micro == 1 else room.max(axis=0)
         is_open = most >= shortest
         if is_open.all():
             target = np.argsort(load, kind="stable")  # the least loaded groups
@@ -280,8 +285,9 @@ def _group_rounds(
         # As exact LPT would: piece j goes to the j-th lightest group only while that group
         # is no heavier than the lighter ones will be with their pieces (rounds of at least
         # a quarter of the groups, which stays within a small piece of exact LPT).
-        after = np.minimum.accumulate(load[target] + p.cost[head])
-        late = np.flatnonzero(load[target[1:]] > after[:-1])
+        before = load[target]
+        after = np.minimum.accumulate(before + p.cost[head])
+        late = np.flatnonzero(before[1:] > after[:-1])
         if len(late) and late[0] + 1 >= MIN_ROUND * groups:
             k = int(late[0]) + 1
             target, head = target[:k], head[:k]

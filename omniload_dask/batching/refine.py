@@ -30,7 +30,9 @@ rounds of each kind per step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 
@@ -119,6 +121,14 @@ def _probe(load: np.ndarray, heavy: np.ndarray) -> np.ndarray | None:
     return np.unique(np.linspace(0, max(top, 1) - 1, PROBE_FROM).round().astype(np.int64))
 
 
+@lru_cache(maxsize=64)
+def _fractions(k: int) -> np.ndarray:
+    """``np.linspace(0.0, 1.0, k)``, made once per ``k`` (read-only: it is shared)."""
+    out = np.linspace(0.0, 1.0, k)
+    out.flags.writeable = False
+    return out
+
+
 def _rebin(p: Pieces, bins: Bins) -> None:
     """Recompute every bin's room and cost from its pieces."""
     n = len(bins.room)
@@ -136,7 +146,7 @@ def _tables(bins: Bins, groups: int) -> tuple[np.ndarray, np.ndarray]:
     first[1:] = cell[order][1:] != cell[order][:-1]
     roomiest = np.full(groups * nb, -1, np.int64)
     roomiest[cell[order][first]] = order[first]
-    width = int(np.diff(bins.offset).max()) // groups
+    width = int((bins.offset[1:] - bins.offset[:-1]).max()) // groups
     every = np.full((groups * nb, width), -1, np.int64)
     every[cell, bins.slot] = ids
     return roomiest.reshape(groups, nb), every.reshape(groups, nb, width)
@@ -153,11 +163,9 @@ def _candidates(p: Pieces, of: np.ndarray, groups: np.ndarray, k: int, total: in
     r = rank[of[ids]]
     ids, r = ids[stable_order(r)], np.sort(r)
     count = np.bincount(r, minlength=len(groups))
-    start = np.cumsum(count) - count
-    frac = np.linspace(0.0, 1.0, k)
-    spread = np.rint(frac[None, :] * (count[:, None] - 1)).astype(np.int64)
-    dense = np.broadcast_to(np.arange(k), spread.shape)
-    pos = np.where(count[:, None] >= k, spread, dense)
+    start = count.cumsum() - count
+    spread = np.rint(_fractions(k)[None, :] * (count[:, None] - 1)).astype(np.int64)
+    pos = np.where(count[:, None] >= k, spread, np.arange(k))
     out = np.where(pos < count[:, None], ids[np.minimum(start[:, None] + pos, len(ids) - 1)], -1)
     return np.where(count[:, None] > 0, out, -1)
 
@@ -185,7 +193,7 @@ def _whole_round(
     gap = load[heavy] - load[light]
     roomiest, every = _tables(bins, groups)
     per_bin = np.bincount(p.bin, minlength=len(bins.room))
-    k = int(np.clip(np.sqrt(PAIR_BUDGET / len(heavy)), CANDIDATES, 32))
+    k = int(min(max(math.sqrt(PAIR_BUDGET / len(heavy)), CANDIDATES), 32))
     both = _candidates(p, of, np.concatenate([heavy, light]), k, groups)
     hc, lc = both[: len(heavy)], both[len(heavy) :]  # (P, K) each
     P, K = hc.shape
@@ -283,8 +291,8 @@ class _Runs:
         if self.empty:
             self.order = np.zeros(1, np.int64)  # (nothing is found below)
         ob = p.bin[self.order]
-        self.tokens = np.cumsum(p.length[self.order])
-        self.costs = np.cumsum(p.cost[self.order])
+        self.tokens = p.length[self.order].cumsum()
+        self.costs = p.cost[self.order].cumsum()
         ids = np.arange(len(bins.room))
         self.first = np.searchsorted(ob, ids, side="left")
         self.end = np.searchsorted(ob, ids, side="right")
@@ -393,8 +401,7 @@ def _cut_round(
     lo = np.maximum(1, back_t - room_h)
     hi = np.minimum(n - 1, back_t + room_y)
     ok = ((hc >= 0) & (dest >= 0))[..., None, None] & has[..., None] & (lo <= hi)
-    frac = np.linspace(0.0, 1.0, CUT_GRID)
-    x = lo + np.rint(frac * np.maximum(hi - lo, 0)).astype(np.int64)
+    x = lo + np.rint(_fractions(CUT_GRID) * np.maximum(hi - lo, 0)).astype(np.int64)
     x = np.minimum(x, np.maximum(n - 1, 1))
     both = np.asarray(cost(np.concatenate([(n - x).ravel(), x.ravel()])), np.float64)
     kept, moved = both.reshape(2, *x.shape)

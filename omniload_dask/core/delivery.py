@@ -101,6 +101,7 @@ class Delivery:
         self._block_left: Counter[str] = Counter()  # groups a held block still serves
         self._held_steps: list[list[int]] = [[] for _ in range(self.layout.dp)]  # heaps
         self._held_count: Counter[int] = Counter()  # groups holding each step
+        self._newest_held = -1  # the latest step any group's heap has had pushed
         self.where = RankPositions(self.layout, start_step)
 
     @property
@@ -265,6 +266,18 @@ class Delivery:
     def _hold(self, step: int, groups: list[int], key: str) -> None:
         """Hold ``key`` for ``groups`` at ``step`` (one block's groups at once)."""
         held, heaps, left = self.held, self._held_steps, self._block_left
+        pairs = [(step, group) for group in groups]
+        if step >= self._newest_held and held.keys().isdisjoint(pairs):
+            # The usual case, a new step: no group holds it yet, and it is at least every
+            # step in the heaps, so appending it is what heappush would do.
+            held.update(dict.fromkeys(pairs, key))
+            for group in groups:
+                heaps[group].append(step)
+            self._newest_held = step
+            self._held_count[step] += len(groups)
+            left[key] += len(groups)
+            return
+        self._newest_held = max(self._newest_held, step)
         new = 0
         for group in groups:
             old = held.get((step, group))

@@ -119,15 +119,16 @@ class StepPlanner:
         groups, nu = self._groups, max(1, len(docs.slots))
         order = plan.output_order()
         group = plan.group[order]
+        doc = plan.doc[order]
         # The (group, read) pairs of the pieces, as np.unique would give them (pairs in
-        # order, each one's first piece, each piece's pair) from two radix sorts.
-        unit = docs.slot[plan.doc[order]]
-        by_pair = stable_order(unit)
-        by_pair = by_pair[stable_order(group[by_pair])]
-        g_sorted, u_sorted = group[by_pair], unit[by_pair]
+        # order, each one's first piece, each piece's pair) from one stable sort of the pair
+        # ids (a radix sort while groups x reads fit 16 bits).
+        pair_of = group * nu + docs.slot[doc]
+        by_pair = stable_order(pair_of)
+        p_sorted = pair_of[by_pair]
         new = np.ones(len(order), dtype=bool)
-        new[1:] = (g_sorted[1:] != g_sorted[:-1]) | (u_sorted[1:] != u_sorted[:-1])
-        pair = g_sorted[new] * nu + u_sorted[new]
+        np.not_equal(p_sorted[1:], p_sorted[:-1], out=new[1:])
+        pair = p_sorted[new]
         first = by_pair[new]
         inverse = np.empty(len(order), dtype=np.int64)
         inverse[by_pair] = np.cumsum(new) - 1
@@ -138,19 +139,15 @@ class StepPlanner:
         pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1))
         slot = np.empty(len(pair), dtype=np.int64)
         slot[by_use] = np.arange(len(pair)) - np.repeat(pair_bounds[:-1], np.diff(pair_bounds))
-        start = plan.start[order]
+        table = np.empty((len(order), 5), dtype=np.int64)
+        table[:, 0] = plan.micro[order]
+        table[:, 1] = slot[inverse]
+        table[:, 2] = docs.rows[doc]
+        start = table[:, 3]
+        start[:] = plan.start[order]
         if docs.starts is not None:  # the rest of a document begun in an earlier step
-            start = start + docs.starts[plan.doc[order]]
-        table = np.stack(
-            [
-                plan.micro[order],
-                slot[inverse.reshape(-1)],
-                docs.rows[plan.doc[order]],
-                start,
-                start + plan.length[order],
-            ],
-            axis=1,
-        )
+            start += docs.starts[doc]
+        np.add(start, plan.length[order], out=table[:, 4])
         used = (pair % nu)[by_use].astype(np.int64)
         batch = self._batch
         return RecipeTable(
