@@ -1,6 +1,6 @@
 """What a Dask scheduler costs by itself: the floor under omniload-dask's scheduler CPU per step.
 
-    python benchmarks/scheduler_floor.py [--tasks 400] [--calls 2000] [--idle 20]
+    python benchmarks/scheduler_floor.py [--quick] [--tasks 400] [--calls 2000] [--idle 20]
 
 Starts a cluster the way the README does (``dask scheduler --preload omniload_dask.preload``
 and two ``dask worker ... --preload omniload_dask.preload``, this tree on their PYTHONPATH)
@@ -67,7 +67,10 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=400)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle measured")
+    parser.add_argument("--quick", action="store_true", help="100 tasks, 500 calls, 5 s idle")
     args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.calls, args.idle = 100, 500, 5.0
 
     from distributed import Client
     from distributed.core import rpc
@@ -110,6 +113,7 @@ def main() -> int:
             cluster.close()
     out = {
         "benchmark": "scheduler_floor",
+        "quick": args.quick,
         "idle_ms_per_s": round(idle * 1e3, 3),
         "task_ms": round(per_task * 1e3, 4),
         "call_ms": round(per_call * 1e3, 4),
