@@ -241,9 +241,11 @@ def role_rank(spec: dict[str, Any]) -> None:
 def _small_stats(stats: dict[str, Any] | None) -> dict[str, Any] | None:
     if not stats:
         return None
-    keep = ("efficiency_mean", "steps_drawn")
+    keep = ("efficiency_mean", "steps_drawn", "data_plane_runs", "agent_requests",
+            "scheduler_tasks", "futures_held")  # fmt: skip
     return {k: stats.get(k) for k in keep} | {
-        "tokens_read": sum(int(s.get("tokens_read", 0)) for s in stats.get("sources", []))
+        "tokens_read": sum(int(s.get("tokens_read", 0)) for s in stats.get("sources", [])),
+        "reads_done": sum(int(s.get("reads_done", 0)) for s in stats.get("sources", [])),
     }
 
 
@@ -499,6 +501,7 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         threads_a = _thread_cpu(loop_pids)
         _sleep_until(t_a + args.seconds)
         t_b, cpu_b = time.monotonic(), cpu_seconds(roots)
+        scheduler_tree = _scheduler_tree(groups)
         threads_b = _thread_cpu(loop_pids)
         for spy in spies:
             spy.wait(timeout=60)
@@ -527,7 +530,7 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         "system": system, "ranks": ranks, "sources": len(plan["sources"]),
         "t_launch": t_launch, "t_a": t_a, "t_b": t_b, "firsts": firsts,
         "done": done, "plane": plane, "before_pss": before.pss,
-        "cpu": _cpu_by_group(cpu_a, cpu_b, groups),
+        "cpu": _cpu_by_group(cpu_a, cpu_b, groups, scheduler_tree),
         "worker_threads": _thread_split(threads_a, threads_b),
         "memory": _memory(samples, before.pss), "processes": _processes(samples),
         "load": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
@@ -551,7 +554,7 @@ def _profile(args: argparse.Namespace, system: str, name: str,
         out = folder / f"{name}-{label}.txt"
         cmd = [spy, "record", "--format", "raw", "--rate", str(args.profile_rate),
                "--duration", str(int(args.seconds)), "--nonblocking", "--subprocesses",
-               "-o", str(out), "--pid", str(pid)]  # fmt: skip
+               "-o", str(out), "--pid", str(pid)] + (["--gil"] if args.profile_gil else [])  # fmt: skip
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return procs
 
@@ -610,12 +613,25 @@ def _sleep_until(t: float) -> None:
         time.sleep(min(0.2, max(0.0, t - time.monotonic())))
 
 
-def _cpu_by_group(a: dict[int, float], b: dict[int, float],
-                  groups: dict[str, list[int]]) -> dict[str, float]:  # fmt: skip
+def _scheduler_tree(groups: dict[str, list[int]]) -> set[int]:
+    """The scheduler's processes: on the README cluster its whole tree (a data plane's
+    planning process is its child); on the embedded one only its own (its children are the
+    Dask workers)."""
+    from accounting import tree
+
+    own = set(groups.get("scheduler", []))
+    if "dask_workers" not in groups:
+        return own
+    return own | {p.pid for pid in own for p in tree(pid)}
+
+
+def _cpu_by_group(a: dict[int, float], b: dict[int, float], groups: dict[str, list[int]],
+                  scheduler: set[int] | None = None) -> dict[str, float]:  # fmt: skip
     """CPU-seconds in the window per group: the rank processes; the scheduler's process (the
-    embedded cluster's holds its client too); everything else (DataLoader workers, Dask
-    workers and nannies, the raw processes) is ``workers``."""
-    ranks, scheduler = set(groups.get("ranks", [])), set(groups.get("scheduler", []))
+    embedded cluster's holds its client too) and, when given, ``scheduler``'s; everything else
+    (DataLoader workers, Dask workers and nannies, the raw processes) is ``workers``."""
+    ranks = set(groups.get("ranks", []))
+    scheduler = scheduler or set(groups.get("scheduler", []))
     out = {"ranks": 0.0, "workers": 0.0, "scheduler": 0.0}
     for pid in a.keys() & b.keys():
         part = "ranks" if pid in ranks else "scheduler" if pid in scheduler else "workers"
@@ -918,6 +934,9 @@ def main() -> int:
     )
     parser.add_argument("--profile", help="folder: py-spy records of the omniload runs")
     parser.add_argument("--profile-rate", type=int, default=50, help="py-spy samples/s")
+    parser.add_argument("--profile-gil", action="store_true",
+                        help="py-spy samples only the thread holding the GIL (CPU in Python "
+                        "code, without threads waiting for the GIL)")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/out")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -998,6 +1017,8 @@ def main() -> int:
                       f"{row.get('real_step_time_vs_bound', 0):.3f}; memory "
                       f"{(row.get('memory') or {}).get('total', 0) / MIB:,.0f} MiB in "
                       f"{row['processes']} procs; load {row['load']}", flush=True)  # fmt: skip
+                if row.get("plane"):
+                    print(f"{label}: data plane {row['plane']}", flush=True)
     # average rounds
     merged = _merge_rounds(rows)
     per_tok = [summarise([r for r in merged if r["tokenizer"] == t], ranks, t)

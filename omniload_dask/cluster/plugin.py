@@ -55,6 +55,7 @@ HANDLER_PREFIX = "omniload_"
 KEY_PREFIX = "omniload-"
 READ_KEY_PREFIX = "omniload-read-"
 BATCH_KEY_PREFIX = "omniload-batch-"
+_JOB_EVENTS = frozenset({"memory", "erred"})  # the transitions' ends a job hears of
 
 
 class OmniloadPlugin(SchedulerPlugin):
@@ -134,7 +135,9 @@ class OmniloadPlugin(SchedulerPlugin):
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         """Hand a job's task reaching memory, or failing, to the job it belongs to."""
-        if not isinstance(key, str) or not key.startswith(KEY_PREFIX):
+        # Called for every transition of every task (five or more a task): only reaching
+        # memory or failing concerns a job, so the others return at the first test.
+        if finish not in _JOB_EVENTS or not isinstance(key, str) or not key.startswith(KEY_PREFIX):
             return
         job = self._job_of_key(key)
         if job is None:

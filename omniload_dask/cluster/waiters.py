@@ -18,7 +18,6 @@ Runs on the scheduler's event loop only.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 __all__ = ["Waiters"]
 
@@ -40,12 +39,16 @@ class Waiters:
         if isinstance(blocker, int) and blocker < self._planned:
             return  # planned meanwhile: look again at once
         table: dict = self._steps if isinstance(blocker, int) else self._keys
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         table.setdefault(blocker, []).append(fut)
+        # A timer that ends the wait, not ``wait_for(shield(...))``: that makes two tasks per
+        # wait, and every agent waits about once a step.
+        timer = loop.call_later(max(0.0, timeout), _wake, [fut])
         try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(fut), timeout)
+            await fut
         finally:
+            timer.cancel()
             waiting = table.get(blocker)
             if waiting is not None and fut in waiting:
                 waiting.remove(fut)
