@@ -84,6 +84,11 @@ class Link:
         self.fetch_errors: deque[tuple[str, str]] = deque(maxlen=8)  # the latest: (worker, error)
         self._run(self._start(), SCHEDULER_CONNECT_TIMEOUT)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this link's calls run on (see :func:`io_loop`)."""
+        return self._loop
+
     async def _start(self) -> None:
         await _dask.start_pool(self._scheduler)
         await _dask.start_pool(self._workers)
