@@ -32,7 +32,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.cluster.serving import PART_HANDLER
+from omniload_dask.cluster.serving import PART_HANDLER, unpack_part
 
 __all__ = [
     "CALL_SLACK",
@@ -183,7 +183,7 @@ class Link:
         reply = await _dask.rpc(
             self._workers, address, PART_HANDLER, parts=[[k, p] for k, p in refs]
         )
-        return list(reply)
+        return [unpack_part(value) for value in reply]
 
     def connections(self) -> int:
         """Comms this link holds open now (to the scheduler and to workers)."""
