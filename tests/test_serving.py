@@ -73,6 +73,8 @@ def test_arrays_of_any_shape_and_empty_ones_keep_their_layout():
         "ids": np.arange(5, dtype=np.uint32),
         "none": np.zeros(0, dtype=np.int64),
         "patches": np.arange(2 * 3 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3, 3),
+        "no_patches": np.zeros((0, 3, 3, 3), dtype=np.uint8),
+        "grid": np.asarray([[1, 2], [3, 4]], dtype=np.int32, order="F"),
         "strided": np.arange(10, dtype=np.int64)[::2],
         "count": 7,
         "ratio": 0.5,

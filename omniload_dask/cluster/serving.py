@@ -151,7 +151,9 @@ def pack_part(batch: Any) -> dict[str, Any] | None:
                     chunks.append(bytes(pad))
                     offset += pad
                 fields.append([name, value.dtype.str, list(value.shape), offset])
-                chunks.append(memoryview(cast(Any, np.ascontiguousarray(value))).cast("B"))
+                flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+                if flat.size:  # (a memoryview cannot cast an empty many-dimensional array)
+                    chunks.append(memoryview(cast(Any, flat)))
                 offset += value.nbytes
             elif type(value) in _PLAIN:
                 fields.append([name, None, value, 0])

@@ -158,7 +158,8 @@ class Prefetcher:
         self._lock.notify_all()
         if self._idle and self._wake is not None and self._loop is not None:
             self._idle = False
-            self._loop.call_soon_threadsafe(self._wake.set)
+            with contextlib.suppress(RuntimeError):  # the loop closed (the process exits)
+                self._loop.call_soon_threadsafe(self._wake.set)
 
     def _ensure_started(self) -> None:
         """Start on first use (not before: one never used asks for nothing)."""
