@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 
 import numpy as np
+import pytest
 
 from omniload_dask.cluster.waiters import Waiters
 from omniload_dask.core.actions import SubmitConstruct
@@ -183,3 +185,52 @@ def test_prefetch_refills_with_hysteresis_several_steps_a_call():
     assert all(count >= 4 for _, count in asked[1:-1])  # refill 4: one call per 4 steps
     assert len(asked) <= 40 // 4 + 1
     assert [s for s, _ in asked] == sorted(s for s, _ in asked)
+
+
+def test_prefetch_on_an_event_loop_asks_the_same_and_stops_in_one_round_trip():
+    from omniload_dask.trainer.link import io_loop
+
+    asked = []
+    thread_names = set()
+
+    async def fetch(start, count):
+        asked.append((start, count))
+        thread_names.add(threading.current_thread().name)
+        await asyncio.sleep(0)
+        return [f"s{start + i}" for i in range(count)], 30
+
+    pre = Prefetcher(fetch, 0, 8, loop=io_loop())
+    got = []
+    with pytest.raises(StopIteration):
+        for step in range(40):
+            got.append(pre.take(step))
+            pre.done(step)
+    pre.close()
+    assert got == [f"s{s}" for s in range(30)]
+    assert asked[0] == (0, 8) and all(count >= 4 for _, count in asked[1:-1])
+    assert thread_names == {"omniload-io"}  # no thread of its own
+
+
+def test_prefetch_on_an_event_loop_retries_lost_connections_and_raises_job_errors():
+    from omniload_dask.errors import JobError
+    from omniload_dask.trainer.link import io_loop
+
+    calls = []
+
+    async def fetch(start, count):
+        calls.append(start)
+        if len(calls) == 1:
+            raise ConnectionResetError("lost")
+        if start >= 2:
+            raise JobError("the job failed")
+        return [start], None
+
+    pre = Prefetcher(fetch, 0, 1, loop=io_loop())
+    assert pre.take(0) == 0
+    pre.done(0)
+    assert pre.take(1) == 1
+    pre.done(1)
+    with pytest.raises(JobError, match="the job failed"):
+        pre.take(2)
+    pre.close()
+    assert pre.reconnects == 1

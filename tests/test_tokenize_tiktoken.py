@@ -54,6 +54,24 @@ def test_special_token_text_inside_a_document_stays_text(tmp_path):
     assert tokens.tolist()[-1] == 301 and 301 not in tokens.tolist()[:-1]
 
 
+def test_tokens_are_those_of_encode_ordinary_also_for_lone_surrogates(tmp_path):
+    path = write_bpe(tmp_path / "bpe.tiktoken")
+    spec = bpe_spec(path, add_bos=False, add_eos=False, bos=None, eos=None)
+    enc = tiktoken.Encoding(
+        name="check", pat_str=PATTERN, mergeable_ranks=_ranks(path), special_tokens=SPECIALS
+    )
+    texts = ["hello world <|bos|>", "", "a\ud800b hello", "hé world"]
+    tokens, offsets = tokenize(spec, texts)
+    expected = [enc.encode_ordinary(t) for t in texts]
+    assert tokens.tolist() == [t for e in expected for t in e]
+    assert np.diff(offsets).tolist() == [len(e) for e in expected]
+
+
+def _ranks(path: str) -> dict[bytes, int]:
+    lines = Path(path).read_text().splitlines()
+    return {base64.b64decode(t): int(r) for t, r in (line.split() for line in lines)}
+
+
 def test_tiktoken_file_from_a_memory_url(tmp_path):
     import fsspec
 

@@ -12,7 +12,18 @@ When a worker leaves, the data plane calls ``omniload_peer_gone(address=...)`` o
 a construction fetching a shard from the lost worker then asks the scheduler for the shard's
 standby copy at once, instead of retrying the dead address for Dask's 30 s connect timeout.
 
-The values travel as Dask serializes task results (numpy buffers out of band, no copy). The
+A part travels packed (:func:`pack_part`): its arrays copied into one buffer, described by a
+few plain fields, all in the reply's msgpack frame, so that neither side pickles it or splits
+it into a frame per array (about 20 us to pack against 150-200 us through Dask's pickling of
+a :class:`GroupBatch`, for an 8,192-token micro-batch)::
+
+    {"step": 40, "group": 1,
+     "micro": [[["input_ids", "<u4", [8192], 0], ["num_tokens", None, 8190, 0], ...], ...],
+     "buffer": b"..."}       field: [name, dtype (None: a plain value), shape or value, offset]
+
+The fetcher unpacks it (:func:`unpack_part`) into arrays that view one writable copy of the
+buffer. A part holding anything else (object arrays, numpy scalars) or larger than
+``PACK_LIMIT`` travels as Dask serializes task results (numpy buffers out of band). The
 handler counts what it sends (``sent_bytes``, ``sent_parts``) for the scale benchmark.
 """
 
@@ -20,20 +31,31 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 from dask.sizeof import sizeof
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from omniload_dask.batching.formats import BatchBlock
+from omniload_dask.batching.formats import BatchBlock, GroupBatch
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 
-__all__ = ["PART_HANDLER", "PEER_GONE_HANDLER", "PartServer"]
+__all__ = [
+    "PACK_LIMIT",
+    "PART_HANDLER",
+    "PEER_GONE_HANDLER",
+    "PartServer",
+    "pack_part",
+    "unpack_part",
+]
 
 PART_HANDLER = "omniload_parts"
 PEER_GONE_HANDLER = "omniload_peer_gone"
 DROP_EVERY = 0.2  # seconds between drops of a lost worker's connection attempts
+PACK_LIMIT = 16 * 2**20  # bytes: larger parts (many image patches) go out of band as they are
+_ALIGN = 8  # each array starts at a multiple of this in the packed buffer
+_PLAIN = (int, float, str, bool, type(None))  # values msgpack gives back as they were
 
 
 def connect_timeout() -> float:
@@ -102,7 +124,60 @@ class PartServer(WorkerPlugin):
             if value is None:
                 out.append(None)
                 continue
-            self.sent_bytes += sizeof(value)
+            size = sizeof(value)
+            self.sent_bytes += size
             self.sent_parts += 1
-            out.append(_dask.wire(value))
+            packed = pack_part(value) if size <= PACK_LIMIT else None
+            out.append(packed if packed is not None else _dask.wire(value))
         return out
+
+
+def pack_part(batch: Any) -> dict[str, Any] | None:
+    """``batch`` (a :class:`GroupBatch`) as plain fields and one buffer (module docstring);
+    None where it holds a value that would not come back the same."""
+    if not isinstance(batch, GroupBatch):
+        return None
+    chunks: list[Any] = []
+    offset = 0
+    micro = []
+    for mb in batch.micro_batches:
+        fields: list[list[Any]] = []
+        for name, value in mb.items():
+            if isinstance(value, np.ndarray):
+                if value.dtype.hasobject:
+                    return None
+                pad = -offset % _ALIGN
+                if pad:
+                    chunks.append(bytes(pad))
+                    offset += pad
+                fields.append([name, value.dtype.str, list(value.shape), offset])
+                flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+                if flat.size:  # (a memoryview cannot cast an empty many-dimensional array)
+                    chunks.append(memoryview(cast(Any, flat)))
+                offset += value.nbytes
+            elif type(value) in _PLAIN:
+                fields.append([name, None, value, 0])
+            else:
+                return None
+        micro.append(fields)
+    return {"step": batch.step, "group": batch.group, "micro": micro, "buffer": b"".join(chunks)}
+
+
+def unpack_part(packed: Any) -> Any:
+    """The :class:`GroupBatch` of a packed part (anything else is returned as is). Its arrays
+    view one writable copy of the buffer."""
+    if not isinstance(packed, dict):
+        return packed
+    buffer = bytearray(packed["buffer"])  # msgpack's bytes are read-only: one copy, writable
+    micro = []
+    for fields in packed["micro"]:
+        mb: dict[str, Any] = {}
+        for name, dtype, shape, offset in fields:
+            if dtype is None:
+                mb[name] = shape
+                continue
+            kind = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            mb[name] = np.frombuffer(buffer, kind, count, offset).reshape(shape)
+        micro.append(mb)
+    return GroupBatch(step=int(packed["step"]), group=int(packed["group"]), micro_batches=micro)

@@ -199,6 +199,7 @@ class TiktokenTokenizer:
             ) from None
         self._ranks = ranks
         self._specials = specials
+        self._to_numpy = getattr(self._enc, "encode_to_numpy", None)  # tiktoken >= 0.8
         self.info = TokenizerInfo(
             vocab_size=int(self._enc.n_vocab),
             bos_id=specials[spec.bos] if spec.bos is not None else None,
@@ -216,12 +217,22 @@ class TiktokenTokenizer:
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """All ``texts``' tokens as one flat uint32 array, and each text's length (no specials)."""
-        encoded = [self._enc.encode_ordinary(text) for text in texts]
+        encoded = [self._encode_one(text) for text in texts]
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-        body = np.fromiter(
-            itertools.chain.from_iterable(encoded), dtype=np.uint32, count=int(lengths.sum())
-        )
-        return body, lengths
+        if not encoded:
+            return np.zeros(0, dtype=np.uint32), lengths
+        return np.concatenate(encoded).astype(np.uint32, copy=False), lengths
+
+    def _encode_one(self, text: str) -> np.ndarray:
+        """One text's tokens as ``encode_ordinary`` gives them (special tokens' text is plain
+        text), straight into a numpy array: no Python int per token (about 15 % of the
+        tokenizing CPU with Tekken)."""
+        if self._to_numpy is not None:
+            try:
+                return self._to_numpy(text, disallowed_special=())
+            except UnicodeEncodeError:  # lone surrogates: encode_ordinary has the fix-up
+                pass
+        return np.asarray(self._enc.encode_ordinary(text), dtype=np.uint32)
 
 
 def _read_ranks(spec: TokenizerSpec) -> dict[bytes, int]:

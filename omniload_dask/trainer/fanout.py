@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from omniload_dask.batching.formats import GroupBatch
 from omniload_dask.errors import JobError
 from omniload_dask.trainer.broadcast import GroupShare
-from omniload_dask.trainer.fetch import StallWatch, fetch_steps
+from omniload_dask.trainer.fetch import StallWatch, afetch_steps
 from omniload_dask.trainer.link import Link
 from omniload_dask.trainer.prefetch import Prefetcher
 
@@ -106,6 +106,7 @@ class DirectSteps:
             reconnect_timeout=reconnect_timeout,
             name=f"omniload-feeder-{self._ranks[0]}",
             describe=f"rank {self._ranks[0]}: fetching",
+            loop=link.loop,  # prefetching runs where the round trips run: no thread of its own
         )
 
     @property
@@ -118,10 +119,10 @@ class DirectSteps:
         """Round trips retried after a lost connection or a missing job."""
         return self.prefetcher.reconnects
 
-    def _fetch(self, start: int, count: int) -> tuple[list[Any], int | None]:
+    async def _fetch(self, start: int, count: int) -> tuple[list[Any], int | None]:
         pre = self.prefetcher
         report = self._report(pre.buffered())
-        reply, got = fetch_steps(
+        reply, got = await afetch_steps(
             self.link, self._job, self._ranks, self._needs, start, count, report, pre.refill
         )
         self.stalls.note(start, reply)
@@ -150,7 +151,7 @@ class DirectSteps:
         return dict(self.link.call("info", job=self._job))
 
     def close(self) -> None:
-        """Stop the prefetch thread and close the connections."""
+        """Stop prefetching and close the connections."""
         self.prefetcher.close()
         self.link.close()
 

@@ -1,9 +1,10 @@
 """The trainer side: a Feeder per trainer rank yields its micro-batches, prefetched.
 
-A background thread asks the data plane for the next steps (one RPC for several steps, which
-also reports how far this rank has fetched), gathers those batches straight from the workers
-that built them (one round trip: :mod:`.fetch`, over a :class:`~.link.Link`: Dask's comms, no
-``Client``), and keeps them in a small local buffer; iterating only takes from that buffer. It
+A task on the links' event loop (a background thread) asks the data plane for the next steps
+(one RPC for several steps, which also reports how far this rank has fetched), gathers those
+batches straight from the workers that built them (one round trip: :mod:`.fetch`, over a
+:class:`~.link.Link`: Dask's comms, no ``Client``), and keeps them in a small local buffer;
+iterating only takes from that buffer. It
 refills with hysteresis: when at most ``prefetch - refill`` steps are left, it asks for enough
 to fill up again (``refill`` is half the prefetch), so with a deep prefetch one call brings
 several steps. Each item is one micro-batch in the
@@ -326,7 +327,7 @@ class Feeder:
         return _ask_once(self.address, self._security, self.job, handler)
 
     def close(self) -> None:
-        """Stop fetching (the thread ends within one poll) and close the connections."""
+        """Stop fetching (it ends within one poll) and close the connections."""
         self._source.close()
         if self._link is not None:
             self._link.close()

@@ -12,8 +12,9 @@ need, ``(DP group, cp rank)`` each::
     batches: [[batch of step 40], [batch of step 41], ...]   straight from the workers;
              stops before the first step a worker no longer had
 
-Both calls run as one coroutine on the links' event loop: one hand-off between the agent's
-thread and that loop per round trip.
+Both calls run as one coroutine on the links' event loop: :func:`afetch_steps` for a caller
+on that loop (a feeder's prefetching), :func:`fetch_steps` from another thread (one hand-off
+to the loop and back per round trip).
 
 Asking also tells the data plane that the agent's ranks have fetched every step below
 ``start`` (it holds each block until every rank of its groups has), and carries the agent's
@@ -41,13 +42,16 @@ __all__ = [
     "HELD_BACK_WARN",
     "LOST_RETRY",
     "POLL_TIMEOUT",
+    "ROUND_TRIP_TIMEOUT",
     "StallWatch",
+    "afetch_steps",
     "fetch_steps",
     "retryable",
     "wait_report",
 ]
 
 POLL_TIMEOUT = 2.0  # seconds the data plane holds a request that nothing is ready for
+ROUND_TRIP_TIMEOUT = POLL_TIMEOUT + CALL_SLACK + FETCH_TIMEOUT  # seconds, then retried
 LOST_RETRY = 0.05  # seconds before asking again for a batch whose worker left
 HELD_BACK_WARN = 30.0  # seconds without a step, held back by other ranks, before a warning
 HELD_BACK_REPEAT = 60.0  # seconds between repeated warnings
@@ -79,8 +83,24 @@ def fetch_steps(
     Raises MissingJobError when the scheduler has no data plane (yet): e.g. one just restarted.
     """
     coro = _fetch_steps(link, job, ranks, needs, start, count, report, ahead)
-    reply, got = link.run(coro, POLL_TIMEOUT + CALL_SLACK + FETCH_TIMEOUT)
+    reply, got = link.run(coro, ROUND_TRIP_TIMEOUT)
     return reply, got
+
+
+async def afetch_steps(
+    link: Link,
+    job: str,
+    ranks: Sequence[int],
+    needs: Sequence[tuple[int, int]],
+    start: int,
+    count: int,
+    report: dict[str, Any],
+    ahead: int = 0,
+) -> tuple[dict[str, Any], list[list[GroupBatch]]]:
+    """:func:`fetch_steps` as a coroutine on the links' loop (``link.loop``), for a caller
+    that runs there itself (:class:`~.prefetch.Prefetcher` with a ``loop``): no hand-off."""
+    coro = _fetch_steps(link, job, ranks, needs, start, count, report, ahead)
+    return await asyncio.wait_for(coro, ROUND_TRIP_TIMEOUT)
 
 
 async def _fetch_steps(

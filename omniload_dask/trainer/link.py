@@ -32,7 +32,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.cluster.serving import PART_HANDLER
+from omniload_dask.cluster.serving import PART_HANDLER, unpack_part
 
 __all__ = [
     "CALL_SLACK",
@@ -83,6 +83,11 @@ class Link:
         self.failed_fetches = 0  # fetches from a worker that failed (then another was tried)
         self.fetch_errors: deque[tuple[str, str]] = deque(maxlen=8)  # the latest: (worker, error)
         self._run(self._start(), SCHEDULER_CONNECT_TIMEOUT)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this link's calls run on (see :func:`io_loop`)."""
+        return self._loop
 
     async def _start(self) -> None:
         await _dask.start_pool(self._scheduler)
@@ -178,7 +183,7 @@ class Link:
         reply = await _dask.rpc(
             self._workers, address, PART_HANDLER, parts=[[k, p] for k, p in refs]
         )
-        return list(reply)
+        return [unpack_part(value) for value in reply]
 
     def connections(self) -> int:
         """Comms this link holds open now (to the scheduler and to workers)."""

@@ -1,0 +1,88 @@
+"""Parts as the workers serve them: packed into plain fields and one buffer, unpacked the same."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed.protocol import dumps, loads
+
+from omniload_dask.batching.formats import GroupBatch
+from omniload_dask.cluster.serving import pack_part, unpack_part
+from omniload_dask.cluster.tasks import group_parts
+from omniload_dask.plan import load_plan
+from omniload_dask.testing import InlineDataPlane
+
+PLANS = Path(__file__).resolve().parent.parent / "plans"
+
+
+def over_the_wire(value: object) -> object:
+    """``value`` after Dask's encoding of a handler's reply and its decoding on the other side."""
+    return loads(dumps({"reply": [value]}))["reply"][0]
+
+
+def assert_same(a: GroupBatch, b: GroupBatch) -> None:
+    assert (a.step, a.group, len(a.micro_batches)) == (b.step, b.group, len(b.micro_batches))
+    for x, y in zip(a.micro_batches, b.micro_batches, strict=True):
+        assert list(x) == list(y)
+        for key in x:
+            if isinstance(x[key], np.ndarray):
+                assert x[key].dtype == y[key].dtype and x[key].shape == y[key].shape, key
+                assert np.array_equal(x[key], y[key]) and y[key].flags.writeable, key
+            else:
+                assert type(x[key]) is type(y[key]) and x[key] == y[key], key
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from omniload_dask.demo import make_demo_data
+
+    folder = tmp_path_factory.mktemp("serving")
+    make_demo_data(folder / "demo-data")
+    return folder
+
+
+@pytest.mark.parametrize("name", ["quickstart", "long_context", "vlm"])
+def test_every_part_of_the_demo_plans_packs_and_comes_back_identical(demo, name):
+    shutil.copy(PLANS / f"{name}.yaml", demo / f"{name}.yaml")
+    plan = load_plan(demo / f"{name}.yaml")
+    plan = type(plan)(**{**vars(plan), "checkpoint": None})
+    cp = plan.layout.cp
+    seen = 0
+    for _, batches in InlineDataPlane(plan).stream(3):
+        for group, batch in batches.items():
+            for part in group_parts(batch, group, cp).values():
+                packed = pack_part(part)
+                assert packed is not None  # the fast path, not Dask's pickling
+                assert_same(part, unpack_part(over_the_wire(packed)))
+                seen += 1
+    assert seen > 0
+
+
+def test_parts_holding_other_values_go_as_they_are():
+    odd = GroupBatch(step=1, group=0, micro_batches=[{"n": np.int64(3)}])
+    assert pack_part(odd) is None
+    assert pack_part(GroupBatch(1, 0, [{"a": np.array(["x"], dtype=object)}])) is None
+    assert unpack_part(None) is None and unpack_part(odd) is odd
+
+
+def test_arrays_of_any_shape_and_empty_ones_keep_their_layout():
+    mb = {
+        "ids": np.arange(5, dtype=np.uint32),
+        "none": np.zeros(0, dtype=np.int64),
+        "patches": np.arange(2 * 3 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3, 3),
+        "no_patches": np.zeros((0, 3, 3, 3), dtype=np.uint8),
+        "grid": np.asarray([[1, 2], [3, 4]], dtype=np.int32, order="F"),
+        "strided": np.arange(10, dtype=np.int64)[::2],
+        "count": 7,
+        "ratio": 0.5,
+        "missing": None,
+    }
+    batch = GroupBatch(step=4, group=2, micro_batches=[mb, {"last": np.zeros(0, np.int8)}])
+    back = unpack_part(over_the_wire(pack_part(batch)))
+    assert_same(batch, back)
+    for array in back.micro_batches[0].values():
+        if isinstance(array, np.ndarray) and array.size:
+            assert array.ctypes.data % array.dtype.itemsize == 0  # aligned views
