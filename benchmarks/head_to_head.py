@@ -51,7 +51,9 @@ the last rank's first batch, then memory while the ranks still run:
   workers, the CPU of their main thread (the event loop: comms, task bookkeeping) and of their
   other threads (tasks, library thread pools), from /proc.
 - first batch: from launch (the loaders' go; for omniload, the ``Job.start`` call) until every
-  rank holds a micro-batch.
+  rank holds a micro-batch. Every system's loader module is imported before the go, as a
+  training script imports its libraries at its top (so the figure is the loader's start, not
+  the import of its library; that is process start-up, the same before every launch).
 - balance, per step over the window: efficiency under the plan's cost (mean/max of rank costs),
   and its bound, an upper bound of what any assignment of that step's pieces to R ranks could
   reach: mean / max(mean, largest piece, and for every k, the k+1 smallest of the k*R+1 largest
@@ -184,12 +186,23 @@ def _loader(spec: dict[str, Any], plan: Any, go: dict[str, Any]) -> Any:
     return Feeder(go["job"], address=go["address"], rank=rank, output="torch")
 
 
+def _import_loader(system: str) -> None:
+    """Import the module of ``system``'s loader, as a training script does at its top."""
+    import importlib
+
+    module = {"per_source": "rank_local", "per_rank": "baselines", "mosaic": "baselines"}
+    loaded = importlib.import_module(module.get(system, "omniload_dask.trainer.feeder"))
+    if system == "mosaic":
+        loaded.import_streaming()  # MosaicML Streaming itself (and the stubs it needs here)
+
+
 def role_rank(spec: dict[str, Any]) -> None:
     """A trainer rank: import torch, wait for GO, take micro-batches until STOP; log steps."""
     import numpy as np
     import torch  # the trainer's own import: part of the "before" figure
 
     torch.set_num_threads(1)
+    _import_loader(spec["system"])
     _emit("READY", {"pid": os.getpid()})
     commands = Commands()
     kind, go = commands.read()
