@@ -8,6 +8,9 @@ handlers, the dashboard's Bokeh application; the Active Memory Manager's policy 
 
 - ``dask.utils.key_split`` remembers the names it split (an LRU of 100,000); the data plane
   empties it now and then, since its keys are new every step (:func:`trim_key_cache`).
+- The scheduler's spans keep a little of every ``update_graph`` for as long as a span lives
+  (its ``collections`` metadata, ``Span._metadata_seen``); the data plane bounds both
+  (:func:`trim_span_metadata`).
 - Workers attach a read task's sample metadata to the task's own finished message (the worker
   task state's ``metadata``), which the scheduler passes to plugins' ``transition`` hooks as
   ``metadata=...``: no extra RPC and no ordering race with the result landing in memory.
@@ -27,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 METADATA_FIELD = "omniload"
 KEY_CACHE_ENTRIES = 10_000  # key names dask.utils.key_split may remember before it forgets
+SPAN_ENTRIES = 1_000  # submits a span's metadata may remember (collections, ids seen)
 
 
 def trim_key_cache(limit: int | None = None) -> bool:
@@ -46,6 +50,49 @@ def trim_key_cache(limit: int | None = None) -> bool:
         return False
     key_split.cache_clear()
     return True
+
+
+def trim_span_metadata(scheduler: Any, key: str, limit: int | None = None) -> int:
+    """Bound what Dask's spans remember of every ``update_graph``; returns entries dropped.
+
+    Each ``Client.submit`` sends a small ``SpanMetadata`` (``{"type": "Future"}``) that the
+    scheduler's spans extension adds to the span of the submitted tasks: it appends the dict
+    to the span's ``collections`` list and the metadata's ``id()`` to ``Span._metadata_seen``,
+    a set shared by all spans that is never emptied. A span lives as long as its tasks keep
+    coming, and a job submits a few tasks every step, so both grew by about 250 bytes a
+    step, never freed (plain dicts of strings and ints: no ``gc``-tracked object grows).
+
+    Past ``limit`` entries (:data:`SPAN_ENTRIES` by default) this keeps one of each distinct
+    collection in the span of ``key``'s task group (what the dashboard shows of it) and
+    empties the seen-set; the set only keeps one ``update_graph`` from adding its metadata
+    once per task, and is not needed between calls (call this outside ``update_graph``,
+    e.g. from a ``transition`` hook).
+    """
+    try:
+        from distributed.spans import Span
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return 0
+    bound = SPAN_ENTRIES if limit is None else limit
+    dropped = 0
+    seen = getattr(Span, "_metadata_seen", None)
+    if isinstance(seen, set) and len(seen) > bound:
+        dropped += len(seen)
+        seen.clear()
+    ts = scheduler.tasks.get(key)
+    spans = getattr(scheduler, "extensions", {}).get("spans")
+    group = getattr(ts, "group", None)
+    span = getattr(spans, "spans", {}).get(getattr(group, "span_id", None))
+    metadata = getattr(span, "_metadata", None)
+    collections = metadata.get("collections") if isinstance(metadata, dict) else None
+    if isinstance(collections, list) and len(collections) > bound:
+        distinct: list[Any] = []
+        for entry in collections:
+            if entry not in distinct:
+                distinct.append(entry)
+        kept = distinct[-bound:]
+        dropped += len(collections) - len(kept)
+        collections[:] = kept
+    return dropped
 
 
 def set_task_metadata(value: Any) -> bool:

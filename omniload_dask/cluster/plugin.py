@@ -145,7 +145,9 @@ class OmniloadPlugin(SchedulerPlugin):
             job.on_read_done(key, report, _dask.task_duration(kwargs))
         elif finish == "memory" and key.startswith(BATCH_KEY_PREFIX):
             job.on_batch_done(key, _dask.task_duration(kwargs))
-            _dask.trim_key_cache()  # once per block: every step's keys are new names
+            # Once per block: Dask remembers a little of every step's new keys and submits.
+            _dask.trim_key_cache()
+            _dask.trim_span_metadata(self.scheduler, key)
         elif finish == "erred":
             job.on_task_failed(key, _dask.failure_text(self.scheduler, key, kwargs))
         else:
