@@ -65,8 +65,8 @@ def trim_span_metadata(scheduler: Any, key: str, limit: int | None = None) -> in
     Past ``limit`` entries (:data:`SPAN_ENTRIES` by default) this keeps one of each distinct
     collection in the span of ``key``'s task group (what the dashboard shows of it) and
     empties the seen-set; the set only keeps one ``update_graph`` from adding its metadata
-    once per task, and is not needed between calls (call this outside ``update_graph``,
-    e.g. from a ``transition`` hook).
+    once per task, and is not needed between calls. Safe from a ``transition`` hook: the
+    spans extension adds a submit's metadata in one synchronous loop that calls no plugin.
     """
     try:
         from distributed.spans import Span
