@@ -4,13 +4,11 @@
 worker and client state, what the ``transition`` hook's keyword arguments hold, the worker's task
 state and memory, the comm layer (``ConnectionPool``, handlers, ``to_serialize``), the nanny's
 handlers, the dashboard's Bokeh application; the Active Memory Manager's policy classes are in
-:mod:`omniload_dask.cluster.amm`. Everything else in the package uses Dask's public API only.
+:mod:`omniload_dask.cluster.amm`, the bounds on Dask's per-key memory in :mod:`.forgetting`. Everything else in the package uses Dask's public API only.
 
-- ``dask.utils.key_split`` remembers the names it split (an LRU of 100,000); the data plane
-  empties it now and then, since its keys are new every step (:func:`trim_key_cache`).
-- The scheduler's spans keep a little of every ``update_graph`` for as long as a span lives
-  (its ``collections`` metadata, ``Span._metadata_seen``); the data plane bounds both
-  (:func:`trim_span_metadata`).
+- What Dask remembers of every new key and every submit (``key_split``'s cache, the spans'
+  metadata) is bounded in :mod:`omniload_dask.cluster.forgetting`, which reaches into the
+  same internals.
 - Workers attach a read task's sample metadata to the task's own finished message (the worker
   task state's ``metadata``), which the scheduler passes to plugins' ``transition`` hooks as
   ``metadata=...``: no extra RPC and no ordering race with the result landing in memory.
@@ -29,70 +27,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 METADATA_FIELD = "omniload"
-KEY_CACHE_ENTRIES = 10_000  # key names dask.utils.key_split may remember before it forgets
-SPAN_ENTRIES = 1_000  # submits a span's metadata may remember (collections, ids seen)
-
-
-def trim_key_cache(limit: int | None = None) -> bool:
-    """Empty ``dask.utils.key_split``'s cache once it holds over ``limit`` key names
-    (:data:`KEY_CACHE_ENTRIES` by default).
-
-    The scheduler splits every new task's key (its prefix and group names) through that
-    function, which remembers the last 100,000 names it saw: about 200 bytes each. A job's keys
-    are new every step (a block and its reads), so a long job filled it with names never asked
-    again: 0.4 KB of scheduler memory per step, up to about 20 MB. Emptying it costs only a
-    string split per key asked again. Returns whether it emptied it.
-    """
-    from dask.utils import key_split
-
-    info = getattr(key_split, "cache_info", None)
-    if info is None or info().currsize <= (KEY_CACHE_ENTRIES if limit is None else limit):
-        return False
-    key_split.cache_clear()
-    return True
-
-
-def trim_span_metadata(scheduler: Any, key: str, limit: int | None = None) -> int:
-    """Bound what Dask's spans remember of every ``update_graph``; returns entries dropped.
-
-    Each ``Client.submit`` sends a small ``SpanMetadata`` (``{"type": "Future"}``) that the
-    scheduler's spans extension adds to the span of the submitted tasks: it appends the dict
-    to the span's ``collections`` list and the metadata's ``id()`` to ``Span._metadata_seen``,
-    a set shared by all spans that is never emptied. A span lives as long as its tasks keep
-    coming, and a job submits a few tasks every step, so both grew by about 250 bytes a
-    step, never freed (plain dicts of strings and ints: no ``gc``-tracked object grows).
-
-    Past ``limit`` entries (:data:`SPAN_ENTRIES` by default) this keeps one of each distinct
-    collection in the span of ``key``'s task group (what the dashboard shows of it) and
-    empties the seen-set; the set only keeps one ``update_graph`` from adding its metadata
-    once per task, and is not needed between calls. Safe from a ``transition`` hook: the
-    spans extension adds a submit's metadata in one synchronous loop that calls no plugin.
-    """
-    try:
-        from distributed.spans import Span
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return 0
-    bound = SPAN_ENTRIES if limit is None else limit
-    dropped = 0
-    seen = getattr(Span, "_metadata_seen", None)
-    if isinstance(seen, set) and len(seen) > bound:
-        dropped += len(seen)
-        seen.clear()
-    ts = scheduler.tasks.get(key)
-    spans = getattr(scheduler, "extensions", {}).get("spans")
-    group = getattr(ts, "group", None)
-    span = getattr(spans, "spans", {}).get(getattr(group, "span_id", None))
-    metadata = getattr(span, "_metadata", None)
-    collections = metadata.get("collections") if isinstance(metadata, dict) else None
-    if isinstance(collections, list) and len(collections) > bound:
-        distinct: list[Any] = []
-        for entry in collections:
-            if entry not in distinct:
-                distinct.append(entry)
-        kept = distinct[-bound:]
-        dropped += len(collections) - len(kept)
-        collections[:] = kept
-    return dropped
 
 
 def set_task_metadata(value: Any) -> bool:

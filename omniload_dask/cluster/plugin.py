@@ -38,8 +38,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from omniload_dask.cluster import forgetting, lifecycle, stats
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.cluster import lifecycle, stats
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster.running import RunningJob
 from omniload_dask.cluster.standby import StandbyCopies
@@ -146,8 +146,8 @@ class OmniloadPlugin(SchedulerPlugin):
         elif finish == "memory" and key.startswith(BATCH_KEY_PREFIX):
             job.on_batch_done(key, _dask.task_duration(kwargs))
             # Once per block: Dask remembers a little of every step's new keys and submits.
-            _dask.trim_key_cache()
-            _dask.trim_span_metadata(self.scheduler, key)
+            forgetting.trim_key_cache()
+            forgetting.trim_span_metadata(self.scheduler, key)
         elif finish == "erred":
             job.on_task_failed(key, _dask.failure_text(self.scheduler, key, kwargs))
         else:
