@@ -27,7 +27,8 @@ wait p50/p99, and the agents' requests per step.
 ``--real N`` also runs N real ``Feeder`` threads (tp 1, fanout none: every rank fetches) and the
 same layout simulated, to check the simulation. ``--memory STEPS`` runs a one-rank job for
 STEPS steps as fast as it goes, with and without a checkpoint, and reports the scheduler's RSS
-growth per 100,000 steps. ``planning_ms`` times the balance of one global batch per case.
+growth per 100,000 steps (the slope after step 5,000, when the job's rings are full).
+``planning_ms`` times the balance of one global batch per case.
 
 The last line is ``RESULT {json}`` with ``points`` (ranks, tp, dp, scheduler_cpu_s_per_step,
 worker_connections_max, worker_bytes_per_step, fetch_wait_p99_ms, ...), ``planning_ms``, and
@@ -55,6 +56,7 @@ import psutil
 QUICK_POINTS = "1024x1,4096x8"
 FULL_POINTS = "256x1,1024x1,4096x1,4096x8,16384x8,16384x1"
 PLANNING_CASES = ((512, 8192), (1024, 16384), (2048, 16384))
+MEMORY_SETTLED = 5000  # steps after which a memory run's RSS counts (the rings are full)
 DASK_ENV = {
     "DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION": "inf",
     "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
@@ -552,39 +554,67 @@ def planning_figures() -> tuple[dict[str, float], dict[str, float]]:
 
 # ---------------------------------------------------------------------- memory
 def run_memory(args: argparse.Namespace, data: Path, steps: int, checkpoint: Path | None) -> dict:
-    """Scheduler RSS over ``steps`` steps of a one-rank job, as fast as it goes."""
+    """Scheduler RSS over ``steps`` steps of a one-rank job, as fast as it goes.
+
+    RSS is sampled 40 times; the growth is the least-squares slope of the samples from step
+    ``MEMORY_SETTLED`` on (half the run if it is shorter): the job's rings of 4,096 steps
+    fill before that, and Dask's logs of 1,000 messages even sooner. At the end the scheduler
+    hands its free heap back to the system (``malloc_trim``), and RSS is read again: what
+    that takes off is memory freed but kept by the allocator, not live data.
+    """
     from omniload_dask import Feeder, Job, parse_plan
 
     name = "memck" if checkpoint is not None else "mem"
     plan = scale_plan(name, data, 1, 1, args.seq_len, 2)
     if checkpoint is not None:
         plan["checkpoint"] = {"url": str(checkpoint), "flush_seconds": 1, "compact_every": 1000}
+    every = max(steps // 40, 1)
+    settled = min(MEMORY_SETTLED, steps // 2)
     cluster = Cluster(2, 1)
     try:
         job = Job.start(parse_plan(plan), client=cluster.client)
         feeder = Feeder(name, address=cluster.address, rank=0, output="numpy")
-        samples = []
+        samples: list[tuple[int, int]] = []
+        tasks: list[int] = []  # the scheduler's tasks once settled and at the end
         t0 = time.monotonic()
         for step, _ in enumerate(feeder.steps()):
-            if step in (steps // 10, steps - 1):
-                samples.append((step, cluster.rss(), job.client.run_on_scheduler(_tasks)))
+            if step % every == 0 or step == steps - 1:
+                samples.append((step, cluster.rss()))
+            if step == settled:
+                tasks.append(job.client.run_on_scheduler(_tasks))
             if step >= steps - 1:
                 break
         seconds = time.monotonic() - t0
+        tasks.append(job.client.run_on_scheduler(_tasks))
+        job.client.run_on_scheduler(_malloc_trim)
+        trimmed = cluster.rss()
         feeder.close()
         job.stop()
     finally:
         cluster.close()
-    (s0, r0, k0), (s1, r1, k1) = samples
+    late = np.array([(s, r) for s, r in samples if s >= settled], dtype=np.float64)
+    slope = float(np.polyfit(late[:, 0], late[:, 1], 1)[0])  # bytes a step
     return {
         "steps": steps,
         "checkpoint": checkpoint is not None,
         "steps_per_second": round(steps / seconds, 1),
-        "rss_mb_start": round(r0 / 2**20, 1),
-        "rss_mb_end": round(r1 / 2**20, 1),
-        "rss_growth_mb_per_100k_steps": round((r1 - r0) / 2**20 / (s1 - s0) * 100_000, 1),
-        "scheduler_tasks": [k0, k1],
+        "load_average": round(os.getloadavg()[0], 1),
+        "from_step": settled,
+        "rss_mb_from": round(late[0, 1] / 2**20, 1),
+        "rss_mb_end": round(samples[-1][1] / 2**20, 1),
+        "rss_mb_end_after_trim": round(trimmed / 2**20, 1),
+        "rss_growth_mb_per_100k_steps": round(slope * 100_000 / 2**20, 1),
+        "scheduler_tasks": tasks,
     }
+
+
+def _malloc_trim(dask_scheduler: Any) -> bool:
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except OSError:  # not glibc
+        return False
 
 
 def _tasks(dask_scheduler: Any) -> int:

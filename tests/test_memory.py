@@ -6,6 +6,7 @@ import psutil
 import pytest
 
 from omniload_dask import Job
+from omniload_dask.cluster.settings import LOG_ENTRIES
 from omniload_dask.plan import parse_plan
 
 from .datagen import plan_dict, texts, write_jsonl
@@ -77,16 +78,38 @@ def test_thousands_of_steps_keep_memory_flat(tmp_path):
     assert late["rss"] - early["rss"] < (STEPS - STEPS // 3) * (16 << 10)
 
 
-def test_key_name_cache_stays_bounded(tmp_path, monkeypatch):
-    """Every step's block key is a new name: the scheduler's ``key_split`` cache (100,000
-    names) filled with them, about 200 bytes a step. The plugin empties it past a bound."""
+def dask_bookkeeping(dask_scheduler) -> dict[str, int]:
+    """What Dask remembers per new key and per submit, read on the scheduler's loop."""
+    from dask.utils import key_split
+    from distributed.spans import Span
+
+    spans = dask_scheduler.extensions["spans"].spans.values()
+    return {
+        "message_log": max(len(c.recent_message_log) for c in dask_scheduler.stream_comms.values()),
+        "transition_log": len(dask_scheduler.transition_log),
+        "key_names": key_split.cache_info().currsize,
+        "metadata_seen": len(Span._metadata_seen),
+        "span_collections": max(len((s.metadata or {}).get("collections", ())) for s in spans),
+    }
+
+
+def test_dask_bookkeeping_of_new_keys_and_submits_stays_bounded(tmp_path, monkeypatch):
+    """Every step's block key is a new name and every step submits tasks: the scheduler's
+    ``key_split`` cache (100,000 names) filled with the names, about 200 bytes a step, and
+    the span the tasks belong to kept a ``{"type": "Future"}`` and an ``id`` per submit,
+    about 250 bytes more, for as long as the job ran. The plugin trims both past a bound."""
     from dask.utils import key_split
 
-    from omniload_dask.cluster import internals
+    from omniload_dask.cluster import forgetting
 
-    monkeypatch.setattr(internals, "KEY_CACHE_ENTRIES", 100)
-    trim, emptied = internals.trim_key_cache, []
-    monkeypatch.setattr(internals, "trim_key_cache", lambda: emptied.append(trim()))
+    monkeypatch.setattr(forgetting, "KEY_CACHE_ENTRIES", 100)
+    monkeypatch.setattr(forgetting, "SPAN_ENTRIES", 50)
+    trim, emptied = forgetting.trim_key_cache, []
+    monkeypatch.setattr(forgetting, "trim_key_cache", lambda: emptied.append(trim()))
+    trim_spans, dropped = forgetting.trim_span_metadata, []
+    monkeypatch.setattr(
+        forgetting, "trim_span_metadata", lambda s, k: dropped.append(trim_spans(s, k))
+    )
     write_jsonl(tmp_path / "a.jsonl", texts(200, seed=3, mean_words=6))
     plan = parse_plan(
         plan_dict(
@@ -99,11 +122,21 @@ def test_key_name_cache_stays_bounded(tmp_path, monkeypatch):
     key_split.cache_clear()
     with Job.start(plan, workers=1, dashboard_address=None) as job:
         steps = job.feeder(output="numpy").steps()
-        sizes = []
+        marks = []
         for step in range(1, 401):
             next(steps)
             if step % 20 == 0:
-                sizes.append(key_split.cache_info().currsize)
-    assert max(sizes) <= 100 + 50  # never many more names than the bound ...
-    assert len(emptied) >= 400  # ... checked for every block built ...
-    assert sum(emptied) >= 3  # ... and emptied as new names piled up past it
+                marks.append(job.client.run_on_scheduler(dask_bookkeeping))
+    # Never many more than the bound (a block's submits come between two trims) ...
+    assert max(m["key_names"] for m in marks) <= 100 + 50
+    assert max(m["metadata_seen"] for m in marks) <= 50 + 50
+    assert max(m["span_collections"] for m in marks) <= 50 + 50
+    # Dask's developer logs (each comm's last batches, graphs and all) at the loader's length.
+    for name in ("message_log", "transition_log"):
+        assert max(m[name] for m in marks) <= LOG_ENTRIES
+    assert marks[-1]["transition_log"] == LOG_ENTRIES  # (full: the bound is what holds it)
+    # ... checked for every block built ...
+    assert len(emptied) >= 400 and len(dropped) >= 400
+    # ... and trimmed as they piled up past it (400 steps submit more than 400 tasks).
+    assert sum(emptied) >= 3
+    assert sum(dropped) >= 300

@@ -15,5 +15,7 @@
 - :mod:`.job`: ``Job``, the client-side handle, and the embedded ``LocalCluster``;
   :mod:`.settings`: the Dask settings it runs with, which the preload gives other clusters.
 - :mod:`.adaptive`: Dask's adaptive scaling, told how many workers keep the trainers fed.
-- :mod:`.internals`: every use of Dask internals, and only there.
+- :mod:`.internals`: every use of Dask internals, and only there (with :mod:`.amm`, the
+  memory manager's policies, and :mod:`.forgetting`, the bounds on what Dask remembers of
+  every new key and submit).
 """

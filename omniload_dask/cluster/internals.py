@@ -4,10 +4,11 @@
 worker and client state, what the ``transition`` hook's keyword arguments hold, the worker's task
 state and memory, the comm layer (``ConnectionPool``, handlers, ``to_serialize``), the nanny's
 handlers, the dashboard's Bokeh application; the Active Memory Manager's policy classes are in
-:mod:`omniload_dask.cluster.amm`. Everything else in the package uses Dask's public API only.
+:mod:`omniload_dask.cluster.amm`, the bounds on Dask's per-key memory in :mod:`.forgetting`. Everything else in the package uses Dask's public API only.
 
-- ``dask.utils.key_split`` remembers the names it split (an LRU of 100,000); the data plane
-  empties it now and then, since its keys are new every step (:func:`trim_key_cache`).
+- What Dask remembers of every new key and every submit (``key_split``'s cache, the spans'
+  metadata) is bounded in :mod:`omniload_dask.cluster.forgetting`, which reaches into the
+  same internals.
 - Workers attach a read task's sample metadata to the task's own finished message (the worker
   task state's ``metadata``), which the scheduler passes to plugins' ``transition`` hooks as
   ``metadata=...``: no extra RPC and no ordering race with the result landing in memory.
@@ -26,26 +27,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 METADATA_FIELD = "omniload"
-KEY_CACHE_ENTRIES = 10_000  # key names dask.utils.key_split may remember before it forgets
-
-
-def trim_key_cache(limit: int | None = None) -> bool:
-    """Empty ``dask.utils.key_split``'s cache once it holds over ``limit`` key names
-    (:data:`KEY_CACHE_ENTRIES` by default).
-
-    The scheduler splits every new task's key (its prefix and group names) through that
-    function, which remembers the last 100,000 names it saw: about 200 bytes each. A job's keys
-    are new every step (a block and its reads), so a long job filled it with names never asked
-    again: 0.4 KB of scheduler memory per step, up to about 20 MB. Emptying it costs only a
-    string split per key asked again. Returns whether it emptied it.
-    """
-    from dask.utils import key_split
-
-    info = getattr(key_split, "cache_info", None)
-    if info is None or info().currsize <= (KEY_CACHE_ENTRIES if limit is None else limit):
-        return False
-    key_split.cache_clear()
-    return True
 
 
 def set_task_metadata(value: Any) -> bool:

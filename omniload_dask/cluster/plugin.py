@@ -38,8 +38,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from omniload_dask.cluster import forgetting, lifecycle, stats
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.cluster import lifecycle, stats
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster.running import RunningJob
 from omniload_dask.cluster.standby import StandbyCopies
@@ -148,7 +148,9 @@ class OmniloadPlugin(SchedulerPlugin):
             job.on_read_done(key, report, _dask.task_duration(kwargs))
         elif finish == "memory" and key.startswith(BATCH_KEY_PREFIX):
             job.on_batch_done(key, _dask.task_duration(kwargs))
-            _dask.trim_key_cache()  # once per block: every step's keys are new names
+            # Once per block: Dask remembers a little of every step's new keys and submits.
+            forgetting.trim_key_cache()
+            forgetting.trim_span_metadata(self.scheduler, key)
         elif finish == "erred":
             job.on_task_failed(key, _dask.failure_text(self.scheduler, key, kwargs))
         else:
