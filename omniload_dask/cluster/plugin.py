@@ -135,8 +135,7 @@ class OmniloadPlugin(SchedulerPlugin):
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         """Hand a job's task reaching memory, or failing, to the job it belongs to."""
-        # Called for every transition of every task (five or more a task): only reaching
-        # memory or failing concerns a job, so the others return at the first test.
+        # Every transition of every task comes here: all but the job's return at the first test.
         if finish not in _JOB_EVENTS or not isinstance(key, str) or not key.startswith(KEY_PREFIX):
             return
         job = self._job_of_key(key)
@@ -148,8 +147,7 @@ class OmniloadPlugin(SchedulerPlugin):
             job.on_read_done(key, report, _dask.task_duration(kwargs))
         elif finish == "memory" and key.startswith(BATCH_KEY_PREFIX):
             job.on_batch_done(key, _dask.task_duration(kwargs))
-            # Once per block: Dask remembers a little of every step's new keys and submits.
-            forgetting.trim_key_cache()
+            forgetting.trim_key_cache()  # once per block: Dask keeps a little of each new key
             forgetting.trim_span_metadata(self.scheduler, key)
         elif finish == "erred":
             job.on_task_failed(key, _dask.failure_text(self.scheduler, key, kwargs))
