@@ -97,6 +97,8 @@ class Prefetcher:
         self._task: concurrent.futures.Future[None] | None = None
         self._wake: asyncio.Event | None = None  # the task's, set from the consumer's thread
         self._idle = False  # the task waits for a refill to be due
+        self._failing_since: float | None = None  # since the first failed round trip in a row
+        self._attempt = 0  # retries with backoff since the last good round trip
 
     def buffered(self) -> int:
         """Steps fetched ahead of the consumer's step."""
@@ -183,11 +185,14 @@ class Prefetcher:
             count = min(count, self.end - start)
         return (start, count, self._generation) if count > 0 else None
 
-    def _failed(self, exc: BaseException, start: int, failing_since: float) -> float | None:
+    def _failed(self, exc: BaseException, start: int) -> float | None:
         """After a failed round trip: seconds to wait before the next one, None to stop."""
-        if retryable(exc) and time.monotonic() - failing_since < self.reconnect_timeout:
+        now = time.monotonic()
+        self._failing_since = self._failing_since or now
+        if retryable(exc) and now - self._failing_since < self.reconnect_timeout:
             self.reconnects += 1
-            return -1.0  # retried with backoff
+            self._attempt += 1
+            return _backoff(self._attempt)
         with self._lock:
             self._error = (
                 exc
@@ -201,7 +206,9 @@ class Prefetcher:
         return 1.0
 
     def _got(self, start: int, generation: int, items: list[Any], end: int | None) -> None:
-        """Buffer the items of a round trip (unless reset meanwhile); wake the consumer."""
+        """After a good round trip: buffer its items (unless reset meanwhile); wake the
+        consumer."""
+        self._failing_since, self._attempt = None, 0
         with self._lock:
             if end is not None:
                 self.end = end
@@ -224,22 +231,14 @@ class Prefetcher:
 
     def _run_thread(self) -> None:
         fetch: Any = self._fetch
-        failing_since: float | None = None
-        attempt = 0
         while (want := self._want()) is not None:
             start, count, generation = want
             try:
                 self.calls += 1
                 items, end = fetch(start, count)
-                failing_since, attempt = None, 0
             except BaseException as exc:  # retried while the scheduler may come back, else raised
-                failing_since = failing_since or time.monotonic()
-                pause = self._failed(exc, start, failing_since)
-                if pause is None:
+                if (pause := self._failed(exc, start)) is None:
                     return
-                if pause < 0:
-                    attempt += 1
-                    pause = _backoff(attempt)
                 time.sleep(pause)
                 continue
             self._got(start, generation, items, end)
@@ -262,24 +261,16 @@ class Prefetcher:
     async def _run_on_loop(self) -> None:
         fetch: Any = self._fetch
         self._wake = asyncio.Event()
-        failing_since: float | None = None
-        attempt = 0
         while (want := await self._next_due()) is not None:
             start, count, generation = want
             try:
                 self.calls += 1
                 items, end = await fetch(start, count)
-                failing_since, attempt = None, 0
             except BaseException as exc:  # retried while the scheduler may come back, else raised
                 if isinstance(exc, asyncio.CancelledError) and _cancelled():
                     raise  # this task is cancelled (close), not a call inside it
-                failing_since = failing_since or time.monotonic()
-                pause = self._failed(exc, start, failing_since)
-                if pause is None:
+                if (pause := self._failed(exc, start)) is None:
                     return
-                if pause < 0:
-                    attempt += 1
-                    pause = _backoff(attempt)
                 await asyncio.sleep(pause)
                 continue
             self._got(start, generation, items, end)
