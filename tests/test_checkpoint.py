@@ -57,6 +57,24 @@ def test_resume_replays_live_changes_and_sources_that_joined(corpus, tmp_path):
     assert [e["kind"] for e in summary["log"]] == ["weights", "add"]
 
 
+def test_a_resume_inside_a_delta_file_keeps_the_steps_before_it_restorable(corpus, tmp_path):
+    # Blocks of 8 steps: one flush writes the deltas of 8 steps at once, so a resume at step
+    # 12 starts inside a delta file (steps 8-15). Its first steps must stay restorable.
+    plan = make(corpus, loader={"steps_per_task": 8}, **ckpt(tmp_path))
+    run = InlineDataPlane(plan)
+    list(run.stream(20))
+    run.checkpoint()
+    before = Checkpoint(str(tmp_path / "ckpt"))
+    assert any(s["first"] < 12 <= s["last"] for s in before.manifest.segments)
+    states = {t: before.state_at(t) for t in range(12)}
+    again = InlineDataPlane(plan, resume=12)
+    list(again.stream(4, start=12))
+    again.checkpoint()
+    after = Checkpoint(str(tmp_path / "ckpt"))
+    assert all(after.state_at(t) == states[t] for t in range(12))  # the old timeline's
+    assert after.latest_step > 12
+
+
 def test_elastic_resume_with_another_dp_size_continues_the_global_stream(corpus, tmp_path):
     plan = make(corpus, **ckpt(tmp_path))
     ref = {t: pieces(bs) for t, bs in InlineDataPlane(plan).stream(20)}

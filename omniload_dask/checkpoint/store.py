@@ -354,7 +354,11 @@ class CheckpointWriter:
             start = int(state["step"])
             old = resume.manifest
             self.manifest.bases = [b for b in old.bases if b["step"] < start]
-            self.manifest.segments = [s for s in old.segments if s["last"] < start]
+            self.manifest.segments = [
+                s if s["last"] < start else self._cut_before(resume, s, start)
+                for s in old.segments
+                if s["first"] < start
+            ]
             superseded = [
                 f["file"]
                 for f in old.bases + old.segments
@@ -389,23 +393,9 @@ class CheckpointWriter:
             t0 = time.perf_counter()
             first = min(steps) if steps else self.manifest.latest_step
             last = max(steps) if steps else self.manifest.latest_step
-            lines = b"".join(
-                json.dumps(redact(r), separators=(",", ":")).encode() + b"\n" for r in records
-            )
-            blob = zstandard.ZstdCompressor(level=3).compress(lines)
-            self._seq += 1
-            name = f"delta-{first:012d}-{last:012d}-{self._token}-{self._seq:06d}.jsonl.zst"
-            self._put(name, blob)
-            self.manifest.segments.append(
-                {
-                    "file": name,
-                    "first": first,
-                    "last": last,
-                    "bytes": len(blob),
-                    "sha256": _digest(blob),
-                }
-            )
-            written = len(blob)
+            segment = self._write_segment(records, first, last)
+            self.manifest.segments.append(segment)
+            written = segment["bytes"]
             if steps:
                 self.manifest.latest_step = last + 1
                 self.steps_written += len(steps)
@@ -424,6 +414,38 @@ class CheckpointWriter:
             self.flush_seconds += time.perf_counter() - t0
             self.last_flush = time.time()
             return written
+
+    def _write_segment(
+        self, records: list[dict[str, Any]], first: int, last: int
+    ) -> dict[str, Any]:
+        """Write ``records`` (deltas of steps ``first`` to ``last``) as a new delta file; its
+        manifest entry."""
+        lines = b"".join(
+            json.dumps(redact(r), separators=(",", ":")).encode() + b"\n" for r in records
+        )
+        blob = zstandard.ZstdCompressor(level=3).compress(lines)
+        self._seq += 1
+        name = f"delta-{first:012d}-{last:012d}-{self._token}-{self._seq:06d}.jsonl.zst"
+        self._put(name, blob)
+        return {
+            "file": name,
+            "first": first,
+            "last": last,
+            "bytes": len(blob),
+            "sha256": _digest(blob),
+        }
+
+    def _cut_before(self, resume: Checkpoint, segment: dict[str, Any], step: int) -> dict[str, Any]:
+        """A copy of ``resume``'s delta file ``segment`` (which runs past ``step``) holding
+        what it recorded before step ``step`` was drawn: the old timeline's steps stay
+        restorable when a resume starts a new one at ``step``."""
+        records = []
+        for line in resume._read(segment).splitlines():
+            record = json.loads(line)
+            if record.get("step", -1) >= step:
+                break
+            records.append(record)
+        return self._write_segment(records, int(segment["first"]), step - 1)
 
     def _put(self, name: str, blob: bytes) -> None:
         """Write one file of the checkpoint; storage errors become a CheckpointError."""
