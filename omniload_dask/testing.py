@@ -82,9 +82,9 @@ class InlineDataPlane:
             self.coord.take_deltas()
         self.shards: dict[str, Shard] = {}
         # What each part of a block is (by part_ref(key, part)): what a rank fetches; and
-        # each group's whole batch (wire form) by (block key, group).
+        # each group's whole batch (wire form) by (block key, step, group).
         self.batches: dict[str, GroupBatch] = {}
-        self.wholes: dict[tuple[str, int], GroupBatch] = {}
+        self.wholes: dict[tuple[str, int, int], GroupBatch] = {}  # (key, step, group)
         self._pending: list[Any] = []
         self._rng = random.Random(shuffle_reports) if shuffle_reports is not None else None
         self.reads = 0
@@ -98,13 +98,15 @@ class InlineDataPlane:
                 if not self.build:
                     continue
                 shards = [self._shard(r) for r in action.reads]
-                table = action.recipes
-                for i in range(len(table)):
-                    recipe = table.recipe(i)
-                    whole = tasks.construct(recipe, *[shards[j] for j in table.reads_of(i)])
-                    self.wholes[(action.key, recipe.group)] = whole
-                    for part, batch in tasks.group_parts(whole, recipe.group, action.cp).items():
-                        self.batches[part_ref(action.key, part)] = batch
+                for at, table in enumerate(action.recipes):
+                    for i in range(len(table)):
+                        recipe = table.recipe(i)
+                        whole = tasks.construct(recipe, *[shards[j] for j in table.reads_of(i)])
+                        self.wholes[(action.key, recipe.step, recipe.group)] = whole
+                        parts = tasks.group_parts(whole, recipe.group, action.cp)
+                        for part, batch in parts.items():
+                            ref = part_ref(action.key, at * action.stride + part)
+                            self.batches[ref] = batch
             elif isinstance(action, Release):
                 for key in action.keys:
                     self.shards.pop(key, None)
@@ -154,18 +156,23 @@ class InlineDataPlane:
                 if self.coord.error:
                     raise JobError(self.coord.error)
                 return
-            if self._rng is not None:
-                self._rng.shuffle(self._pending)
-            read = self._pending.pop()
-            try:
-                shard = self._read(read)
-            except OmniloadError as exc:  # what the plugin does with an erred read task
-                self.coord.on_failure(read.key, str(exc))
-                continue
-            seconds = self.timing(read, shard) if self.timing is not None else None
-            self.coord.on_report(
-                read.key, shard.lengths, shard.skipped, seconds=seconds, **tasks.report_of(shard)
-            )
+            self.read_one()
+
+    def read_one(self) -> None:
+        """Run one queued read (a random one if reports are shuffled) and report it, as a
+        read task and the plugin would; no draw."""
+        if self._rng is not None:
+            self._rng.shuffle(self._pending)
+        read = self._pending.pop()
+        try:
+            shard = self._read(read)
+        except OmniloadError as exc:  # what the plugin does with an erred read task
+            self.coord.on_failure(read.key, str(exc))
+            return
+        seconds = self.timing(read, shard) if self.timing is not None else None
+        self.coord.on_report(
+            read.key, shard.lengths, shard.skipped, seconds=seconds, **tasks.report_of(shard)
+        )
 
     def step(self, step: int, ranks: list[int] | None = None) -> dict[int, GroupBatch]:
         """The whole batches of ``step`` for every DP group (every rank asks for one step), as
@@ -175,7 +182,7 @@ class InlineDataPlane:
         out: dict[int, GroupBatch] = {}
         for rank, ref in fetched.items():
             group = layout.coords(rank)["dp"]
-            out[group] = self.wholes[(ref.rsplit(":", 1)[0], group)]
+            out[group] = self.wholes[(ref.rsplit(":", 1)[0], step, group)]
         return out
 
     def fetch(self, step: int, ranks: list[int] | None = None) -> dict[int, str]:

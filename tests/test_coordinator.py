@@ -216,7 +216,9 @@ def test_context_parallel_ranks_fetch_their_slices_and_tensor_parallel_peers_one
         whole = plane.step(step)
         for rank, key in keys.items():
             c = layout.coords(rank)
-            assert key.endswith(f":{c['dp'] * layout.cp + c['cp']}")  # its own slice
+            # its own slice: part (step offset in the block) * dp * cp + dp rank * cp + cp rank
+            offset = step % plane.coord.delivery.block_steps
+            assert key.endswith(f":{(offset * layout.dp + c['dp']) * layout.cp + c['cp']}")
             peer = layout.rank(c["dp"], 1 - c["tp"], c["pp"], c["cp"])
             assert keys[peer] == key  # tensor-parallel peers: the same slice, built once
         for g, batch in whole.items():

@@ -175,7 +175,7 @@ def test_metrics_parse_and_their_counters_move_as_steps_are_consumed(watched):
         assert value(before, "omniload_feeder_wait_seconds", rank=rank, quantile="0.99") >= 0
     fetched = value(before, "omniload_steps_fetched_total")
 
-    watched.consume(4)
+    watched.consume(16)  # past a refill: a rank asks for two blocks of 8 steps at a time
     # A rank reports how far it fetched with its next request: at least as far as it consumed.
     after = wait_for(
         lambda: (

@@ -12,9 +12,10 @@ import pytest
 
 from omniload_dask.cluster.waiters import Waiters
 from omniload_dask.core.actions import SubmitConstruct
-from omniload_dask.core.delivery import groups_per_task
+from omniload_dask.core.delivery import fetch_depth, groups_per_task, steps_per_task
 from omniload_dask.core.positions import RankPositions, Tournament
-from omniload_dask.plan import LayoutSpec
+from omniload_dask.errors import PlanError
+from omniload_dask.plan import LayoutSpec, parse_plan
 from omniload_dask.testing import InlineDataPlane, batch_digest
 from omniload_dask.trainer.prefetch import Prefetcher
 
@@ -92,7 +93,8 @@ def test_blocks_build_several_dp_groups_in_one_task_and_every_rank_gets_its_own_
     assert all(groups == [(0, 1, 2), (3,)] for groups in per_step.values())
     for a in constructs:  # each read of a block once, and every recipe's slots point into it
         assert len({r.key for r in a.reads}) == len(a.reads)
-        assert set(a.recipes.slot_reads.tolist()) == set(range(len(a.reads)))
+        slots = {r for t in a.recipes for r in t.slot_reads.tolist()}
+        assert slots == set(range(len(a.reads)))
 
 
 def test_the_default_block_size_keeps_at_most_eight_tasks_a_step_of_half_a_million_tokens(
@@ -234,3 +236,93 @@ def test_prefetch_on_an_event_loop_retries_lost_connections_and_raises_job_error
         pre.take(2)
     pre.close()
     assert pre.reconnects == 1
+
+
+def test_the_default_steps_per_task_fills_a_task_with_half_a_million_tokens_of_small_steps(
+    small_sources,
+):
+    def steps(dp: int, seq_len: int = 8192, micro: int = 1, **loader: int) -> int:
+        batch = {"seq_len": seq_len, "micro_batches": micro}
+        plan = make_plan(small_sources, layout={"dp": dp}, batch=batch, loader=loader)
+        return steps_per_task(plan)
+
+    assert [steps(dp) for dp in (1, 8, 16, 64, 65, 1024)] == [8, 8, 4, 1, 1, 1]
+    assert steps(8, micro=4) == 2
+    assert steps(8, groups_per_task=4) == 1  # several blocks a step: one step a task
+    assert steps(1024, steps_per_task=3) == 3  # the plan's own choice wins
+    plan = make_plan(small_sources, layout={"dp": 8}, batch={"seq_len": 8192, "micro_batches": 1})
+    assert fetch_depth(plan) == 16  # a rank asks for two blocks' steps at most
+    with pytest.raises(PlanError, match="steps_per_task"):
+        make_plan(small_sources, loader={"steps_per_task": -1})
+
+
+def test_a_block_of_several_steps_delivers_every_step_as_one_step_blocks_do(small_sources):
+    one = InlineDataPlane(make_plan(small_sources, loader={"steps_per_task": 1}))
+    plan = make_plan(small_sources, loader={"steps_per_task": 4})
+    plane = InlineDataPlane(plan)
+    constructs: list[SubmitConstruct] = []
+    orig = plane._run
+
+    def spy(actions):
+        constructs.extend(a for a in actions if isinstance(a, SubmitConstruct))
+        orig(actions)
+
+    plane._run = spy  # type: ignore[method-assign]
+    for (t, want), (s, got) in zip(one.stream(10), plane.stream(10), strict=True):
+        assert t == s
+        assert {g: batch_digest(b) for g, b in got.items()} == {
+            g: batch_digest(b) for g, b in want.items()
+        }
+    built = [a for a in constructs if "-k4" in a.key]
+    assert [a.key.rsplit("-", 2)[1:] for a in built[:3]] == [["0", "k4"], ["4", "k4"], ["8", "k4"]]
+    for a in built:  # one table per step, every read of the block once
+        first = int(a.key.rsplit("-", 2)[1])
+        assert [t.step for t in a.recipes] == list(range(first, first + 4))
+        assert len({r.key for r in a.reads}) == len(a.reads)
+        assert {r for t in a.recipes for r in t.slot_reads.tolist()} == set(range(len(a.reads)))
+        assert a.stride == plan.layout.dp
+    # the reads held for a block are released after it is built, never before: nothing is
+    # read twice
+    assert plane.reads == one.reads
+
+
+def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(small_sources):
+    plane = InlineDataPlane(make_plan(small_sources, loader={"steps_per_task": 4}))
+    coord = plane.coord
+    for rank in range(2):
+        coord.on_request(rank, 0, 4)  # the draw target: step 4 + lookahead 2
+    seen = []
+    for _ in range(200):
+        drawn = coord.draw_step()
+        if drawn is None:
+            plane._run(coord.take_actions())
+            plane.read_one()  # a draw waits for a read
+            continue
+        coord.commit_step(coord.plan_step(drawn))
+        seen.append((drawn.step, coord.planned_step, coord.batch_for(0, drawn.step)))
+        plane._run(coord.take_actions())
+        if drawn.step == 5:
+            break
+    planned = [p for _, p, _ in seen]
+    assert planned == [0, 0, 0, 4, 4, 4]  # steps 0-3 fetchable once step 3 is in
+    assert [part is None for *_, part in seen] == [True, True, True, False, True, True]
+    assert coord.batch_for(1, 2) == (coord.delivery.held[(2, 1)], 2 * 2 + 1)
+    assert coord.delivery.draw_target() >= 8  # the draw goes on to the block's end
+
+
+def test_a_stream_that_ends_inside_a_block_builds_the_steps_it_has(small_sources):
+    def finite(steps: int) -> InlineDataPlane:
+        data = make_plan(small_sources, loader={"steps_per_task": steps}).to_dict()
+        for source in data["sources"]:
+            source["epochs"] = 1
+        return InlineDataPlane(parse_plan(data))
+
+    def drain(plane: InlineDataPlane) -> list[list[tuple[int, ...]]]:
+        out, step = [], 0
+        while plane.coord.end_step is None or step < plane.coord.end_step:
+            out.append([batch_digest(b) for _, b in sorted(plane.step(step).items())])
+            step += 1
+        return out
+
+    want, got = drain(finite(1)), drain(finite(8))
+    assert got == want and len(want) % 8  # it ends inside a block, every step delivered

@@ -117,6 +117,7 @@ def test_dask_bookkeeping_of_new_keys_and_submits_stays_bounded(tmp_path, monkey
             name="keycache",
             batch={"seq_len": 64, "micro_batches": 1, "global_tokens": 64},
             layout={"dp": 1},
+            loader={"steps_per_task": 1},  # a block, a key and its submits every step
         )
     )
     key_split.cache_clear()

@@ -470,4 +470,4 @@ def test_a_json_lines_line_longer_than_hundreds_of_units_is_read_once_and_never_
     stream = plane.coord.streams[0]
     # The line is one document of ~300k tokens: with `split` and no cap it continues across
     # steps, so what matters is that the draws went on and the source took its share.
-    assert plane.coord.next_step == 6 and stream.tokens > 0
+    assert plane.coord.next_step >= 6 and stream.tokens > 0  # (on to the end of a block)

@@ -178,6 +178,7 @@ class ActionExecutor:
             tasks.construct_block,
             action.recipes,
             action.cp,
+            action.stride,
             *deps,
             key=action.key,
             priority=CONSTRUCT_PRIORITY,

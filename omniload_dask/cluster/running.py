@@ -237,7 +237,9 @@ class RunningJob:
         while self._dirty and not self.stopped:
             self._dirty = False
             self.pumps += 1
-            before = (coord.planned_step, coord.end_step, coord.error)
+            # (drawn and committed steps count as moves too: a step of a multi-step block
+            # being drawn is not fetchable yet, but the draw must go on)
+            before = (coord.planned_step, coord.end_step, coord.error, coord.cycle.planned_step)
             actions: list[Any] = []
             try:
                 self._step()
@@ -248,12 +250,12 @@ class RunningJob:
             except Exception as exc:  # a bug: surface it to feeders instead of stalling them
                 logger.exception("omniload data plane failed")
                 coord.error = coord.error or scrub(f"internal error: {exc!r}", self.secrets)
-            after = (coord.planned_step, coord.end_step, coord.error)
+            after = (coord.planned_step, coord.end_step, coord.error, coord.cycle.planned_step)
             if after != before or actions:
                 self._dirty = True
             if after[0] != before[0]:
                 self.waiters.planned(after[0])
-            if after[1:] != before[1:]:
+            if after[1:3] != before[1:3]:
                 self.waiters.wake_all()  # the stream ended or the job failed
             if self.checkpoints is not None:
                 self.checkpoints.tick()

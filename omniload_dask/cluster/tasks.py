@@ -11,7 +11,7 @@ take their own parts (:mod:`.serving`).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -330,11 +330,23 @@ def group_parts(whole: GroupBatch, group: int, cp: int) -> dict[int, GroupBatch]
     return {group * cp + c: slice_batch(whole, cp, c) for c in range(cp)}
 
 
-def construct_block(recipes: RecipeTable, cp: int, *shards: Shard) -> BatchBlock:
-    """Build a block of DP groups' batches: each recipe from the shards it names."""
+def construct_block(
+    recipes: Sequence[RecipeTable], cp: int, stride: int, *shards: Shard
+) -> BatchBlock:
+    """Build a block of DP groups' batches: each recipe from the shards it names; the parts
+    of the block's ``i``-th step (``recipes[i]``) numbered from ``i * stride``."""
     parts: dict[int, GroupBatch] = {}
-    for i in range(len(recipes)):
-        recipe = recipes.recipe(i)
-        whole = construct(recipe, *[shards[j] for j in recipes.reads_of(i).tolist()])
-        parts.update(group_parts(whole, recipe.group, cp))
+    for i, table in enumerate(recipes):
+        for part, batch in table_parts(table, cp, shards).items():
+            parts[i * stride + part] = batch
     return BatchBlock(parts)
+
+
+def table_parts(table: RecipeTable, cp: int, shards: Sequence[Shard]) -> dict[int, GroupBatch]:
+    """The parts of one step's ``table``, each recipe built from the shards it names."""
+    parts: dict[int, GroupBatch] = {}
+    for i in range(len(table)):
+        recipe = table.recipe(i)
+        whole = construct(recipe, *[shards[j] for j in table.reads_of(i).tolist()])
+        parts.update(group_parts(whole, recipe.group, cp))
+    return parts

@@ -140,8 +140,11 @@ class Coordinator:
 
     @property
     def planned_step(self) -> int:
-        """The first step not planned (committed): ranks can fetch the steps below it."""
-        return self.cycle.planned_step
+        """The first step not planned (committed, and its block built): ranks can fetch the
+        steps below it."""
+        first = self.delivery.offered_step
+        planned = self.cycle.planned_step
+        return planned if first is None else min(planned, first)
 
     @property
     def busy(self) -> bool:

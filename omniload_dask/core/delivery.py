@@ -16,6 +16,16 @@ step's kept recipe (the last ``loader.retain_steps`` steps are kept)::
 A request names the ranks one fetching agent serves (one rank, a model-parallel group, or a
 node's ranks); its cost follows those ranks, not the job's (see :mod:`.positions`).
 
+When one block holds every group of a step and a step is small, one block task builds
+``steps_per_task`` consecutive steps (a task costs the scheduler a few ms whatever its size):
+the steps of a block are offered as they are drawn and held back (not fetchable yet) until its
+last one is, then built together; the releases of the reads they use wait for that build, and
+the draw goes on to the end of a block it started. Part ``offset * dp * cp + group * cp + c``
+of a block is step ``first + offset``'s (see :mod:`.keys`)::
+
+    dp=2, steps_per_task=4, block 0 = steps 0-3   step 2, group 1 -> part 2 * 2 + 1 = 5
+    steps 0, 1, 2 drawn     not fetchable (planned_step 0); step 3 drawn -> one task
+
 Pure: no I/O and no Dask.
 """
 
@@ -25,7 +35,7 @@ import heapq
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -44,12 +54,14 @@ __all__ = [
     "RankState",
     "StepRecord",
     "groups_per_task",
+    "steps_per_task",
 ]
 
 BLOCKS_PER_STEP = 8  # with loader.groups_per_task 0 (auto): at most about this many a step
 # ... and each auto block holds at least this many tokens (or every group): a task costs the
 # scheduler and a worker a few ms of CPU whatever its size, about what packing 0.5 M tokens does
 BLOCK_TOKENS = 1 << 19
+MAX_BLOCK_STEPS = 8  # steps one auto block holds at most (the ranks' prefetch follows it)
 
 Part = tuple[str, int]  # (block key, part): what one rank fetches for one step
 
@@ -64,6 +76,38 @@ def groups_per_task(plan: Plan) -> int:
     dp = plan.layout.dp
     group_tokens = max(1, plan.batch.seq_len * plan.batch.micro_batches)
     return min(dp, max(math.ceil(dp / BLOCKS_PER_STEP), math.ceil(BLOCK_TOKENS / group_tokens)))
+
+
+def steps_per_task(plan: Plan) -> int:
+    """Consecutive steps one block task builds: ``loader.steps_per_task``, or (0) enough for
+    :data:`BLOCK_TOKENS` tokens (at most :data:`MAX_BLOCK_STEPS`) where one block holds every
+    DP group of a step, else 1 (8 steps at dp 8 with one 8,192-token micro-batch a group)."""
+    given = plan.loader.steps_per_task
+    if given > 0:
+        return given
+    if groups_per_task(plan) < plan.layout.dp:
+        return 1
+    step_tokens = max(1, plan.layout.dp * plan.batch.seq_len * plan.batch.micro_batches)
+    return max(1, min(MAX_BLOCK_STEPS, BLOCK_TOKENS // step_tokens))
+
+
+def fetch_depth(plan: Plan) -> int:
+    """A rank's default prefetch: ``loader.prefetch``, and at least two blocks' steps when a
+    block task builds several (so that one request brings a whole block)."""
+    k = steps_per_task(plan)
+    return plan.loader.prefetch if k == 1 else max(plan.loader.prefetch, 2 * k)
+
+
+@dataclass
+class _Open:
+    """The steps of a multi-step block drawn so far (built when its last step is)."""
+
+    first: int  # the block's first step (steps first .. first + steps_per_task - 1)
+    tables: list[RecipeTable] = field(default_factory=list)
+    reads: dict[str, int] = field(default_factory=dict)  # read key -> index in specs
+    specs: list[ReadSpec] = field(default_factory=list)
+    holds: list[tuple[int, list[int]]] = field(default_factory=list)  # (step, groups)
+    deferred: list[Release] = field(default_factory=list)  # releases after the build
 
 
 @dataclass
@@ -96,6 +140,11 @@ class Delivery:
         self._keys = keys
         self._loader = plan.loader
         self.block_size = groups_per_task(plan)
+        self.block_steps = steps_per_task(plan)
+        self._stride = self.layout.dp * self.layout.cp  # parts of one step in a block
+        self._origin = start_step  # multi-step blocks start at origin + i * block_steps
+        self._open: _Open | None = None
+        self._first: dict[str, int] = {}  # multi-step block key -> its first step
         self.steps: dict[int, StepRecord] = {}
         self.held: dict[tuple[int, int], str] = {}
         self._block_left: Counter[str] = Counter()  # groups a held block still serves
@@ -140,7 +189,16 @@ class Delivery:
         far beyond the slowest rank (held batches take worker memory)."""
         loader = self._loader
         window = 4 * (loader.prefetch + loader.lookahead) + 8
-        return min(self.where.furthest + loader.lookahead, self.where.slowest + window)
+        target = min(self.where.furthest + loader.lookahead, self.where.slowest + window)
+        if self._open is not None:  # a multi-step block started is drawn to its end
+            target = max(target, self._open.first + self.block_steps)
+        return target
+
+    @property
+    def offered_step(self) -> int | None:
+        """The first step of the multi-step block being drawn (its steps are not fetchable
+        until it is built), or None."""
+        return None if self._open is None else self._open.first
 
     def held_back(self, limit: int = 16) -> dict[str, object] | None:
         """Who holds the draw back, when it waits for the slowest ranks (None when not).
@@ -167,9 +225,11 @@ class Delivery:
 
     def offer(
         self, step: int, recipes: RecipeTable, reads: list[ReadSpec]
-    ) -> list[SubmitConstruct]:
+    ) -> list[SubmitConstruct | Release]:
         """Hold and build a drawn step's blocks, for the groups that will fetch it."""
-        out: list[SubmitConstruct] = []
+        if self.block_steps > 1:
+            return self._offer_steps(step, recipes, reads)
+        out: list[SubmitConstruct | Release] = []
         size, dp = self.block_size, self.layout.dp
         # Groups whose ranks are all past the step (replaying towards where they resume) are
         # built on demand only.
@@ -185,6 +245,33 @@ class Delivery:
             self._hold(step, groups.tolist(), key)
             out.append(self._block(key, recipes, groups, reads))
         return out
+
+    def defer(self, actions: list[Release]) -> list[Release]:
+        """Releases of reads after a step's commit: kept until the multi-step block being
+        drawn is built (its steps use those reads), else returned as they are."""
+        if self._open is None:
+            return actions
+        self._open.deferred += actions
+        return []
+
+    def flush(self) -> list[SubmitConstruct | Release]:
+        """Build the multi-step block being drawn now, with the steps it has (the stream
+        ended inside it), then the releases it held back."""
+        block, self._open = self._open, None
+        if block is None:
+            return []
+        out: list[SubmitConstruct | Release] = []
+        if block.tables:
+            key = self._keys.steps_block(block.first, self.block_steps)
+            for step, groups in block.holds:
+                self._hold(step, groups, key)
+            self._first[key] = block.first
+            out.append(
+                SubmitConstruct(
+                    key, tuple(block.tables), tuple(block.specs), self.layout.cp, self._stride
+                )
+            )
+        return out + block.deferred
 
     def keep(self, step: int, record: StepRecord, next_step: int) -> None:
         """Keep ``record`` of ``step``; forget steps older than ``loader.retain_steps`` before
@@ -207,16 +294,22 @@ class Delivery:
         and the construction that rebuilds it if it was released."""
         if step >= planned:
             return None, None
+        if self._open is not None and step >= self._open.first:
+            return None, None  # its block is still being drawn
         key = self.held.get((step, group))
         rebuild = None
         if key is None:
             rebuild = self._rebuild(step, group)
             key = rebuild.key
-        return (key, self._keys.part(group, cp)), rebuild
+        part = self._keys.part(group, cp)
+        if self._first:
+            part += (step - self._first.get(key, step)) * self._stride
+        return (key, part), rebuild
 
     def restart_at(self, step: int) -> None:
         """Every rank at ``step`` (a resume: the steps before it are fetched)."""
         self.where.reset(step)
+        self._origin, self._open = step, None
 
     def positions(self) -> dict[int, dict[str, int]]:
         """Each rank's position and requested end (for stats)."""
@@ -241,13 +334,39 @@ class Delivery:
         return chosen
 
     # -- internals ---------------------------------------------------------------------------
+    def _offer_steps(
+        self, step: int, recipes: RecipeTable, reads: list[ReadSpec]
+    ) -> list[SubmitConstruct | Release]:
+        """:meth:`offer` with multi-step blocks: add the step to the block being drawn, and
+        build the block at its last step."""
+        k = self.block_steps
+        first = self._origin + (step - self._origin) // k * k
+        out: list[SubmitConstruct | Release] = []
+        if self._open is not None and self._open.first != first:
+            out += self.flush()  # (steps come in order: not in practice)
+        wanted = np.flatnonzero(np.asarray(self.where.group_min) <= step)
+        if self.where.slowest <= step and len(wanted):
+            block = self._open = self._open or _Open(first)
+            table, used = recipes.select_reads(wanted)
+            index = np.empty(len(used), dtype=np.int64)
+            for j, r in enumerate(used.tolist()):
+                spec = reads[r]
+                index[j] = block.reads.setdefault(spec.key, len(block.specs))
+                if index[j] == len(block.specs):
+                    block.specs.append(spec)
+            block.tables.append(replace(table, slot_reads=index[table.slot_reads]))
+            block.holds.append((step, wanted.tolist()))
+        if step >= first + k - 1:
+            out += self.flush()
+        return out
+
     def _block(
         self, key: str, recipes: RecipeTable, rows: np.ndarray, reads: list[ReadSpec]
     ) -> SubmitConstruct:
         """A construction of recipes ``rows`` under ``key``, each read of the block once."""
         table, used = recipes.select_reads(rows)
         specs = tuple(reads[i] for i in used.tolist())
-        return SubmitConstruct(key, table, specs, self.layout.cp)
+        return SubmitConstruct(key, (table,), specs, self.layout.cp)
 
     def _rebuild(self, step: int, group: int) -> SubmitConstruct:
         """Submit a released step's batch for ``group`` again, alone, from its kept recipe."""
@@ -303,6 +422,7 @@ class Delivery:
                 self._block_left[key] -= 1
                 if self._block_left[key] <= 0:
                     del self._block_left[key]
+                    self._first.pop(key, None)
                     keys.append(key)
         return keys
 

@@ -70,14 +70,12 @@ class StepCycle:
         started = time.perf_counter()
         weights = self._sources.weights_at(self.next_step, self._figures.tokens)
         if not (weights > 0).any():
-            self.end_step = self.next_step  # nothing left to draw from: the stream ends
-            return None, actions
+            return None, self._end(actions)  # nothing left to draw from: the stream ends
         docs = self._drawer.draw(self.next_step, weights)
         if docs is None:
             return None, actions
         if len(docs.sources) == 0:  # every source with weight ran out during this step
-            self.end_step = self.next_step
-            return None, actions
+            return None, self._end(actions)
         specs = [
             self._reads.read_spec(s, *u) for s, u in zip(docs.slot_source, docs.slots, strict=True)
         ]
@@ -110,12 +108,18 @@ class StepCycle:
             first=docs.first_pieces,
         )
         if docs.finished:
-            actions.append(Release(tuple(k for u in docs.finished for k in u.keys)))
+            done = Release(tuple(k for u in docs.finished for k in u.keys))
+            actions += self._delivery.defer([done])  # after the block that uses them
             for u in docs.finished:
                 self._reads.forget(u)
         self._delivery.keep(step, record, self.next_step)
         figures.planned((time.perf_counter() - drawn.started) * 1e3)
         return actions
+
+    def _end(self, actions: list[Action]) -> list[Action]:
+        """The stream ends at ``next_step``: the block being drawn is built as it is."""
+        self.end_step = self.next_step
+        return actions + list(self._delivery.flush())
 
     def _apply_changes(self, step: int) -> list[Action]:
         """Put the source changes due at ``step`` into effect, in every part."""
@@ -127,5 +131,6 @@ class StepCycle:
             for unit in applied.dropped:
                 self._reads.forget(unit)
             if applied.dropped:
-                actions.append(Release(tuple(k for u in applied.dropped for k in u.keys)))
+                dropped = Release(tuple(k for u in applied.dropped for k in u.keys))
+                actions += self._delivery.defer([dropped])
         return actions

@@ -377,8 +377,11 @@ class LoaderSpec:
     # builds (0: enough for about 8 tasks a step); how ranks share a fetch: "none" (each rank
     # fetches), "broadcast" (one rank of each DP group fetches and broadcasts over
     # torch.distributed) or "node" (a node-local agent fetches for the node's ranks and hands
-    # batches over shared memory).
+    # batches over shared memory). ``steps_per_task``: consecutive steps one construction task
+    # builds when one block holds every group of a step (0: enough steps for about 0.5 M
+    # tokens a task, at most 8).
     groups_per_task: int = 0
+    steps_per_task: int = 0
     fanout: str = "none"
     # The embedded cluster on TLS, with temporary certificates (Job.start(security=True)).
     tls: bool = False

@@ -38,6 +38,7 @@ import numpy as np
 
 from omniload_dask.batching.formats import GroupBatch, expand
 from omniload_dask.cluster import internals as _dask
+from omniload_dask.core.delivery import fetch_depth
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan, parse_plan
 from omniload_dask.trainer.fanout import BroadcastSteps, DirectSteps, Steps
@@ -150,7 +151,7 @@ class Feeder:
         self.rank = resolve_rank(self.layout, cp_rank=cp_rank, **self._ranks)
         coords = self.layout.coords(self.rank)
         self.dp_rank, self.cp_rank = coords["dp"], coords["cp"]
-        self.prefetch = prefetch or self.plan.loader.prefetch
+        self.prefetch = prefetch or fetch_depth(self.plan)  # >= two blocks of several steps
         if self.prefetch < 1:
             raise JobError(f"Feeder: prefetch must be >= 1, got {self.prefetch}")
 
