@@ -102,6 +102,13 @@ class ActionExecutor:
         else:
             self._landed.add(key)
 
+    def batches_in(self, key: str) -> int:
+        """Group batches the block ``key`` builds (its groups times its steps; 1 if unknown)."""
+        action = self.actions.get(key)
+        if not isinstance(action, SubmitConstruct):
+            return 1
+        return max(1, sum(len(table) for table in action.recipes))
+
     def lost(self) -> bool:
         """Whether futures the job holds were cancelled under it (a lost client connection)."""
         return any(fut.cancelled() for fut in self.futures.values())

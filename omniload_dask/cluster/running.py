@@ -113,7 +113,7 @@ class RunningJob:
         self.waiters.key_ready(key)
         self.monitor.on_batch_built()
         if seconds is not None:
-            self.coord.on_construct(seconds)
+            self.coord.on_construct(seconds, self.executor.batches_in(key))
         self.executor.landed(key, "batch")
         self._keep_copy(key)
 

@@ -226,9 +226,10 @@ class Coordinator:
             extra = self.planner.cost.encoder_of(patches, sq)
         self.reads.on_report(key, lengths, skipped, extra, seconds, records)
 
-    def on_construct(self, seconds: float) -> None:
-        """A batch construction finished after ``seconds`` of compute (for recommendations)."""
-        self.reads.on_construct(seconds)
+    def on_construct(self, seconds: float, batches: int = 1) -> None:
+        """A block construction of ``batches`` group batches finished after ``seconds`` of
+        compute (for recommendations)."""
+        self.reads.on_construct(seconds, batches)
 
     def on_workers(self, workers: int, threads: int) -> None:
         """The cluster now has ``workers`` workers with ``threads`` threads in all."""

@@ -83,9 +83,10 @@ class ReadAhead:
             count = len(lengths) + skipped if records is None else records
             self.meters[where[0]].add(seconds, size, count, float(np.sum(lengths)))
 
-    def on_construct(self, seconds: float) -> None:
-        """A batch construction finished after ``seconds`` of compute."""
-        self.construct_meter.add(seconds, 1, 1, 0)
+    def on_construct(self, seconds: float, batches: int = 1) -> None:
+        """A block construction finished after ``seconds`` of compute; it built ``batches``
+        group batches (its DP groups times its steps)."""
+        self.construct_meter.add(seconds, batches, batches, 0)
 
     def on_workers(self, workers: int, threads: int) -> None:
         """The cluster now has ``workers`` workers with ``threads`` threads in all."""
