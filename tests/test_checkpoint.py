@@ -204,9 +204,9 @@ def _edit(root: Path, change, digest: bool = False) -> None:
     data = json.loads((root / "MANIFEST.json").read_text())
     change(data)
     if digest:
-        from omniload_dask.checkpoint.store import _manifest_digest
+        from omniload_dask.checkpoint.manifest import manifest_digest
 
-        data["manifest_sha256"] = _manifest_digest(data)
+        data["manifest_sha256"] = manifest_digest(data)
     (root / "MANIFEST.json").write_text(json.dumps(data, indent=1))
 
 

@@ -25,42 +25,32 @@ runs in a thread.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import zstandard
 from fsspec.core import url_to_fs
 
+from omniload_dask.checkpoint.manifest import (
+    FORMAT,
+    MANIFEST,
+    READABLE_VERSIONS,
+    SELF_DIGEST,
+    VERSION,
+    Manifest,
+    digest,
+    manifest_digest,
+)
 from omniload_dask.core.state import READABLE_VERSIONS as STATE_READABLE
-from omniload_dask.core.state import STATE_VERSION, apply_deltas
+from omniload_dask.core.state import apply_deltas
 from omniload_dask.errors import CheckpointError
 from omniload_dask.plan import Plan, parse_plan
 from omniload_dask.plan.credentials import redact, redact_url, resolve
 
 __all__ = ["FORMAT", "VERSION", "Checkpoint", "CheckpointWriter"]
-
-FORMAT = "omniload-checkpoint"
-VERSION = 2  # 2: the manifest carries its own sha256; 1 (read too) did not
-READABLE_VERSIONS = (1, 2)
-MANIFEST = "MANIFEST.json"
-_SELF_DIGEST = "manifest_sha256"
-
-
-def _digest(data: bytes) -> str:
-    """The sha256 the manifest lists for a file's bytes."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def _manifest_digest(fields: dict[str, Any]) -> str:
-    """The sha256 of a manifest's fields (all but its own digest), as canonical JSON: the same
-    whatever the file's indentation or key order."""
-    body = {k: v for k, v in fields.items() if k != _SELF_DIGEST}
-    return _digest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -70,54 +60,6 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
         return url_to_fs(url, **resolved)
     except (ImportError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {redact_url(url)!r}: cannot open it: {exc}") from None
-
-
-@dataclass
-class _Manifest:
-    """What ``MANIFEST.json`` holds: the plan, the files with their digests, the positions."""
-
-    plan: dict[str, Any]
-    bases: list[dict[str, Any]] = field(default_factory=list)  # {step, file, bytes, sha256}
-    segments: list[dict[str, Any]] = field(default_factory=list)  # + first, last
-    latest_step: int = 0
-    positions: dict[str, int] = field(default_factory=dict)
-    written_at: float = 0.0
-
-    def to_json(self) -> bytes:
-        """The manifest file's bytes (with the plan's stream fingerprint, for ``inspect``, and
-        the manifest's own sha256)."""
-        fields: dict[str, Any] = {
-            "format": FORMAT,
-            "version": VERSION,
-            "state_version": STATE_VERSION,
-            "plan": self.plan,
-            "plan_fingerprint": parse_plan(self.plan).stream_fingerprint(),
-            "bases": self.bases,
-            "segments": self.segments,
-            "latest_step": self.latest_step,
-            "positions": self.positions,
-            "written_at": self.written_at,
-        }
-        fields[_SELF_DIGEST] = _manifest_digest(fields)
-        return json.dumps(fields, indent=1).encode()
-
-    def check(self, url: str) -> None:
-        """Refuse a manifest whose entries contradict each other (CheckpointError)."""
-        where = f"checkpoint {url!r}: {MANIFEST}"
-        steps = [int(b["step"]) for b in self.bases]
-        if not self.bases:
-            raise CheckpointError(f"{where} lists no base snapshot")
-        if steps != sorted(set(steps)) or steps[-1] > self.latest_step or steps[0] < 0:
-            raise CheckpointError(
-                f"{where}: base steps {steps} are not increasing up to latest_step "
-                f"{self.latest_step}"
-            )
-        for seg in self.segments:
-            if not 0 <= int(seg["first"]) <= int(seg["last"]) <= self.latest_step:
-                raise CheckpointError(
-                    f"{where}: segment {seg['file']!r} holds steps {seg['first']} to "
-                    f"{seg['last']}, past latest_step {self.latest_step}"
-                )
 
 
 class Checkpoint:
@@ -157,16 +99,16 @@ class Checkpoint:
                 f"{', '.join(map(str, READABLE_VERSIONS))} (state "
                 f"{', '.join(map(str, STATE_READABLE))})"
             )
-        if data["version"] >= 2 and data.get(_SELF_DIGEST) != _manifest_digest(data):
+        if data["version"] >= 2 and data.get(SELF_DIGEST) != manifest_digest(data):
             raise CheckpointError(
                 f"checkpoint {url!r}: {MANIFEST} was changed after it was written (its "
-                f"{_SELF_DIGEST} does not match its content); it cannot be trusted to say "
+                f"{SELF_DIGEST} does not match its content); it cannot be trusted to say "
                 "which step each file holds. Restore the file from a copy, or start afresh "
                 "with another checkpoint.url"
             )
         try:
             self.plan: Plan = parse_plan(data["plan"])
-            self.manifest = _Manifest(
+            self.manifest = Manifest(
                 plan=data["plan"],
                 bases=list(data["bases"]),
                 segments=list(data["segments"]),
@@ -202,7 +144,7 @@ class Checkpoint:
                 f"checkpoint {self.url!r}: file {entry['file']!r} is corrupt or truncated: "
                 f"{len(blob)} bytes, {MANIFEST} lists {entry['bytes']}"
             )
-        if _digest(blob) != entry["sha256"]:
+        if digest(blob) != entry["sha256"]:
             raise CheckpointError(
                 f"checkpoint {self.url!r}: file {entry['file']!r} is corrupt: its bytes have "
                 f"changed since it was written (its sha256 is not the one {MANIFEST} lists; "
@@ -322,7 +264,7 @@ class CheckpointWriter:
         self.fs, self.root = _filesystem(url, dict(storage_options or {}))
         self.compact_every = compact_every
         self.keep_bases = keep_bases
-        self.manifest = _Manifest(plan=plan.redacted())  # no credentials: see credentials.py
+        self.manifest = Manifest(plan=plan.redacted())  # no credentials: see credentials.py
         self._buffer: list[dict[str, Any]] = []
         self._lock = threading.Lock()  # one flush at a time
         self._token = uuid.uuid4().hex[:6]  # this writer's file names never reuse old ones
@@ -432,7 +374,7 @@ class CheckpointWriter:
             "first": first,
             "last": last,
             "bytes": len(blob),
-            "sha256": _digest(blob),
+            "sha256": digest(blob),
         }
 
     def _cut_before(self, resume: Checkpoint, segment: dict[str, Any], step: int) -> dict[str, Any]:
@@ -465,7 +407,7 @@ class CheckpointWriter:
         self._put(name, blob)
         self.manifest.bases = [b for b in self.manifest.bases if b["step"] != state["step"]]
         self.manifest.bases.append(
-            {"file": name, "step": int(state["step"]), "bytes": len(blob), "sha256": _digest(blob)}
+            {"file": name, "step": int(state["step"]), "bytes": len(blob), "sha256": digest(blob)}
         )
         self.manifest.latest_step = max(self.manifest.latest_step, int(state["step"]))
         return len(blob)
