@@ -273,11 +273,12 @@ def test_a_block_of_several_steps_delivers_every_step_as_one_step_blocks_do(smal
         assert {g: batch_digest(b) for g, b in got.items()} == {
             g: batch_digest(b) for g, b in want.items()
         }
-    built = [a for a in constructs if "-k4" in a.key]
-    assert [a.key.rsplit("-", 2)[1:] for a in built[:3]] == [["0", "k4"], ["4", "k4"], ["8", "k4"]]
+    built = [a for a in constructs if "-k" in a.key]
+    # the first step alone (the first batch waits for one step), then blocks of 4
+    assert [a.key.rsplit("-", 2)[1:] for a in built[:3]] == [["0", "k1"], ["1", "k4"], ["5", "k4"]]
     for a in built:  # one table per step, every read of the block once
-        first = int(a.key.rsplit("-", 2)[1])
-        assert [t.step for t in a.recipes] == list(range(first, first + 4))
+        first, k = a.key.rsplit("-", 2)[1:]
+        assert [t.step for t in a.recipes] == list(range(int(first), int(first) + int(k[1:])))
         assert len({r.key for r in a.reads}) == len(a.reads)
         assert {r for t in a.recipes for r in t.slot_reads.tolist()} == set(range(len(a.reads)))
         assert a.stride == plan.layout.dp
@@ -304,10 +305,11 @@ def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(sm
         if drawn.step == 5:
             break
     planned = [p for _, p, _ in seen]
-    assert planned == [0, 0, 0, 4, 4, 4]  # steps 0-3 fetchable once step 3 is in
-    assert [part is None for *_, part in seen] == [True, True, True, False, True, True]
-    assert coord.batch_for(1, 2) == (coord.delivery.held[(2, 1)], 2 * 2 + 1)
-    assert coord.delivery.draw_target() >= 8  # the draw goes on to the block's end
+    # step 0 alone, then steps 1-4 fetchable once step 4 is in
+    assert planned == [1, 1, 1, 1, 5, 5]
+    assert [part is None for *_, part in seen] == [False, True, True, True, False, True]
+    assert coord.batch_for(1, 3) == (coord.delivery.held[(3, 1)], 2 * 2 + 1)
+    assert coord.delivery.draw_target() >= 9  # the draw goes on to the block's end
 
 
 def test_a_stream_that_ends_inside_a_block_builds_the_steps_it_has(small_sources):

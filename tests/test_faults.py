@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -282,7 +283,8 @@ def test_a_rank_that_never_fetches_is_named_by_the_feeders_and_in_status(
     assert stats["held_back"]["ranks"] == [1, 3]
     assert stats["held_back"]["never_seen"] == [1, 3]
     assert "never connected: 1, 3" in format_status(stats)
-    warned = [m for m in warnings.messages if "no batch for step 24" in m]
+    # (the draw stops at the window, or at the end of a block of several steps it started)
+    warned = [m for m in warnings.messages if re.search(r"no batch for step 2[4-9]\b", m)]
     assert warned and "ranks 1, 3" in warned[0], warned
 
 

@@ -16,15 +16,13 @@ step's kept recipe (the last ``loader.retain_steps`` steps are kept)::
 A request names the ranks one fetching agent serves (one rank, a model-parallel group, or a
 node's ranks); its cost follows those ranks, not the job's (see :mod:`.positions`).
 
-When one block holds every group of a step and a step is small, one block task builds
-``steps_per_task`` consecutive steps (a task costs the scheduler a few ms whatever its size):
-the steps of a block are offered as they are drawn and held back (not fetchable yet) until its
-last one is, then built together; the releases of the reads they use wait for that build, and
-the draw goes on to the end of a block it started. Part ``offset * dp * cp + group * cp + c``
-of a block is step ``first + offset``'s (see :mod:`.keys`)::
+Where one task builds several steps (:mod:`.blocks`), the steps of a block are offered as
+they are drawn and held back (not fetchable) until its last one is; part ``offset * dp * cp +
+group * cp + c`` of a block is step ``first + offset``'s (see :mod:`.keys`)::
 
-    dp=2, steps_per_task=4, block 0 = steps 0-3   step 2, group 1 -> part 2 * 2 + 1 = 5
-    steps 0, 1, 2 drawn     not fetchable (planned_step 0); step 3 drawn -> one task
+    dp=2, steps_per_task=4   blocks: step 0 alone, then steps 1-4, 5-8, ...
+                             step 3, group 1 -> part 2 * 2 + 1 = 5
+    steps 1, 2, 3 drawn      not fetchable (planned_step 1); step 4 drawn -> one task
 
 Pure: no I/O and no Dask.
 """
@@ -32,15 +30,23 @@ Pure: no I/O and no Dask.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.core.actions import ReadSpec, Release, SubmitConstruct
+from omniload_dask.core.blocks import (
+    BLOCK_TOKENS,
+    BLOCKS_PER_STEP,
+    OpenBlock,
+    block_of,
+    fetch_depth,
+    groups_per_task,
+    steps_per_task,
+)
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.positions import RankPositions
 from omniload_dask.errors import JobError
@@ -53,61 +59,12 @@ __all__ = [
     "Part",
     "RankState",
     "StepRecord",
+    "fetch_depth",
     "groups_per_task",
     "steps_per_task",
 ]
 
-BLOCKS_PER_STEP = 8  # with loader.groups_per_task 0 (auto): at most about this many a step
-# ... and each auto block holds at least this many tokens (or every group): a task costs the
-# scheduler and a worker a few ms of CPU whatever its size, about what packing 0.5 M tokens does
-BLOCK_TOKENS = 1 << 19
-MAX_BLOCK_STEPS = 8  # steps one auto block holds at most (the ranks' prefetch follows it)
-
 Part = tuple[str, int]  # (block key, part): what one rank fetches for one step
-
-
-def groups_per_task(plan: Plan) -> int:
-    """DP groups per block task: ``loader.groups_per_task``, or (0) enough for at most about
-    :data:`BLOCKS_PER_STEP` blocks a step, each of :data:`BLOCK_TOKENS` tokens or more (one
-    block a step for 8,192-token groups up to dp 64)."""
-    given = plan.loader.groups_per_task
-    if given > 0:
-        return given
-    dp = plan.layout.dp
-    group_tokens = max(1, plan.batch.seq_len * plan.batch.micro_batches)
-    return min(dp, max(math.ceil(dp / BLOCKS_PER_STEP), math.ceil(BLOCK_TOKENS / group_tokens)))
-
-
-def steps_per_task(plan: Plan) -> int:
-    """Consecutive steps one block task builds: ``loader.steps_per_task``, or (0) enough for
-    :data:`BLOCK_TOKENS` tokens (at most :data:`MAX_BLOCK_STEPS`) where one block holds every
-    DP group of a step, else 1 (8 steps at dp 8 with one 8,192-token micro-batch a group)."""
-    given = plan.loader.steps_per_task
-    if given > 0:
-        return given
-    if groups_per_task(plan) < plan.layout.dp:
-        return 1
-    step_tokens = max(1, plan.layout.dp * plan.batch.seq_len * plan.batch.micro_batches)
-    return max(1, min(MAX_BLOCK_STEPS, BLOCK_TOKENS // step_tokens))
-
-
-def fetch_depth(plan: Plan) -> int:
-    """A rank's default prefetch: ``loader.prefetch``, and at least two blocks' steps when a
-    block task builds several (so that one request brings a whole block)."""
-    k = steps_per_task(plan)
-    return plan.loader.prefetch if k == 1 else max(plan.loader.prefetch, 2 * k)
-
-
-@dataclass
-class _Open:
-    """The steps of a multi-step block drawn so far (built when its last step is)."""
-
-    first: int  # the block's first step (steps first .. first + steps_per_task - 1)
-    tables: list[RecipeTable] = field(default_factory=list)
-    reads: dict[str, int] = field(default_factory=dict)  # read key -> index in specs
-    specs: list[ReadSpec] = field(default_factory=list)
-    holds: list[tuple[int, list[int]]] = field(default_factory=list)  # (step, groups)
-    deferred: list[Release] = field(default_factory=list)  # releases after the build
 
 
 @dataclass
@@ -142,8 +99,8 @@ class Delivery:
         self.block_size = groups_per_task(plan)
         self.block_steps = steps_per_task(plan)
         self._stride = self.layout.dp * self.layout.cp  # parts of one step in a block
-        self._origin = start_step  # multi-step blocks start at origin + i * block_steps
-        self._open: _Open | None = None
+        self._origin = start_step  # blocks of several steps start here (blocks.block_of)
+        self._open: OpenBlock | None = None
         self._first: dict[str, int] = {}  # multi-step block key -> its first step
         self.steps: dict[int, StepRecord] = {}
         self.held: dict[tuple[int, int], str] = {}
@@ -190,8 +147,8 @@ class Delivery:
         loader = self._loader
         window = 4 * (loader.prefetch + loader.lookahead) + 8
         target = min(self.where.furthest + loader.lookahead, self.where.slowest + window)
-        if self._open is not None:  # a multi-step block started is drawn to its end
-            target = max(target, self._open.first + self.block_steps)
+        if self._open is not None:  # a block of several steps started is drawn to its end
+            target = max(target, self._open.end)
         return target
 
     @property
@@ -262,15 +219,12 @@ class Delivery:
             return []
         out: list[SubmitConstruct | Release] = []
         if block.tables:
-            key = self._keys.steps_block(block.first, self.block_steps)
+            key = self._keys.steps_block(block.first, block.end - block.first)
             for step, groups in block.holds:
                 self._hold(step, groups, key)
             self._first[key] = block.first
-            out.append(
-                SubmitConstruct(
-                    key, tuple(block.tables), tuple(block.specs), self.layout.cp, self._stride
-                )
-            )
+            tables, specs = tuple(block.tables), tuple(block.specs)
+            out.append(SubmitConstruct(key, tables, specs, self.layout.cp, self._stride))
         return out + block.deferred
 
     def keep(self, step: int, record: StepRecord, next_step: int) -> None:
@@ -337,26 +291,18 @@ class Delivery:
     def _offer_steps(
         self, step: int, recipes: RecipeTable, reads: list[ReadSpec]
     ) -> list[SubmitConstruct | Release]:
-        """:meth:`offer` with multi-step blocks: add the step to the block being drawn, and
-        build the block at its last step."""
-        k = self.block_steps
-        first = self._origin + (step - self._origin) // k * k
+        """:meth:`offer` with blocks of several steps: add the step to the block being drawn,
+        and build the block at its last step."""
+        first, end = block_of(step, self._origin, self.block_steps)
         out: list[SubmitConstruct | Release] = []
         if self._open is not None and self._open.first != first:
             out += self.flush()  # (steps come in order: not in practice)
         wanted = np.flatnonzero(np.asarray(self.where.group_min) <= step)
         if self.where.slowest <= step and len(wanted):
-            block = self._open = self._open or _Open(first)
+            self._open = self._open or OpenBlock(first, end)
             table, used = recipes.select_reads(wanted)
-            index = np.empty(len(used), dtype=np.int64)
-            for j, r in enumerate(used.tolist()):
-                spec = reads[r]
-                index[j] = block.reads.setdefault(spec.key, len(block.specs))
-                if index[j] == len(block.specs):
-                    block.specs.append(spec)
-            block.tables.append(replace(table, slot_reads=index[table.slot_reads]))
-            block.holds.append((step, wanted.tolist()))
-        if step >= first + k - 1:
+            self._open.add(step, table, [reads[i] for i in used.tolist()])
+        if step >= end - 1:
             out += self.flush()
         return out
 

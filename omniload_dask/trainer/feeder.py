@@ -38,7 +38,7 @@ import numpy as np
 
 from omniload_dask.batching.formats import GroupBatch, expand
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.core.delivery import fetch_depth
+from omniload_dask.core.blocks import fetch_depth
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan, parse_plan
 from omniload_dask.trainer.fanout import BroadcastSteps, DirectSteps, Steps
