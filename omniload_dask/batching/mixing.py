@@ -320,35 +320,37 @@ class _Chunks:
         """Items of the shown sources (``continuing``: the first document is a rest)."""
         per_src = np.asarray([len(p) for _, p in shown], dtype=np.int64)
         lengths = np.concatenate([p for _, p in shown])
-        doc_src = np.repeat(np.asarray([i for i, _ in shown], dtype=np.int64), per_src)
+        ids = np.asarray([i for i, _ in shown], dtype=np.int64)
         first_doc = np.zeros(len(shown), dtype=np.int64)
         np.cumsum(per_src[:-1], out=first_doc[1:])
-        doc_idx = np.arange(len(lengths), dtype=np.int64) - np.repeat(first_doc, per_src)
-        counted = np.ones(len(lengths), dtype=np.int64)  # by documents: 1 at a first piece
-        counted[first_doc[np.asarray(continuing, dtype=bool)]] = 0
         if chunk is None or not (lengths > chunk).any():
-            pieces = np.ones(len(lengths), dtype=np.int64)
+            per_src_items = per_src
             item_len, item_doc, head = lengths, np.arange(len(lengths)), np.ones(len(lengths), bool)
         else:
             pieces = np.maximum(1, -(-lengths // chunk))
             item_doc = np.repeat(np.arange(len(lengths)), pieces)
-            starts = np.zeros(len(lengths), dtype=np.int64)
-            np.cumsum(pieces[:-1], out=starts[1:])
+            starts = np.cumsum(pieces) - pieces
             k = np.arange(len(item_doc), dtype=np.int64) - starts[item_doc]
             item_len = np.minimum(chunk, lengths[item_doc] - k * chunk)
             head = k == 0
-        srcs = doc_src[item_doc]
-        sizes = item_len if not by_documents else np.where(head, counted[item_doc], 0)
-        per_src_items = np.bincount(
-            np.repeat(np.arange(len(shown)), per_src)[item_doc], minlength=len(shown)
-        )
+            per_src_items = np.add.reduceat(pieces, first_doc)  # (every shown source has some)
+        # Per item, from runs per source (no gathers): its source and its document's index
+        # within the source.
+        srcs = np.repeat(ids, per_src_items)
+        docs = item_doc - np.repeat(first_doc, per_src_items)
+        if by_documents:  # 1 at a document's first piece, none for the rest of a cut one
+            counted = np.ones(len(lengths), dtype=np.int64)
+            counted[first_doc[np.asarray(continuing, dtype=bool)]] = 0
+            sizes = np.where(head, counted[item_doc], 0)
+        else:
+            sizes = item_len
         ends = np.cumsum(per_src_items)
         begins = ends - per_src_items
         running = np.cumsum(sizes)
         before = np.repeat(running[begins] - sizes[begins], per_src_items)
         return cls(
             srcs,
-            doc_idx[item_doc],
+            docs,
             item_len.astype(np.int64),
             running - before,
             ends,
