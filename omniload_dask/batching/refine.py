@@ -62,8 +62,10 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
     if groups < 2 or not len(p):
         return
     peak = np.inf
+    changed = True  # (load is recomputed only after a round changed something)
     for _ in range(ROUNDS):
         load = np.bincount(bins.group[p.bin], p.cost, groups)
+        changed = False
         if load.max() > peak * (1 - PROGRESS):
             break  # the last round did not lower the heaviest group: it sets the step time
         peak = float(load.max())
@@ -75,7 +77,9 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         if not np.isfinite(score).any():
             break
         commit(np.isfinite(score))
-    load = np.bincount(bins.group[p.bin], p.cost, groups)
+        changed = True
+    if changed:
+        load = np.bincount(bins.group[p.bin], p.cost, groups)
     if not cut or load.mean() >= CUT_FROM * load.max():
         return
     peak = np.inf
