@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.sorting import stable_order
+from omniload_dask.batching.sorting import stable_order, stable_order_of_floats
 
 __all__ = ["DEAL_FROM", "Bins", "Pieces", "by_cost", "pack"]
 
@@ -236,7 +236,11 @@ def _group_rounds(
     # Views, slot-major, so that reductions over a group's micro-batches run along axis 0.
     room = bins.room[lo : lo + groups * micro].reshape(micro, groups)
     cost = bins.load[lo : lo + groups * micro].reshape(micro, groups)
-    least = np.minimum.accumulate(length[queue][::-1])[::-1]  # shortest piece from i on
+    ordered = length[queue]
+    if (ordered[1:] <= ordered[:-1]).all():  # by decreasing length: the last is the shortest
+        least = np.broadcast_to(ordered[-1:], ordered.shape)
+    else:
+        least = np.minimum.accumulate(ordered[::-1])[::-1]  # shortest piece from i on
     pos, waiting = 0, queue[:0]  # pieces queue[pos:], after the misses ``waiting``
 
     def place(piece: np.ndarray, target: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -278,12 +282,12 @@ def _group_rounds(
         most = room[0].copy() if micro == 1 else room.max(axis=0)
         is_open = most >= shortest
         if is_open.all():
-            target = np.argsort(load, kind="stable")  # the least loaded groups
+            target = stable_order_of_floats(load)  # the least loaded groups
         else:
             open_ = np.flatnonzero(is_open)
             if not len(open_):
                 break
-            target = open_[np.argsort(load[open_], kind="stable")]
+            target = open_[stable_order_of_floats(load[open_])]
         k = min(len(target), len(waiting) + len(queue) - pos)
         target = target[:k]
         if len(waiting):

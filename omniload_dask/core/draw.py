@@ -230,9 +230,7 @@ def _runs(
     if (keys[1:] >= keys[:-1]).all():  # in key order already (a stream's units are): slices
         edges = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(keys)]
         return [
-            (items[a:b], values[a:b], int(keys[a]))
-            for a, b in itertools.pairwise(edges)
-            if b > a
+            (items[a:b], values[a:b], int(keys[a])) for a, b in itertools.pairwise(edges) if b > a
         ]
     order = stable_order(keys)
     ordered = keys[order]

@@ -134,7 +134,7 @@ class StepPlanner:
         inverse[by_pair] = np.cumsum(new) - 1
         # Pieces are in group order, so the first uses of (group, read) pairs are too: each
         # group's shard slots number its reads in order of first use.
-        by_use = np.argsort(first)
+        by_use = np.argsort(first, kind="stable")  # (unique, and in runs: a merge of them)
         pair_group = (pair // nu)[by_use]
         pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1))
         slot = np.empty(len(pair), dtype=np.int64)
