@@ -367,29 +367,47 @@ class _Chunks:
         gdoc = self.item_doc[chosen]
         # Usually every chosen piece comes after its document's first piece (a source's
         # pieces are chosen in stream order): a document's row is where that piece is.
-        first = np.flatnonzero(self.head[chosen])
+        is_head = self.head[chosen]
+        first = np.flatnonzero(is_head)
         row = np.full(len(self.doc_lengths), -1, dtype=np.int64)
         row[gdoc[first]] = np.arange(len(first))
         row_of = row[gdoc]
-        if (row_of < 0).any() or (first[row_of] > np.arange(len(gdoc))).any():
-            # Else np.unique(gdoc, return_index=True, return_inverse=True) from a radix sort.
-            by_doc = stable_order(gdoc)
-            new = np.ones(len(gdoc), dtype=bool)
-            new[1:] = gdoc[by_doc[1:]] != gdoc[by_doc[:-1]]
-            first = by_doc[new]
-            inverse = np.empty(len(gdoc), dtype=np.int64)
-            inverse[by_doc] = np.cumsum(new) - 1
-            rows = stable_order(first)  # documents in the order they first appear
-            rank = np.empty(len(first), dtype=np.int64)
-            rank[rows] = np.arange(len(first))
-            first, row_of = first[rows], rank[inverse]
+        if not ((row_of < 0).any() or (first[row_of] > np.arange(len(gdoc))).any()):
+            # Each document's total and latest tag from its first piece, then the few others
+            # (the pieces after a long document's first), not a pass over all of them.
+            others = np.flatnonzero(~is_head)
+            out_taken = taken[first].astype(np.int64)
+            np.add.at(out_taken, row_of[others], taken[others])
+            out_tags = np.asarray(tags, dtype=np.float64)[first]
+            np.maximum.at(out_tags, row_of[others], tags[others])
+            return self._rows(chosen, first, gdoc, out_taken, out_tags, num_sources)
+        # Else np.unique(gdoc, return_index=True, return_inverse=True) from a radix sort.
+        by_doc = stable_order(gdoc)
+        new = np.ones(len(gdoc), dtype=bool)
+        new[1:] = gdoc[by_doc[1:]] != gdoc[by_doc[:-1]]
+        first = by_doc[new]
+        inverse = np.empty(len(gdoc), dtype=np.int64)
+        inverse[by_doc] = np.cumsum(new) - 1
+        rows = stable_order(first)  # documents in the order they first appear
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[rows] = np.arange(len(first))
+        first, row_of = first[rows], rank[inverse]
         out_taken = np.bincount(row_of, taken, len(first)).astype(np.int64)
         out_tags = np.full(len(first), -np.inf)
         np.maximum.at(out_tags, row_of, tags)
+        return self._rows(chosen, first, gdoc, out_taken, out_tags, num_sources)
+
+    def _rows(
+        self, chosen: np.ndarray, first: np.ndarray, gdoc: np.ndarray, out_taken: np.ndarray,
+        out_tags: np.ndarray, num_sources: int,
+    ) -> Selection:  # fmt: skip
+        """The selection of documents whose first chosen pieces are ``chosen[first]``."""
         pos = chosen[first]
         src = self.srcs[pos]
         counts = np.bincount(src, minlength=num_sources).astype(np.int64)
-        order = np.stack([src, self.docs[pos]], axis=1)
+        order = np.empty((len(pos), 2), dtype=np.int64)
+        order[:, 0] = src
+        order[:, 1] = self.docs[pos]
         short = np.flatnonzero(out_taken < self.doc_lengths[gdoc[first]])
         cut = {int(src[k]): int(out_taken[k]) for k in short.tolist()}
         return Selection(counts=counts, order=order, tags=out_tags, taken=out_taken, cut=cut)

@@ -184,9 +184,9 @@ def _best_fit(p: Pieces, bins: Bins, waiting: np.ndarray, lo: int, hi: int) -> n
     """Fill the bins' room with the waiting pieces, in rounds: by decreasing room, each bin
     takes the longest piece left that fits it; returns the pieces that fit no bin whole."""
     length, room = p.length, bins.room
+    waiting = waiting[np.lexsort((waiting, -length[waiting]))]
+    sizes = -length[waiting]  # ascending (and so they stay as pieces are taken out)
     while len(waiting):
-        waiting = waiting[np.lexsort((waiting, -length[waiting]))]
-        sizes = -length[waiting]  # ascending
         open_ = lo + np.flatnonzero(room[lo:hi] >= -sizes[-1])
         if not len(open_):
             break
@@ -202,7 +202,7 @@ def _best_fit(p: Pieces, bins: Bins, waiting: np.ndarray, lo: int, hi: int) -> n
         bins.put(p, waiting[take[ok]], open_[ok])
         keep = np.ones(len(waiting), dtype=bool)
         keep[take[ok]] = False
-        waiting = waiting[keep]
+        waiting, sizes = waiting[keep], sizes[keep]
     return waiting
 
 
@@ -255,7 +255,7 @@ def _group_rounds(
             load_of = np.take(cost, target, axis=1)
             second = fit[1] & (~fit[0] | (load_of[1] < load_of[0]))
             ok = fit[0] | fit[1]
-            where = lo + target + groups * second
+            where = target + np.where(second, lo + groups, lo)
         else:
             fit = np.take(room, target, axis=1) >= n
             masked = np.where(fit, np.take(cost, target, axis=1), np.inf)
@@ -280,11 +280,10 @@ def _group_rounds(
         if len(waiting):
             shortest = min(shortest, int(length[waiting].min()))
         most = room[0].copy() if micro == 1 else room.max(axis=0)
-        is_open = most >= shortest
-        if is_open.all():
+        if most.min() >= shortest:  # every group open
             target = stable_order_of_floats(load)  # the least loaded groups
         else:
-            open_ = np.flatnonzero(is_open)
+            open_ = np.flatnonzero(most >= shortest)
             if not len(open_):
                 break
             target = open_[stable_order_of_floats(load[open_])]
