@@ -268,7 +268,8 @@ def _group_rounds(
             ok = np.isfinite(best)
             where = lo + m * groups + target
         if not ok.all():
-            piece, target, where, c, n = piece[ok], target[ok], where[ok], c[ok], n[ok]
+            at = np.flatnonzero(ok)  # (one pass over the mask, then takes)
+            piece, target, where, c, n = piece[at], target[at], where[at], c[at], n[at]
         p.bin[piece] = where  # (Bins.put, with the gathers made once)
         bins.room[where] -= n
         bins.load[where] += c
@@ -313,12 +314,13 @@ def _group_rounds(
         # Misses try the groups of the round that got nothing, by decreasing room (their
         # rooms are as the round found them: none of them got a piece), unless even the
         # shortest miss fits none of them, as is usual once the groups fill up.
-        miss, free = head[~ok], target[~ok]
+        bad = np.flatnonzero(~ok)
+        miss, free = head[bad], target[bad]
         if int(length[miss].min()) <= int(most[free].max()):
             free = free[np.argsort(-most[free], kind="stable")]
-            again = place(miss, free, head_cost[~ok])
+            again = place(miss, free, head_cost[bad])
             miss = miss[~again]
-            ok[~ok] = again
+            ok[bad] = again
         waiting = np.concatenate([miss, rest])  # still by decreasing cost
         if not ok.any():
             break
