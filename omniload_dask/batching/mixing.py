@@ -127,12 +127,17 @@ class Mixer:
         going = [bool(continuing and continuing[i]) for i, _ in shown]
         c = _Chunks.of(shown, going, chunk if cut else None, self.by == "documents")
         rates = np.asarray(weights, dtype=np.float64)
-        tags = self.tags[c.srcs] + c.within / rates[c.srcs]
+        order_src = np.asarray([i for i, _ in shown], dtype=np.int64)
+        per_src = np.diff(c.ends, prepend=0)  # (each source's items are one run)
+        tags = np.repeat(self.tags[order_src], per_src) + c.within / np.repeat(
+            rates[order_src], per_src
+        )
         last_tag = np.full(len(weights), np.inf)
         more = np.asarray([truncated[i] for i, _ in shown], dtype=bool)
-        order_src = np.asarray([i for i, _ in shown], dtype=np.int64)
         last_tag[order_src[more]] = tags[c.ends[more] - 1]
-        order = np.lexsort((c.srcs, tags))
+        # By tag, ties to the lower source: the sources' runs are in index order, so a
+        # stable sort of the tags is that order (a merge of each source's ascending run).
+        order = np.argsort(tags, kind="stable")
         lengths = c.lengths
         if budget_tokens is not None:
             total = np.cumsum(lengths[order])
