@@ -385,34 +385,25 @@ class _Chunks:
             np.add.at(out_taken, row_of[others], taken[others])
             out_tags = np.asarray(tags, dtype=np.float64)[first]
             np.maximum.at(out_tags, row_of[others], tags[others])
-            return self._rows(chosen, first, gdoc, out_taken, out_tags, num_sources)
-        # Else np.unique(gdoc, return_index=True, return_inverse=True) from a radix sort.
-        by_doc = stable_order(gdoc)
-        new = np.ones(len(gdoc), dtype=bool)
-        new[1:] = gdoc[by_doc[1:]] != gdoc[by_doc[:-1]]
-        first = by_doc[new]
-        inverse = np.empty(len(gdoc), dtype=np.int64)
-        inverse[by_doc] = np.cumsum(new) - 1
-        rows = stable_order(first)  # documents in the order they first appear
-        rank = np.empty(len(first), dtype=np.int64)
-        rank[rows] = np.arange(len(first))
-        first, row_of = first[rows], rank[inverse]
-        out_taken = np.bincount(row_of, taken, len(first)).astype(np.int64)
-        out_tags = np.full(len(first), -np.inf)
-        np.maximum.at(out_tags, row_of, tags)
-        return self._rows(chosen, first, gdoc, out_taken, out_tags, num_sources)
-
-    def _rows(
-        self, chosen: np.ndarray, first: np.ndarray, gdoc: np.ndarray, out_taken: np.ndarray,
-        out_tags: np.ndarray, num_sources: int,
-    ) -> Selection:  # fmt: skip
-        """The selection of documents whose first chosen pieces are ``chosen[first]``."""
+        else:  # np.unique(gdoc, return_index=True, return_inverse=True) from a radix sort
+            by_doc = stable_order(gdoc)
+            new = np.ones(len(gdoc), dtype=bool)
+            new[1:] = gdoc[by_doc[1:]] != gdoc[by_doc[:-1]]
+            first = by_doc[new]
+            inverse = np.empty(len(gdoc), dtype=np.int64)
+            inverse[by_doc] = np.cumsum(new) - 1
+            rows = stable_order(first)  # documents in the order they first appear
+            rank = np.empty(len(first), dtype=np.int64)
+            rank[rows] = np.arange(len(first))
+            first, row_of = first[rows], rank[inverse]
+            out_taken = np.bincount(row_of, taken, len(first)).astype(np.int64)
+            out_tags = np.full(len(first), -np.inf)
+            np.maximum.at(out_tags, row_of, tags)
         pos = chosen[first]
         src = self.srcs[pos]
         counts = np.bincount(src, minlength=num_sources).astype(np.int64)
         order = np.empty((len(pos), 2), dtype=np.int64)
-        order[:, 0] = src
-        order[:, 1] = self.docs[pos]
+        order[:, 0], order[:, 1] = src, self.docs[pos]
         short = np.flatnonzero(out_taken < self.doc_lengths[gdoc[first]])
         cut = {int(src[k]): int(out_taken[k]) for k in short.tolist()}
         return Selection(counts=counts, order=order, tags=out_tags, taken=out_taken, cut=cut)
