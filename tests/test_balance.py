@@ -286,3 +286,66 @@ def test_pieces_go_by_decreasing_cost_whatever_the_cost_function(cost):
         p = Pieces.new(zeros, zeros, length, zeros, extra, cost)
         ids = np.flatnonzero(rng.random(500) < 0.7)
         assert np.array_equal(by_cost(p, ids), ids[np.argsort(-p.cost[ids], kind="stable")])
+
+
+def test_split_documents_matches_the_piece_by_piece_cut_for_any_lengths_and_limits():
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n = int(rng.integers(0, 40))
+        lengths = rng.integers(0, 50, n)
+        limit = int(rng.integers(1, 12)) if trial % 2 else rng.integers(1, 12, n)
+        doc, start = split_documents(lengths, limit)
+        want_doc, want_start = [], []
+        for d, length in enumerate(lengths.tolist()):
+            size = limit if isinstance(limit, int) else int(limit[d])
+            for k in range(max(1, -(-length // size))):
+                want_doc.append(d)
+                want_start.append(k * size)
+        assert doc.tolist() == want_doc and start.tolist() == want_start
+
+
+def test_group_loads_sort_as_a_stable_argsort_even_one_ulp_apart():
+    from omniload_dask.batching.sorting import stable_order_of_floats
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(0, 2500))
+        kind = trial % 4
+        if kind == 0:  # distinct loads
+            values = rng.uniform(0.0, 1e12, n)
+        elif kind == 1:  # many ties (pieces of equal cost)
+            values = rng.integers(0, 5, n) * 1e9
+        elif kind == 2:  # loads that differ in the last bits only (sums in another order)
+            base = rng.uniform(1.0, 2.0, n)
+            values = np.where(rng.random(n) < 0.5, base, np.nextafter(base, 0.0))
+            values[: n // 2] = values[0] if n else 0.0
+        else:  # negative values: the stable sort itself
+            values = rng.normal(0.0, 1.0, n)
+        got = stable_order_of_floats(values)
+        assert np.array_equal(got, np.argsort(values, kind="stable")), trial
+
+
+def test_a_probe_scores_its_pairs_on_their_own_groups_as_in_the_whole_step():
+    from omniload_dask.batching.refine import _probed, _whole_round
+
+    rng = np.random.default_rng(2)
+    groups = 40
+    lengths = np.where(rng.random(400) < 0.1, rng.integers(SEQ, 3 * SEQ, 400),
+                       rng.integers(1, SEQ // 2, 400))  # fmt: skip
+    micro = -(-int(lengths.sum()) // (groups * SEQ)) + 1
+    plan = balance(lengths, np.zeros(400, int), [Bucket(SEQ, micro)], groups, COST,
+                   refine=False)  # fmt: skip
+    load = plan.group_costs
+    p = Pieces.new(plan.doc, plan.start, plan.length, np.zeros(len(plan.doc), np.int64),
+                   np.zeros(len(plan.doc)), COST)  # fmt: skip
+    bins = Bins.new(np.array([SEQ]), np.array([micro]), groups)
+    bins.group, bins.slot = np.arange(groups * micro) % groups, np.arange(groups * micro) // groups
+    p.bin = plan.micro * groups + plan.group
+    bins.room = bins.capacity - np.bincount(p.bin, p.length, len(bins.room)).astype(np.int64)
+    bins.load = np.bincount(p.bin, p.cost, len(bins.room))
+    order = np.argsort(-load, kind="stable")
+    heavy, light = order[:6], order[::-1][:6]
+    for cost in (None, COST):
+        whole, _ = _whole_round(p, bins, load, heavy, light, cost)
+        alone, _ = _whole_round(*_probed(p, bins, load, heavy, light), cost)
+        assert np.array_equal(whole, alone)

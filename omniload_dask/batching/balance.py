@@ -89,7 +89,7 @@ def balance(
     micro = np.asarray([b.micro_batches for b in buckets], dtype=np.int64)
     movable = np.ones(len(lengths), bool) if by_length is None else np.asarray(by_length, bool)
     spilled = spill(lengths, doc_bucket, movable, ladder(buckets), micro * seq * groups)
-    doc, start = split_documents(lengths, seq[doc_bucket])
+    doc, start = split_documents(lengths, seq[doc_bucket] if len(seq) > 1 else seq[0])
     piece_bucket = doc_bucket[doc]
     length = np.minimum(lengths[doc] - start, seq[piece_bucket])
     piece_extra = np.zeros(len(doc))
@@ -97,7 +97,10 @@ def balance(
         piece_extra = np.where(start == 0, np.asarray(extra, np.float64)[doc], 0.0)
     pieces = Pieces.new(doc, start, length, piece_bucket, piece_extra, cost)
     bound = structural_bound(pieces.cost, groups)
-    need = np.bincount(piece_bucket, length, len(buckets)).astype(np.int64)
+    if len(buckets) > 1:
+        need = np.bincount(piece_bucket, length, len(buckets)).astype(np.int64)
+    else:
+        need = np.asarray([length.sum()], dtype=np.int64)
     micro = np.maximum(micro, -(-need // (seq * groups)))
     if cut and bound < 1.0:  # a piece costs more than a group's fair share
         _cut_costly(pieces, groups, cost)

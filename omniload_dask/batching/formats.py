@@ -317,8 +317,8 @@ def _by_first_use(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ordered = values[order]
     new = np.ones(len(values), dtype=bool)
     new[1:] = ordered[1:] != ordered[:-1]
-    first = order[new]  # each distinct value's first position, by value
-    by_use = np.argsort(first)
+    first = order[np.flatnonzero(new)]  # each distinct value's first position, by value
+    by_use = np.argsort(first, kind="stable")  # (unique: the same order, merged from runs)
     number = np.empty(len(first), dtype=np.int64)
     number[by_use] = np.arange(len(first))
     out = np.empty(len(values), dtype=np.int64)

@@ -127,12 +127,17 @@ class Mixer:
         going = [bool(continuing and continuing[i]) for i, _ in shown]
         c = _Chunks.of(shown, going, chunk if cut else None, self.by == "documents")
         rates = np.asarray(weights, dtype=np.float64)
-        tags = self.tags[c.srcs] + c.within / rates[c.srcs]
+        order_src = np.asarray([i for i, _ in shown], dtype=np.int64)
+        per_src = np.diff(c.ends, prepend=0)  # (each source's items are one run)
+        tags = np.repeat(self.tags[order_src], per_src) + c.within / np.repeat(
+            rates[order_src], per_src
+        )
         last_tag = np.full(len(weights), np.inf)
         more = np.asarray([truncated[i] for i, _ in shown], dtype=bool)
-        order_src = np.asarray([i for i, _ in shown], dtype=np.int64)
         last_tag[order_src[more]] = tags[c.ends[more] - 1]
-        order = np.lexsort((c.srcs, tags))
+        # By tag, ties to the lower source: the sources' runs are in index order, so a
+        # stable sort of the tags is that order (a merge of each source's ascending run).
+        order = np.argsort(tags, kind="stable")
         lengths = c.lengths
         if budget_tokens is not None:
             total = np.cumsum(lengths[order])
@@ -320,35 +325,37 @@ class _Chunks:
         """Items of the shown sources (``continuing``: the first document is a rest)."""
         per_src = np.asarray([len(p) for _, p in shown], dtype=np.int64)
         lengths = np.concatenate([p for _, p in shown])
-        doc_src = np.repeat(np.asarray([i for i, _ in shown], dtype=np.int64), per_src)
+        ids = np.asarray([i for i, _ in shown], dtype=np.int64)
         first_doc = np.zeros(len(shown), dtype=np.int64)
         np.cumsum(per_src[:-1], out=first_doc[1:])
-        doc_idx = np.arange(len(lengths), dtype=np.int64) - np.repeat(first_doc, per_src)
-        counted = np.ones(len(lengths), dtype=np.int64)  # by documents: 1 at a first piece
-        counted[first_doc[np.asarray(continuing, dtype=bool)]] = 0
         if chunk is None or not (lengths > chunk).any():
-            pieces = np.ones(len(lengths), dtype=np.int64)
+            per_src_items = per_src
             item_len, item_doc, head = lengths, np.arange(len(lengths)), np.ones(len(lengths), bool)
         else:
             pieces = np.maximum(1, -(-lengths // chunk))
             item_doc = np.repeat(np.arange(len(lengths)), pieces)
-            starts = np.zeros(len(lengths), dtype=np.int64)
-            np.cumsum(pieces[:-1], out=starts[1:])
+            starts = np.cumsum(pieces) - pieces
             k = np.arange(len(item_doc), dtype=np.int64) - starts[item_doc]
             item_len = np.minimum(chunk, lengths[item_doc] - k * chunk)
             head = k == 0
-        srcs = doc_src[item_doc]
-        sizes = item_len if not by_documents else np.where(head, counted[item_doc], 0)
-        per_src_items = np.bincount(
-            np.repeat(np.arange(len(shown)), per_src)[item_doc], minlength=len(shown)
-        )
+            per_src_items = np.add.reduceat(pieces, first_doc)  # (every shown source has some)
+        # Per item, from runs per source (no gathers): its source and its document's index
+        # within the source.
+        srcs = np.repeat(ids, per_src_items)
+        docs = item_doc - np.repeat(first_doc, per_src_items)
+        if by_documents:  # 1 at a document's first piece, none for the rest of a cut one
+            counted = np.ones(len(lengths), dtype=np.int64)
+            counted[first_doc[np.asarray(continuing, dtype=bool)]] = 0
+            sizes = np.where(head, counted[item_doc], 0)
+        else:
+            sizes = item_len
         ends = np.cumsum(per_src_items)
         begins = ends - per_src_items
         running = np.cumsum(sizes)
         before = np.repeat(running[begins] - sizes[begins], per_src_items)
         return cls(
             srcs,
-            doc_idx[item_doc],
+            docs,
             item_len.astype(np.int64),
             running - before,
             ends,
@@ -365,12 +372,20 @@ class _Chunks:
         gdoc = self.item_doc[chosen]
         # Usually every chosen piece comes after its document's first piece (a source's
         # pieces are chosen in stream order): a document's row is where that piece is.
-        first = np.flatnonzero(self.head[chosen])
+        is_head = self.head[chosen]
+        first = np.flatnonzero(is_head)
         row = np.full(len(self.doc_lengths), -1, dtype=np.int64)
         row[gdoc[first]] = np.arange(len(first))
         row_of = row[gdoc]
-        if (row_of < 0).any() or (first[row_of] > np.arange(len(gdoc))).any():
-            # Else np.unique(gdoc, return_index=True, return_inverse=True) from a radix sort.
+        if not ((row_of < 0).any() or (first[row_of] > np.arange(len(gdoc))).any()):
+            # Each document's total and latest tag from its first piece, then the few others
+            # (the pieces after a long document's first), not a pass over all of them.
+            others = np.flatnonzero(~is_head)
+            out_taken = taken[first].astype(np.int64)
+            np.add.at(out_taken, row_of[others], taken[others])
+            out_tags = np.asarray(tags, dtype=np.float64)[first]
+            np.maximum.at(out_tags, row_of[others], tags[others])
+        else:  # np.unique(gdoc, return_index=True, return_inverse=True) from a radix sort
             by_doc = stable_order(gdoc)
             new = np.ones(len(gdoc), dtype=bool)
             new[1:] = gdoc[by_doc[1:]] != gdoc[by_doc[:-1]]
@@ -381,13 +396,14 @@ class _Chunks:
             rank = np.empty(len(first), dtype=np.int64)
             rank[rows] = np.arange(len(first))
             first, row_of = first[rows], rank[inverse]
-        out_taken = np.bincount(row_of, taken, len(first)).astype(np.int64)
-        out_tags = np.full(len(first), -np.inf)
-        np.maximum.at(out_tags, row_of, tags)
+            out_taken = np.bincount(row_of, taken, len(first)).astype(np.int64)
+            out_tags = np.full(len(first), -np.inf)
+            np.maximum.at(out_tags, row_of, tags)
         pos = chosen[first]
         src = self.srcs[pos]
         counts = np.bincount(src, minlength=num_sources).astype(np.int64)
-        order = np.stack([src, self.docs[pos]], axis=1)
+        order = np.empty((len(pos), 2), dtype=np.int64)
+        order[:, 0], order[:, 1] = src, self.docs[pos]
         short = np.flatnonzero(out_taken < self.doc_lengths[gdoc[first]])
         cut = {int(src[k]): int(out_taken[k]) for k in short.tolist()}
         return Selection(counts=counts, order=order, tags=out_tags, taken=out_taken, cut=cut)

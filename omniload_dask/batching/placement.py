@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.sorting import stable_order
+from omniload_dask.batching.sorting import stable_order, stable_order_of_floats
 
 __all__ = ["DEAL_FROM", "Bins", "Pieces", "by_cost", "pack"]
 
@@ -184,9 +184,9 @@ def _best_fit(p: Pieces, bins: Bins, waiting: np.ndarray, lo: int, hi: int) -> n
     """Fill the bins' room with the waiting pieces, in rounds: by decreasing room, each bin
     takes the longest piece left that fits it; returns the pieces that fit no bin whole."""
     length, room = p.length, bins.room
+    waiting = waiting[np.lexsort((waiting, -length[waiting]))]
+    sizes = -length[waiting]  # ascending (and so they stay as pieces are taken out)
     while len(waiting):
-        waiting = waiting[np.lexsort((waiting, -length[waiting]))]
-        sizes = -length[waiting]  # ascending
         open_ = lo + np.flatnonzero(room[lo:hi] >= -sizes[-1])
         if not len(open_):
             break
@@ -202,7 +202,7 @@ def _best_fit(p: Pieces, bins: Bins, waiting: np.ndarray, lo: int, hi: int) -> n
         bins.put(p, waiting[take[ok]], open_[ok])
         keep = np.ones(len(waiting), dtype=bool)
         keep[take[ok]] = False
-        waiting = waiting[keep]
+        waiting, sizes = waiting[keep], sizes[keep]
     return waiting
 
 
@@ -236,15 +236,28 @@ def _group_rounds(
     # Views, slot-major, so that reductions over a group's micro-batches run along axis 0.
     room = bins.room[lo : lo + groups * micro].reshape(micro, groups)
     cost = bins.load[lo : lo + groups * micro].reshape(micro, groups)
-    least = np.minimum.accumulate(length[queue][::-1])[::-1]  # shortest piece from i on
+    ordered = length[queue]
+    if (ordered[1:] <= ordered[:-1]).all():  # by decreasing length: the last is the shortest
+        least = np.broadcast_to(ordered[-1:], ordered.shape)
+    else:
+        least = np.minimum.accumulate(ordered[::-1])[::-1]  # shortest piece from i on
     pos, waiting = 0, queue[:0]  # pieces queue[pos:], after the misses ``waiting``
 
-    def place(piece: np.ndarray, target: np.ndarray) -> np.ndarray:
+    def place(piece: np.ndarray, target: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Each piece (of costs ``c``) into its target group's cheapest micro-batch with
+        room (the lowest slot on a tie); returns which had one."""
+        n = length[piece]
         if micro == 1:
-            ok = room[0, target] >= length[piece]
+            ok = room[0, target] >= n
             where = lo + target
+        elif micro == 2:  # (as below, in fewer passes)
+            fit = np.take(room, target, axis=1) >= n
+            load_of = np.take(cost, target, axis=1)
+            second = fit[1] & (~fit[0] | (load_of[1] < load_of[0]))
+            ok = fit[0] | fit[1]
+            where = target + np.where(second, lo + groups, lo)
         else:
-            fit = np.take(room, target, axis=1) >= length[piece]
+            fit = np.take(room, target, axis=1) >= n
             masked = np.where(fit, np.take(cost, target, axis=1), np.inf)
             m = np.zeros(len(piece), dtype=np.int64)
             best = masked[0]
@@ -255,10 +268,10 @@ def _group_rounds(
             ok = np.isfinite(best)
             where = lo + m * groups + target
         if not ok.all():
-            piece, target, where = piece[ok], target[ok], where[ok]
-        c = p.cost[piece]  # (Bins.put, with the costs gathered once)
-        p.bin[piece] = where
-        bins.room[where] -= length[piece]
+            at = np.flatnonzero(ok)  # (one pass over the mask, then takes)
+            piece, target, where, c, n = piece[at], target[at], where[at], c[at], n[at]
+        p.bin[piece] = where  # (Bins.put, with the gathers made once)
+        bins.room[where] -= n
         bins.load[where] += c
         load[target] += c
         return ok
@@ -268,14 +281,13 @@ def _group_rounds(
         if len(waiting):
             shortest = min(shortest, int(length[waiting].min()))
         most = room[0].copy() if micro == 1 else room.max(axis=0)
-        is_open = most >= shortest
-        if is_open.all():
-            target = np.argsort(load, kind="stable")  # the least loaded groups
+        if most.min() >= shortest:  # every group open
+            target = stable_order_of_floats(load)  # the least loaded groups
         else:
-            open_ = np.flatnonzero(is_open)
+            open_ = np.flatnonzero(most >= shortest)
             if not len(open_):
                 break
-            target = open_[np.argsort(load[open_], kind="stable")]
+            target = open_[stable_order_of_floats(load[open_])]
         k = min(len(target), len(waiting) + len(queue) - pos)
         target = target[:k]
         if len(waiting):
@@ -286,24 +298,31 @@ def _group_rounds(
         # is no heavier than the lighter ones will be with their pieces (rounds of at least
         # a quarter of the groups, which stays within a small piece of exact LPT).
         before = load[target]
-        after = np.minimum.accumulate(before + p.cost[head])
+        head_cost = p.cost[head]
+        after = np.minimum.accumulate(before + head_cost)
         late = np.flatnonzero(before[1:] > after[:-1])
         if len(late) and late[0] + 1 >= MIN_ROUND * groups:
             k = int(late[0]) + 1
-            target, head = target[:k], head[:k]
+            target, head, head_cost = target[:k], head[:k], head_cost[:k]
         taken = max(0, k - len(waiting))  # from queue[pos:]
         rest = waiting[k:]
         pos += taken
-        ok = place(head, target)
+        ok = place(head, target, head_cost)
         if ok.all():
             waiting = rest
             continue
-        # Misses try the groups of the round that got nothing, by decreasing room.
-        miss, free = head[~ok], target[~ok]
-        free = free[np.argsort(-most[free], kind="stable")]
-        again = place(miss, free)
-        waiting = np.concatenate([miss[~again], rest])  # still by decreasing cost
-        if not (ok.any() or again.any()):
+        # Misses try the groups of the round that got nothing, by decreasing room (their
+        # rooms are as the round found them: none of them got a piece), unless even the
+        # shortest miss fits none of them, as is usual once the groups fill up.
+        bad = np.flatnonzero(~ok)
+        miss, free = head[bad], target[bad]
+        if int(length[miss].min()) <= int(most[free].max()):
+            free = free[np.argsort(-most[free], kind="stable")]
+            again = place(miss, free, head_cost[bad])
+            miss = miss[~again]
+            ok[bad] = again
+        waiting = np.concatenate([miss, rest])  # still by decreasing cost
+        if not ok.any():
             break
     return np.concatenate([waiting, queue[pos:]])
 
@@ -314,11 +333,11 @@ def pack(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> i
     all be packed whole."""
     load = np.zeros(groups)
     nb = len(bins.offset) - 1
-    peak = [float(p.cost[p.bucket == b].max(initial=0.0)) for b in range(nb)]
+    peak = [float(p.cost[p.bucket == b].max(initial=0.0)) for b in range(nb)] if nb > 1 else [0]
     for b in sorted(range(nb), key=lambda b: (-peak[b], b)):  # costliest pieces first
         lo, hi = int(bins.offset[b]), int(bins.offset[b + 1])
         micro = (hi - lo) // groups
-        mine = np.flatnonzero(p.bucket == b)
+        mine = np.flatnonzero(p.bucket == b) if nb > 1 else np.arange(len(p))
         if not len(mine):
             continue
         queue = by_cost(p, mine)

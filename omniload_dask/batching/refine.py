@@ -62,8 +62,10 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
     if groups < 2 or not len(p):
         return
     peak = np.inf
+    changed = True  # (load is recomputed only after a round changed something)
     for _ in range(ROUNDS):
         load = np.bincount(bins.group[p.bin], p.cost, groups)
+        changed = False
         if load.max() > peak * (1 - PROGRESS):
             break  # the last round did not lower the heaviest group: it sets the step time
         peak = float(load.max())
@@ -75,7 +77,9 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         if not np.isfinite(score).any():
             break
         commit(np.isfinite(score))
-    load = np.bincount(bins.group[p.bin], p.cost, groups)
+        changed = True
+    if changed:
+        load = np.bincount(bins.group[p.bin], p.cost, groups)
     if not cut or load.mean() >= CUT_FROM * load.max():
         return
     peak = np.inf
@@ -118,7 +122,44 @@ def _probe(load: np.ndarray, heavy: np.ndarray) -> np.ndarray | None:
         return None
     peak = float(load[heavy[0]])
     top = int(np.searchsorted(-load[heavy], -peak * (1 - PROGRESS), side="right"))
-    return np.unique(np.linspace(0, max(top, 1) - 1, PROBE_FROM).round().astype(np.int64))
+    spread = np.linspace(0, max(top, 1) - 1, PROBE_FROM).round().astype(np.int64)
+    return spread[np.append(True, spread[1:] != spread[:-1])]  # (ascending: np.unique's)
+
+
+def _probed(
+    p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray
+) -> tuple[Pieces, Bins, np.ndarray, np.ndarray, np.ndarray]:
+    """The probe's pairs alone: their groups' pieces and bins (in their order, so every tie
+    falls as it would among all groups), the groups numbered heavy first, then light. A
+    round weighs only the pairs' own groups, so it scores them here as it would in the whole
+    step, at the cost of these few groups instead of all of them.
+    """
+    members = np.concatenate([heavy, light])
+    local = np.full(len(load), -1, np.int64)
+    local[members] = np.arange(len(members))
+    bin_group = local[bins.group]
+    kept_bins = np.flatnonzero(bin_group >= 0)
+    renumber = np.full(len(bins.room), -1, np.int64)
+    renumber[kept_bins] = np.arange(len(kept_bins))
+    piece_bin = renumber[p.bin]
+    kept = np.flatnonzero(piece_bin >= 0)
+    bucket = bins.bucket[kept_bins]  # (bins are by bucket: so are the kept ones)
+    count = np.bincount(bucket, minlength=len(bins.offset) - 1)
+    sub_bins = Bins(
+        np.concatenate([[0], np.cumsum(count)]).astype(np.int64),
+        bins.capacity[kept_bins],
+        bins.room[kept_bins],
+        bins.load[kept_bins],
+        bucket,
+        bin_group[kept_bins],
+        bins.slot[kept_bins],
+    )
+    sub = Pieces(
+        p.doc[kept], p.start[kept], p.length[kept], p.cost[kept], p.bucket[kept],
+        p.extra[kept], piece_bin[kept],
+    )  # fmt: skip
+    pairs = len(heavy)
+    return sub, sub_bins, load[members], np.arange(pairs), np.arange(pairs, 2 * pairs)
 
 
 @lru_cache(maxsize=64)
@@ -185,7 +226,7 @@ def _whole_round(
     nothing = np.full(len(heavy), np.inf), _nothing
     probe = _probe(load, heavy)
     if probe is not None:
-        tried, _ = _whole_round(p, bins, load, heavy[probe], light[probe], cost)
+        tried, _ = _whole_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)
         if not np.isfinite(tried).all():
             return nothing
     groups = len(load)
@@ -378,7 +419,7 @@ def _cut_round(
     nothing = np.full(len(heavy), np.inf), _nothing
     probe = _probe(load, heavy)
     if probe is not None:
-        tried, _ = _cut_round(p, bins, load, heavy[probe], light[probe], cost)
+        tried, _ = _cut_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)
         if not np.isfinite(tried).all():
             return nothing
     groups = len(load)

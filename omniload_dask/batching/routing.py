@@ -44,13 +44,18 @@ def split_documents(
     Returns ``(doc index, start offset)`` per piece; piece lengths follow from them.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    size = np.broadcast_to(np.asarray(seq_len, dtype=np.int64), lengths.shape)
+    size = np.asarray(seq_len, dtype=np.int64)  # (a number divides faster than an array)
     npieces = np.maximum(1, -(-lengths // size))
     doc = np.repeat(np.arange(len(lengths), dtype=np.int64), npieces)
-    first = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(npieces, out=first[1:])
-    within = np.arange(len(doc), dtype=np.int64) - np.repeat(first[:-1], npieces)
-    return doc, within * size[doc]
+    start = np.zeros(len(doc), dtype=np.int64)
+    if len(doc) > len(lengths):  # only the pieces after a document's first start past 0
+        long = np.flatnonzero(npieces > 1)
+        count = npieces[long]
+        first = np.cumsum(npieces)[long] - count  # each long document's first piece
+        within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        step = np.broadcast_to(size, lengths.shape)[long]
+        start[np.repeat(first, count) + within] = within * np.repeat(step, count)
+    return doc, start
 
 
 def ladder(buckets: Sequence[Bucket]) -> list[int]:
@@ -75,10 +80,12 @@ def route(
     bucket = np.zeros(len(lengths), dtype=np.int64)
     by_length = np.ones(len(lengths), dtype=bool)
     free = ladder(buckets)
-    if free:
+    if len(free) > 1:
         limits = np.asarray([buckets[b].seq_len for b in free], dtype=np.int64)
         pick = np.minimum(np.searchsorted(limits, lengths, side="left"), len(free) - 1)
         bucket = np.asarray(free, dtype=np.int64)[pick]
+    elif free:  # one bucket takes them all
+        bucket[:] = free[0]
     for source, b in (pinned or {}).items():
         mine = sources == source
         bucket[mine] = b

@@ -8,13 +8,19 @@ cells usually fit::
 
 Every order here is a pure function of the keys (ties by position), as the balancer's
 determinism needs: no unstable sort whose ties could depend on the machine's vector units.
+
+Floats >= 0 (group loads) sort as integers: their bits with the lowest ones replaced by the
+position are unique keys in the same order, up to loads that differ in those bits only; the
+answer is checked there and, where it could differ, the stable sort gives it::
+
+    stable_order_of_floats(np.array([2.5, 0.0, 2.5, 1.0]))  ->  [1, 3, 0, 2]
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["stable_order"]
+__all__ = ["stable_order", "stable_order_of_floats"]
 
 
 def stable_order(values: np.ndarray) -> np.ndarray:
@@ -23,3 +29,26 @@ def stable_order(values: np.ndarray) -> np.ndarray:
     if len(values) > 64 and int(values.max()) < 1 << 16:
         return np.argsort(values.astype(np.uint16), kind="stable")
     return np.argsort(values, kind="stable")
+
+
+def stable_order_of_floats(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(values, kind="stable")`` for float64 values >= 0 (module doc): one
+    vectorised sort of unique integer keys instead of a merge sort of the floats (about half
+    the time on a step's group loads at DP 1,024)."""
+    n = len(values)
+    if n <= 64 or values.dtype != np.float64:
+        return np.argsort(values, kind="stable")
+    bits = values.view(np.int64)  # (ordered as the floats where the sign bit is clear)
+    if int(bits.min()) < 0:
+        return np.argsort(values, kind="stable")
+    shift = (n - 1).bit_length()
+    keys = (bits >> shift << shift) | np.arange(n, dtype=np.int64)
+    keys.sort()
+    order = keys & ((1 << shift) - 1)
+    high = keys >> shift
+    near = high[1:] == high[:-1]  # equal up to the position bits: in position order here
+    if near.any():
+        v = values[order]
+        if (near & (v[1:] < v[:-1])).any():  # a smaller value after a larger one
+            return np.argsort(values, kind="stable")
+    return order

@@ -227,6 +227,11 @@ def _runs(
     u) for u in np.unique(keys)]``, from one stable sort."""
     if len(keys) and keys[0] == keys[-1] and (keys == keys[0]).all():
         return [(items, values, int(keys[0]))]  # one key (a unit read whole: the usual case)
+    if (keys[1:] >= keys[:-1]).all():  # in key order already (a stream's units are): slices
+        edges = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(keys)]
+        return [
+            (items[a:b], values[a:b], int(keys[a])) for a, b in itertools.pairwise(edges) if b > a
+        ]
     order = stable_order(keys)
     ordered = keys[order]
     edges = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(keys)]

@@ -128,13 +128,14 @@ class StepPlanner:
         p_sorted = pair_of[by_pair]
         new = np.ones(len(order), dtype=bool)
         np.not_equal(p_sorted[1:], p_sorted[:-1], out=new[1:])
-        pair = p_sorted[new]
-        first = by_pair[new]
+        at = np.flatnonzero(new)  # (two takes: faster than two boolean masks)
+        pair = p_sorted[at]
+        first = by_pair[at]
         inverse = np.empty(len(order), dtype=np.int64)
         inverse[by_pair] = np.cumsum(new) - 1
         # Pieces are in group order, so the first uses of (group, read) pairs are too: each
         # group's shard slots number its reads in order of first use.
-        by_use = np.argsort(first)
+        by_use = np.argsort(first, kind="stable")  # (unique, and in runs: a merge of them)
         pair_group = (pair // nu)[by_use]
         pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1))
         slot = np.empty(len(pair), dtype=np.int64)
