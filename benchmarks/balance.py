@@ -310,6 +310,7 @@ def measured_balance(
     quick: bool = False,
     max_repeats: int = 24,
     tolerance: float = 0.015,
+    formula: bool = True,
 ) -> dict[str, Any]:
     """Balance judged by measured time: forward + backward of ``setup.model`` over every
     rank's step.
@@ -328,10 +329,11 @@ def measured_balance(
     fitted from its timings and the machine's speed around each (:mod:`omniload_dask.
     calibrate.steady`), from at least ``repeats`` and at most ``max_repeats`` timings, until
     its standard error is within ``tolerance``; a rank's step is the sum of its
-    micro-batches' figures, as a trainer runs them one after another.
-    Beside the measured figures: the efficiency the calibrated model predicts for each variant, the
-    balancer's own (modelled) efficiency, and an upper bound on any split of the step's pieces
-    under the calibrated cost (``stepcompute.efficiency_bound``).
+    micro-batches' figures, as a trainer runs them one after another. Beside the measured
+    figures: the efficiency the calibrated model predicts for each variant, the balancer's
+    own (modelled) efficiency, and an upper bound on any split of the step's pieces
+    under the calibrated cost (``stepcompute.efficiency_bound``). Without ``formula``, the
+    transformer formula's variant is left out (a fifth less to time).
     """
     from omniload_dask.calibrate import StepTimer, calibrate, load_model
     from omniload_dask.plan import CostSpec
@@ -346,6 +348,8 @@ def measured_balance(
         "model_cost": CostModel(*transformer_coefficients(**setup.model)),
         "calibrated": cal.cost_model(),
     }
+    if not formula:
+        del costs["model_cost"]
     net, about = load_model(setup.model, setup.device)
     timer = StepTimer(net, setup.device, vocab=setup.model.get("vocab") or 256,
                       threads=setup.threads, seed=seed)  # fmt: skip
@@ -508,8 +512,8 @@ def print_measured(rc: dict[str, Any]) -> None:
     print(
         f"measured step-time efficiency (mean/max of rank fwd+bwd, {rc['clock']}; each "
         f"micro-batch's time at the machine's best speed from {rc['repeats']}-"
-        f"{rc['max_repeats']} timings, to {100 * rc['tolerance']:g} %), seq_len {rc['seq_len']} x {rc['micro_batches']} "
-        "micro-batches:"
+        f"{rc['max_repeats']} timings, to {100 * rc['tolerance']:g} %), seq_len "
+        f"{rc['seq_len']} x {rc['micro_batches']} micro-batches:"
     )
     print(f"{'dp':>6} {'steps':>5} {'variant':>13} {'measured':>9} {'worst':>7} "
           f"{'step s':>8} {'calibrated model':>17} {'own cost':>9}")  # fmt: skip
@@ -556,7 +560,10 @@ def main() -> None:
         help="timings per micro-batch, at most (until its standard error is within tolerance)",
     )
     parser.add_argument("--tolerance", type=float, default=0.015,
-                        help="relative standard error of a micro-batch's time to reach")  # fmt: skip
+                        help="standard error of a micro-batch's time to reach")  # fmt: skip
+    parser.add_argument(
+        "--no-formula", action="store_true", help="measured part: leave out the formula's split"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--realtime",
@@ -611,7 +618,7 @@ def main() -> None:
                               args.measured_steps or (2 if args.quick else 4),
                               args.seed, args.measured_fill, repeats=args.repeats,
                               quick=args.quick, max_repeats=args.max_repeats,
-                              tolerance=args.tolerance)  # fmt: skip
+                              tolerance=args.tolerance, formula=not args.no_formula)  # fmt: skip
         result["measured"] = rc
         print_measured(rc)
         # The headline: the first DP size at the first budget fill (default dp 8, full budget).

@@ -20,8 +20,9 @@ correlation). ``micro_batch`` is the same for every rank and stays out of the co
 
 or ``omniload calibrate MODEL --seq-len 2048 --out calibration.yaml``. Modules: ``grid``
 (micro-batches to time), ``batches`` (their arrays), ``fit`` (numpy: features, NNLS, checks),
-``runner`` (models and timing), ``steady`` (which timings to trust), ``transformer`` (the described model), ``calibration`` (the
-procedure), ``result`` (the outcome and its file). Torch is imported when a calibration runs,
+``runner`` (models and timing), ``steady`` (each micro-batch's time from drifting timings),
+``transformer`` (the described model), ``calibration`` (the procedure), ``result`` (the
+outcome and its file). Torch is imported when a calibration runs,
 not with this package.
 """
 

@@ -175,8 +175,8 @@ class Calibration:
         block = self.cost_block()
         lines = [
             f"calibrated on {self.device} ({self.device_name}), {self.threads} thread(s), "
-            f"{self.clock}, {self.repeats}+ timings each{self._confirmed()}, micro-batches of up to "
-            f"{self.seq_len} tokens",
+            f"{self.clock}, {self.repeats}+ timings each{self._confirmed()}, micro-batches of "
+            f"up to {self.seq_len} tokens",
             f"  per piece         {block['piece']:>12.6g} us",
             f"  per token         {block['linear']:>12.6g} us",
             f"  per token^2       {block['quadratic']:>12.6g} us",
@@ -202,8 +202,8 @@ class Calibration:
                 f"{self.check.rank_correlation:.4f}"
             )
         if self.noise is not None:
-            lines.append(f"timer noise: standard error of a micro-batch's time {100 * self.noise:.2f} % "
-                         "(median)")  # fmt: skip
+            lines.append(f"timer noise: a micro-batch's time to {100 * self.noise:.2f} % "
+                         "(standard error, median)")  # fmt: skip
         return "\n".join(lines)
 
 
