@@ -311,6 +311,7 @@ def measured_balance(
     max_repeats: int = 24,
     tolerance: float = 0.015,
     formula: bool = True,
+    save_timings: str | None = None,
 ) -> dict[str, Any]:
     """Balance judged by measured time: forward + backward of ``setup.model`` over every
     rank's step.
@@ -333,7 +334,9 @@ def measured_balance(
     figures: the efficiency the calibrated model predicts for each variant, the balancer's
     own (modelled) efficiency, and an upper bound on any split of the step's pieces
     under the calibrated cost (``stepcompute.efficiency_bound``). Without ``formula``, the
-    transformer formula's variant is left out (a fifth less to time).
+    transformer formula's variant is left out (a fifth less to time). ``save_timings``: a
+    folder that gets every timing of every step (``timings-<dp>-<step>.npz``: the unit, the
+    seconds in the order taken, and which variant, rank and micro-batch each unit is).
     """
     from omniload_dask.calibrate import StepTimer, calibrate, load_model
     from omniload_dask.plan import CostSpec
@@ -380,7 +383,7 @@ def measured_balance(
             n = steps if dp <= 8 else max(1, steps // 2)
             row = _measured_steps(
                 setup, dp, fill, n, seed, costs, cal.fit.coefficients, timer,
-                (repeats, max_repeats, tolerance), cal.micro_batch_seconds,
+                (repeats, max_repeats, tolerance), cal.micro_batch_seconds, save_timings,
             )  # fmt: skip
             out["by_dp"][run_key(dp, fill)] = row
             eff = row["measured_efficiency"]
@@ -426,6 +429,7 @@ def _measured_steps(
     timer: Any,
     repeats: tuple[int, int, float],
     micro_batch_seconds: float,
+    save_timings: str | None = None,
 ) -> dict[str, Any]:
     """``steps`` steps of :func:`measured_balance` at one DP size and budget fill."""
     from stepcompute import (
@@ -451,7 +455,7 @@ def _measured_steps(
     timing = {"units": 0, "timings": 0, "counted": 0.0, "confirmed": 0.0, "complete": 0.0}
     errors: list[np.ndarray] = []
     slowest = 1.0
-    for _ in range(steps):
+    for step in range(steps):
         lengths, src = stream.next(int(fill * dp * micro * seq))
         bucket, by_length = route(lengths, src, buckets)
         own = [r.next(int(fill * micro * seq))[0] for r in ranks]
@@ -472,6 +476,14 @@ def _measured_steps(
         timing["confirmed"] += float(settled.confirmed.sum())
         timing["complete"] += float(settled.complete.sum())
         errors.append(settled.error)
+        if save_timings:
+            labels = [f"{name} {r} {m} {mb.tokens} {len(mb.pieces)}"
+                      for name, ranks_ in variants.items() for r, rank in enumerate(ranks_)
+                      for m, mb in enumerate(rank)]  # fmt: skip
+            Path(save_timings).mkdir(parents=True, exist_ok=True)
+            np.savez(Path(save_timings) / f"timings-{run_key(dp, fill)}-{step}.npz",
+                     unit=settled.log_unit, seconds=settled.log_seconds,
+                     label=np.asarray(labels))  # fmt: skip
         slowest = max(slowest, settled.slowest_state)
         for name, rank_seconds in zip(variants, seconds, strict=True):
             measured[name].append(efficiency(rank_seconds))
@@ -564,6 +576,7 @@ def main() -> None:
     parser.add_argument(
         "--no-formula", action="store_true", help="measured part: leave out the formula's split"
     )
+    parser.add_argument("--save-timings", help="measured part: a folder for every timing")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--realtime",
@@ -618,7 +631,8 @@ def main() -> None:
                               args.measured_steps or (2 if args.quick else 4),
                               args.seed, args.measured_fill, repeats=args.repeats,
                               quick=args.quick, max_repeats=args.max_repeats,
-                              tolerance=args.tolerance, formula=not args.no_formula)  # fmt: skip
+                              tolerance=args.tolerance, formula=not args.no_formula,
+                              save_timings=args.save_timings)  # fmt: skip
         result["measured"] = rc
         print_measured(rc)
         # The headline: the first DP size at the first budget fill (default dp 8, full budget).

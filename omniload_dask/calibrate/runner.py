@@ -219,7 +219,7 @@ class StepTimer:
         min_repeats: int = 6,
         max_repeats: int = 24,
         tolerance: float = 0.015,
-        steady: float = 0.25,
+        steady: float = 0.5,
         window: int = 9,
         warmup: int = 2,
         progress: Callable[[int, int], None] | None = None,

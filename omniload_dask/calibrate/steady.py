@@ -35,7 +35,7 @@ slower from the fourth round on (window 5)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -57,6 +57,8 @@ class Settled:
     timings: np.ndarray  # timings taken
     counted_share: float  # of all timings, the share taken near the machine's best speed
     slowest_state: float  # the slowest state met, relative to the best (1.5: 1.5x slower)
+    log_unit: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # in order
+    log_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))  # ... the timings
 
     @property
     def confirmed_share(self) -> float:
@@ -89,7 +91,7 @@ def judge_timings(
     *,
     keep: int = 4,
     tolerance: float = 0.015,
-    steady: float = 0.25,
+    steady: float = 0.5,
     window: int = 9,
 ) -> Settled:
     """Figures of ``units`` units from timings ``seconds[i]`` of unit ``unit[i]``, in the
@@ -130,6 +132,8 @@ def judge_timings(
         timings=taken,
         counted_share=float(counts.mean()),
         slowest_state=float(state.max() / best),
+        log_unit=unit,
+        log_seconds=y,
     )
 
 
