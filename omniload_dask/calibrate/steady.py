@@ -2,7 +2,7 @@
 Pure numpy; :meth:`.runner.StepTimer.settle` takes the timings.
 
 On a shared virtual machine the same micro-batch does not take the same time: the machine's
-speed drifts (stretches of seconds to minutes run up to 1.5x slower, for every micro-batch
+speed drifts (stretches of seconds to minutes run 1.5-2x slower, for every micro-batch
 alike: another tenant, the host), and each timing has its own jitter of a few percent on
 top. The best of a few timings per unit then compares a quick stretch for one unit with a
 slow one for another. So the timings, taken in a shuffled order over all units, are read as
