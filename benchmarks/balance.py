@@ -29,9 +29,9 @@ with the plan's default cost, the transformer formula and the calibrated cost, a
 
 The RESULT line has, for the first measured DP size and fill (dp 8, full budget):
 ``measured_efficiency_unbalanced``, ``_default_cost``, ``_model_cost``, ``_calibrated``,
-``_identical_work`` (every rank timed on the same step: what timer noise leaves),
-``bound_calibrated_cost`` and ``calibration_error_pct`` (held-back micro-batches); every run's
-figures are under ``measured``.
+``_identical_work`` (every rank timed on the same step: what timer noise leaves; the method
+is sound when it reads close to 1), ``bound_calibrated_cost`` and ``calibration_error_pct``
+(held-back micro-batches); every run's figures are under ``measured``.
 """
 
 from __future__ import annotations
@@ -308,6 +308,10 @@ def measured_balance(
     fills: list[float],
     repeats: int = 3,
     quick: bool = False,
+    max_repeats: int = 24,
+    tolerance: float = 0.015,
+    formula: bool = True,
+    save_timings: str | None = None,
 ) -> dict[str, Any]:
     """Balance judged by measured time: forward + backward of ``setup.model`` over every
     rank's step.
@@ -319,14 +323,20 @@ def measured_balance(
     each rank packing its own stream (unbalanced), and the balancer with the plan's default
     cost, with the transformer formula of the model, and with the calibrated cost; a fifth
     variant gives every rank the same step (the calibrated plan's first rank), so its measured
-    efficiency is what timer noise alone leaves. Every rank's step (its micro-batches, forward
-    + backward each) is timed -- on CPU with one thread as process CPU time, on CUDA with
-    events -- the best of ``repeats``, all ranks of all variants interleaved: CPU time does not
-    charge the waits of a process for a core on a shared machine, and other processes can only
-    add time, so the best of a few repeats is the closest to the undisturbed time. Beside the
-    measured figures: the efficiency the calibrated model predicts for each variant, the
-    balancer's own (modelled) efficiency, and an upper bound on any split of the step's pieces
-    under the calibrated cost (``stepcompute.efficiency_bound``).
+    efficiency is what timer noise alone leaves. The unit of timing is one micro-batch
+    (forward + backward; on CPU with one thread as the thread's CPU time, on CUDA with
+    events), every micro-batch of every rank of every variant its own unit, all interleaved
+    in a shuffled order; a micro-batch's figure is its time at the machine's best speed,
+    fitted from its timings and the machine's speed around each (:mod:`omniload_dask.
+    calibrate.steady`), from at least ``repeats`` and at most ``max_repeats`` timings, until
+    its standard error is within ``tolerance``; a rank's step is the sum of its
+    micro-batches' figures, as a trainer runs them one after another. Beside the measured
+    figures: the efficiency the calibrated model predicts for each variant, the balancer's
+    own (modelled) efficiency, and an upper bound on any split of the step's pieces
+    under the calibrated cost (``stepcompute.efficiency_bound``). Without ``formula``, the
+    transformer formula's variant is left out (a fifth less to time). ``save_timings``: a
+    folder that gets every timing of every step (``timings-<dp>-<step>.npz``: the unit, the
+    seconds in the order taken, and which variant, rank and micro-batch each unit is).
     """
     from omniload_dask.calibrate import StepTimer, calibrate, load_model
     from omniload_dask.plan import CostSpec
@@ -341,6 +351,8 @@ def measured_balance(
         "model_cost": CostModel(*transformer_coefficients(**setup.model)),
         "calibrated": cal.cost_model(),
     }
+    if not formula:
+        del costs["model_cost"]
     net, about = load_model(setup.model, setup.device)
     timer = StepTimer(net, setup.device, vocab=setup.model.get("vocab") or 256,
                       threads=setup.threads, seed=seed)  # fmt: skip
@@ -353,12 +365,15 @@ def measured_balance(
         "seq_len": setup.seq_len,
         "micro_batches": setup.micro,
         "repeats": repeats,
+        "max_repeats": max_repeats,
+        "tolerance": tolerance,
         "calibration": {
             "cost": cal.cost_block(),
             "micro_batch_us": cal.micro_batch_seconds * 1e6,
             "fit_error_pct": 100 * cal.fit.mean_abs_rel_error,
             "held_back": cal.check.to_dict() if cal.check else None,
             "timer_noise_pct": 100 * cal.noise if cal.noise is not None else None,
+            "timing": cal.timing,
             "seconds": round(time.time() - t0, 1),
         },
         "by_dp": {},
@@ -367,13 +382,14 @@ def measured_balance(
         for fill in fills:
             n = steps if dp <= 8 else max(1, steps // 2)
             row = _measured_steps(
-                setup, dp, fill, n, seed, costs, cal.fit.coefficients, timer, repeats,
-                cal.micro_batch_seconds,
+                setup, dp, fill, n, seed, costs, cal.fit.coefficients, timer,
+                (repeats, max_repeats, tolerance), cal.micro_batch_seconds, save_timings,
             )  # fmt: skip
             out["by_dp"][run_key(dp, fill)] = row
             eff = row["measured_efficiency"]
             print(f"  measured {run_key(dp, fill)}: " + ", ".join(f"{k} {v:.4f}" for k, v in
-                  eff.items()) + f" (load average {os.getloadavg()[0]:.1f})", file=sys.stderr)  # fmt: skip
+                  eff.items()) + f" (complete {row['timing']['complete_share']:.3f}, load "
+                  f"average {os.getloadavg()[0]:.1f})", file=sys.stderr)  # fmt: skip
     out["seconds"] = round(time.time() - t0, 1)
     return out
 
@@ -411,8 +427,9 @@ def _measured_steps(
     costs: dict[str, CostModel],
     coef: np.ndarray,
     timer: Any,
-    repeats: int,
+    repeats: tuple[int, int, float],
     micro_batch_seconds: float,
+    save_timings: str | None = None,
 ) -> dict[str, Any]:
     """``steps`` steps of :func:`measured_balance` at one DP size and budget fill."""
     from stepcompute import (
@@ -435,7 +452,10 @@ def _measured_steps(
     modelled: dict[str, list[float]] = {k: [] for k in names}
     balancer: dict[str, list[float]] = {k: [] for k in costs}
     bounds: list[float] = []
-    for _ in range(steps):
+    timing = {"units": 0, "timings": 0, "counted": 0.0, "confirmed": 0.0, "complete": 0.0}
+    errors: list[np.ndarray] = []
+    slowest = 1.0
+    for step in range(steps):
         lengths, src = stream.next(int(fill * dp * micro * seq))
         bucket, by_length = route(lengths, src, buckets)
         own = [r.next(int(fill * micro * seq))[0] for r in ranks]
@@ -448,7 +468,23 @@ def _measured_steps(
                 fixed = micro * micro_batch_seconds * 1e6  # the cost's unit: microseconds
                 bounds.append(efficiency_bound(plan, cost, micro * seq, fixed))
         variants["identical"] = [variants["calibrated"][0]] * dp
-        seconds = measure(timer, list(variants.values()), repeats=repeats)
+        seconds, settled = measure(timer, list(variants.values()), keep=repeats[0],
+                                   max_repeats=repeats[1], tolerance=repeats[2])  # fmt: skip
+        timing["units"] += len(settled.seconds)
+        timing["timings"] += int(settled.timings.sum())
+        timing["counted"] += settled.counted_share * settled.timings.sum()
+        timing["confirmed"] += float(settled.confirmed.sum())
+        timing["complete"] += float(settled.complete.sum())
+        errors.append(settled.error)
+        if save_timings:
+            labels = [f"{name} {r} {m} {mb.tokens} {len(mb.pieces)}"
+                      for name, ranks_ in variants.items() for r, rank in enumerate(ranks_)
+                      for m, mb in enumerate(rank)]  # fmt: skip
+            Path(save_timings).mkdir(parents=True, exist_ok=True)
+            np.savez(Path(save_timings) / f"timings-{run_key(dp, fill)}-{step}.npz",
+                     unit=settled.log_unit, seconds=settled.log_seconds,
+                     label=np.asarray(labels))  # fmt: skip
+        slowest = max(slowest, settled.slowest_state)
         for name, rank_seconds in zip(variants, seconds, strict=True):
             measured[name].append(efficiency(rank_seconds))
             step_seconds[name].append(float(rank_seconds.max()))
@@ -463,6 +499,15 @@ def _measured_steps(
         "calibrated_model_efficiency": {k: float(np.mean(v)) for k, v in modelled.items()},
         "balancer_own_cost_efficiency": {k: float(np.mean(v)) for k, v in balancer.items()},
         "bound_calibrated_cost": float(np.mean(bounds)),
+        "timing": {
+            "micro_batches_timed": timing["units"],
+            "timings": timing["timings"],
+            "counted_share": round(timing["counted"] / max(1, timing["timings"]), 4),
+            "confirmed_share": round(timing["confirmed"] / max(1, timing["units"]), 4),
+            "complete_share": round(timing["complete"] / max(1, timing["units"]), 4),
+            "median_error_pct": round(100 * float(np.median(np.concatenate(errors))), 3),
+            "slowest_state": round(slowest, 3),
+        },
     }
 
 
@@ -477,14 +522,21 @@ def print_measured(rc: dict[str, Any]) -> None:
           f"{held['max_abs_rel_error_pct']:.2f} %, rank correlation {held['rank_correlation']:.4f}"
           f"; timer noise {cal['timer_noise_pct']:.2f} %")  # fmt: skip
     print(
-        f"measured step-time efficiency (mean/max of rank fwd+bwd {rc['clock']}, best of "
-        f"{rc['repeats']}), seq_len {rc['seq_len']} x {rc['micro_batches']} micro-batches:"
+        f"measured step-time efficiency (mean/max of rank fwd+bwd, {rc['clock']}; each "
+        f"micro-batch's time at the machine's best speed from {rc['repeats']}-"
+        f"{rc['max_repeats']} timings, to {100 * rc['tolerance']:g} %), seq_len "
+        f"{rc['seq_len']} x {rc['micro_batches']} micro-batches:"
     )
     print(f"{'dp':>6} {'steps':>5} {'variant':>13} {'measured':>9} {'worst':>7} "
           f"{'step s':>8} {'calibrated model':>17} {'own cost':>9}")  # fmt: skip
     for dp, row in rc["by_dp"].items():
+        t = row["timing"]
         print(f"{dp:>6}: upper bound on any split under the calibrated cost "
-              f"{row['bound_calibrated_cost']:.4f}")  # fmt: skip
+              f"{row['bound_calibrated_cost']:.4f}; {t['timings']} timings of "
+              f"{t['micro_batches_timed']} micro-batches ({t['counted_share']:.3f} of them "
+              f"near the best speed, the slowest stretch {t['slowest_state']:.2f}x); "
+              f"{t['confirmed_share']:.3f} confirmed, median standard error "
+              f"{t['median_error_pct']:.2f} %")  # fmt: skip
         for name, value in row["measured_efficiency"].items():
             own = row["balancer_own_cost_efficiency"].get(name)
             print(f"{dp:>6} {row['steps']:>5} {name:>13} {value:>9.4f} "
@@ -512,7 +564,19 @@ def main() -> None:
         default=[1.0, 0.9],
         help="budgets of the measured part, as shares of the capacity",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="timings per rank step, best kept")
+    parser.add_argument("--repeats", type=int, default=6, help="timings per micro-batch, at least")
+    parser.add_argument(
+        "--max-repeats",
+        type=int,
+        default=24,
+        help="timings per micro-batch, at most (until its standard error is within tolerance)",
+    )
+    parser.add_argument("--tolerance", type=float, default=0.015,
+                        help="standard error of a micro-batch's time to reach")  # fmt: skip
+    parser.add_argument(
+        "--no-formula", action="store_true", help="measured part: leave out the formula's split"
+    )
+    parser.add_argument("--save-timings", help="measured part: a folder for every timing")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--realtime",
@@ -566,7 +630,9 @@ def main() -> None:
         rc = measured_balance(RealCompute(TINY), args.measured_dp,
                               args.measured_steps or (2 if args.quick else 4),
                               args.seed, args.measured_fill, repeats=args.repeats,
-                              quick=args.quick)  # fmt: skip
+                              quick=args.quick, max_repeats=args.max_repeats,
+                              tolerance=args.tolerance, formula=not args.no_formula,
+                              save_timings=args.save_timings)  # fmt: skip
         result["measured"] = rc
         print_measured(rc)
         # The headline: the first DP size at the first budget fill (default dp 8, full budget).
@@ -577,6 +643,9 @@ def main() -> None:
         result["bound_calibrated_cost"] = head["bound_calibrated_cost"]
         result["measured_efficiency_calibrated_by_run"] = {
             k: r["measured_efficiency"]["calibrated"] for k, r in rc["by_dp"].items()
+        }
+        result["measured_efficiency_identical_work_by_run"] = {
+            k: r["measured_efficiency"]["identical"] for k, r in rc["by_dp"].items()
         }
         held = rc["calibration"]["held_back"]
         result["calibration_error_pct"] = held["mean_abs_rel_error_pct"]

@@ -16,7 +16,7 @@ of ``balance.py`` (web-like, code-like and 8k-64k documents at ``seq_len`` 8192)
   path is written but has not run in this project's sessions (no GPU was lent); its figures
   are still to be recorded.
 - CPU: the tiny transformer of ``balance.py`` (2 micro-batches of 2048 tokens), one thread,
-  process CPU time: the same code path, so that it keeps working without a GPU.
+  thread CPU time: the same code path, so that it keeps working without a GPU.
 
 Ends with ``RESULT {json}`` (the keys of ``balance.py``'s measured part).
 """

@@ -2,13 +2,18 @@
 
 Shared by the benchmarks that judge balance by measured time (``balance.py``,
 ``gpu_balance.py``). The model and the timing are the package's own
-(:mod:`omniload_dask.calibrate`: a described transformer, :class:`StepTimer` with interleaved
-repeats and the best kept); this module turns a balancer's assignment, or a per-rank baseline,
-into each rank's list of micro-batches, and measures a step::
+(:mod:`omniload_dask.calibrate`: a described transformer, :meth:`StepTimer.settle`); this
+module turns a balancer's assignment, or a per-rank baseline, into each rank's list of
+micro-batches, and measures a step::
 
-    ranks = rank_micro_batches(plan)              # [[MicroBatch, ...] per rank]
-    seconds = measure(timer, [ranks_a, ranks_b])  # one array of rank times per variant
-    efficiency(seconds[0])                        # mean / max over the ranks
+    ranks = rank_micro_batches(plan)                       # [[MicroBatch, ...] per rank]
+    seconds, settled = measure(timer, [ranks_a, ranks_b])  # rank times per variant
+    efficiency(seconds[0])                                 # mean / max over the ranks
+
+The unit of timing is one micro-batch's forward + backward, each micro-batch of each rank of
+each variant its own unit (its own inputs, its own timings), all of them interleaved in a
+shuffled order; a rank's step time is the sum of its micro-batches' figures, as a trainer's
+step runs them one after another (the optimizer step, the same on every rank, is left out).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import numpy as np
 
 from omniload_dask.batching.balance import Assignment
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.calibrate import MicroBatch, StepTimer, features
+from omniload_dask.calibrate import MicroBatch, Settled, StepTimer, features
 
 __all__ = [
     "baseline_micro_batches",
@@ -70,17 +75,29 @@ def baseline_micro_batches(
 
 
 def measure(
-    timer: StepTimer, variants: Sequence[Sequence[Sequence[MicroBatch]]], repeats: int = 3
-) -> list[np.ndarray]:
-    """Seconds of every rank's step, per variant: the best of ``repeats``, all ranks of all
-    variants interleaved in one timing run (so a disturbance touches them alike)."""
-    steps = [list(rank) for ranks in variants for rank in ranks]
-    best = timer.time(steps, repeats=repeats).min(axis=1)
+    timer: StepTimer,
+    variants: Sequence[Sequence[Sequence[MicroBatch]]],
+    keep: int = 6,
+    max_repeats: int = 24,
+    tolerance: float = 0.015,
+) -> tuple[list[np.ndarray], Settled]:
+    """Seconds of every rank's step, per variant, and how the timings settled.
+
+    Every micro-batch's figure is its time at the machine's best speed, fitted from at least
+    ``keep`` and at most ``max_repeats`` timings, until its standard error is within
+    ``tolerance`` (:meth:`StepTimer.settle`); a rank's seconds are the sum of its
+    micro-batches' figures."""
+    units = [[mb] for ranks in variants for rank in ranks for mb in rank]
+    settled = timer.settle(units, keep=keep, min_repeats=keep,
+                           max_repeats=max(keep, max_repeats), tolerance=tolerance)  # fmt: skip
     out, at = [], 0
     for ranks in variants:
-        out.append(best[at : at + len(ranks)])
-        at += len(ranks)
-    return out
+        rank_seconds = []
+        for rank in ranks:
+            rank_seconds.append(float(settled.seconds[at : at + len(rank)].sum()))
+            at += len(rank)
+        out.append(np.asarray(rank_seconds))
+    return out, settled
 
 
 def predict(coefficients: np.ndarray, ranks: Sequence[Sequence[MicroBatch]]) -> np.ndarray:

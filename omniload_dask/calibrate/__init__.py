@@ -20,8 +20,9 @@ correlation). ``micro_batch`` is the same for every rank and stays out of the co
 
 or ``omniload calibrate MODEL --seq-len 2048 --out calibration.yaml``. Modules: ``grid``
 (micro-batches to time), ``batches`` (their arrays), ``fit`` (numpy: features, NNLS, checks),
-``runner`` (models and timing), ``transformer`` (the described model), ``calibration`` (the
-procedure), ``result`` (the outcome and its file). Torch is imported when a calibration runs,
+``runner`` (models and timing), ``steady`` (each micro-batch's time from drifting timings),
+``transformer`` (the described model), ``calibration`` (the procedure), ``result`` (the
+outcome and its file). Torch is imported when a calibration runs,
 not with this package.
 """
 
@@ -30,6 +31,7 @@ from omniload_dask.calibrate.fit import TERMS, Check, Fit, check_fit, features, 
 from omniload_dask.calibrate.grid import MicroBatch, fit_grid, held_back
 from omniload_dask.calibrate.result import Calibration
 from omniload_dask.calibrate.runner import StepTimer, load_model
+from omniload_dask.calibrate.steady import Settled, judge_timings
 from omniload_dask.errors import CalibrationError
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "Check",
     "Fit",
     "MicroBatch",
+    "Settled",
     "StepTimer",
     "calibrate",
     "check_fit",
@@ -46,6 +49,7 @@ __all__ = [
     "fit_grid",
     "fit_terms",
     "held_back",
+    "judge_timings",
     "load_model",
     "nnls",
 ]

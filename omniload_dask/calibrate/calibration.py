@@ -1,8 +1,9 @@
 """The calibration procedure: time a grid of micro-batches, fit the terms, check the fit.
 
 :func:`calibrate` loads the model (:mod:`.runner`), times the fit grid and the held-back
-micro-batches in one interleaved run (:mod:`.grid`), fits on the grid and checks on the
-held-back ones (:mod:`.fit`), and returns a :class:`~.result.Calibration`. Imports torch.
+micro-batches in one interleaved run until each one's time is confirmed (:mod:`.grid`,
+:mod:`.steady`), fits on the grid and checks on the held-back ones (:mod:`.fit`), and returns
+a :class:`~.result.Calibration`. Imports torch.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def calibrate(
     device: str = "cpu",
     threads: int = 1,
     repeats: int = 5,
+    max_repeats: int | None = None,
     dtype: Any = None,
     attention: str = "auto",
     encoder: Mapping[str, Any] | None = None,
@@ -44,6 +46,9 @@ def calibrate(
     """Time ``model`` on a grid of micro-batches of at most ``seq_len`` tokens, fit the cost
     terms, and check them on held-back micro-batches (see :mod:`omniload_dask.calibrate`).
 
+    Each micro-batch's time is fitted at the machine's best speed from at least ``repeats``
+    timings, and at most ``max_repeats`` (default three times ``repeats``) until it is
+    confirmed (:meth:`.StepTimer.settle`).
     ``images`` (patch counts) adds micro-batches with images, for the encoder terms.
     ``progress(phase, done, total)`` is called as timings complete.
     """
@@ -72,8 +77,9 @@ def calibrate(
         if progress is not None:
             progress("timing", done, total)
 
-    times = timer.time(steps, repeats=repeats, progress=report)
-    best = times.min(axis=1)
+    settled = timer.settle(steps, keep=repeats, min_repeats=repeats, progress=report,
+                           max_repeats=max(repeats, max_repeats or 3 * repeats))  # fmt: skip
+    best = settled.seconds
     rows = features([mb.pieces for mb in grid + check], [mb.images for mb in grid + check])
     n = len(grid)
     try:
@@ -81,10 +87,8 @@ def calibrate(
     except ValueError as exc:
         raise CalibrationError(f"cannot fit the cost terms: {exc}") from None
     verdict = check_fit(fit, rows[n:], best[n:]) if len(check) else None
-    ordered = np.sort(times, axis=1)
-    noise = (
-        float(np.median((ordered[:, 1] - ordered[:, 0]) / ordered[:, 0])) if repeats > 1 else None
-    )
+    errors = settled.error[np.isfinite(settled.error)]
+    noise = float(np.median(errors)) if len(errors) else None
     return Calibration(
         fit=fit,
         check=verdict,
@@ -100,6 +104,7 @@ def calibrate(
         if timer.parameters
         else "",
         noise=noise,
+        timing=settled.summary(),
         fit_batches=grid,
         held_batches=check,
         fit_seconds=best[:n],

@@ -12,12 +12,14 @@ was measured and how well it fits. Costs are in microseconds of forward + backwa
       version: 1
       unit: microseconds
       model: {transformer: {hidden: 64, layers: 2, ...}, attention: loop}
-      device: cpu   device_name: ...   threads: 1   clock: process CPU time
+      device: cpu   device_name: ...   threads: 1   clock: thread CPU time
+      repeats: 5            # timings of each micro-batch at least, more until confirmed
+      timing: {units: 67, timings: 402, counted_share: 0.93, confirmed_share: 0.97, ...}
       micro_batch: 1729.12  # the fixed part of every micro-batch (not a balancing cost)
       fit: {points: 41, dropped: 2, mean_abs_rel_error_pct: 2.518}
       held_back: {points: 24, mean_abs_rel_error_pct: 2.273, max_abs_rel_error_pct: 10.01,
                   rank_correlation: 0.97217}
-      timings: {fit: [...], held_back: [...]}   # each micro-batch's pieces and best seconds
+      timings: {fit: [...], held_back: [...]}   # each micro-batch's pieces and seconds
 
 Only ``cost`` and ``calibration.version`` are read back (:mod:`omniload_dask.plan.parse_cost`);
 the rest is for people, and for refitting without timing again.
@@ -70,7 +72,8 @@ class Calibration:
     repeats: int
     torch_version: str
     dtype: str
-    noise: float | None  # median (second best - best) / best over the timed micro-batches
+    noise: float | None  # the median relative standard error of the micro-batches' times
+    timing: dict[str, Any] = field(default_factory=dict)  # Settled.summary(): how it was timed
     fit_batches: list[MicroBatch] = field(default_factory=list)
     held_batches: list[MicroBatch] = field(default_factory=list)
     fit_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -126,6 +129,7 @@ class Calibration:
             "threads": self.threads,
             "clock": self.clock,
             "repeats": self.repeats,
+            **({"timing": self.timing} if self.timing else {}),
             "torch": self.torch_version,
             "dtype": self.dtype,
             "micro_batch": _round(self.micro_batch_seconds * MICRO),
@@ -161,12 +165,18 @@ class Calibration:
             raise CalibrationError(f"cannot write {str(path)!r}: {exc.strerror}") from None
         return path
 
+    def _confirmed(self) -> str:
+        """`` (97 % confirmed)``: the share of micro-batches whose best was confirmed."""
+        share = self.timing.get("confirmed_share")
+        return "" if share is None else f" ({100 * share:.0f} % confirmed)"
+
     def summary(self) -> str:
         """The fit as a few lines for a terminal."""
         block = self.cost_block()
         lines = [
             f"calibrated on {self.device} ({self.device_name}), {self.threads} thread(s), "
-            f"{self.clock}, best of {self.repeats}, micro-batches of up to {self.seq_len} tokens",
+            f"{self.clock}, {self.repeats}+ timings each{self._confirmed()}, micro-batches of "
+            f"up to {self.seq_len} tokens",
             f"  per piece         {block['piece']:>12.6g} us",
             f"  per token         {block['linear']:>12.6g} us",
             f"  per token^2       {block['quadratic']:>12.6g} us",
@@ -192,7 +202,8 @@ class Calibration:
                 f"{self.check.rank_correlation:.4f}"
             )
         if self.noise is not None:
-            lines.append(f"timer noise: second best / best - 1 = {100 * self.noise:.2f} % (median)")
+            lines.append(f"timer noise: a micro-batch's time to {100 * self.noise:.2f} % "
+                         "(standard error, median)")  # fmt: skip
         return "\n".join(lines)
 
 

@@ -4,14 +4,17 @@
 :class:`StepTimer` times steps on it (inputs from :func:`.batches.packed_arrays`).
 
 A *step* is one or more micro-batches run one after another, forward and backward each, as a
-trainer's step accumulates gradients; a calibration times steps of one micro-batch, the
-balance benchmark whole rank steps. Timing is robust on a shared machine:
+trainer's step accumulates gradients. Timing is robust on a shared machine:
 
-- on CPU with one thread, the process's CPU time (a process that waits for a core is not
-  charged for the wait); with more threads, wall time; on CUDA, events around the step;
-- every step is timed ``repeats`` times, the repeats interleaved over all steps in a seeded
-  order (a disturbed minute touches every step a little, not a few steps a lot), and the best
-  time kept: disturbances only ever add time;
+- on CPU with one thread, the timing thread's CPU time (a thread that waits for a core is
+  not charged for the wait); with more threads, wall time; on CUDA, events around the step;
+- every step is timed several times, the repeats interleaved over all steps in a seeded
+  shuffled order (a disturbed minute touches every step a little, not a few steps a lot);
+- :meth:`StepTimer.time` keeps every timing (the caller takes the best: disturbances only
+  ever add time); :meth:`StepTimer.settle` fits each step's time at the machine's best
+  speed from timings taken while that speed drifts, and goes on timing the steps whose
+  figure is not yet confirmed (:mod:`.steady`): the calibration and the balance benchmark
+  time one micro-batch per step;
 - Python's garbage collector is paused while a step runs; inputs are built before timing, and
   gradients cleared after it.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +31,7 @@ import numpy as np
 from omniload_dask.batching.cost import load_function
 from omniload_dask.calibrate.batches import packed_arrays
 from omniload_dask.calibrate.grid import MicroBatch
+from omniload_dask.calibrate.steady import Settled, judge_timings
 from omniload_dask.errors import CalibrationError, OmniloadError
 from omniload_dask.plan.fields import Fields
 from omniload_dask.plan.parse_cost import read_model
@@ -152,7 +156,7 @@ class StepTimer:
         if self.device.type == "cuda":
             self.clock = "cuda events"
         else:
-            self.clock = "process CPU time" if threads == 1 else "wall time"
+            self.clock = "thread CPU time" if threads == 1 else "wall time"
 
     def inputs(self, mb: MicroBatch) -> dict[str, Any]:
         """The micro-batch as the feeder gives it, random tokens and pixels, on the device."""
@@ -168,7 +172,7 @@ class StepTimer:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize(self.device)
             start.record()
-        clock = time.process_time if self.clock == "process CPU time" else time.perf_counter
+        clock = time.thread_time if self.clock == "thread CPU time" else time.perf_counter
         t0 = clock()
         for batch in step:
             self.model(batch).backward()
@@ -195,26 +199,98 @@ class StepTimer:
         """
         if repeats < 1:
             raise CalibrationError(f"repeats: must be >= 1, got {repeats}")
+        inputs = self._prepare(steps, warmup)
+        out = np.full((len(steps), repeats), np.inf)
+        order_rng = np.random.default_rng(self.seed + 1)
+        done = 0
+        for r in range(repeats):
+            for i, seconds in self._round(inputs, order_rng.permutation(len(steps))):
+                out[i, r] = seconds
+                done += 1
+                if progress is not None:
+                    progress(done, len(steps) * repeats)
+        return out
+
+    def settle(
+        self,
+        steps: Sequence[Sequence[MicroBatch]],
+        *,
+        keep: int = 6,
+        min_repeats: int = 6,
+        max_repeats: int = 24,
+        tolerance: float = 0.015,
+        steady: float = 0.5,
+        window: int = 9,
+        warmup: int = 2,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Settled:
+        """Each step's time at the machine's best speed (:mod:`.steady`): ``min_repeats``
+        shuffled rounds over all steps, then rounds over the steps not yet complete (fewer
+        than ``keep`` timings counted, or a standard error over ``tolerance``), up to
+        ``max_repeats`` timings of any step.
+
+        A later round mixes in as many complete steps (at least ``window``) as it times
+        incomplete ones, so that the machine's state around each timing is still judged from
+        other steps' timings. A step left incomplete keeps its figure (``Settled.complete``
+        and ``Settled.error`` say which, and how far it is from confirmed).
+        """
+        if not 1 <= min_repeats <= max_repeats:
+            raise CalibrationError(
+                f"repeats: need 1 <= min_repeats <= max_repeats, got {min_repeats}, {max_repeats}"
+            )
+        inputs = self._prepare(steps, warmup)
+        n = len(steps)
+        order_rng = np.random.default_rng(self.seed + 1)
+        unit: list[int] = []  # every timing's step and seconds, in the order taken
+        seconds: list[float] = []
+
+        def judge() -> Settled:
+            return judge_timings(np.asarray(unit, dtype=np.int64), np.asarray(seconds), n,
+                                 keep=keep, tolerance=tolerance, steady=steady,
+                                 window=window)  # fmt: skip
+
+        verdict = judge()
+        planned = n * min_repeats
+        for r in range(max_repeats):
+            if r < min_repeats:
+                todo = order_rng.permutation(n)
+            else:
+                open_ = np.flatnonzero(~verdict.complete)
+                if not len(open_):
+                    break
+                done = np.flatnonzero(verdict.complete)
+                mix = order_rng.permutation(done)[: max(window, len(open_))]
+                todo = order_rng.permutation(np.concatenate([open_, mix]))
+                planned += len(todo)
+            for i, t in self._round(inputs, todo):
+                unit.append(i)
+                seconds.append(t)
+                if progress is not None:
+                    progress(len(seconds), planned)
+            verdict = judge()
+        return verdict
+
+    def _prepare(
+        self, steps: Sequence[Sequence[MicroBatch]], warmup: int
+    ) -> list[list[dict[str, Any]]]:
+        """Every step's inputs on the device; ``warmup`` untimed runs of the largest steps."""
         inputs = [[self.inputs(mb) for mb in step] for step in steps]
         sizes = [sum(mb.tokens for mb in step) for step in steps]
         for i in sorted(range(len(steps)), key=lambda i: -sizes[i])[: max(0, warmup)]:
             self._guarded(inputs[i])
-        out = np.full((len(steps), repeats), np.inf)
-        order_rng = np.random.default_rng(self.seed + 1)
-        done = 0
+        return inputs
+
+    def _round(
+        self, inputs: Sequence[Sequence[dict[str, Any]]], order: np.ndarray
+    ) -> Iterator[tuple[int, float]]:
+        """One timing of each step in ``order``, the garbage collector paused meanwhile."""
         gc.collect()
         gc.disable()
         try:
-            for r in range(repeats):
-                for i in order_rng.permutation(len(steps)).tolist():
-                    out[i, r] = self._guarded(inputs[i])
-                    done += 1
-                    if progress is not None:
-                        progress(done, len(steps) * repeats)
-                gc.collect()  # between rounds, not inside a timed step
+            for i in order.tolist():
+                yield int(i), self._guarded(inputs[i])
         finally:
             gc.enable()
-        return out
 
     def _guarded(self, step: Sequence[dict[str, Any]]) -> float:
         """:meth:`run`, with a model failure as a CalibrationError."""
