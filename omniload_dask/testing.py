@@ -99,14 +99,11 @@ class InlineDataPlane:
                     continue
                 shards = [self._shard(r) for r in action.reads]
                 for at, table in enumerate(action.recipes):
-                    for i in range(len(table)):
-                        recipe = table.recipe(i)
-                        whole = tasks.construct(recipe, *[shards[j] for j in table.reads_of(i)])
+                    for recipe, whole in tasks.built(table, shards):
                         self.wholes[(action.key, recipe.step, recipe.group)] = whole
                         parts = tasks.group_parts(whole, recipe.group, action.cp)
                         for part, batch in parts.items():
-                            ref = part_ref(action.key, at * action.stride + part)
-                            self.batches[ref] = batch
+                            self.batches[part_ref(action.key, at * action.stride + part)] = batch
             elif isinstance(action, Release):
                 for key in action.keys:
                     self.shards.pop(key, None)

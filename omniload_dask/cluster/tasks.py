@@ -11,7 +11,7 @@ take their own parts (:mod:`.serving`).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -337,16 +337,15 @@ def construct_block(
     of the block's ``i``-th step (``recipes[i]``) numbered from ``i * stride``."""
     parts: dict[int, GroupBatch] = {}
     for i, table in enumerate(recipes):
-        for part, batch in table_parts(table, cp, shards).items():
-            parts[i * stride + part] = batch
+        for recipe, whole in built(table, shards):
+            for part, batch in group_parts(whole, recipe.group, cp).items():
+                parts[i * stride + part] = batch
     return BatchBlock(parts)
 
 
-def table_parts(table: RecipeTable, cp: int, shards: Sequence[Shard]) -> dict[int, GroupBatch]:
-    """The parts of one step's ``table``, each recipe built from the shards it names."""
-    parts: dict[int, GroupBatch] = {}
+def built(table: RecipeTable, shards: Sequence[Shard]) -> Iterator[tuple[Recipe, GroupBatch]]:
+    """Each recipe of one step's ``table`` and its whole batch, built from the shards it
+    names (indices into ``shards``)."""
     for i in range(len(table)):
         recipe = table.recipe(i)
-        whole = construct(recipe, *[shards[j] for j in table.reads_of(i).tolist()])
-        parts.update(group_parts(whole, recipe.group, cp))
-    return parts
+        yield recipe, construct(recipe, *[shards[j] for j in table.reads_of(i).tolist()])
