@@ -230,6 +230,9 @@ def write_source(folder: Path, name: str, lengths: np.ndarray, rng: np.random.Ge
                 out.write(json.dumps({"text": text}) + "\n")
 
 
+PHASES = ("draw_step", "plan_step", "commit_step")
+
+
 def coordinator_timing(dp: int, steps: int, seed: int) -> dict[str, Any]:
     """The data plane's own per-step planning (draw, balance, recipes) on real files."""
     from omniload_dask.core.coordinator import Coordinator
@@ -258,24 +261,39 @@ def coordinator_timing(dp: int, steps: int, seed: int) -> dict[str, Any]:
         plane = InlineDataPlane(plan)
         times: list[float] = []
         cpu: list[float] = []
-        draw = Coordinator._draw
+        # One drawn step is its three phases (see core/stepping.py): timed together, from a
+        # draw that drew a step to its commit.
+        phases = {name: getattr(Coordinator, name) for name in PHASES}
+        spent = [0.0, 0.0]
 
-        def timed(self: Coordinator) -> bool:
-            t0, c0 = time.perf_counter(), time.process_time()
-            done = draw(self)
-            if done:
-                times.append((time.perf_counter() - t0) * 1e3)
-                cpu.append((time.process_time() - c0) * 1e3)
-            return done
+        def timed(name: str) -> Any:
+            fn = phases[name]
 
-        Coordinator._draw = timed  # type: ignore[method-assign]
+            def run(self: Coordinator, *args: Any) -> Any:
+                t0, c0 = time.perf_counter(), time.process_time()
+                out = fn(self, *args)
+                spent[0] += time.perf_counter() - t0
+                spent[1] += time.process_time() - c0
+                if name == "draw_step" and out is None:
+                    spent[:] = [0.0, 0.0]  # nothing drawn: not a step's time
+                elif name == "commit_step":
+                    times.append(spent[0] * 1e3)
+                    cpu.append(spent[1] * 1e3)
+                    spent[:] = [0.0, 0.0]
+                return out
+
+            return run
+
+        for name in PHASES:
+            setattr(Coordinator, name, timed(name))
         try:
             effs = []
             for t in range(steps):
                 plane.step(t)
                 effs.append(plane.coord.history[-1].efficiency)
         finally:
-            Coordinator._draw = draw  # type: ignore[method-assign]
+            for name, fn in phases.items():
+                setattr(Coordinator, name, fn)
         stats = plane.coord.stats()
     return {
         "dp": dp,
