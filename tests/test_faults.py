@@ -52,7 +52,15 @@ def take(feeders, n, out, waits=None):
 
 
 def _settled(dask_scheduler) -> bool:
-    """No task runs or waits, and every batch and shard in memory has two copies."""
+    """Every job's data plane at rest (nothing left to draw, no step planning, no block of
+    several steps being gathered), no task runs or waits, and every batch and shard in memory
+    has two copies."""
+    for run in dask_scheduler.plugins["omniload"].jobs.values():
+        coord = run.coord
+        if run._planning is not None or coord.delivery.offered_step is not None:
+            return False  # a construction is still to come
+        if coord.end_step is None and coord.next_step < coord.delivery.draw_target():
+            return False
     for key, ts in dask_scheduler.tasks.items():
         if ts.state in ("processing", "waiting", "queued", "no-worker"):
             return False
