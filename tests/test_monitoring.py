@@ -103,6 +103,18 @@ def test_realised_shares_are_rolling_over_the_window_and_use_the_mixing_basis():
     assert steps.shape == (0,) and realised.shape == (0, 2)
 
 
+def test_realised_shares_count_a_source_that_joined_after_the_steps_as_zero():
+    # A source joins at the draw of a step whose figures are not counted yet (it is planned
+    # in a thread): the job lists three sources, every step counted so far has two.
+    figures = [_figure(0, [30, 10], [1, 3], [0.5, 0.5]), _figure(1, [10, 30], [1, 1], [0.5, 0.5])]
+    _, target, realised = realised_shares(figures, 3, "tokens", window=2)
+    assert target.tolist() == [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]
+    np.testing.assert_allclose(realised, [[0.75, 0.25, 0.0], [0.5, 0.5, 0.0]])
+    mixed = [*figures, _figure(2, [10, 10, 20], [1, 1, 2], [0.25, 0.25, 0.5])]
+    _, _, realised = realised_shares(mixed, 3, "tokens", window=2)
+    np.testing.assert_allclose(realised[-1], [20 / 80, 40 / 80, 20 / 80])
+
+
 def test_checkpoint_and_number_texts():
     assert checkpoint_text(None, 10.0) == "none yet"
     assert checkpoint_text({"step": 40, "time": 4.0}, 10.0) == "step 40, 6 s ago"

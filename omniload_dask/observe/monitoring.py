@@ -248,14 +248,25 @@ def realised_shares(
         return np.zeros(0, dtype=np.int64), empty, empty
     steps = np.asarray([_get(f, "step") for f in figures], dtype=np.int64)
     key = "source_documents" if by == "documents" else "source_tokens"
-    amounts = np.asarray([_get(f, key) for f in figures], dtype=np.float64)
-    target = np.asarray([_get(f, "target") for f in figures], dtype=np.float64)
+    amounts = _padded([_get(f, key) for f in figures], num_sources)
+    target = _padded([_get(f, "target") for f in figures], num_sources)
     cum = np.cumsum(np.vstack([np.zeros((1, num_sources)), amounts]), axis=0)
     lo = np.maximum(np.arange(len(figures)) + 1 - window, 0)
     sums = cum[1:] - cum[lo]
     totals = sums.sum(axis=1, keepdims=True)
     realised = np.divide(sums, totals, out=np.zeros_like(sums), where=totals > 0)
     return steps, target, realised
+
+
+def _padded(rows: Sequence[Any], width: int) -> np.ndarray:
+    """Per-source rows as one array ``(len(rows), width)``: a step drawn before a source
+    joined has no entry for it (zero), and one in flight while it joined has not been counted
+    yet, so the widths differ."""
+    out = np.zeros((len(rows), width), dtype=np.float64)
+    for i, row in enumerate(rows):
+        values = np.asarray(row, dtype=np.float64)[:width]
+        out[i, : len(values)] = values
+    return out
 
 
 def _get(figure: Any, name: str) -> Any:
