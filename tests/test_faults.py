@@ -301,6 +301,16 @@ def _dask_command(*args: str) -> list[str]:
     return [str(exe) if exe.exists() else shutil.which("dask") or "dask", *args]
 
 
+def _closing_lines(folder: Path) -> list[str]:
+    """What the workers' logs say about closing and rejoining (a failure's message)."""
+    out = []
+    for log in sorted(folder.glob("worker*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if any(w in line for w in ("Reason", "Closing", "rejoin", "Registered to")):
+                out.append(f"{log.name}: {line[-160:]}")
+    return out
+
+
 @pytest.mark.slow
 def test_dask_workers_rejoin_a_restarted_scheduler_by_themselves(small_sources, tmp_path):
     # The README's external cluster: `dask scheduler --preload omniload_dask.preload` and
@@ -335,13 +345,25 @@ def test_dask_workers_rejoin_a_restarted_scheduler_by_themselves(small_sources, 
                 "--preload-nanny",
                 "omniload_dask.rejoin",
             ),
-            **quiet,
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / f"worker{i}.log").open("w"),  # why one left, if it does
         )
-        for _ in range(2)
+        for i in range(2)
     ]
     feeder = None
     try:
         job = Job.start(plan, address=address)
+
+        # Both workers in, and both nannies done starting: a nanny whose scheduler dies before
+        # it has told the scheduler it started gives up for good (Dask's own start path)
+        def both_started(dask_scheduler) -> bool:  # (nested: sent by value to the scheduler)
+            starting = getattr(dask_scheduler, "_starting_nannies", ())
+            return len(dask_scheduler.workers) >= 2 and not starting
+
+        deadline = time.monotonic() + 60
+        while not job.client.run_on_scheduler(both_started):
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.1)
         feeder = Feeder("rejoin", address=address, dp_rank=0, output="numpy",
                         reconnect_timeout=120)  # fmt: skip
         got: dict = {}
@@ -357,7 +379,7 @@ def test_dask_workers_rejoin_a_restarted_scheduler_by_themselves(small_sources, 
             take([feeder], 9, got)
             deadline = time.monotonic() + 60
             while len(again.client.scheduler_info()["workers"]) < 2:  # both came back
-                assert time.monotonic() < deadline, again.client.scheduler_info()["workers"]
+                assert time.monotonic() < deadline, _closing_lines(tmp_path)
                 time.sleep(0.1)
         finally:
             again.close()
