@@ -12,7 +12,7 @@ import pytest
 
 from omniload_dask.cluster.waiters import Waiters
 from omniload_dask.core.actions import SubmitConstruct
-from omniload_dask.core.delivery import fetch_depth, groups_per_task, steps_per_task
+from omniload_dask.core.blocks import fetch_depth, groups_per_task, steps_per_task
 from omniload_dask.core.positions import RankPositions, Tournament
 from omniload_dask.errors import PlanError
 from omniload_dask.plan import LayoutSpec, parse_plan

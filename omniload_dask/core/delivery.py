@@ -38,31 +38,13 @@ import numpy as np
 
 from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.core.actions import ReadSpec, Release, SubmitConstruct
-from omniload_dask.core.blocks import (
-    BLOCK_TOKENS,
-    BLOCKS_PER_STEP,
-    OpenBlock,
-    block_of,
-    fetch_depth,
-    groups_per_task,
-    steps_per_task,
-)
+from omniload_dask.core.blocks import OpenBlock, block_of, groups_per_task, steps_per_task
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.positions import RankPositions
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan
 
-__all__ = [
-    "BLOCKS_PER_STEP",
-    "BLOCK_TOKENS",
-    "Delivery",
-    "Part",
-    "RankState",
-    "StepRecord",
-    "fetch_depth",
-    "groups_per_task",
-    "steps_per_task",
-]
+__all__ = ["Delivery", "Part", "RankState", "StepRecord"]
 
 Part = tuple[str, int]  # (block key, part): what one rank fetches for one step
 
