@@ -44,7 +44,10 @@ class Watched:
         self.base = link.rsplit("/", 1)[0]
         self.address = job.client.scheduler.address
         self.feeders = [
-            job.feeder(rank=r, output="numpy") for r in range(job.plan.layout.world_size)
+            # prefetch 2 (not two blocks of steps): a rank reports how far it fetched with each
+            # request, and a shallow prefetch asks again about every step
+            job.feeder(rank=r, output="numpy", prefetch=2)
+            for r in range(job.plan.layout.world_size)
         ]
         self.steps = 0
 
@@ -175,7 +178,7 @@ def test_metrics_parse_and_their_counters_move_as_steps_are_consumed(watched):
         assert value(before, "omniload_feeder_wait_seconds", rank=rank, quantile="0.99") >= 0
     fetched = value(before, "omniload_steps_fetched_total")
 
-    watched.consume(16)  # past a refill: a rank asks for two blocks of 8 steps at a time
+    watched.consume(16)  # past the end of the block of 8 steps drawn ahead
     # A rank reports how far it fetched with its next request: at least as far as it consumed.
     after = wait_for(
         lambda: (
