@@ -104,6 +104,32 @@ def test_a_batch_survives_shared_memory_bit_for_bit(small_plan):
         read_segment(segment.name)
 
 
+READER = textwrap.dedent(
+    """
+    import sys
+    from multiprocessing import resource_tracker
+    from omniload_dask.trainer.shm import read_segment
+    value = read_segment(sys.argv[1])
+    tracker = resource_tracker._resource_tracker._pid  # set once a tracker process started
+    print(value["ids"].tolist(), tracker is not None)
+    """
+)
+
+
+def test_a_rank_reads_shared_memory_without_a_resource_tracker_of_its_own():
+    # Each rank of a node reads the agent's segments; attaching through SharedMemory would
+    # start a resource-tracker process in every rank (before Python 3.13), ~10 MiB each.
+    import numpy as np
+
+    segment = write_segment({"ids": np.arange(5, dtype=np.uint32)})
+    try:
+        out = subprocess.run([sys.executable, "-c", READER, segment.name], capture_output=True,
+                             text=True, timeout=120, check=True).stdout.split()  # fmt: skip
+    finally:
+        segment.unlink()
+    assert out == ["[0,", "1,", "2,", "3,", "4]", str(not Path("/dev/shm").is_dir())]
+
+
 @pytest.mark.slow
 def test_broadcast_within_the_dp_group_gives_tp_and_cp_ranks_their_own_batches(small_sources):
     plan = make_plan(small_sources, name="bcast", layout={"dp": 1, "tp": 2, "cp": 2})

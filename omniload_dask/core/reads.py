@@ -56,6 +56,7 @@ class ReadAhead:
         self._part_of: dict[str, tuple[int, int]] = {}  # part key -> (part, its size)
         self._last_parts: dict[int, int] = {}  # source -> parts of its last submitted unit
         self._seen: dict[int, tuple[Any, ...]] = {}  # what the last look at a source saw
+        self._quotas: tuple[tuple[bytes, int], np.ndarray] | None = None  # the last ones, by input
 
     def add_source(self) -> None:
         """A stream joined the job: a meter for it."""
@@ -206,7 +207,11 @@ class ReadAhead:
     def read_quotas(self, weights: np.ndarray) -> np.ndarray:
         """In-flight read tasks allowed per source (:func:`.autoscale.quotas`)."""
         slots = max(1, self._loader.reads_per_thread * max(self.threads, 1))
-        return autoscale.quotas(self.read_work(weights), slots)
+        work = self.read_work(weights)
+        key = (work.tobytes(), slots)  # asked a few times a step; changes with a read report
+        if self._quotas is None or self._quotas[0] != key:
+            self._quotas = (key, autoscale.quotas(work, slots))
+        return self._quotas[1].copy()
 
     def work_per_step(self, weights: np.ndarray, groups: int) -> float | None:
         """Measured worker seconds one step costs at ``weights``: reads of every source and

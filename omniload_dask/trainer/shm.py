@@ -8,13 +8,19 @@ is one copy of each array and reading one copy back::
     [pickle][buffer 0 (64-byte aligned)][buffer 1]...
 
 Readers only attach: the agent, which made the segment, unlinks it when no rank needs it.
+Where segments are files under ``/dev/shm`` (Linux), a reader maps the file read-only itself:
+before Python 3.13, attaching through ``SharedMemory`` starts a resource-tracker process in
+every rank (about 10 MiB each), only to be told to forget the segment again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
+import os
 import pickle
 import struct
+from collections.abc import Iterator
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -22,6 +28,7 @@ from typing import Any
 __all__ = ["Segment", "read_segment", "write_segment"]
 
 ALIGN = 64
+SHM_DIR = "/dev/shm"  # where POSIX shared memory lives as files (Linux)
 
 
 class Segment:
@@ -67,10 +74,7 @@ def write_segment(value: Any) -> Segment:
 
 def read_segment(name: str) -> Any:
     """The value in segment ``name``, copied out (the segment may go once this returns)."""
-    shm = _attach(name)
-    try:
-        view = shm.buf
-        assert view is not None
+    with _mapped(name) as view:
         head_len, count = struct.unpack_from("<QQ", view, 0)
         sizes = struct.unpack_from(f"<{count}Q", view, 16)
         table = 16 + 8 * count
@@ -80,10 +84,33 @@ def read_segment(name: str) -> Any:
         for size in sizes:
             copies.append(bytearray(view[offset : offset + size]))
             offset = _aligned(offset + size)
-        del view
         return pickle.loads(head, buffers=copies)
+
+
+@contextlib.contextmanager
+def _mapped(name: str) -> Iterator[memoryview]:
+    """A read-only view of segment ``name`` (FileNotFoundError: it is gone)."""
+    try:
+        fd = os.open(os.path.join(SHM_DIR, name.lstrip("/")), os.O_RDONLY)
+    except FileNotFoundError:  # gone, or segments are not files there: ask multiprocessing
+        shm = _attach(name)
+        try:
+            view = shm.buf
+            assert view is not None
+            yield view
+            del view
+        finally:
+            shm.close()
+        return
+    try:
+        mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     finally:
-        shm.close()
+        os.close(fd)
+    try:
+        with memoryview(mapping) as view:
+            yield view
+    finally:
+        mapping.close()
 
 
 def _attach(name: str) -> SharedMemory:
