@@ -285,6 +285,53 @@ class RecipeTable:
         )
         return table, used
 
+    def select_runs(self, bounds: np.ndarray) -> list[tuple[RecipeTable, np.ndarray]]:
+        """:meth:`select_reads` of each run of recipes ``bounds[b]:bounds[b + 1]`` (a step's
+        blocks), in one pass over all their shard slots instead of one per run; runs that
+        are empty are skipped::
+
+            bounds [0 2 4]  ->  [select_reads([0 1]), select_reads([2 3])]
+
+        Each run's reads are numbered by first use within the run: the numbers are sorted
+        once, by (run, read), over all the slots."""
+        bounds = np.asarray(bounds, dtype=np.int64)
+        slot_at = self.slot_bounds[bounds]
+        slots = self.slot_reads[int(slot_at[0]) : int(slot_at[-1])]
+        runs = len(bounds) - 1
+        width = int(slots.max(initial=-1)) + 1
+        run_of = np.repeat(np.arange(runs, dtype=np.int64), np.diff(slot_at))
+        used, renumbered = _by_first_use(run_of * width + slots)
+        # (first uses are in slot order, so the used reads come run by run)
+        used_at = np.searchsorted(used // max(width, 1), np.arange(runs + 1))
+        used = used % max(width, 1)
+        out = []
+        base = int(slot_at[0])
+        piece_at = self.piece_bounds[bounds]
+        for b in range(runs):
+            lo, hi = int(bounds[b]), int(bounds[b + 1])
+            if hi <= lo:
+                continue
+            s_lo, s_hi = int(slot_at[b]), int(slot_at[b + 1])
+            p_lo, p_hi = int(piece_at[b]), int(piece_at[b + 1])
+            # the run's reads, numbered from 0 (numbers count within their run already
+            # less the reads of the runs before)
+            table = RecipeTable(
+                step=self.step,
+                groups=self.groups[lo:hi],
+                piece_bounds=self.piece_bounds[lo : hi + 1] - p_lo,
+                pieces=self.pieces[p_lo:p_hi],
+                slot_bounds=self.slot_bounds[lo : hi + 1] - s_lo,
+                slot_reads=renumbered[s_lo - base : s_hi - base] - used_at[b],
+                slot_epochs=self.slot_epochs[s_lo:s_hi],
+                num_micro_steps=self.num_micro_steps,
+                seq_len=self.seq_len,
+                pad_to_seq_len=self.pad_to_seq_len,
+                micro_seq_lens=self.micro_seq_lens,
+                patch_size=self.patch_size,
+            )
+            out.append((table, used[used_at[b] : used_at[b + 1]]))
+        return out
+
 
 def _ranges(bounds: np.ndarray, rows: np.ndarray) -> tuple[slice | np.ndarray, np.ndarray]:
     """Where the entries of recipes ``rows`` lie in an array cut by ``bounds`` (a slice when

@@ -30,6 +30,7 @@ Pure: no I/O and no Dask.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -175,7 +176,17 @@ class Delivery:
         if self.where.slowest > step:
             return out
         wanted = np.flatnonzero(np.asarray(self.where.group_min) <= step)
-        bounds = np.searchsorted(wanted, np.append(np.arange(0, dp, size), dp))
+        edges = np.append(np.arange(0, dp, size), dp)
+        if len(wanted) == dp and step > self._newest_held:
+            # The usual case, every group wants a new step: its blocks are runs of recipes,
+            # held and selected in one pass each.
+            keys = [self._keys.block(step, b) for b in range(len(edges) - 1)]
+            self._hold_new(step, keys, size)
+            for key, (table, used) in zip(keys, recipes.select_runs(edges), strict=True):
+                specs = tuple(reads[i] for i in used.tolist())
+                out.append(SubmitConstruct(key, (table,), specs, self.layout.cp))
+            return out
+        bounds = np.searchsorted(wanted, edges)
         for b in range(len(bounds) - 1):
             groups = wanted[bounds[b] : bounds[b + 1]]
             if not len(groups):
@@ -336,6 +347,20 @@ class Delivery:
             held[(step, group)] = key
         self._held_count[step] += new
         left[key] += len(groups)
+
+    def _hold_new(self, step: int, keys: list[str], size: int) -> None:
+        """Hold block ``keys[b]`` for groups ``b * size`` on at ``step``, every group of a
+        step later than any held: :meth:`_hold`'s usual case for all of a step's blocks."""
+        dp = self.layout.dp
+        per_group = list(itertools.chain.from_iterable(itertools.repeat(k, size) for k in keys))
+        self.held.update(zip([(step, g) for g in range(dp)], per_group[:dp], strict=True))
+        for heap in self._held_steps:
+            heap.append(step)  # (at least every step in the heaps: what heappush would do)
+        self._newest_held = step
+        self._held_count[step] += dp
+        left = self._block_left
+        for b, key in enumerate(keys):
+            left[key] += min(size, dp - b * size)
 
     def _release_fetched(self, group: int) -> list[str]:
         """The blocks no group holds any more once ``group``'s fetched steps are let go."""
