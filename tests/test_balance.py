@@ -349,3 +349,21 @@ def test_a_probe_scores_its_pairs_on_their_own_groups_as_in_the_whole_step():
         whole, _ = _whole_round(p, bins, load, heavy, light, cost)
         alone, _ = _whole_round(*_probed(p, bins, load, heavy, light), cost)
         assert np.array_equal(whole, alone)
+    # Below PROBE_ALONE_FROM pairs a round reads its probe from its own scores: the same
+    # answer as weighing the probe alone first, whether the probe finds a change or not.
+    from omniload_dask.batching import refine
+
+    for count in (12, 20):
+        heavy, light = order[:count], order[::-1][:count]
+        for cost in (None, COST):
+            got = [_whole_round(p, bins, load, heavy, light, cost)[0]]
+            got += [refine._cut_round(p, bins, load, heavy, light, COST)[0]]
+            saved = refine.PROBE_ALONE_FROM
+            refine.PROBE_ALONE_FROM = 1
+            try:
+                first = [_whole_round(p, bins, load, heavy, light, cost)[0]]
+                first += [refine._cut_round(p, bins, load, heavy, light, COST)[0]]
+            finally:
+                refine.PROBE_ALONE_FROM = saved
+            for a, b in zip(got, first, strict=True):
+                assert np.array_equal(a, b)

@@ -52,7 +52,9 @@ CUT_BELOW = 0.99  # ... while it is below this
 CUT_PIECES = 3  # the heavy group's costliest pieces weighed for a cut
 CUT_GRID = 7  # cut points weighed per piece and run
 CUT_RUNS = 7  # runs (of 0 to 6 short pieces) a light micro-batch may give back for a tail
-PROBE_FROM = 8  # pairs from which a round first weighs this many of its heaviest
+PROBE_FROM = 8  # pairs from which a round first weighs this many of its heaviest ...
+PROBE_ALONE_FROM = 32  # ... alone, before the round, from this many pairs (below: the round
+# is cheap, and the probe's pairs are read from its scores: the same answer)
 CUT_EXCHANGES_UP_TO = 64  # groups up to which whole-piece rounds may cut an exchange to fit
 CUT_GAIN = 1e-3  # a cut must even a pair this share of its heavy group better than whole
 
@@ -92,9 +94,11 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         if pairs is None:
             break
         heavy, light = pairs
-        # Per pair, a cut only where it evens the pair clearly better than whole pieces do.
-        whole, commit_whole = _whole_round(p, bins, load, heavy, light, cost)
-        by_cut_score, commit_cut = _cut_round(p, bins, load, heavy, light, cost)
+        # Per pair, a cut only where it evens the pair clearly better than whole pieces do
+        # (both weighed on the same tables of the step: nothing changes between them).
+        shared = _Shared(p, bins, light, groups)
+        whole, commit_whole = _whole_round(p, bins, load, heavy, light, cost, shared)
+        by_cut_score, commit_cut = _cut_round(p, bins, load, heavy, light, cost, shared)
         by_cut = by_cut_score < whole - CUT_GAIN * load[heavy]
         by_whole = np.isfinite(whole) & ~by_cut
         if not (by_cut | by_whole).any():
@@ -162,6 +166,35 @@ def _probed(
     return sub, sub_bins, load[members], np.arange(pairs), np.arange(pairs, 2 * pairs)
 
 
+def _probe_first(probe: np.ndarray | None, pairs: int) -> bool:
+    """Whether a round weighs its probe alone before it (many pairs: the round is dear), or
+    reads the probe's pairs from its own scores (the same scores: see :func:`_probed`)."""
+    return probe is not None and pairs >= PROBE_ALONE_FROM
+
+
+class _Shared:
+    """What the whole-piece and the cut weighing of one round both read: each piece's
+    group, the (group, bucket) tables of bins, the light groups' runs, and each group's
+    pieces by decreasing cost."""
+
+    def __init__(self, p: Pieces, bins: Bins, light: np.ndarray, groups: int) -> None:
+        self.of = bins.group[p.bin]
+        self.roomiest, self.every = _tables(bins, groups)
+        self.runs = _Runs(p, bins, self.of, light, groups)
+        self._by_cost: tuple[np.ndarray, ...] | None = None
+        self._p, self._groups = p, groups
+
+    def candidates(self, groups: np.ndarray, k: int) -> np.ndarray:
+        """:func:`_candidates` of ``groups`` (a prefix of the groups first asked for keeps
+        each group's order: its pieces by decreasing cost, ties by index)."""
+        n = len(groups)
+        known = self._by_cost
+        if known is None or n > len(known[0]) or not np.array_equal(known[0][:n], groups):
+            known = self._by_cost = (groups, *_by_group(self._p, self.of, groups, self._groups))
+        _, ids, start, count = known
+        return _spread(ids, start[:n], count[:n], k)
+
+
 @lru_cache(maxsize=64)
 def _fractions(k: int) -> np.ndarray:
     """``np.linspace(0.0, 1.0, k)``, made once per ``k`` (read-only: it is shared)."""
@@ -196,15 +229,28 @@ def _tables(bins: Bins, groups: int) -> tuple[np.ndarray, np.ndarray]:
 def _candidates(p: Pieces, of: np.ndarray, groups: np.ndarray, k: int, total: int) -> np.ndarray:
     """Per group of ``groups`` (of ``total``): at most ``k`` of its pieces spread over its
     range of costs, by decreasing cost, padded with -1 (shape ``(len(groups), k)``)."""
+    return _spread(*_by_group(p, of, groups, total), k)
+
+
+def _by_group(
+    p: Pieces, of: np.ndarray, groups: np.ndarray, total: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces of ``groups`` (of ``total``), group by group in that order, each group's
+    by decreasing cost (ties by index); each group's start and count in them."""
     rank = np.full(total, len(groups), np.int64)
     rank[groups] = np.arange(len(groups))
     ids = by_cost(p, np.flatnonzero(rank[of] < len(groups)))
-    if not len(ids):
-        return np.full((len(groups), k), -1, dtype=np.int64)
     r = rank[of[ids]]
     ids, r = ids[stable_order(r)], np.sort(r)
     count = np.bincount(r, minlength=len(groups))
-    start = count.cumsum() - count
+    return ids, count.cumsum() - count, count
+
+
+def _spread(ids: np.ndarray, start: np.ndarray, count: np.ndarray, k: int) -> np.ndarray:
+    """At most ``k`` of each group's pieces (``ids[start:start + count]``), spread over its
+    costs, padded with -1 (:func:`_candidates`)."""
+    if not len(ids):
+        return np.full((len(count), k), -1, dtype=np.int64)
     spread = np.rint(_fractions(k)[None, :] * (count[:, None] - 1)).astype(np.int64)
     pos = np.where(count[:, None] >= k, spread, np.arange(k))
     out = np.where(pos < count[:, None], ids[np.minimum(start[:, None] + pos, len(ids) - 1)], -1)
@@ -213,7 +259,7 @@ def _candidates(p: Pieces, of: np.ndarray, groups: np.ndarray, k: int, total: in
 
 def _whole_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
-    cost: CostFunction | None = None,
+    cost: CostFunction | None = None, shared: _Shared | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """One round of moves, swaps and exchanges: the best for each pair. With ``cost``, an
     exchange may cut the last piece of its run. Returns each pair's score, its larger cost
@@ -221,21 +267,25 @@ def _whole_round(
     that makes the changes of the pairs of a mask.
 
     With many pairs, a few whose heavy groups are at the peak are weighed first
-    (:func:`_probe`).
+    (:func:`_probe`): alone where the round is dear, else in it (the same scores: up to
+    ``PROBE_ALONE_FROM`` pairs the round weighs as many candidates as the probe alone).
+    ``shared`` holds what a cut round's weighing reads too (made here if not given).
     """
     nothing = np.full(len(heavy), np.inf), _nothing
     probe = _probe(load, heavy)
-    if probe is not None:
+    if _probe_first(probe, len(heavy)):
+        assert probe is not None
         tried, _ = _whole_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)
         if not np.isfinite(tried).all():
             return nothing
     groups = len(load)
-    of = bins.group[p.bin]
+    if shared is None:
+        shared = _Shared(p, bins, light, groups)
+    roomiest, every = shared.roomiest, shared.every
     gap = load[heavy] - load[light]
-    roomiest, every = _tables(bins, groups)
     per_bin = np.bincount(p.bin, minlength=len(bins.room))
     k = int(min(max(math.sqrt(PAIR_BUDGET / len(heavy)), CANDIDATES), 32))
-    both = _candidates(p, of, np.concatenate([heavy, light]), k, groups)
+    both = shared.candidates(np.concatenate([heavy, light]), k)
     hc, lc = both[: len(heavy)], both[len(heavy) :]  # (P, K) each
     P, K = hc.shape
     h = np.maximum(hc, 0)
@@ -259,7 +309,7 @@ def _whole_round(
     move_ok &= bins.room[np.maximum(dest, 0)] >= h_len
     move_ok &= h_cost < gap[:, None]
     move_score = np.where(move_ok, np.abs(gap[:, None] / 2 - h_cost), np.inf)
-    runs = _Runs(p, bins, of, light, groups)
+    runs = shared.runs
     ex = _exchanges(p, bins, runs, light, every, hc, (load[heavy], load[light]), cost)
     best = np.stack([swap_score.min(axis=1), move_score.min(axis=1), ex[0]], axis=1)
     kind = np.argmin(best, axis=1)
@@ -268,7 +318,7 @@ def _whole_round(
     # larger cost less the pair's mean, which is half the gap below the heavy group).
     act = score < (gap / 2) - PROGRESS * load[heavy]
     score = np.where(act, score, np.inf)
-    if not act.any():
+    if not act.any() or (probe is not None and not act[probe].all()):
         return nothing
 
     def commit(mask: np.ndarray) -> None:
@@ -409,7 +459,7 @@ def _exchanges(
 
 def _cut_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
-    cost: CostFunction,
+    cost: CostFunction, shared: _Shared | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """Each heavy group hands the tail of one of its costliest pieces to the light group's
     micro-batch of that bucket with the most room, cut where the pair comes out most even;
@@ -418,19 +468,21 @@ def _cut_round(
     each pair and its commit, as :func:`_whole_round` does."""
     nothing = np.full(len(heavy), np.inf), _nothing
     probe = _probe(load, heavy)
-    if probe is not None:
+    if _probe_first(probe, len(heavy)):
+        assert probe is not None
         tried, _ = _cut_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)
         if not np.isfinite(tried).all():
             return nothing
     groups = len(load)
-    roomiest, _ = _tables(bins, groups)
-    of = bins.group[p.bin]
-    hc = _candidates(p, of, heavy, CUT_PIECES, groups)
+    if shared is None:
+        shared = _Shared(p, bins, light, groups)
+    roomiest = shared.roomiest
+    hc = shared.candidates(heavy, CUT_PIECES)
     h = np.maximum(hc, 0)
     n = p.length[h][..., None, None]  # (pairs, pieces, 1, 1): runs, cut points last
     dest = roomiest[light[:, None], p.bucket[h]]
     y = np.maximum(dest, 0)[..., None]
-    runs = _Runs(p, bins, of, light, groups)
+    runs = shared.runs
     k = np.arange(CUT_RUNS)
     at = runs.first[y] + k - 1  # the run of the k shortest ends at order[at]
     has = (k == 0) | (at < runs.end[y])
@@ -454,7 +506,7 @@ def _cut_round(
     rows = np.arange(len(heavy))
     act = worst[rows, flat] < load[heavy] * (1 - PROGRESS)
     score = np.where(act, worst[rows, flat] - (load[heavy] + load[light]) / 2, np.inf)
-    if not act.any():
+    if not act.any() or (probe is not None and not act[probe].all()):
         return nothing
 
     def commit(mask: np.ndarray) -> None:
