@@ -325,6 +325,21 @@ def test_group_loads_sort_as_a_stable_argsort_even_one_ulp_apart():
         assert np.array_equal(got, np.argsort(values, kind="stable")), trial
 
 
+def test_first_use_numbers_values_in_order_of_first_use_with_or_without_a_sort():
+    from omniload_dask.batching.sorting import first_use
+
+    rng = np.random.default_rng(4)
+    for trial in range(400):
+        n = int(rng.integers(0, 200))
+        span = int(rng.choice([1, 5, 40, 1000, 10**9]))  # narrow: no sort; wide: the sort
+        values = rng.integers(0, span, n)
+        used, number = first_use(values)
+        expected = list(dict.fromkeys(values.tolist()))
+        assert used.tolist() == expected, trial
+        assert number.tolist() == [expected.index(v) for v in values.tolist()], trial
+        assert used.dtype == number.dtype == np.int64
+
+
 def test_a_probe_scores_its_pairs_on_their_own_groups_as_in_the_whole_step():
     from omniload_dask.batching.refine import _probed, _whole_round
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["stable_order", "stable_order_of_floats"]
+__all__ = ["first_use", "stable_order", "stable_order_of_floats"]
 
 
 def stable_order(values: np.ndarray) -> np.ndarray:
@@ -52,3 +52,39 @@ def stable_order_of_floats(values: np.ndarray) -> np.ndarray:
         if (near & (v[1:] < v[:-1])).any():  # a smaller value after a larger one
             return np.argsort(values, kind="stable")
     return order
+
+
+def first_use(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``values`` (integers >= 0) in order of first use, and each value's
+    number in that order::
+
+        [7 3 7 5]  ->  used [7 3 5], numbers [0 1 0 2]
+
+    Where the values span few more numbers than there are values (reads of a block, (group,
+    read) pairs of a step), each one's first position comes from one ``np.minimum.at``, no
+    sort; else from a stable sort.
+    """
+    values = values.astype(np.int64, copy=False)
+    n = len(values)
+    if not n:
+        return values[:0], values[:0]
+    width = int(values.max()) + 1
+    if width <= 4 * n + 64:  # few distinct values for their count: no sort
+        position = np.arange(n)
+        first_at = np.full(width, n, dtype=np.int64)
+        np.minimum.at(first_at, values, position)  # each value's first position
+        used = values[np.flatnonzero(first_at[values] == position)]  # (in order of use)
+        number = np.empty(width, dtype=np.int64)
+        number[used] = np.arange(len(used))
+        return used, number[values]
+    order = stable_order(values)
+    ordered = values[order]
+    new = np.ones(len(values), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    first = order[np.flatnonzero(new)]  # each distinct value's first position, by value
+    by_use = np.argsort(first, kind="stable")  # (unique: the same order, merged from runs)
+    number = np.empty(len(first), dtype=np.int64)
+    number[by_use] = np.arange(len(first))
+    out = np.empty(len(values), dtype=np.int64)
+    out[order] = number[np.cumsum(new) - 1]
+    return values[first[by_use]], out
