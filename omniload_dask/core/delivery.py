@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,12 +86,17 @@ class Delivery:
         self._open: OpenBlock | None = None
         self._first: dict[str, int] = {}  # multi-step block key -> its first step
         self.steps: dict[int, StepRecord] = {}
-        self.held: dict[tuple[int, int], str] = {}
+        self._holds: dict[int, list[str | None]] = {}  # step -> each group's block key
         self._block_left: Counter[str] = Counter()  # groups a held block still serves
         self._held_steps: list[list[int]] = [[] for _ in range(self.layout.dp)]  # heaps
         self._held_count: Counter[int] = Counter()  # groups holding each step
         self._newest_held = -1  # the latest step any group's heap has had pushed
         self.where = RankPositions(self.layout, start_step)
+
+    @property
+    def held(self) -> Mapping[tuple[int, int], str]:
+        """The block key each (step, group) is held under (a read-only view)."""
+        return _Held(self._holds, self._held_count)
 
     @property
     def ranks(self) -> dict[int, RankState]:
@@ -243,7 +248,8 @@ class Delivery:
             return None, None
         if self._open is not None and step >= self._open.first:
             return None, None  # its block is still being drawn
-        key = self.held.get((step, group))
+        row = self._holds.get(step)
+        key = row[group] if row is not None else None
         rebuild = None
         if key is None:
             rebuild = self._rebuild(step, group)
@@ -323,28 +329,31 @@ class Delivery:
 
     def _hold(self, step: int, groups: list[int], key: str) -> None:
         """Hold ``key`` for ``groups`` at ``step`` (one block's groups at once)."""
-        held, heaps, left = self.held, self._held_steps, self._block_left
-        pairs = [(step, group) for group in groups]
-        if step >= self._newest_held and held.keys().isdisjoint(pairs):
+        heaps, left = self._held_steps, self._block_left
+        row = self._holds.get(step)
+        if step >= self._newest_held and row is None:
             # The usual case, a new step: no group holds it yet, and it is at least every
             # step in the heaps, so appending it is what heappush would do.
-            held.update(dict.fromkeys(pairs, key))
+            row = self._holds[step] = [None] * self.layout.dp
             for group in groups:
+                row[group] = key
                 heaps[group].append(step)
             self._newest_held = step
             self._held_count[step] += len(groups)
             left[key] += len(groups)
             return
+        if row is None:
+            row = self._holds[step] = [None] * self.layout.dp
         self._newest_held = max(self._newest_held, step)
         new = 0
         for group in groups:
-            old = held.get((step, group))
+            old = row[group]
             if old is None:
                 heapq.heappush(heaps[group], step)
                 new += 1
             else:
                 left[old] -= 1  # (a rebuild replaces a lost hold; not in practice)
-            held[(step, group)] = key
+            row[group] = key
         self._held_count[step] += new
         left[key] += len(groups)
 
@@ -352,8 +361,8 @@ class Delivery:
         """Hold block ``keys[b]`` for groups ``b * size`` on at ``step``, every group of a
         step later than any held: :meth:`_hold`'s usual case for all of a step's blocks."""
         dp = self.layout.dp
-        per_group = list(itertools.chain.from_iterable(itertools.repeat(k, size) for k in keys))
-        self.held.update(zip([(step, g) for g in range(dp)], per_group[:dp], strict=True))
+        row: list[str | None] = list(itertools.chain.from_iterable([k] * size for k in keys))
+        self._holds[step] = row[:dp]
         for heap in self._held_steps:
             heap.append(step)  # (at least every step in the heaps: what heappush would do)
         self._newest_held = step
@@ -369,9 +378,13 @@ class Delivery:
         keys: list[str] = []
         while heap and heap[0] < fetched:
             step = heapq.heappop(heap)
-            key = self.held.pop((step, group), None)
-            if key is not None:
+            row = self._holds.get(step)
+            key = row[group] if row is not None else None
+            if row is not None and key is not None:
+                row[group] = None
                 self._held_count[step] -= 1
+                if not self._held_count[step]:
+                    del self._holds[step]
                 self._block_left[key] -= 1
                 if self._block_left[key] <= 0:
                     del self._block_left[key]
@@ -382,3 +395,27 @@ class Delivery:
     def _layout_text(self) -> str:
         lay = self.layout
         return f"dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}"
+
+
+class _Held(Mapping[tuple[int, int], str]):
+    """:attr:`Delivery.held`: (step, group) -> block key, over the rows of held steps."""
+
+    def __init__(self, rows: dict[int, list[str | None]], count: Counter[int]) -> None:
+        self._rows, self._count = rows, count
+
+    def __getitem__(self, at: tuple[int, int]) -> str:
+        step, group = at
+        row = self._rows.get(step)
+        key = row[group] if row is not None and 0 <= group < len(row) else None
+        if key is None:
+            raise KeyError(at)
+        return key
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for step, row in list(self._rows.items()):
+            for group, key in enumerate(row):
+                if key is not None:
+                    yield step, group
+
+    def __len__(self) -> int:
+        return sum(self._count[step] for step in self._rows)
