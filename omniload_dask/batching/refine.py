@@ -225,12 +225,16 @@ def _tables(bins: Bins, groups: int) -> tuple[np.ndarray, np.ndarray]:
     nb = len(bins.offset) - 1
     ids = np.arange(len(bins.room))
     cell = bins.group * nb + bins.bucket
+    width = int((bins.offset[1:] - bins.offset[:-1]).max()) // groups
+    if width == 1:  # one micro-batch of each bucket per group: it is the roomiest
+        table = np.full(groups * nb, -1, np.int64)
+        table[cell] = ids
+        return table.reshape(groups, nb), table.reshape(groups, nb, 1)
     order = np.lexsort((ids, -bins.room, cell))
     first = np.ones(len(order), dtype=bool)
     first[1:] = cell[order][1:] != cell[order][:-1]
     roomiest = np.full(groups * nb, -1, np.int64)
     roomiest[cell[order][first]] = order[first]
-    width = int((bins.offset[1:] - bins.offset[:-1]).max()) // groups
     every = np.full((groups * nb, width), -1, np.int64)
     every[cell, bins.slot] = ids
     return roomiest.reshape(groups, nb), every.reshape(groups, nb, width)
@@ -432,7 +436,10 @@ def _exchanges(
     P = len(hc)
     load_h, load_l = (x[:, None, None] for x in loads)
     h = np.maximum(hc, 0)
-    target = every[light[:, None], p.bucket[h]]  # (P, K, M)
+    if every.shape[1] == 1:  # one bucket: every candidate's bins are its light group's
+        target = np.broadcast_to(every[light, 0][:, None, :], (*hc.shape, every.shape[2]))
+    else:
+        target = every[light[:, None], p.bucket[h]]  # (P, K, M)
     valid = (hc >= 0)[:, :, None] & (target >= 0)
     y = np.maximum(target, 0)
     h_len = p.length[h][:, :, None]
