@@ -262,11 +262,13 @@ def _by_group(
 
 def _spread(ids: np.ndarray, start: np.ndarray, count: np.ndarray, k: int) -> np.ndarray:
     """At most ``k`` of each group's pieces (``ids[start:start + count]``), spread over its
-    costs, padded with -1 (:func:`_candidates`)."""
+    costs, padded with -1 (:func:`_candidates`); without the columns that would be padding
+    in every row (groups of fewer pieces than ``k``: smaller tables, the same choices)."""
     if not len(ids):
-        return np.full((len(count), k), -1, dtype=np.int64)
+        return np.full((len(count), 1), -1, dtype=np.int64)
+    width = max(1, min(k, int(count.max())))
     spread = np.rint(_fractions(k)[None, :] * (count[:, None] - 1)).astype(np.int64)
-    pos = np.where(count[:, None] >= k, spread, np.arange(k))
+    pos = np.where(count[:, None] >= k, spread, np.arange(k))[:, :width]
     out = np.where(pos < count[:, None], ids[np.minimum(start[:, None] + pos, len(ids) - 1)], -1)
     return np.where(count[:, None] > 0, out, -1)
 
