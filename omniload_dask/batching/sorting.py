@@ -22,6 +22,9 @@ import numpy as np
 
 __all__ = ["first_use", "stable_order", "stable_order_of_floats"]
 
+# numpy 1.25 made ufunc.at fast; with older versions first_use sorts
+_FAST_AT = np.lib.NumpyVersion(np.__version__) >= "1.25.0"
+
 
 def stable_order(values: np.ndarray) -> np.ndarray:
     """``np.argsort(values, kind="stable")`` for integers >= 0; a radix sort where they fit
@@ -69,7 +72,7 @@ def first_use(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not n:
         return values[:0], values[:0]
     width = int(values.max()) + 1
-    if width <= 4 * n + 64:  # few distinct values for their count: no sort
+    if width <= 4 * n + 64 and _FAST_AT:  # few distinct values for their count: no sort
         position = np.arange(n)
         first_at = np.full(width, n, dtype=np.int64)
         np.minimum.at(first_at, values, position)  # each value's first position
