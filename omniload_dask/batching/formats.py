@@ -47,12 +47,12 @@ Context-parallel slices are built from the full form and stay full.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.sorting import first_use
+from omniload_dask.batching.sorting import first_use, ranges
 
 __all__ = [
     "IGNORE_INDEX",
@@ -266,34 +266,24 @@ class RecipeTable:
         of each array; any other choice is gathered in one index per array, never a loop
         over the recipes."""
         rows = np.asarray(rows, dtype=np.int64)
-        pieces_at, piece_bounds = _ranges(self.piece_bounds, rows)
-        slots_at, slot_bounds = _ranges(self.slot_bounds, rows)
+        pieces_at, piece_bounds = ranges(self.piece_bounds, rows)
+        slots_at, slot_bounds = ranges(self.slot_bounds, rows)
         used, renumbered = first_use(self.slot_reads[slots_at])
-        table = RecipeTable(
-            step=self.step,
+        table = replace(
+            self,
             groups=self.groups[rows],
             piece_bounds=piece_bounds,
             pieces=self.pieces[pieces_at],
             slot_bounds=slot_bounds,
             slot_reads=renumbered,
             slot_epochs=self.slot_epochs[slots_at],
-            num_micro_steps=self.num_micro_steps,
-            seq_len=self.seq_len,
-            pad_to_seq_len=self.pad_to_seq_len,
-            micro_seq_lens=self.micro_seq_lens,
-            patch_size=self.patch_size,
         )
         return table, used
 
     def select_runs(self, bounds: np.ndarray) -> list[tuple[RecipeTable, np.ndarray]]:
         """:meth:`select_reads` of each run of recipes ``bounds[b]:bounds[b + 1]`` (a step's
-        blocks), in one pass over all their shard slots instead of one per run; runs that
-        are empty are skipped::
-
-            bounds [0 2 4]  ->  [select_reads([0 1]), select_reads([2 3])]
-
-        Each run's reads are numbered by first use within the run: the numbers are sorted
-        once, by (run, read), over all the slots."""
+        blocks; empty runs skipped), numbering every run's reads in one pass over all their
+        slots: ``bounds [0 2 4]  ->  [select_reads([0 1]), select_reads([2 3])]``."""
         bounds = np.asarray(bounds, dtype=np.int64)
         slot_at = self.slot_bounds[bounds]
         slots = self.slot_reads[int(slot_at[0]) : int(slot_at[-1])]
@@ -331,24 +321,6 @@ class RecipeTable:
             )
             out.append((table, used[used_list[b] : used_list[b + 1]]))
         return out
-
-
-def _ranges(bounds: np.ndarray, rows: np.ndarray) -> tuple[slice | np.ndarray, np.ndarray]:
-    """Where the entries of recipes ``rows`` lie in an array cut by ``bounds`` (a slice when
-    the rows are consecutive), and their bounds from 0::
-
-        bounds [0 2 3 7]  rows [0 2]  ->  entries [0 1 3 4 5 6]  bounds [0 2 6]
-    """
-    lo, hi = bounds[rows], bounds[rows + 1]
-    if not len(rows):
-        return slice(0, 0), np.zeros(1, dtype=np.int64)
-    if int(rows[-1]) - int(rows[0]) + 1 == len(rows):  # consecutive: one slice
-        first = int(lo[0])
-        return slice(first, int(hi[-1])), np.append(lo, hi[-1]).astype(np.int64) - first
-    sizes = hi - lo
-    out = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=out[1:])
-    return np.repeat(lo - out[:-1], sizes) + np.arange(out[-1]), out
 
 
 @dataclass

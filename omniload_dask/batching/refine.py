@@ -34,13 +34,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import lru_cache
 
 import numpy as np
 
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Bins, Pieces, by_cost
-from omniload_dask.batching.sorting import stable_order
+from omniload_dask.batching.placement import Bins, Pieces
+from omniload_dask.batching.weighing import RoundTables, Runs, fractions, rebin
 
 __all__ = ["CUT_BELOW", "ROUNDS", "refine_groups"]
 
@@ -100,7 +99,7 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         heavy, light = pairs
         # Per pair, a cut only where it evens the pair clearly better than whole pieces do
         # (both weighed on the same tables of the step: nothing changes between them).
-        shared = _Shared(p, bins, light, groups)
+        shared = RoundTables(p, bins, light, groups)
         whole = np.full(len(heavy), np.inf)
         commit_whole: Callable[[np.ndarray], None] = _nothing
         if weigh_whole:
@@ -182,100 +181,9 @@ def _probe_first(probe: np.ndarray | None, pairs: int) -> bool:
     return probe is not None and pairs >= PROBE_ALONE_FROM
 
 
-class _Shared:
-    """What the whole-piece and the cut weighing of one round both read: each piece's
-    group, the (group, bucket) tables of bins, the light groups' runs, and each group's
-    pieces by decreasing cost."""
-
-    def __init__(self, p: Pieces, bins: Bins, light: np.ndarray, groups: int) -> None:
-        self.of = bins.group[p.bin]
-        self.roomiest, self.every = _tables(bins, groups)
-        self.runs = _Runs(p, bins, self.of, light, groups)
-        self._by_cost: tuple[np.ndarray, ...] | None = None
-        self._p, self._groups = p, groups
-
-    def candidates(self, groups: np.ndarray, k: int) -> np.ndarray:
-        """:func:`_candidates` of ``groups`` (a prefix of the groups first asked for keeps
-        each group's order: its pieces by decreasing cost, ties by index)."""
-        n = len(groups)
-        known = self._by_cost
-        if known is None or n > len(known[0]) or not np.array_equal(known[0][:n], groups):
-            known = self._by_cost = (groups, *_by_group(self._p, self.of, groups, self._groups))
-        _, ids, start, count = known
-        return _spread(ids, start[:n], count[:n], k)
-
-
-@lru_cache(maxsize=64)
-def _fractions(k: int) -> np.ndarray:
-    """``np.linspace(0.0, 1.0, k)``, made once per ``k`` (read-only: it is shared)."""
-    out = np.linspace(0.0, 1.0, k)
-    out.flags.writeable = False
-    return out
-
-
-def _rebin(p: Pieces, bins: Bins) -> None:
-    """Recompute every bin's room and cost from its pieces."""
-    n = len(bins.room)
-    bins.room = bins.capacity - np.bincount(p.bin, p.length, n).astype(np.int64)
-    bins.load = np.bincount(p.bin, p.cost, n)
-
-
-def _tables(bins: Bins, groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per (group, bucket): its bin with the most room, and all its bins (-1 where none)."""
-    nb = len(bins.offset) - 1
-    ids = np.arange(len(bins.room))
-    cell = bins.group * nb + bins.bucket
-    width = int((bins.offset[1:] - bins.offset[:-1]).max()) // groups
-    if width == 1:  # one micro-batch of each bucket per group: it is the roomiest
-        table = np.full(groups * nb, -1, np.int64)
-        table[cell] = ids
-        return table.reshape(groups, nb), table.reshape(groups, nb, 1)
-    order = np.lexsort((ids, -bins.room, cell))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = cell[order][1:] != cell[order][:-1]
-    roomiest = np.full(groups * nb, -1, np.int64)
-    roomiest[cell[order][first]] = order[first]
-    every = np.full((groups * nb, width), -1, np.int64)
-    every[cell, bins.slot] = ids
-    return roomiest.reshape(groups, nb), every.reshape(groups, nb, width)
-
-
-def _candidates(p: Pieces, of: np.ndarray, groups: np.ndarray, k: int, total: int) -> np.ndarray:
-    """Per group of ``groups`` (of ``total``): at most ``k`` of its pieces spread over its
-    range of costs, by decreasing cost, padded with -1 (shape ``(len(groups), k)``)."""
-    return _spread(*_by_group(p, of, groups, total), k)
-
-
-def _by_group(
-    p: Pieces, of: np.ndarray, groups: np.ndarray, total: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The pieces of ``groups`` (of ``total``), group by group in that order, each group's
-    by decreasing cost (ties by index); each group's start and count in them."""
-    rank = np.full(total, len(groups), np.int64)
-    rank[groups] = np.arange(len(groups))
-    ids = by_cost(p, np.flatnonzero(rank[of] < len(groups)))
-    r = rank[of[ids]]
-    ids, r = ids[stable_order(r)], np.sort(r)
-    count = np.bincount(r, minlength=len(groups))
-    return ids, count.cumsum() - count, count
-
-
-def _spread(ids: np.ndarray, start: np.ndarray, count: np.ndarray, k: int) -> np.ndarray:
-    """At most ``k`` of each group's pieces (``ids[start:start + count]``), spread over its
-    costs, padded with -1 (:func:`_candidates`); without the columns that would be padding
-    in every row (groups of fewer pieces than ``k``: smaller tables, the same choices)."""
-    if not len(ids):
-        return np.full((len(count), 1), -1, dtype=np.int64)
-    width = max(1, min(k, int(count.max())))
-    spread = np.rint(_fractions(k)[None, :] * (count[:, None] - 1)).astype(np.int64)
-    pos = np.where(count[:, None] >= k, spread, np.arange(k))[:, :width]
-    out = np.where(pos < count[:, None], ids[np.minimum(start[:, None] + pos, len(ids) - 1)], -1)
-    return np.where(count[:, None] > 0, out, -1)
-
-
 def _whole_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
-    cost: CostFunction | None = None, shared: _Shared | None = None,
+    cost: CostFunction | None = None, shared: RoundTables | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """One round of moves, swaps and exchanges: the best for each pair. With ``cost``, an
     exchange may cut the last piece of its run. Returns each pair's score, its larger cost
@@ -296,7 +204,7 @@ def _whole_round(
             return nothing
     groups = len(load)
     if shared is None:
-        shared = _Shared(p, bins, light, groups)
+        shared = RoundTables(p, bins, light, groups)
     roomiest, every = shared.roomiest, shared.every
     gap = load[heavy] - load[light]
     per_bin = np.bincount(p.bin, minlength=len(bins.room))
@@ -373,7 +281,7 @@ def _whole_round(
             parts = np.stack([p.length[cut_last] - cut_tail, cut_tail], axis=1).ravel()
             index = p.cut(np.repeat(cut_last, 2), parts, cost)
             p.bin[index[1::2]] = cut_to
-        _rebin(p, bins)
+        rebin(p, bins)
 
     return score, commit
 
@@ -382,48 +290,8 @@ def _nothing(mask: np.ndarray) -> None:
     """The commit of a round that found nothing."""
 
 
-class _Runs:
-    """The pieces of the light groups' micro-batches, each micro-batch's by increasing
-    length, with running totals: what a micro-batch gives back when it must free tokens."""
-
-    def __init__(
-        self, p: Pieces, bins: Bins, of: np.ndarray, light: np.ndarray, groups: int
-    ) -> None:
-        is_light = np.zeros(groups, dtype=bool)
-        is_light[light] = True
-        mine = np.flatnonzero(is_light[of])
-        mine = mine[stable_order(p.length[mine])]
-        self.order = mine[stable_order(p.bin[mine])]
-        self.empty = not len(self.order)
-        if self.empty:
-            self.order = np.zeros(1, np.int64)  # (nothing is found below)
-        ob = p.bin[self.order]
-        self.tokens = p.length[self.order].cumsum()
-        self.costs = p.cost[self.order].cumsum()
-        ids = np.arange(len(bins.room))
-        self.first = np.searchsorted(ob, ids, side="left")
-        self.end = np.searchsorted(ob, ids, side="right")
-        self.base_t = np.concatenate([[0], self.tokens])[self.first]  # before each bin's run
-        self.base_c = np.concatenate([[0.0], self.costs])[self.first]
-        self.big = int(self.tokens[-1]) + 1
-        self.key = ob * self.big + (self.tokens - self.base_t[ob])
-
-    def take(
-        self, y: np.ndarray, need: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """For bins ``y``: the shortest run of their pieces of at least ``need`` tokens.
-
-        Returns ``(found, tokens, cost, last)``: ``last`` indexes ``order`` (the run is
-        ``order[first[y]:last + 1]``).
-        """
-        at = np.searchsorted(self.key, y * self.big + need, side="left")
-        found = (at < self.end[y]) & (not self.empty)
-        at = np.minimum(at, len(self.order) - 1)
-        return found, self.tokens[at] - self.base_t[y], self.costs[at] - self.base_c[y], at
-
-
 def _exchanges(
-    p: Pieces, bins: Bins, runs: _Runs, light: np.ndarray, every: np.ndarray,
+    p: Pieces, bins: Bins, runs: Runs, light: np.ndarray, every: np.ndarray,
     hc: np.ndarray, loads: tuple[np.ndarray, np.ndarray], cost: CostFunction | None,
 ) -> tuple[np.ndarray, ...]:  # fmt: skip
     """Per pair, the best exchange of a heavy candidate for a run of the shortest pieces of
@@ -478,7 +346,7 @@ def _exchanges(
 
 def _cut_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
-    cost: CostFunction, shared: _Shared | None = None,
+    cost: CostFunction, shared: RoundTables | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """Each heavy group hands the tail of one of its costliest pieces to the light group's
     micro-batch of that bucket with the most room, cut where the pair comes out most even;
@@ -494,7 +362,7 @@ def _cut_round(
             return nothing
     groups = len(load)
     if shared is None:
-        shared = _Shared(p, bins, light, groups)
+        shared = RoundTables(p, bins, light, groups)
     roomiest = shared.roomiest
     hc = shared.candidates(heavy, CUT_PIECES)
     h = np.maximum(hc, 0)
@@ -513,7 +381,7 @@ def _cut_round(
     lo = np.maximum(1, back_t - room_h)
     hi = np.minimum(n - 1, back_t + room_y)
     ok = ((hc >= 0) & (dest >= 0))[..., None, None] & has[..., None] & (lo <= hi)
-    x = lo + np.rint(_fractions(CUT_GRID) * np.maximum(hi - lo, 0)).astype(np.int64)
+    x = lo + np.rint(fractions(CUT_GRID) * np.maximum(hi - lo, 0)).astype(np.int64)
     x = np.minimum(x, np.maximum(n - 1, 1))
     both = np.asarray(cost(np.concatenate([(n - x).ravel(), x.ravel()])), np.float64)
     kept, moved = both.reshape(2, *x.shape)
@@ -544,6 +412,6 @@ def _cut_round(
         parts = np.stack([p.length[piece] - tail, tail], axis=1).ravel()
         index = p.cut(np.repeat(piece, 2), parts, cost)
         p.bin[index[1::2]] = to
-        _rebin(p, bins)
+        rebin(p, bins)
 
     return score, commit

@@ -14,13 +14,17 @@ position are unique keys in the same order, up to loads that differ in those bit
 answer is checked there and, where it could differ, the stable sort gives it::
 
     stable_order_of_floats(np.array([2.5, 0.0, 2.5, 1.0]))  ->  [1, 3, 0, 2]
+
+The recipes' tables also need each value's first use (:func:`first_use`: a block's reads, a
+group's (group, read) pairs, numbered in order of first use) and the entries of a choice of
+recipes in an array cut by their bounds (:func:`ranges`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["first_use", "stable_order", "stable_order_of_floats"]
+__all__ = ["first_use", "ranges", "stable_order", "stable_order_of_floats"]
 
 # numpy 1.25 made ufunc.at fast; with older versions first_use sorts
 _FAST_AT = np.lib.NumpyVersion(np.__version__) >= "1.25.0"
@@ -91,3 +95,21 @@ def first_use(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     out = np.empty(len(values), dtype=np.int64)
     out[order] = number[np.cumsum(new) - 1]
     return values[first[by_use]], out
+
+
+def ranges(bounds: np.ndarray, rows: np.ndarray) -> tuple[slice | np.ndarray, np.ndarray]:
+    """Where the entries of recipes ``rows`` lie in an array cut by ``bounds`` (a slice when
+    the rows are consecutive), and their bounds from 0::
+
+        bounds [0 2 3 7]  rows [0 2]  ->  entries [0 1 3 4 5 6]  bounds [0 2 6]
+    """
+    lo, hi = bounds[rows], bounds[rows + 1]
+    if not len(rows):
+        return slice(0, 0), np.zeros(1, dtype=np.int64)
+    if int(rows[-1]) - int(rows[0]) + 1 == len(rows):  # consecutive: one slice
+        first = int(lo[0])
+        return slice(first, int(hi[-1])), np.append(lo, hi[-1]).astype(np.int64) - first
+    sizes = hi - lo
+    out = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return np.repeat(lo - out[:-1], sizes) + np.arange(out[-1]), out
