@@ -27,7 +27,7 @@ shortest pieces to make room), cut where the two come out most even; a cut is ta
 it evens the pair clearly better than whole pieces; once a cut round finds whole pieces
 better for no pair, the step's later rounds weigh only cuts (about half a cut round's time:
 at DP 8 in the head-to-head's shape whole pieces win in about one cut round of seven). The
-work is bounded: at most ``ROUNDS`` rounds of each kind per step.
+work is bounded: at most ``ROUNDS`` rounds of whole pieces and ``CUT_ROUNDS`` of cuts per step.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.placement import Bins, Pieces
 from omniload_dask.batching.weighing import RoundTables, Runs, fractions, rebin
 
-__all__ = ["CUT_BELOW", "ROUNDS", "refine_groups"]
+__all__ = ["CUT_BELOW", "CUT_ROUNDS", "ROUNDS", "refine_groups"]
 
 TOLERANCE = 2e-3  # a group within 0.2% of the mean is even enough
-ROUNDS = 8  # rounds of each kind (whole pieces, then cuts) per step
+ROUNDS = 8  # rounds of whole pieces per step ...
+CUT_ROUNDS = 8  # ... and of cuts (most of them weigh cuts alone: see the module doc)
 CANDIDATES = 8  # pieces of each group weighed for moves and swaps, spread over its costs ...
 PAIR_BUDGET = 1 << 15  # ... or more, up to 32, while pairs x candidates^2 stays under this
 PROGRESS = 1e-4  # a round must lower the heaviest group by this share, or refinement stops
@@ -88,7 +89,7 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         return
     peak = np.inf
     weigh_whole = True
-    for _ in range(ROUNDS):
+    for _ in range(CUT_ROUNDS):
         load = np.bincount(bins.group[p.bin], p.cost, groups)
         if load.max() > peak * (1 - PROGRESS):
             break
