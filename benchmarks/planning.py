@@ -1,6 +1,6 @@
 """Planning time of one global batch: everything the data plane does per drawn step, by phase.
 
-    python benchmarks/planning.py [--quick] [--mix balance|manysources] [--runs 3] [--steps 6]
+    python benchmarks/planning.py [--quick] [--mix balance|manysources|h2h] [--runs 3] [--steps 6]
 
 The real :class:`~omniload_dask.core.coordinator.Coordinator` runs on synthetic catalogs (no
 I/O: a read unit "reports" at once, with document lengths drawn from a fixed seed per unit),
@@ -18,7 +18,11 @@ The mixes are the length distributions of the other benchmarks: ``balance`` is
 documents; token weights 0.5 / 0.3 / 0.2) with every length scaled by 0.886 so that the mean
 document is 1,024 tokens; ``manysources`` is ``benchmarks/manysources.py``'s 16 sources (web,
 code and book word counts, each source with its own length scale; code counts a third more
-tokens than words for its punctuation). The global batch is ``docs`` times the mix's mean
+tokens than words for its punctuation); ``h2h`` is the shape of ``benchmarks/head_to_head.py``'s
+steps (short texts of about 100 tokens, code of about 1.6k, long documents of 8k-32k; token
+weights 0.026 / 0.205 / 0.769: at DP 8 about 19 documents a step, ``--point 8 19``, one
+8192-token micro-batch per rank) under that run's fitted cost model (``linear`` 4.92e-5,
+``quadratic`` 4.94e-8) instead of the 8B model's. The global batch is ``docs`` times the mix's mean
 document (the global batch does not depend on the DP size); the layout follows from it.
 
 Per point it reports, as the best of ``--runs`` runs (a fresh coordinator each, so each run
@@ -81,8 +85,10 @@ class Mix:
         weights: list[float],
         draw: Callable[[np.random.Generator, int, int], np.ndarray],
         mean_tokens: float | None = None,
+        cost: dict[str, Any] | None = None,
     ) -> None:
         self.name = name
+        self.cost = cost or {"model": MODEL_8B}  # the plan's cost section
         self.weights = np.asarray(weights, dtype=np.float64)
         self.draw = draw  # (rng, source, n) -> token counts
         rng = np.random.default_rng(12345)
@@ -125,9 +131,22 @@ def _many_weights() -> list[float]:
     return [_KIND_WEIGHT[k] / kinds.count(k) for k in kinds]
 
 
+def _h2h_draw(rng: np.random.Generator, source: int, n: int) -> np.ndarray:
+    if source == 0:  # short texts
+        x = np.clip(rng.lognormal(np.log(100), 0.9, n), 8, 1000)
+    elif source == 1:  # source code
+        x = np.clip(rng.lognormal(np.log(1600), 1.1, n), 30, 60000)
+    else:  # long documents, 8k to 32k
+        x = np.exp(rng.uniform(np.log(8000), np.log(32000), n))
+    return np.maximum(x, 1).astype(np.int64)
+
+
+H2H_COST = {"linear": 4.92e-05, "quadratic": 4.94e-08}  # the head-to-head run's fitted model
+
 MIXES = {
     "balance": lambda: Mix("balance", [0.5, 0.3, 0.2], _balance_draw, 1024),
     "manysources": lambda: Mix("manysources", _many_weights(), _many_draw),
+    "h2h": lambda: Mix("h2h", [0.026, 0.205, 0.769], _h2h_draw, cost=H2H_COST),
 }
 
 
@@ -148,7 +167,7 @@ def setup(dp: int, docs: int, mix: Mix, steps: int) -> tuple[Any, list[Catalog],
     plan = parse_plan({
         "name": "planning", "seed": 1,
         "batch": {"seq_len": SEQ_LEN, "micro_batches": micro, "global_tokens": tokens},
-        "layout": {"dp": dp}, "cost": {"model": MODEL_8B}, "sources": sources,
+        "layout": {"dp": dp}, "cost": mix.cost, "sources": sources,
         "loader": {"lookahead": 0, "prefetch": 1},
     })  # fmt: skip
     share = mix.weights / mix.weights.sum()

@@ -325,6 +325,21 @@ def test_group_loads_sort_as_a_stable_argsort_even_one_ulp_apart():
         assert np.array_equal(got, np.argsort(values, kind="stable")), trial
 
 
+def test_first_use_numbers_values_in_order_of_first_use_with_or_without_a_sort():
+    from omniload_dask.batching.sorting import first_use
+
+    rng = np.random.default_rng(4)
+    for trial in range(400):
+        n = int(rng.integers(0, 200))
+        span = int(rng.choice([1, 5, 40, 1000, 10**9]))  # narrow: no sort; wide: the sort
+        values = rng.integers(0, span, n)
+        used, number = first_use(values)
+        expected = list(dict.fromkeys(values.tolist()))
+        assert used.tolist() == expected, trial
+        assert number.tolist() == [expected.index(v) for v in values.tolist()], trial
+        assert used.dtype == number.dtype == np.int64
+
+
 def test_a_probe_scores_its_pairs_on_their_own_groups_as_in_the_whole_step():
     from omniload_dask.batching.refine import _probed, _whole_round
 
@@ -349,3 +364,21 @@ def test_a_probe_scores_its_pairs_on_their_own_groups_as_in_the_whole_step():
         whole, _ = _whole_round(p, bins, load, heavy, light, cost)
         alone, _ = _whole_round(*_probed(p, bins, load, heavy, light), cost)
         assert np.array_equal(whole, alone)
+    # Below PROBE_ALONE_FROM pairs a round reads its probe from its own scores: the same
+    # answer as weighing the probe alone first, whether the probe finds a change or not.
+    from omniload_dask.batching import refine
+
+    for count in (12, 20):
+        heavy, light = order[:count], order[::-1][:count]
+        for cost in (None, COST):
+            got = [_whole_round(p, bins, load, heavy, light, cost)[0]]
+            got += [refine._cut_round(p, bins, load, heavy, light, COST)[0]]
+            saved = refine.PROBE_ALONE_FROM
+            refine.PROBE_ALONE_FROM = 1
+            try:
+                first = [_whole_round(p, bins, load, heavy, light, cost)[0]]
+                first += [refine._cut_round(p, bins, load, heavy, light, COST)[0]]
+            finally:
+                refine.PROBE_ALONE_FROM = saved
+            for a, b in zip(got, first, strict=True):
+                assert np.array_equal(a, b)

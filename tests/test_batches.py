@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from omniload_dask.batching.formats import IGNORE_INDEX, Recipe, RecipeTable, Shard, build, expand
@@ -139,3 +141,16 @@ def test_a_recipe_table_selects_any_groups_with_their_reads_numbered_by_first_us
             assert np.array_equal(mine.pieces, whole.pieces)
             assert mine.slot_epochs == whole.slot_epochs
             assert used[block.reads_of(j)].tolist() == table.reads_of(r).tolist()
+
+    # A step's blocks in one pass: each run of rows as select_reads gives it alone.
+    for edges in ([0, 4, 8, 12], [0, 12], [0, 3, 3, 10, 12], [2, 5, 11]):
+        runs = table.select_runs(np.asarray(edges))
+        alone = [
+            table.select_reads(np.arange(lo, hi)) for lo, hi in itertools.pairwise(edges) if hi > lo
+        ]
+        assert len(runs) == len(alone)
+        for (block, used), (block_alone, used_alone) in zip(runs, alone, strict=True):
+            assert np.array_equal(used, used_alone)
+            for name in ("groups", "piece_bounds", "pieces", "slot_bounds", "slot_reads"):
+                assert np.array_equal(getattr(block, name), getattr(block_alone, name)), name
+            assert np.array_equal(block.slot_epochs, block_alone.slot_epochs)

@@ -47,12 +47,12 @@ Context-parallel slices are built from the full form and stay full.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.sorting import stable_order
+from omniload_dask.batching.sorting import first_use, ranges
 
 __all__ = [
     "IGNORE_INDEX",
@@ -266,64 +266,61 @@ class RecipeTable:
         of each array; any other choice is gathered in one index per array, never a loop
         over the recipes."""
         rows = np.asarray(rows, dtype=np.int64)
-        pieces_at, piece_bounds = _ranges(self.piece_bounds, rows)
-        slots_at, slot_bounds = _ranges(self.slot_bounds, rows)
-        used, renumbered = _by_first_use(self.slot_reads[slots_at])
-        table = RecipeTable(
-            step=self.step,
+        pieces_at, piece_bounds = ranges(self.piece_bounds, rows)
+        slots_at, slot_bounds = ranges(self.slot_bounds, rows)
+        used, renumbered = first_use(self.slot_reads[slots_at])
+        table = replace(
+            self,
             groups=self.groups[rows],
             piece_bounds=piece_bounds,
             pieces=self.pieces[pieces_at],
             slot_bounds=slot_bounds,
             slot_reads=renumbered,
             slot_epochs=self.slot_epochs[slots_at],
-            num_micro_steps=self.num_micro_steps,
-            seq_len=self.seq_len,
-            pad_to_seq_len=self.pad_to_seq_len,
-            micro_seq_lens=self.micro_seq_lens,
-            patch_size=self.patch_size,
         )
         return table, used
 
-
-def _ranges(bounds: np.ndarray, rows: np.ndarray) -> tuple[slice | np.ndarray, np.ndarray]:
-    """Where the entries of recipes ``rows`` lie in an array cut by ``bounds`` (a slice when
-    the rows are consecutive), and their bounds from 0::
-
-        bounds [0 2 3 7]  rows [0 2]  ->  entries [0 1 3 4 5 6]  bounds [0 2 6]
-    """
-    lo, hi = bounds[rows], bounds[rows + 1]
-    if not len(rows):
-        return slice(0, 0), np.zeros(1, dtype=np.int64)
-    if int(rows[-1]) - int(rows[0]) + 1 == len(rows):  # consecutive: one slice
-        first = int(lo[0])
-        return slice(first, int(hi[-1])), np.append(lo, hi[-1]).astype(np.int64) - first
-    sizes = hi - lo
-    out = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=out[1:])
-    return np.repeat(lo - out[:-1], sizes) + np.arange(out[-1]), out
-
-
-def _by_first_use(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct ``values`` (integers >= 0) in order of first use, and each value's
-    number in that order::
-
-        [7 3 7 5]  ->  used [7 3 5], numbers [0 1 0 2]
-    """
-    values = values.astype(np.int64, copy=False)
-    if not len(values):
-        return values[:0], values[:0]
-    order = stable_order(values)
-    ordered = values[order]
-    new = np.ones(len(values), dtype=bool)
-    new[1:] = ordered[1:] != ordered[:-1]
-    first = order[np.flatnonzero(new)]  # each distinct value's first position, by value
-    by_use = np.argsort(first, kind="stable")  # (unique: the same order, merged from runs)
-    number = np.empty(len(first), dtype=np.int64)
-    number[by_use] = np.arange(len(first))
-    out = np.empty(len(values), dtype=np.int64)
-    out[order] = number[np.cumsum(new) - 1]
-    return values[first[by_use]], out
+    def select_runs(self, bounds: np.ndarray) -> list[tuple[RecipeTable, np.ndarray]]:
+        """:meth:`select_reads` of each run of recipes ``bounds[b]:bounds[b + 1]`` (a step's
+        blocks; empty runs skipped), numbering every run's reads in one pass over all their
+        slots: ``bounds [0 2 4]  ->  [select_reads([0 1]), select_reads([2 3])]``."""
+        bounds = np.asarray(bounds, dtype=np.int64)
+        slot_at = self.slot_bounds[bounds]
+        slots = self.slot_reads[int(slot_at[0]) : int(slot_at[-1])]
+        runs = len(bounds) - 1
+        width = int(slots.max(initial=-1)) + 1
+        run_of = np.repeat(np.arange(runs, dtype=np.int64), np.diff(slot_at))
+        used, renumbered = first_use(run_of * width + slots)
+        # (first uses are in slot order, so the used reads come run by run)
+        used_at = np.searchsorted(used // max(width, 1), np.arange(runs + 1))
+        used = used % max(width, 1)
+        out = []
+        base = int(slot_at[0])
+        rows, slot_list = bounds.tolist(), slot_at.tolist()
+        piece_list, used_list = self.piece_bounds[bounds].tolist(), used_at.tolist()
+        for b in range(runs):
+            lo, hi = rows[b], rows[b + 1]
+            if hi <= lo:
+                continue
+            s_lo, s_hi = slot_list[b], slot_list[b + 1]
+            p_lo, p_hi = piece_list[b], piece_list[b + 1]
+            # (the numbers of the reads count from the runs before: less their reads)
+            table = RecipeTable(
+                step=self.step,
+                groups=self.groups[lo:hi],
+                piece_bounds=self.piece_bounds[lo : hi + 1] - p_lo,
+                pieces=self.pieces[p_lo:p_hi],
+                slot_bounds=self.slot_bounds[lo : hi + 1] - s_lo,
+                slot_reads=renumbered[s_lo - base : s_hi - base] - used_list[b],
+                slot_epochs=self.slot_epochs[s_lo:s_hi],
+                num_micro_steps=self.num_micro_steps,
+                seq_len=self.seq_len,
+                pad_to_seq_len=self.pad_to_seq_len,
+                micro_seq_lens=self.micro_seq_lens,
+                patch_size=self.patch_size,
+            )
+            out.append((table, used[used_list[b] : used_list[b + 1]]))
+        return out
 
 
 @dataclass

@@ -280,7 +280,10 @@ def _group_rounds(
         shortest = least[pos] if pos < len(queue) else np.iinfo(np.int64).max
         if len(waiting):
             shortest = min(shortest, int(length[waiting].min()))
-        most = room[0].copy() if micro == 1 else room.max(axis=0)
+        if micro <= 2:  # (one pass: cheaper than a reduction over the axis)
+            most = room[0].copy() if micro == 1 else np.maximum(room[0], room[1])
+        else:
+            most = room.max(axis=0)
         if most.min() >= shortest:  # every group open
             target = stable_order_of_floats(load)  # the least loaded groups
         else:
@@ -317,7 +320,8 @@ def _group_rounds(
         bad = np.flatnonzero(~ok)
         miss, free = head[bad], target[bad]
         if int(length[miss].min()) <= int(most[free].max()):
-            free = free[np.argsort(-most[free], kind="stable")]
+            room_free = most[free]  # (by decreasing room: a radix sort of 16-bit rooms)
+            free = free[stable_order(int(room_free.max()) - room_free)]
             again = place(miss, free, head_cost[bad])
             miss = miss[~again]
             ok[bad] = again

@@ -24,26 +24,28 @@ Where cutting is allowed (``long_documents: split``) and a step is still below `
 better of an exchange whose run's last piece is cut to fit exactly, and the tail of one of the
 heavy group's costliest pieces handed to the light group (which may give back a run of its
 shortest pieces to make room), cut where the two come out most even; a cut is taken only where
-it evens the pair clearly better than whole pieces. The work is bounded: at most ``ROUNDS``
-rounds of each kind per step.
+it evens the pair clearly better than whole pieces; once a cut round finds whole pieces
+better for no pair, the step's later rounds weigh only cuts (about half a cut round's time:
+at DP 8 in the head-to-head's shape whole pieces win in about one cut round of seven). The
+work is bounded: at most ``ROUNDS`` rounds of whole pieces and ``CUT_ROUNDS`` of cuts per step.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import lru_cache
 
 import numpy as np
 
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Bins, Pieces, by_cost
-from omniload_dask.batching.sorting import stable_order
+from omniload_dask.batching.placement import Bins, Pieces
+from omniload_dask.batching.weighing import RoundTables, Runs, fractions, rebin
 
-__all__ = ["CUT_BELOW", "ROUNDS", "refine_groups"]
+__all__ = ["CUT_BELOW", "CUT_ROUNDS", "ROUNDS", "refine_groups"]
 
 TOLERANCE = 2e-3  # a group within 0.2% of the mean is even enough
-ROUNDS = 8  # rounds of each kind (whole pieces, then cuts) per step
+ROUNDS = 8  # rounds of whole pieces per step ...
+CUT_ROUNDS = 8  # ... and of cuts (most of them weigh cuts alone: see the module doc)
 CANDIDATES = 8  # pieces of each group weighed for moves and swaps, spread over its costs ...
 PAIR_BUDGET = 1 << 15  # ... or more, up to 32, while pairs x candidates^2 stays under this
 PROGRESS = 1e-4  # a round must lower the heaviest group by this share, or refinement stops
@@ -52,9 +54,12 @@ CUT_BELOW = 0.99  # ... while it is below this
 CUT_PIECES = 3  # the heavy group's costliest pieces weighed for a cut
 CUT_GRID = 7  # cut points weighed per piece and run
 CUT_RUNS = 7  # runs (of 0 to 6 short pieces) a light micro-batch may give back for a tail
-PROBE_FROM = 8  # pairs from which a round first weighs this many of its heaviest
+PROBE_FROM = 8  # pairs from which a round first weighs this many of its heaviest ...
+PROBE_ALONE_FROM = 32  # ... alone, before the round, from this many pairs (below: the round
+# is cheap, and the probe's pairs are read from its scores: the same answer)
 CUT_EXCHANGES_UP_TO = 64  # groups up to which whole-piece rounds may cut an exchange to fit
 CUT_GAIN = 1e-3  # a cut must even a pair this share of its heavy group better than whole
+WHOLE_IN_CUT_ROUNDS = "until_unused"  # whole pieces weighed in cut rounds: or "always"
 
 
 def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> None:
@@ -83,7 +88,8 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
     if not cut or load.mean() >= CUT_FROM * load.max():
         return
     peak = np.inf
-    for _ in range(ROUNDS):
+    weigh_whole = True
+    for _ in range(CUT_ROUNDS):
         load = np.bincount(bins.group[p.bin], p.cost, groups)
         if load.max() > peak * (1 - PROGRESS):
             break
@@ -92,15 +98,23 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         if pairs is None:
             break
         heavy, light = pairs
-        # Per pair, a cut only where it evens the pair clearly better than whole pieces do.
-        whole, commit_whole = _whole_round(p, bins, load, heavy, light, cost)
-        by_cut_score, commit_cut = _cut_round(p, bins, load, heavy, light, cost)
+        # Per pair, a cut only where it evens the pair clearly better than whole pieces do
+        # (both weighed on the same tables of the step: nothing changes between them).
+        shared = RoundTables(p, bins, light, groups)
+        whole = np.full(len(heavy), np.inf)
+        commit_whole: Callable[[np.ndarray], None] = _nothing
+        if weigh_whole:
+            whole, commit_whole = _whole_round(p, bins, load, heavy, light, cost, shared)
+        by_cut_score, commit_cut = _cut_round(p, bins, load, heavy, light, cost, shared)
         by_cut = by_cut_score < whole - CUT_GAIN * load[heavy]
         by_whole = np.isfinite(whole) & ~by_cut
         if not (by_cut | by_whole).any():
             break
         commit_whole(by_whole)  # (pairs are disjoint: one's changes leave the others be)
         commit_cut(by_cut)
+        # Once whole pieces even no pair better than a cut, the step's later rounds cut
+        # (what is left to even is what whole pieces could not: half a round's time saved).
+        weigh_whole = WHOLE_IN_CUT_ROUNDS == "always" or bool(by_whole.any())
 
 
 def _pairs(load: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray] | None:
@@ -162,58 +176,15 @@ def _probed(
     return sub, sub_bins, load[members], np.arange(pairs), np.arange(pairs, 2 * pairs)
 
 
-@lru_cache(maxsize=64)
-def _fractions(k: int) -> np.ndarray:
-    """``np.linspace(0.0, 1.0, k)``, made once per ``k`` (read-only: it is shared)."""
-    out = np.linspace(0.0, 1.0, k)
-    out.flags.writeable = False
-    return out
-
-
-def _rebin(p: Pieces, bins: Bins) -> None:
-    """Recompute every bin's room and cost from its pieces."""
-    n = len(bins.room)
-    bins.room = bins.capacity - np.bincount(p.bin, p.length, n).astype(np.int64)
-    bins.load = np.bincount(p.bin, p.cost, n)
-
-
-def _tables(bins: Bins, groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per (group, bucket): its bin with the most room, and all its bins (-1 where none)."""
-    nb = len(bins.offset) - 1
-    ids = np.arange(len(bins.room))
-    cell = bins.group * nb + bins.bucket
-    order = np.lexsort((ids, -bins.room, cell))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = cell[order][1:] != cell[order][:-1]
-    roomiest = np.full(groups * nb, -1, np.int64)
-    roomiest[cell[order][first]] = order[first]
-    width = int((bins.offset[1:] - bins.offset[:-1]).max()) // groups
-    every = np.full((groups * nb, width), -1, np.int64)
-    every[cell, bins.slot] = ids
-    return roomiest.reshape(groups, nb), every.reshape(groups, nb, width)
-
-
-def _candidates(p: Pieces, of: np.ndarray, groups: np.ndarray, k: int, total: int) -> np.ndarray:
-    """Per group of ``groups`` (of ``total``): at most ``k`` of its pieces spread over its
-    range of costs, by decreasing cost, padded with -1 (shape ``(len(groups), k)``)."""
-    rank = np.full(total, len(groups), np.int64)
-    rank[groups] = np.arange(len(groups))
-    ids = by_cost(p, np.flatnonzero(rank[of] < len(groups)))
-    if not len(ids):
-        return np.full((len(groups), k), -1, dtype=np.int64)
-    r = rank[of[ids]]
-    ids, r = ids[stable_order(r)], np.sort(r)
-    count = np.bincount(r, minlength=len(groups))
-    start = count.cumsum() - count
-    spread = np.rint(_fractions(k)[None, :] * (count[:, None] - 1)).astype(np.int64)
-    pos = np.where(count[:, None] >= k, spread, np.arange(k))
-    out = np.where(pos < count[:, None], ids[np.minimum(start[:, None] + pos, len(ids) - 1)], -1)
-    return np.where(count[:, None] > 0, out, -1)
+def _probe_first(probe: np.ndarray | None, pairs: int) -> bool:
+    """Whether a round weighs its probe alone before it (many pairs: the round is dear), or
+    reads the probe's pairs from its own scores (the same scores: see :func:`_probed`)."""
+    return probe is not None and pairs >= PROBE_ALONE_FROM
 
 
 def _whole_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
-    cost: CostFunction | None = None,
+    cost: CostFunction | None = None, shared: RoundTables | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """One round of moves, swaps and exchanges: the best for each pair. With ``cost``, an
     exchange may cut the last piece of its run. Returns each pair's score, its larger cost
@@ -221,21 +192,25 @@ def _whole_round(
     that makes the changes of the pairs of a mask.
 
     With many pairs, a few whose heavy groups are at the peak are weighed first
-    (:func:`_probe`).
+    (:func:`_probe`): alone where the round is dear, else in it (the same scores: up to
+    ``PROBE_ALONE_FROM`` pairs the round weighs as many candidates as the probe alone).
+    ``shared`` holds what a cut round's weighing reads too (made here if not given).
     """
     nothing = np.full(len(heavy), np.inf), _nothing
     probe = _probe(load, heavy)
-    if probe is not None:
+    if _probe_first(probe, len(heavy)):
+        assert probe is not None
         tried, _ = _whole_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)
         if not np.isfinite(tried).all():
             return nothing
     groups = len(load)
-    of = bins.group[p.bin]
+    if shared is None:
+        shared = RoundTables(p, bins, light, groups)
+    roomiest, every = shared.roomiest, shared.every
     gap = load[heavy] - load[light]
-    roomiest, every = _tables(bins, groups)
     per_bin = np.bincount(p.bin, minlength=len(bins.room))
     k = int(min(max(math.sqrt(PAIR_BUDGET / len(heavy)), CANDIDATES), 32))
-    both = _candidates(p, of, np.concatenate([heavy, light]), k, groups)
+    both = shared.candidates(np.concatenate([heavy, light]), k)
     hc, lc = both[: len(heavy)], both[len(heavy) :]  # (P, K) each
     P, K = hc.shape
     h = np.maximum(hc, 0)
@@ -259,7 +234,7 @@ def _whole_round(
     move_ok &= bins.room[np.maximum(dest, 0)] >= h_len
     move_ok &= h_cost < gap[:, None]
     move_score = np.where(move_ok, np.abs(gap[:, None] / 2 - h_cost), np.inf)
-    runs = _Runs(p, bins, of, light, groups)
+    runs = shared.runs
     ex = _exchanges(p, bins, runs, light, every, hc, (load[heavy], load[light]), cost)
     best = np.stack([swap_score.min(axis=1), move_score.min(axis=1), ex[0]], axis=1)
     kind = np.argmin(best, axis=1)
@@ -268,7 +243,7 @@ def _whole_round(
     # larger cost less the pair's mean, which is half the gap below the heavy group).
     act = score < (gap / 2) - PROGRESS * load[heavy]
     score = np.where(act, score, np.inf)
-    if not act.any():
+    if not act.any() or (probe is not None and not act[probe].all()):
         return nothing
 
     def commit(mask: np.ndarray) -> None:
@@ -307,7 +282,7 @@ def _whole_round(
             parts = np.stack([p.length[cut_last] - cut_tail, cut_tail], axis=1).ravel()
             index = p.cut(np.repeat(cut_last, 2), parts, cost)
             p.bin[index[1::2]] = cut_to
-        _rebin(p, bins)
+        rebin(p, bins)
 
     return score, commit
 
@@ -316,48 +291,8 @@ def _nothing(mask: np.ndarray) -> None:
     """The commit of a round that found nothing."""
 
 
-class _Runs:
-    """The pieces of the light groups' micro-batches, each micro-batch's by increasing
-    length, with running totals: what a micro-batch gives back when it must free tokens."""
-
-    def __init__(
-        self, p: Pieces, bins: Bins, of: np.ndarray, light: np.ndarray, groups: int
-    ) -> None:
-        is_light = np.zeros(groups, dtype=bool)
-        is_light[light] = True
-        mine = np.flatnonzero(is_light[of])
-        mine = mine[stable_order(p.length[mine])]
-        self.order = mine[stable_order(p.bin[mine])]
-        self.empty = not len(self.order)
-        if self.empty:
-            self.order = np.zeros(1, np.int64)  # (nothing is found below)
-        ob = p.bin[self.order]
-        self.tokens = p.length[self.order].cumsum()
-        self.costs = p.cost[self.order].cumsum()
-        ids = np.arange(len(bins.room))
-        self.first = np.searchsorted(ob, ids, side="left")
-        self.end = np.searchsorted(ob, ids, side="right")
-        self.base_t = np.concatenate([[0], self.tokens])[self.first]  # before each bin's run
-        self.base_c = np.concatenate([[0.0], self.costs])[self.first]
-        self.big = int(self.tokens[-1]) + 1
-        self.key = ob * self.big + (self.tokens - self.base_t[ob])
-
-    def take(
-        self, y: np.ndarray, need: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """For bins ``y``: the shortest run of their pieces of at least ``need`` tokens.
-
-        Returns ``(found, tokens, cost, last)``: ``last`` indexes ``order`` (the run is
-        ``order[first[y]:last + 1]``).
-        """
-        at = np.searchsorted(self.key, y * self.big + need, side="left")
-        found = (at < self.end[y]) & (not self.empty)
-        at = np.minimum(at, len(self.order) - 1)
-        return found, self.tokens[at] - self.base_t[y], self.costs[at] - self.base_c[y], at
-
-
 def _exchanges(
-    p: Pieces, bins: Bins, runs: _Runs, light: np.ndarray, every: np.ndarray,
+    p: Pieces, bins: Bins, runs: Runs, light: np.ndarray, every: np.ndarray,
     hc: np.ndarray, loads: tuple[np.ndarray, np.ndarray], cost: CostFunction | None,
 ) -> tuple[np.ndarray, ...]:  # fmt: skip
     """Per pair, the best exchange of a heavy candidate for a run of the shortest pieces of
@@ -372,7 +307,10 @@ def _exchanges(
     P = len(hc)
     load_h, load_l = (x[:, None, None] for x in loads)
     h = np.maximum(hc, 0)
-    target = every[light[:, None], p.bucket[h]]  # (P, K, M)
+    if every.shape[1] == 1:  # one bucket: every candidate's bins are its light group's
+        target = np.broadcast_to(every[light, 0][:, None, :], (*hc.shape, every.shape[2]))
+    else:
+        target = every[light[:, None], p.bucket[h]]  # (P, K, M)
     valid = (hc >= 0)[:, :, None] & (target >= 0)
     y = np.maximum(target, 0)
     h_len = p.length[h][:, :, None]
@@ -409,7 +347,7 @@ def _exchanges(
 
 def _cut_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
-    cost: CostFunction,
+    cost: CostFunction, shared: RoundTables | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """Each heavy group hands the tail of one of its costliest pieces to the light group's
     micro-batch of that bucket with the most room, cut where the pair comes out most even;
@@ -418,19 +356,21 @@ def _cut_round(
     each pair and its commit, as :func:`_whole_round` does."""
     nothing = np.full(len(heavy), np.inf), _nothing
     probe = _probe(load, heavy)
-    if probe is not None:
+    if _probe_first(probe, len(heavy)):
+        assert probe is not None
         tried, _ = _cut_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)
         if not np.isfinite(tried).all():
             return nothing
     groups = len(load)
-    roomiest, _ = _tables(bins, groups)
-    of = bins.group[p.bin]
-    hc = _candidates(p, of, heavy, CUT_PIECES, groups)
+    if shared is None:
+        shared = RoundTables(p, bins, light, groups)
+    roomiest = shared.roomiest
+    hc = shared.candidates(heavy, CUT_PIECES)
     h = np.maximum(hc, 0)
     n = p.length[h][..., None, None]  # (pairs, pieces, 1, 1): runs, cut points last
     dest = roomiest[light[:, None], p.bucket[h]]
     y = np.maximum(dest, 0)[..., None]
-    runs = _Runs(p, bins, of, light, groups)
+    runs = shared.runs
     k = np.arange(CUT_RUNS)
     at = runs.first[y] + k - 1  # the run of the k shortest ends at order[at]
     has = (k == 0) | (at < runs.end[y])
@@ -442,7 +382,7 @@ def _cut_round(
     lo = np.maximum(1, back_t - room_h)
     hi = np.minimum(n - 1, back_t + room_y)
     ok = ((hc >= 0) & (dest >= 0))[..., None, None] & has[..., None] & (lo <= hi)
-    x = lo + np.rint(_fractions(CUT_GRID) * np.maximum(hi - lo, 0)).astype(np.int64)
+    x = lo + np.rint(fractions(CUT_GRID) * np.maximum(hi - lo, 0)).astype(np.int64)
     x = np.minimum(x, np.maximum(n - 1, 1))
     both = np.asarray(cost(np.concatenate([(n - x).ravel(), x.ravel()])), np.float64)
     kept, moved = both.reshape(2, *x.shape)
@@ -454,7 +394,7 @@ def _cut_round(
     rows = np.arange(len(heavy))
     act = worst[rows, flat] < load[heavy] * (1 - PROGRESS)
     score = np.where(act, worst[rows, flat] - (load[heavy] + load[light]) / 2, np.inf)
-    if not act.any():
+    if not act.any() or (probe is not None and not act[probe].all()):
         return nothing
 
     def commit(mask: np.ndarray) -> None:
@@ -473,6 +413,6 @@ def _cut_round(
         parts = np.stack([p.length[piece] - tail, tail], axis=1).ravel()
         index = p.cut(np.repeat(piece, 2), parts, cost)
         p.bin[index[1::2]] = to
-        _rebin(p, bins)
+        rebin(p, bins)
 
     return score, commit

@@ -14,13 +14,20 @@ position are unique keys in the same order, up to loads that differ in those bit
 answer is checked there and, where it could differ, the stable sort gives it::
 
     stable_order_of_floats(np.array([2.5, 0.0, 2.5, 1.0]))  ->  [1, 3, 0, 2]
+
+The recipes' tables also need each value's first use (:func:`first_use`: a block's reads, a
+group's (group, read) pairs, numbered in order of first use) and the entries of a choice of
+recipes in an array cut by their bounds (:func:`ranges`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["stable_order", "stable_order_of_floats"]
+__all__ = ["first_use", "ranges", "stable_order", "stable_order_of_floats"]
+
+# numpy 1.25 made ufunc.at fast; with older versions first_use sorts
+_FAST_AT = np.lib.NumpyVersion(np.__version__) >= "1.25.0"
 
 
 def stable_order(values: np.ndarray) -> np.ndarray:
@@ -52,3 +59,57 @@ def stable_order_of_floats(values: np.ndarray) -> np.ndarray:
         if (near & (v[1:] < v[:-1])).any():  # a smaller value after a larger one
             return np.argsort(values, kind="stable")
     return order
+
+
+def first_use(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ``values`` (integers >= 0) in order of first use, and each value's
+    number in that order::
+
+        [7 3 7 5]  ->  used [7 3 5], numbers [0 1 0 2]
+
+    Where the values span few more numbers than there are values (reads of a block, (group,
+    read) pairs of a step), each one's first position comes from one ``np.minimum.at``, no
+    sort; else from a stable sort.
+    """
+    values = values.astype(np.int64, copy=False)
+    n = len(values)
+    if not n:
+        return values[:0], values[:0]
+    width = int(values.max()) + 1
+    if width <= 4 * n + 64 and _FAST_AT:  # few distinct values for their count: no sort
+        position = np.arange(n)
+        first_at = np.full(width, n, dtype=np.int64)
+        np.minimum.at(first_at, values, position)  # each value's first position
+        used = values[np.flatnonzero(first_at[values] == position)]  # (in order of use)
+        number = np.empty(width, dtype=np.int64)
+        number[used] = np.arange(len(used))
+        return used, number[values]
+    order = stable_order(values)
+    ordered = values[order]
+    new = np.ones(len(values), dtype=bool)
+    new[1:] = ordered[1:] != ordered[:-1]
+    first = order[np.flatnonzero(new)]  # each distinct value's first position, by value
+    by_use = np.argsort(first, kind="stable")  # (unique: the same order, merged from runs)
+    number = np.empty(len(first), dtype=np.int64)
+    number[by_use] = np.arange(len(first))
+    out = np.empty(len(values), dtype=np.int64)
+    out[order] = number[np.cumsum(new) - 1]
+    return values[first[by_use]], out
+
+
+def ranges(bounds: np.ndarray, rows: np.ndarray) -> tuple[slice | np.ndarray, np.ndarray]:
+    """Where the entries of recipes ``rows`` lie in an array cut by ``bounds`` (a slice when
+    the rows are consecutive), and their bounds from 0::
+
+        bounds [0 2 3 7]  rows [0 2]  ->  entries [0 1 3 4 5 6]  bounds [0 2 6]
+    """
+    lo, hi = bounds[rows], bounds[rows + 1]
+    if not len(rows):
+        return slice(0, 0), np.zeros(1, dtype=np.int64)
+    if int(rows[-1]) - int(rows[0]) + 1 == len(rows):  # consecutive: one slice
+        first = int(lo[0])
+        return slice(first, int(hi[-1])), np.append(lo, hi[-1]).astype(np.int64) - first
+    sizes = hi - lo
+    out = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return np.repeat(lo - out[:-1], sizes) + np.arange(out[-1]), out

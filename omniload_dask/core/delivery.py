@@ -30,8 +30,9 @@ Pure: no I/O and no Dask.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +45,7 @@ from omniload_dask.core.positions import RankPositions
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan
 
-__all__ = ["Delivery", "Part", "RankState", "StepRecord"]
+__all__ = ["Delivery", "Holds", "Part", "RankState", "StepRecord"]
 
 Part = tuple[str, int]  # (block key, part): what one rank fetches for one step
 
@@ -85,12 +86,13 @@ class Delivery:
         self._open: OpenBlock | None = None
         self._first: dict[str, int] = {}  # multi-step block key -> its first step
         self.steps: dict[int, StepRecord] = {}
-        self.held: dict[tuple[int, int], str] = {}
-        self._block_left: Counter[str] = Counter()  # groups a held block still serves
-        self._held_steps: list[list[int]] = [[] for _ in range(self.layout.dp)]  # heaps
-        self._held_count: Counter[int] = Counter()  # groups holding each step
-        self._newest_held = -1  # the latest step any group's heap has had pushed
+        self._held = Holds(self.layout.dp)
         self.where = RankPositions(self.layout, start_step)
+
+    @property
+    def held(self) -> Mapping[tuple[int, int], str]:
+        """The block key each (step, group) is held under (read it, do not change it)."""
+        return self._held
 
     @property
     def ranks(self) -> dict[int, RankState]:
@@ -175,13 +177,23 @@ class Delivery:
         if self.where.slowest > step:
             return out
         wanted = np.flatnonzero(np.asarray(self.where.group_min) <= step)
-        bounds = np.searchsorted(wanted, np.append(np.arange(0, dp, size), dp))
+        edges = np.append(np.arange(0, dp, size), dp)
+        if len(wanted) == dp and step > self._held.newest:
+            # The usual case, every group wants a new step: its blocks are runs of recipes,
+            # held and selected in one pass each.
+            keys = [self._keys.block(step, b) for b in range(len(edges) - 1)]
+            self._held.hold_new(step, keys, size)
+            for key, (table, used) in zip(keys, recipes.select_runs(edges), strict=True):
+                specs = tuple(reads[i] for i in used.tolist())
+                out.append(SubmitConstruct(key, (table,), specs, self.layout.cp))
+            return out
+        bounds = np.searchsorted(wanted, edges)
         for b in range(len(bounds) - 1):
             groups = wanted[bounds[b] : bounds[b + 1]]
             if not len(groups):
                 continue
             key = self._keys.block(step, b)
-            self._hold(step, groups.tolist(), key)
+            self._held.hold(step, groups.tolist(), key)
             out.append(self._block(key, recipes, groups, reads))
         return out
 
@@ -203,7 +215,7 @@ class Delivery:
         if block.tables:
             key = self._keys.steps_block(block.first, block.end - block.first)
             for step, groups in block.holds:
-                self._hold(step, groups, key)
+                self._held.hold(step, groups, key)
             self._first[key] = block.first
             tables, specs = tuple(block.tables), tuple(block.specs)
             out.append(SubmitConstruct(key, tables, specs, self.layout.cp, self._stride))
@@ -214,9 +226,9 @@ class Delivery:
         ``next_step`` that no group holds."""
         self.steps[step] = record
         for old in [t for t in self.steps if t < next_step - self._loader.retain_steps]:
-            if not self._held_count[old]:
+            if not self._held.count[old]:
                 del self.steps[old]
-                self._held_count.pop(old, None)
+                self._held.count.pop(old, None)
 
     def coords(self, rank: int) -> tuple[int, int]:
         """``(DP group, cp rank)`` of ``rank`` (checked against the layout)."""
@@ -232,7 +244,7 @@ class Delivery:
             return None, None
         if self._open is not None and step >= self._open.first:
             return None, None  # its block is still being drawn
-        key = self.held.get((step, group))
+        key = self._held.get((step, group))
         rebuild = None
         if key is None:
             rebuild = self._rebuild(step, group)
@@ -307,53 +319,116 @@ class Delivery:
             )
         record.rebuilds += 1
         key = self._keys.rebuild(step, group, record.rebuilds)
-        self._hold(step, [group], key)
+        self._held.hold(step, [group], key)
         return self._block(key, record.recipes, np.asarray([group]), record.reads)
-
-    def _hold(self, step: int, groups: list[int], key: str) -> None:
-        """Hold ``key`` for ``groups`` at ``step`` (one block's groups at once)."""
-        held, heaps, left = self.held, self._held_steps, self._block_left
-        pairs = [(step, group) for group in groups]
-        if step >= self._newest_held and held.keys().isdisjoint(pairs):
-            # The usual case, a new step: no group holds it yet, and it is at least every
-            # step in the heaps, so appending it is what heappush would do.
-            held.update(dict.fromkeys(pairs, key))
-            for group in groups:
-                heaps[group].append(step)
-            self._newest_held = step
-            self._held_count[step] += len(groups)
-            left[key] += len(groups)
-            return
-        self._newest_held = max(self._newest_held, step)
-        new = 0
-        for group in groups:
-            old = held.get((step, group))
-            if old is None:
-                heapq.heappush(heaps[group], step)
-                new += 1
-            else:
-                left[old] -= 1  # (a rebuild replaces a lost hold; not in practice)
-            held[(step, group)] = key
-        self._held_count[step] += new
-        left[key] += len(groups)
 
     def _release_fetched(self, group: int) -> list[str]:
         """The blocks no group holds any more once ``group``'s fetched steps are let go."""
-        fetched = self.where.group_min[group]
-        heap = self._held_steps[group]
-        keys: list[str] = []
-        while heap and heap[0] < fetched:
-            step = heapq.heappop(heap)
-            key = self.held.pop((step, group), None)
-            if key is not None:
-                self._held_count[step] -= 1
-                self._block_left[key] -= 1
-                if self._block_left[key] <= 0:
-                    del self._block_left[key]
-                    self._first.pop(key, None)
-                    keys.append(key)
+        keys = self._held.release(group, self.where.group_min[group])
+        for key in keys:
+            self._first.pop(key, None)
         return keys
 
     def _layout_text(self) -> str:
         lay = self.layout
         return f"dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}"
+
+
+class Holds(Mapping[tuple[int, int], str]):
+    """The block key each (step, group) is held under, as one row of keys per held step (a
+    step's holds are one list, not an entry per group), each group's held steps (a heap),
+    and how many groups each block still serves."""
+
+    def __init__(self, dp: int) -> None:
+        self._dp = dp
+        self._rows: dict[int, list[str | None]] = {}  # step -> each group's key (None: none)
+        self._heaps: list[list[int]] = [[] for _ in range(dp)]
+        self.count: Counter[int] = Counter()  # groups holding each step
+        self.left: Counter[str] = Counter()  # groups a held block still serves
+        self.newest = -1  # the latest step any group's heap has had pushed
+
+    def __getitem__(self, at: tuple[int, int]) -> str:
+        key = self.get(at)
+        if key is None:
+            raise KeyError(at)
+        return key
+
+    def get(self, at: tuple[int, int], default: str | None = None) -> str | None:  # type: ignore[override]
+        """The key (step, group) is held under, else ``default`` (one row lookup)."""
+        step, group = at
+        row = self._rows.get(step)
+        key = row[group] if row is not None and 0 <= group < self._dp else None
+        return default if key is None else key
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for step, row in list(self._rows.items()):
+            for group, key in enumerate(row):
+                if key is not None:
+                    yield step, group
+
+    def __len__(self) -> int:
+        return sum(self.count[step] for step in self._rows)
+
+    def hold(self, step: int, groups: list[int], key: str) -> None:
+        """Hold ``key`` for ``groups`` at ``step`` (one block's groups at once)."""
+        heaps, left = self._heaps, self.left
+        row = self._rows.get(step)
+        if step >= self.newest and row is None:
+            # The usual case, a new step: no group holds it yet, and it is at least every
+            # step in the heaps, so appending it is what heappush would do.
+            row = self._rows[step] = [None] * self._dp
+            for group in groups:
+                row[group] = key
+                heaps[group].append(step)
+            self.newest = step
+            self.count[step] += len(groups)
+            left[key] += len(groups)
+            return
+        if row is None:
+            row = self._rows[step] = [None] * self._dp
+        self.newest = max(self.newest, step)
+        new = 0
+        for group in groups:
+            old = row[group]
+            if old is None:
+                heapq.heappush(heaps[group], step)
+                new += 1
+            else:
+                left[old] -= 1  # (a rebuild replaces a lost hold; not in practice)
+            row[group] = key
+        self.count[step] += new
+        left[key] += len(groups)
+
+    def hold_new(self, step: int, keys: list[str], size: int) -> None:
+        """Hold block ``keys[b]`` for groups ``b * size`` on at ``step``, every group of a
+        step later than any held: :meth:`hold`'s usual case for all of a step's blocks."""
+        dp = self._dp
+        row: list[str | None] = list(itertools.chain.from_iterable([k] * size for k in keys))
+        self._rows[step] = row[:dp]
+        for heap in self._heaps:
+            heap.append(step)  # (at least every step in the heaps: what heappush would do)
+        self.newest = step
+        self.count[step] += dp
+        for b, key in enumerate(keys):
+            self.left[key] += min(size, dp - b * size)
+
+    def release(self, group: int, fetched: int) -> list[str]:
+        """Let go ``group``'s holds of steps below ``fetched``; returns the blocks that no
+        group holds any more."""
+        heap = self._heaps[group]
+        keys: list[str] = []
+        while heap and heap[0] < fetched:
+            step = heapq.heappop(heap)
+            row = self._rows.get(step)
+            key = row[group] if row is not None else None
+            if row is None or key is None:
+                continue
+            row[group] = None
+            self.count[step] -= 1
+            if not self.count[step]:
+                del self._rows[step]
+            self.left[key] -= 1
+            if self.left[key] <= 0:
+                del self.left[key]
+                keys.append(key)
+        return keys

@@ -34,6 +34,7 @@ from omniload_dask.plan import Plan
 __all__ = ["Documents", "Drawer"]
 
 MAX_SCALE = 1 << 20  # how far a source's wants may double before the batch is unfillable
+FEW_SOURCES = 4  # documents of up to this many sources are found by a scan per source
 
 
 @dataclass
@@ -189,10 +190,15 @@ def _locate(
     extra = np.zeros(len(order)) if with_extra else None
     units: list[tuple[Unit, int]] = []  # (unit, part) read by a shard slot
     unit_source: list[int] = []
-    by_source = stable_order(src)  # one pass instead of one scan per source
-    source_bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
-    for s in np.flatnonzero(counts).tolist():
-        sel = by_source[source_bounds[s] : source_bounds[s + 1]]
+    chosen = np.flatnonzero(counts).tolist()
+    if len(chosen) > FEW_SOURCES:  # one sort instead of one scan per source
+        by_source = stable_order(src)
+        source_bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    for s in chosen:
+        if len(chosen) > FEW_SOURCES:
+            sel = by_source[source_bounds[s] : source_bounds[s + 1]]
+        else:  # (a scan of a few sources is cheaper than the sort)
+            sel = np.flatnonzero(src == s)
         c = cands[s]
         k = idx[sel]
         lengths[sel] = c.lengths[k]

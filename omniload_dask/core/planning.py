@@ -28,7 +28,7 @@ from omniload_dask.batching.balance import Assignment, Bucket, balance, route
 from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import RecipeTable
-from omniload_dask.batching.sorting import stable_order
+from omniload_dask.batching.sorting import first_use
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
 from omniload_dask.plan import Plan
@@ -120,36 +120,22 @@ class StepPlanner:
         order = plan.output_order()
         group = plan.group[order]
         doc = plan.doc[order]
-        # The (group, read) pairs of the pieces, as np.unique would give them (pairs in
-        # order, each one's first piece, each piece's pair) from one stable sort of the pair
-        # ids (a radix sort while groups x reads fit 16 bits).
+        # The (group, read) pairs of the pieces in order of first use (from one pass, see
+        # sorting.first_use). Pieces are in group order, so the pairs are too: each group's
+        # shard slots number its reads in order of first use.
         pair_of = group * nu + docs.slot[doc]
-        by_pair = stable_order(pair_of)
-        p_sorted = pair_of[by_pair]
-        new = np.ones(len(order), dtype=bool)
-        np.not_equal(p_sorted[1:], p_sorted[:-1], out=new[1:])
-        at = np.flatnonzero(new)  # (two takes: faster than two boolean masks)
-        pair = p_sorted[at]
-        first = by_pair[at]
-        inverse = np.empty(len(order), dtype=np.int64)
-        inverse[by_pair] = np.cumsum(new) - 1
-        # Pieces are in group order, so the first uses of (group, read) pairs are too: each
-        # group's shard slots number its reads in order of first use.
-        by_use = np.argsort(first, kind="stable")  # (unique, and in runs: a merge of them)
-        pair_group = (pair // nu)[by_use]
-        pair_bounds = np.searchsorted(pair_group, np.arange(groups + 1))
-        slot = np.empty(len(pair), dtype=np.int64)
-        slot[by_use] = np.arange(len(pair)) - np.repeat(pair_bounds[:-1], np.diff(pair_bounds))
+        pair, number = first_use(pair_of)
+        pair_bounds = np.searchsorted(pair // nu, np.arange(groups + 1))
         table = np.empty((len(order), 5), dtype=np.int64)
         table[:, 0] = plan.micro[order]
-        table[:, 1] = slot[inverse]
+        table[:, 1] = number - pair_bounds[group]
         table[:, 2] = docs.rows[doc]
         start = table[:, 3]
         start[:] = plan.start[order]
         if docs.starts is not None:  # the rest of a document begun in an earlier step
             start += docs.starts[doc]
         np.add(start, plan.length[order], out=table[:, 4])
-        used = (pair % nu)[by_use].astype(np.int64)
+        used = pair % nu
         batch = self._batch
         return RecipeTable(
             step=step,
