@@ -645,13 +645,17 @@ def _cpu_by_group(a: dict[int, float], b: dict[int, float], groups: dict[str, li
                   scheduler: set[int] | None = None) -> dict[str, float]:  # fmt: skip
     """CPU-seconds in the window per group: the rank processes; the scheduler's process (the
     embedded cluster's holds its client too) and, when given, ``scheduler``'s; everything else
-    (DataLoader workers, Dask workers and nannies, the raw processes) is ``workers``."""
+    (DataLoader workers, Dask workers and nannies, the raw processes) is ``workers``.
+
+    A process that started in the window counts in full (a loader that starts new workers
+    each epoch, as MosaicML Streaming's DataLoader does, would otherwise count none of them);
+    one that ended in it loses its last part (its CPU is no longer readable): an undercount."""
     ranks = set(groups.get("ranks", []))
     scheduler = scheduler or set(groups.get("scheduler", []))
     out = {"ranks": 0.0, "workers": 0.0, "scheduler": 0.0}
-    for pid in a.keys() & b.keys():
+    for pid in b:
         part = "ranks" if pid in ranks else "scheduler" if pid in scheduler else "workers"
-        out[part] += b[pid] - a[pid]
+        out[part] += b[pid] - a.get(pid, 0.0)
     return out
 
 

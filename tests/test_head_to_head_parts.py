@@ -22,7 +22,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 from baselines import ChunkPacker, PerRankLoader  # noqa: E402
-from head_to_head import balance_bound  # noqa: E402
+from head_to_head import _cpu_by_group, balance_bound  # noqa: E402
 from realcorpus import find_tokenizers  # noqa: E402
 
 from omniload_dask import parse_plan  # noqa: E402
@@ -148,3 +148,13 @@ def test_found_tokenizers_are_usable_and_wordpiece_runs_whole_documents(tmp_path
     if "wordpiece" in found:
         data = json.loads(Path(found["wordpiece"]["path"]).read_text())
         assert data["truncation"] is None and data["padding"] is None
+
+
+def test_cpu_counts_processes_that_start_inside_the_window():
+    # A DataLoader without persistent workers starts new worker processes each epoch: CPU of
+    # processes only present at the window's end counts in full (it read 0 for MosaicML
+    # Streaming's workers when only processes present at both ends were counted).
+    before = {1: 10.0, 2: 5.0, 3: 4.0}  # rank 1, its old worker 3 (gone by the end)
+    after = {1: 12.0, 2: 6.5, 4: 3.0}  # a new worker 4 started in the window
+    got = _cpu_by_group(before, after, {"ranks": [1], "scheduler": [2]})
+    assert got == {"ranks": 2.0, "scheduler": 1.5, "workers": 3.0}
