@@ -224,9 +224,14 @@ def role_rank(spec: dict[str, Any]) -> None:
     step_pieces: list[list[int]] = []
     step_tokens, first = 0, None
     it = iter(loader)
+    stopped = False
     try:
         while True:
             mb = next(it)
+            if stopped:  # reported: keep taking batches until END (see below)
+                if commands.end.is_set():
+                    break
+                continue
             now = time.monotonic()
             if first is None:
                 first = now
@@ -241,11 +246,14 @@ def role_rank(spec: dict[str, Any]) -> None:
                 log["step"].append(int(mb["step"]))
                 step_pieces, step_tokens = [], 0
                 if commands.stop.is_set():
-                    break
+                    # Report at once, then go on taking batches until every rank has
+                    # reported: a loader whose ranks wait on each other (MosaicML Streaming
+                    # at an epoch's end) would otherwise hold a rank still behind for ever.
+                    stats = job.stats() if job is not None else None
+                    _emit("DONE", {"log": log, "first": first, "stats": _small_stats(stats)})
+                    stopped = True
     finally:
         loader.close()
-    stats = job.stats() if job is not None else None
-    _emit("DONE", {"log": log, "first": first, "stats": _small_stats(stats)})
     commands.end.wait(120)
     if job is not None:
         job.close()
