@@ -480,13 +480,13 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
                 spec = {"system": system, "plan": plan, "rank": r, "workers": args.workers,
                         "mds": extra.get("mds")}  # fmt: skip
                 env = quiet if system != "omniload_ext" else dict(os.environ)
-                if system.startswith("omniload"):  # what torchrun sets (fanout "node" reads it)
+                if system.startswith("omniload") or system == "mosaic":
+                    # what torchrun sets (fanout "node" and Streaming read it)
                     env = {**env, "RANK": str(r), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r),
                            "LOCAL_WORLD_SIZE": str(ranks)}  # fmt: skip
                 if system == "mosaic":
-                    env = {**env, "RANK": str(r), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r),
-                           "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": str(port), "PYTHONPATH": extra["mosaic_path"]}  # fmt: skip
+                    env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                           "PYTHONPATH": extra["mosaic_path"]}  # fmt: skip
                 children.append(Child("rank", spec, logs / f"{name}-rank{r}.log", env))
         expect_all(children, "READY", 300)
         time.sleep(0.5)

@@ -305,19 +305,14 @@ class RecipeTable:
             s_lo, s_hi = slot_list[b], slot_list[b + 1]
             p_lo, p_hi = piece_list[b], piece_list[b + 1]
             # (the numbers of the reads count from the runs before: less their reads)
-            table = RecipeTable(
-                step=self.step,
+            table = replace(
+                self,
                 groups=self.groups[lo:hi],
                 piece_bounds=self.piece_bounds[lo : hi + 1] - p_lo,
                 pieces=self.pieces[p_lo:p_hi],
                 slot_bounds=self.slot_bounds[lo : hi + 1] - s_lo,
                 slot_reads=renumbered[s_lo - base : s_hi - base] - used_list[b],
                 slot_epochs=self.slot_epochs[s_lo:s_hi],
-                num_micro_steps=self.num_micro_steps,
-                seq_len=self.seq_len,
-                pad_to_seq_len=self.pad_to_seq_len,
-                micro_seq_lens=self.micro_seq_lens,
-                patch_size=self.patch_size,
             )
             out.append((table, used[used_list[b] : used_list[b + 1]]))
         return out

@@ -191,14 +191,14 @@ def _locate(
     units: list[tuple[Unit, int]] = []  # (unit, part) read by a shard slot
     unit_source: list[int] = []
     chosen = np.flatnonzero(counts).tolist()
-    if len(chosen) > FEW_SOURCES:  # one sort instead of one scan per source
+    scan = len(chosen) <= FEW_SOURCES  # a scan of a few sources is cheaper than the sort
+    if not scan:  # one sort instead of one scan per source
         by_source = stable_order(src)
         source_bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
     for s in chosen:
-        if len(chosen) > FEW_SOURCES:
-            sel = by_source[source_bounds[s] : source_bounds[s + 1]]
-        else:  # (a scan of a few sources is cheaper than the sort)
-            sel = np.flatnonzero(src == s)
+        sel = (
+            np.flatnonzero(src == s) if scan else by_source[source_bounds[s] : source_bounds[s + 1]]
+        )
         c = cands[s]
         k = idx[sel]
         lengths[sel] = c.lengths[k]
