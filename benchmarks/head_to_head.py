@@ -522,11 +522,12 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         t_a, cpu_a = time.monotonic(), cpu_seconds(roots)
         spies = _profile(args, system, name, groups) if args.profile else []
         loop_pids = _worker_processes(system, groups)
-        threads_a = _thread_cpu(loop_pids)
+        sched_pids = groups.get("scheduler", []) if system == "omniload_ext" else []
+        threads_a, sched_a = _thread_cpu(loop_pids), _thread_cpu(sched_pids)
         _sleep_until(t_a + args.seconds)
         t_b, cpu_b = time.monotonic(), cpu_seconds(roots)
         scheduler_tree = _scheduler_tree(groups)
-        threads_b = _thread_cpu(loop_pids)
+        threads_b, sched_b = _thread_cpu(loop_pids), _thread_cpu(sched_pids)
         for spy in spies:
             spy.wait(timeout=60)
         samples = []
@@ -556,6 +557,7 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         "done": done, "plane": plane, "before_pss": before.pss,
         "cpu": _cpu_by_group(cpu_a, cpu_b, groups, scheduler_tree),
         "worker_threads": _thread_split(threads_a, threads_b),
+        "scheduler_threads": _thread_split(sched_a, sched_b),
         "memory": _memory(samples, before.pss), "processes": _processes(samples),
         "load": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
     }  # fmt: skip
@@ -780,6 +782,12 @@ def analyse(run: dict[str, Any], cost: Any, timer: Any, cap: float | None = None
     if run.get("worker_threads"):
         out["worker_threads_cpu_s_per_mtoken"] = {
             k: round(v / mtok, 3) for k, v in run["worker_threads"].items()}  # fmt: skip
+    if run.get("scheduler_threads") and out.get("steps_in_window"):
+        # the README cluster's scheduler: its event loop against the planning thread (and
+        # Dask's own helper threads), per step
+        out["scheduler_threads_ms_per_step"] = {
+            k: round(v / out["steps_in_window"] * 1e3, 2)
+            for k, v in run["scheduler_threads"].items()}  # fmt: skip
     out["cpu_s_per_mtoken"] = {g: round(float(v) / mtok, 3) for g, v in cpu.items()}
     out["cpu_s_per_mtoken"]["total"] = round(float(sum(cpu.values())) / mtok, 3)
     out["cpu_cores"] = round(float(sum(cpu.values())) / seconds, 3)

@@ -5,20 +5,25 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
+import multiprocessing
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from distributed import Client
 
 from omniload_dask import Job, PlanError, TokenizerError, local_cluster
 from omniload_dask.plan import TokenizerSpec, parse_plan
-from omniload_dask.preprocess.tokenize import describe, tokenize
+from omniload_dask.preprocess.tokenize import describe, load_tokenizer, own_threads, tokenize
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
 from .conftest import make_plan
 from .datagen import plan_dict
 
 tiktoken = pytest.importorskip("tiktoken")
+# the module (the package's ``tokenize`` attribute is the function)
+tokenize_module = importlib.import_module("omniload_dask.preprocess.tokenize")
 
 # GPT-2's pre-tokenizer split, short enough to read: contractions, words, numbers, the rest
 PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -149,12 +154,70 @@ def test_a_tiktoken_plan_streams_the_same_inline_and_on_a_cluster(small_sources,
                 got = list(feeder)
         finally:
             job.close()
+        with Client(cluster.scheduler_address, set_as_default=False) as client:
+            own = client.run(
+                lambda: [t.name for t in threading.enumerate() if t.name.startswith("omniload-tok")]
+            )
+    # the worker ran one read at a time (its omniload-read resource), so on one thread
+    assert [len(names) for names in own.values()] == [1]
     flat = [mb for step in ref for mb in step]
     assert len(got) == len(flat)
     for a, b in zip(flat, got, strict=True):
         assert_batches_equal(a, {k: v for k, v in b.items() if k != "doc_source_name"})
     ids = np.concatenate([mb["input_ids"] for mb in flat])
     assert ids.max() <= 301 and (ids == 300).sum() > 0  # BPE ids and the plan's BOS
+
+
+def _tokenize_in_child(spec: TokenizerSpec, texts: list[str], queue: object) -> None:
+    tokens, _ = tokenize(spec, texts)
+    queue.put(tokens.tolist())  # type: ignore[attr-defined]
+
+
+def test_tokenizers_load_and_run_on_their_own_thread_whoever_calls(tmp_path, monkeypatch):
+    """With own_threads, every caller's tokenizing runs on one thread of the tokenizers' own
+    (where tiktoken's regex keeps its fast path); results and errors are the caller's as
+    before, and a forked child tokenizes in its own threads (nothing waits on threads that
+    the fork did not copy)."""
+    spec = bpe_spec(write_bpe(tmp_path / "bpe.tiktoken"))
+    texts = ["hello world", "hé, hello", ""]
+    expected = [a.tolist() for a in tokenize(spec, texts)]
+    monkeypatch.setattr(tokenize_module, "_own_pool", None)
+    tokenize_module._cached.cache_clear()
+    ran_on: list[str] = []
+    encode = tokenize_module.TiktokenTokenizer.encode
+
+    def spy(self, batch):  # type: ignore[no-untyped-def]
+        ran_on.append(threading.current_thread().name)
+        return encode(self, batch)
+
+    monkeypatch.setattr(tokenize_module.TiktokenTokenizer, "encode", spy)
+    own_threads(1)
+    own_threads(1)  # no more threads asked for: the same pool
+    results: list[list[list[int]]] = []
+    callers = [threading.Thread(target=lambda: results.append(
+        [a.tolist() for a in tokenize(spec, texts)])) for _ in range(3)]  # fmt: skip
+    for t in callers:
+        t.start()
+    results.append([a.tolist() for a in tokenize(spec, texts)])
+    for t in callers:
+        t.join(timeout=60)
+    assert results == [expected] * 4
+    assert len(ran_on) == 4 and len(set(ran_on)) == 1 and ran_on[0].startswith("omniload-tok")
+    assert load_tokenizer(spec) is load_tokenizer(spec)  # loaded once, cached as before
+    with pytest.raises(TokenizerError, match="does not exist"):
+        load_tokenizer(bpe_spec(str(tmp_path / "missing.tiktoken")))
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_tokenize_in_child, args=(spec, texts, queue))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == expected[0]
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    tokenize_module._cached.cache_clear()
 
 
 def _tekken_file() -> Path | None:

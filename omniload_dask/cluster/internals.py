@@ -177,6 +177,23 @@ def read_resource(scheduler: Any) -> bool:
     )
 
 
+def worker_read_slots() -> int | None:
+    """Inside a Dask worker, how many reads this process may run at once: its workers'
+    ``omniload-read`` resource, else their threads (several workers where a cluster runs
+    them in one process); None elsewhere."""
+    try:
+        from distributed.worker import Worker, get_worker
+
+        workers = {get_worker(), *Worker._instances}
+    except (ImportError, ValueError):
+        return None
+    slots = 0
+    for worker in workers:
+        state = worker.state
+        slots += int((state.total_resources or {}).get(READ_RESOURCE) or state.nthreads)
+    return max(1, slots)
+
+
 # ---------------------------------------------------------------------- comms, no Client
 def connection_pool(security: Any, connect_timeout: float, limit: int = 64) -> Any:
     """Dask's pool of comms (``distributed.core.ConnectionPool``) with the client side of

@@ -35,7 +35,7 @@ from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.plan import ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
-from omniload_dask.preprocess.tokenize import describe, image_token_id, tokenize
+from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
 from omniload_dask.sources import Catalog, RawRecords, encode_sample_ids
 from omniload_dask.sources.registry import discover_source, read_unit_records
 
@@ -74,8 +74,17 @@ def check_tokenizer(spec: TokenizerSpec, images: ImageSpec | None = None) -> dic
                 "the plan has image sources but Pillow is not installed where the workers run "
                 "(pip install 'omniload-dask[images]')"
             ) from None
-    settings.single_threaded_tokenizers()
+    _tokenizer_threads()
     return describe(spec, images.placeholder if images is not None else None)
+
+
+def _tokenizer_threads() -> None:
+    """Tokenizers in this worker on threads of their own, as many as it runs reads at once
+    (:func:`~omniload_dask.preprocess.tokenize.own_threads`), and no library thread pools."""
+    settings.single_threaded_tokenizers()
+    slots = _dask.worker_read_slots()
+    if slots is not None:
+        own_threads(slots)
 
 
 def read_unit(
@@ -125,7 +134,7 @@ def _read_unit(
     stop: int,
     images: ImageSpec | None,
 ) -> Shard:
-    settings.single_threaded_tokenizers()  # before the tokenizer's first use in this process
+    _tokenizer_threads()  # before the tokenizer's first use in this process
     t0 = time.perf_counter()
     records = read_unit_records(spec, file_url, start, stop)
     t1 = time.perf_counter()
