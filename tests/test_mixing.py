@@ -216,3 +216,42 @@ def test_pieces_of_a_document_merge_into_one_row_where_it_first_appears(in_tag_o
         assert sel.tags.tolist() == row_tags  # a document's tag is its last piece's
         assert sel.counts.tolist() == counts.tolist()
         assert sel.cut == cut
+
+
+def test_documents_mix_under_a_token_budget_draws_the_same_whatever_each_source_shows(
+    tmp_path, monkeypatch
+):
+    """With ``mixing.by: documents`` and a token budget, the draw asks each source for its
+    expected share of the tokens (from its documents' mean length); what it shows the mixer
+    must not change the stream: the same batches as asking by weight alone."""
+    from omniload_dask.core.draw import Drawer
+    from omniload_dask.plan import parse_plan
+    from omniload_dask.testing import InlineDataPlane, batch_digest
+
+    from .datagen import plan_dict, texts, write_jsonl
+
+    for i in range(2):
+        write_jsonl(tmp_path / "short" / f"{i}.jsonl", texts(300, seed=i, mean_words=3))
+        write_jsonl(tmp_path / "long" / f"{i}.jsonl", texts(20, seed=10 + i, mean_words=300))
+    sources = [{"name": n, "format": "jsonl", "path": str(tmp_path / n / "*.jsonl"),
+                "weight": w} for n, w in (("short", 0.8), ("long", 0.2))]  # fmt: skip
+    plan = parse_plan(plan_dict(sources, mixing={"by": "documents"}))
+
+    def digests() -> list[list[tuple[int, ...]]]:
+        plane = InlineDataPlane(plan)
+        return [batch_digest(b) for _, batches in plane.stream(12) for b in batches.values()]
+
+    asked: list[float] = []
+    shares = Drawer._token_shares
+
+    def record(self, weights):  # type: ignore[no-untyped-def]
+        out = shares(self, weights)
+        asked.append(float(out[1]))
+        return out
+
+    monkeypatch.setattr(Drawer, "_token_shares", record)
+    by_length = digests()
+    # the long source's share of the tokens is far above its 0.2 of the documents
+    assert max(asked) > 0.5
+    monkeypatch.setattr(Drawer, "_token_shares", lambda self, w: w / w.sum())
+    assert digests() == by_length

@@ -121,8 +121,9 @@ class Drawer:
         for joining in np.flatnonzero((weights > 0) & ~self.active).tolist():
             self.mixer.activate(joining)  # (re)joining sources start at the virtual time
         empty = Candidates(np.zeros(0, np.int64))
+        shares = self._token_shares(weights)
         cands = [
-            stream.candidates(caps[i], *self._wants(i, weights, 1.0)) if weights[i] > 0 else empty
+            stream.candidates(caps[i], *self._wants(i, shares, 1.0)) if weights[i] > 0 else empty
             for i, stream in enumerate(streams)
         ]
         scale = np.ones(len(streams))
@@ -148,7 +149,7 @@ class Drawer:
                 scale[i] *= 2
                 if scale[i] > MAX_SCALE:
                     raise JobError("cannot fill a global batch: check batch.global_tokens")
-                cands[i] = streams[i].candidates(caps[i], *self._wants(i, weights, float(scale[i])))
+                cands[i] = streams[i].candidates(caps[i], *self._wants(i, shares, float(scale[i])))
         self.starved = set()
         if len(result.order):  # (else every source with weight ran out during this step)
             self.active = weights > 0
@@ -156,13 +157,33 @@ class Drawer:
             self.mixer.commit(result)
         return _locate(result, cands, streams, self._with_extra)
 
-    def _wants(self, i: int, weights: np.ndarray, scale: float) -> tuple[int, int]:
+    def _wants(self, i: int, shares: np.ndarray, scale: float) -> tuple[int, int]:
         tokens, docs = self._budget
-        share = weights[i] / weights.sum()
         # A little more than the source's share; the mixer asks again (scale x2) if short.
         if tokens is not None:
-            return int(share * tokens * 1.25 * scale) + 1, 2
-        return 1, int(share * docs * 1.25 * scale) + 2
+            return int(shares[i] * tokens * 1.25 * scale) + 1, 2
+        return 1, int(shares[i] * docs * 1.25 * scale) + 2
+
+    def _token_shares(self, weights: np.ndarray) -> np.ndarray:
+        """Each source's expected share of a draw's budget at ``weights``.
+
+        With ``mixing.by: documents`` and a token budget, the shares count documents, so a
+        source's share of the tokens follows from the mean length of the documents it gave
+        so far (asked for by weight alone, a source of long documents fell short at nearly
+        every draw, and one of short documents showed many times what it gave). How much is
+        shown never changes the draw: the mixer asks for more when it could matter.
+        """
+        shares = weights / weights.sum()
+        if self.mixer.by != "documents" or self._budget[0] is None:
+            return shares
+        streams = self._sources.streams
+        docs = np.asarray([s.docs for s in streams], dtype=np.float64)
+        if (docs[weights > 0] <= 0).any():
+            return shares  # a source has given nothing yet: no mean length to go by
+        toks = np.asarray([s.tokens for s in streams], dtype=np.float64)
+        lengths = np.where(docs > 0, toks / np.maximum(docs, 1.0), 0.0)
+        mean = float(np.dot(shares, lengths))
+        return shares * lengths / mean if mean > 0 else shares
 
 
 def _locate(
