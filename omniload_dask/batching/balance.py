@@ -58,6 +58,7 @@ import numpy as np
 from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.placement import Bins, Pieces, pack
+from omniload_dask.batching.polish import polish_groups
 from omniload_dask.batching.refine import refine_groups
 from omniload_dask.batching.routing import Bucket, ladder, route, spill, split_documents
 
@@ -113,6 +114,7 @@ def balance(
         micro[stuck] += 1  # cannot pack whole and may not cut: one more micro-batch
     if refine:
         refine_groups(pieces, bins, groups, cost, cut)
+        polish_groups(pieces, bins, groups)
     offsets = np.concatenate([[0], np.cumsum(micro)])
     return Assignment(
         doc=pieces.doc,
