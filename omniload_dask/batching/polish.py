@@ -12,17 +12,21 @@ micro-batch of the same bucket finds many more changes of equal tokens and diffe
     micro-batch's shortest pieces hold 1, 2, 4, 8 tokens: none trades for the 5 or the 3
     exchange {5} for {4, 1}:  heavy 4 + 3 + 1 (26), light 5 + 2 + 1 (30): the step costs 30
 
-Each round, every pair of a heavy group's micro-batch and a light group's micro-batch weighs
-every exchange of at most two pieces for at most two within their tokens (in numpy, all
-heavy-light pairs of a round at once), and each heavy group takes the one that best evens it
-with a light group no other heavy group of the round has taken. A micro-batch that had pieces
-keeps some. Rounds repeat while the heaviest group gets lighter, at most ``ROUNDS`` of them.
+Each round pairs the heaviest groups with the lightest; for every heavy group's micro-batch
+and light group's micro-batch, it weighs every exchange of at most two pieces for at most two
+that keeps both within their tokens (all pairs of the round at once in numpy: the light
+halves sorted by tokens, those that fit a heavy half are one range of them), and heaviest
+first, each heavy group takes the exchange that best evens it with a light group no heavier
+group of the round has taken. A micro-batch that had pieces keeps some, and each exchange
+leaves both of its groups below the heavy one's cost before: the peak never rises. Rounds
+repeat while the heaviest group gets lighter, at most ``ROUNDS`` of them.
 
 The work of a round is bounded: at most ``PAIRS`` heavy groups against as many light ones, and
 at most ``PIECES`` pieces of a micro-batch weighed (spread over its lengths). It runs only up to
-``POLISH_UP_TO`` groups: at the head-to-head's shape (DP 8, one full micro-batch a rank) it
-lifts the mean efficiency from about 0.957 to about 0.99 for well under a millisecond a step,
-while at thousands of groups a round would even only a few of them.
+``POLISH_UP_TO`` groups (at thousands, a round would even only a few of them; DP 1,024 plans
+as before). In the head-to-head's step shape (one full 8,192-token micro-batch a rank), over
+1,000 steps, it lifts the mean efficiency at DP 8 from 0.959 to 0.989, for about a millisecond
+a step (BENCHMARKS.md, session 24).
 """
 
 from __future__ import annotations
@@ -30,17 +34,22 @@ from __future__ import annotations
 import numpy as np
 
 from omniload_dask.batching.placement import Bins, Pieces
-from omniload_dask.batching.sorting import stable_order
 from omniload_dask.batching.weighing import rebin
 
 __all__ = ["POLISH_UP_TO", "polish_groups"]
 
 POLISH_UP_TO = 64  # groups up to which a step is polished
-ROUNDS = 8  # rounds at most per step
-PAIRS = 4  # heavy groups (and as many light ones) per round
+ROUNDS = 6  # rounds at most per step
+PAIRS = 8  # heavy groups (and as many light ones) per round
 PIECES = 12  # pieces of a micro-batch weighed at most, spread over its lengths
 TOLERANCE = 1e-3  # a group within 0.1% of the peak above the mean is even enough
 PROGRESS = 1e-5  # an exchange must lower its heavy group by this share
+# By the kinds of an exchange's halves (``_entries``: bit 1 all of a micro-batch's pieces, bit 2
+# nothing), at heavy * 4 + light: whether it empties a micro-batch (one side gives all it has
+# and gets nothing back).
+EMPTIES = np.array(
+    [bool((h & 1 and k & 2) or (k & 1 and h & 2)) for h in range(4) for k in range(4)]
+)
 
 
 def polish_groups(p: Pieces, bins: Bins, groups: int) -> None:
@@ -67,7 +76,7 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray) -> bool:
     side = np.full(groups, -1, np.int64)  # 0..count-1: heavy rank; count..: light rank
     side[heavy] = np.arange(count)
     side[light] = count + np.arange(len(light))
-    e_bin, e_len, e_cost, e_size, e_a, e_b = _entries(p, bins, side)
+    e_bin, e_len, e_cost, e_kind, e_a, e_b = _entries(p, bins, side)
     e_side = side[bins.group[e_bin]]
     hs, ls = np.flatnonzero(e_side < count), np.flatnonzero(e_side >= count)
     if not len(hs) or not len(ls):
@@ -82,8 +91,9 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray) -> bool:
     light_bins = e_bin[ls][starts]
     hh, yy = np.repeat(hs, len(light_bins)), np.tile(np.arange(len(light_bins)), len(hs))
     x, y = e_bin[hh], light_bins[yy]
-    fits = bins.bucket[x] == bins.bucket[y]
-    hh, yy, x, y = hh[fits], yy[fits], x[fits], y[fits]
+    if len(bins.offset) > 2:  # exchanges within a bucket
+        fits = bins.bucket[x] == bins.bucket[y]
+        hh, yy, x, y = hh[fits], yy[fits], x[fits], y[fits]
     base = y * big
     h_len = e_len[hh]
     lo = np.searchsorted(key, base + np.maximum(h_len - bins.room[y], 0), side="left")
@@ -92,29 +102,36 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray) -> bool:
     pair = np.repeat(np.arange(len(hh)), many)
     col = lo[pair] + np.arange(len(pair)) - np.repeat(np.cumsum(many) - many, many)
     hs, x, y, ls = hh[pair], x[pair], y[pair], ls[col]  # every (heavy half, light half)
-    held = np.bincount(p.bin, minlength=len(bins.room))
     d_cost = e_cost[hs] - e_cost[ls]
-    d_size = e_size[hs] - e_size[ls]
     ok = d_cost > 0
-    ok &= ((held[x] - d_size) > 0) | (held[x] == 0)  # no micro-batch is emptied
-    ok &= ((held[y] + d_size) > 0) | (held[y] == 0)
+    ok &= ~EMPTIES[e_kind[hs] * 4 + e_kind[ls]]  # no micro-batch is emptied
     gh, gl = bins.group[x], bins.group[y]
     worst = np.maximum(load[gh] - d_cost, load[gl] + d_cost)
     ok &= worst < load[gh] * (1 - PROGRESS)
     if not ok.any():
         return False
     hs, ls, worst = hs[ok], ls[ok], worst[ok]
-    row_side, col_side = e_side[hs], e_side[ls]
-    taken = np.zeros(len(side), bool)
+    # The best exchange of each (heavy, light) pair of groups, then heaviest first, each
+    # heavy group takes its best with a light group not taken yet.
+    nl = len(light)
+    pair_of = e_side[hs] * nl + e_side[ls] - count
+    by_pair = np.lexsort((worst, pair_of))  # (ties: the first weighed)
+    first = np.append(True, pair_of[by_pair][1:] != pair_of[by_pair][:-1])
+    best = by_pair[first]
+    flat = np.full(count * nl, np.inf)
+    flat[pair_of[best]] = worst[best]
+    choice = np.full(count * nl, -1, np.int64)
+    choice[pair_of[best]] = best
+    table = flat.reshape(count, nl)
     new_bin = p.bin.copy()
     changed = False
-    for k in range(count):  # heaviest first; a light group serves one heavy group a round
-        mine = np.flatnonzero((row_side == k) & ~taken[col_side])
-        if not len(mine):
+    for k in range(count):  # a light group serves one heavy group a round
+        r = int(np.argmin(table[k]))
+        if not np.isfinite(table[k, r]):
             continue
-        best = mine[int(np.argmin(worst[mine]))]
-        i, j = hs[best], ls[best]
-        taken[col_side[best]] = True
+        table[:, r] = np.inf
+        c = choice[k * nl + r]
+        i, j = hs[c], ls[c]
         for piece in (e_a[i], e_b[i]):
             if piece >= 0:
                 new_bin[piece] = e_bin[j]
@@ -131,14 +148,15 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray) -> bool:
 def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
     """The exchanges' halves of the micro-batches of the round's groups (``side >= 0``):
     per micro-batch, nothing, each weighed piece, and each pair of them. Returns
-    ``(bin, tokens, cost, pieces, first piece, second piece)`` (-1: none)."""
+    ``(bin, tokens, cost, kind, first piece, second piece)`` (-1: none); ``kind`` is 1 for a
+    half that is all its micro-batch's pieces, 2 for nothing (3: an empty micro-batch's)."""
     in_round = side[bins.group] >= 0
     ids = np.flatnonzero(in_round[p.bin])
-    ids = ids[stable_order(p.length[ids])]
-    ids = ids[stable_order(p.bin[ids])]  # by micro-batch, each by increasing length
-    b = p.bin[ids]
+    ids = ids[np.argsort(p.bin[ids] * (int(p.length.max()) + 1) + p.length[ids], kind="stable")]
+    b = p.bin[ids]  # by micro-batch, each by increasing length
     first = np.searchsorted(b, b, side="left")
-    n = np.bincount(b, minlength=len(bins.room))[b]
+    held = np.bincount(b, minlength=len(bins.room))
+    n = held[b]
     rank = np.arange(len(ids)) - first
     if len(ids) and int(n.max()) > PIECES:  # keep PIECES of a long one, spread over it
         step = (np.maximum(n, PIECES) - 1) / (PIECES - 1)
@@ -154,7 +172,10 @@ def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
     a = np.concatenate([np.full(len(empty), -1), ids, ids[left]])
     z = np.concatenate([np.full(len(empty) + len(ids), -1), ids[right]])
     e_bin = np.concatenate([empty, b, b[left]])
-    e_len = np.where(a >= 0, p.length[a], 0) + np.where(z >= 0, p.length[z], 0)
-    e_cost = np.where(a >= 0, p.cost[a], 0.0) + np.where(z >= 0, p.cost[z], 0.0)
-    e_size = (a >= 0).astype(np.int64) + (z >= 0)
-    return e_bin, e_len, e_cost, e_size, a, z
+    length, cost = np.append(p.length, 0), np.append(p.cost, 0.0)  # (index -1: nothing)
+    e_len = length[a] + length[z]
+    e_cost = cost[a] + cost[z]
+    size = np.concatenate([np.zeros(len(empty), np.int64), np.ones(len(ids), np.int64),
+                           np.full(len(left), 2)])  # fmt: skip
+    kind = (size == held[e_bin]) + 2 * (size == 0)
+    return e_bin, e_len, e_cost, kind, a, z
