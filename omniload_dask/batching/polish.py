@@ -39,7 +39,7 @@ from omniload_dask.batching.weighing import rebin
 __all__ = ["POLISH_UP_TO", "polish_groups"]
 
 POLISH_UP_TO = 64  # groups up to which a step is polished
-ROUNDS = 6  # rounds at most per step
+ROUNDS = 4  # rounds at most per step
 PAIRS = 8  # heavy groups (and as many light ones) per round
 PIECES = 12  # pieces of a micro-batch weighed at most, spread over its lengths
 TOLERANCE = 1e-3  # a group within 0.1% of the peak above the mean is even enough
@@ -118,28 +118,26 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray) -> bool:
     by_pair = np.lexsort((worst, pair_of))  # (ties: the first weighed)
     first = np.append(True, pair_of[by_pair][1:] != pair_of[by_pair][:-1])
     best = by_pair[first]
-    flat = np.full(count * nl, np.inf)
-    flat[pair_of[best]] = worst[best]
-    choice = np.full(count * nl, -1, np.int64)
-    choice[pair_of[best]] = best
-    table = flat.reshape(count, nl)
-    new_bin = p.bin.copy()
-    changed = False
+    table = [[np.inf] * nl for _ in range(count)]  # (a few dozen values: plain Python)
+    choice = [[-1] * nl for _ in range(count)]
+    for b, pair, w in zip(best.tolist(), pair_of[best].tolist(), worst[best].tolist(), strict=True):
+        table[pair // nl][pair % nl], choice[pair // nl][pair % nl] = w, b
+    taken = [False] * nl
+    chosen = []
     for k in range(count):  # a light group serves one heavy group a round
-        r = int(np.argmin(table[k]))
-        if not np.isfinite(table[k, r]):
-            continue
-        table[:, r] = np.inf
-        c = choice[k * nl + r]
-        i, j = hs[c], ls[c]
-        for piece in (e_a[i], e_b[i]):
-            if piece >= 0:
-                new_bin[piece] = e_bin[j]
-        for piece in (e_a[j], e_b[j]):
-            if piece >= 0:
-                new_bin[piece] = e_bin[i]
-        changed = True
+        free = [(table[k][r], r) for r in range(nl) if not taken[r] and table[k][r] < np.inf]
+        if free:
+            r = min(free)[1]
+            taken[r] = True
+            chosen.append(choice[k][r])
+    changed = bool(chosen)
     if changed:
+        c = np.asarray(chosen)
+        i, j = hs[c], ls[c]
+        new_bin = p.bin.copy()
+        for pieces, to in ((e_a[i], e_bin[j]), (e_b[i], e_bin[j]), (e_a[j], e_bin[i]),
+                           (e_b[j], e_bin[i])):  # fmt: skip
+            new_bin[pieces[pieces >= 0]] = to[pieces >= 0]
         p.bin = new_bin
         rebin(p, bins)
     return changed
