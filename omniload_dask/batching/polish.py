@@ -25,8 +25,8 @@ The work of a round is bounded: at most ``PAIRS`` heavy groups against as many l
 at most ``PIECES`` pieces of a micro-batch weighed (spread over its lengths). It runs only up to
 ``POLISH_UP_TO`` groups (at thousands, a round would even only a few of them; DP 1,024 plans
 as before). In the head-to-head's step shape (one full 8,192-token micro-batch a rank), over
-1,000 steps, it lifts the mean efficiency at DP 8 from 0.959 to 0.989, for about a millisecond
-a step (BENCHMARKS.md, session 24).
+1,000 steps, it lifts the mean efficiency from 0.959 to 0.988 at DP 8 and from 0.947 to 0.990
+at DP 16, for about 0.7 and 1.2 ms a step (BENCHMARKS.md, session 24).
 """
 
 from __future__ import annotations
