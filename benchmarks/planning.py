@@ -39,6 +39,14 @@ model) mean and minimum, the structural bound (``Assignment.bound``: the mean gr
 the costliest piece of at most ``seq_len`` tokens, what any split that does not cut documents
 shorter can reach) mean, and the documents cut per step. Ends with ``RESULT {json}``.
 
+``--consecutive N`` plans N consecutive steps per point instead (one run, two warm-up steps)
+and reports their balance against ``benchmarks/head_to_head.py``'s ``balance_bound`` of each
+step's pieces under its token limit: efficiency mean (standard error) and minimum, the bound's
+mean, the mean gap and the share of steps within 0.01 of it, the sum of the steps' peak group
+costs, cuts a step, and the medians of ``split`` and ``step``::
+
+    python benchmarks/planning.py --mix h2h --point 8 19 --consecutive 1000
+
 :func:`planning_ms` gives the per-step figure alone, keyed like ``"dp1024_docs16384"``, for
 other benchmarks (``benchmarks/scale.py``).
 """
@@ -250,6 +258,8 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
         step_rows["rest"] = step_rows["step"] - step_rows["draw"] - step_rows["split"]
         step_rows["rest"] -= step_rows["recipes"]
         step_rows.update(
+            peak=float(a.group_costs.max()),
+            balance_bound=_bound(a),
             efficiency=a.efficiency,
             bound=getattr(a, "bound", None),
             cuts=a.cuts,
@@ -258,6 +268,36 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
         )
         rows.append(step_rows)
     return {"shape": shape, "rows": rows[warmup:]}
+
+
+def _bound(a: Any) -> float:
+    """``head_to_head.balance_bound`` of a split's pieces under its groups' token limit."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from head_to_head import balance_bound
+
+    return balance_bound(a.cost, a.groups, a.length, float(a.micro_capacity.sum()))
+
+
+def consecutive(dp: int, docs: int, mix: str, steps: int) -> dict[str, Any]:
+    """Balance and planning time of ``steps`` consecutive steps of one point (module doc)."""
+    rows = run_once(dp, docs, MIXES[mix](), steps, 2)["rows"]
+    eff = np.asarray([r["efficiency"] for r in rows])
+    bound = np.asarray([r["balance_bound"] for r in rows])
+    return {
+        "key": point_key(dp, docs), "mix": mix, "steps": len(rows),
+        "efficiency_mean": float(eff.mean()),
+        "efficiency_se": float(eff.std(ddof=1) / math.sqrt(len(eff))) if len(eff) > 1 else 0.0,
+        "efficiency_min": float(eff.min()),
+        "balance_bound_mean": float(bound.mean()),
+        "gap_mean": float((bound - eff).mean()),
+        "within_001": float(((bound - eff) <= 0.01).mean()),
+        "peak_sum": float(sum(r["peak"] for r in rows)),
+        "cuts_per_step": float(np.mean([r["cuts"] for r in rows])),
+        "split_ms_median": float(np.median([r["split"] for r in rows])),
+        "step_ms_median": float(np.median([r["step"] for r in rows])),
+    }  # fmt: skip
 
 
 def measure(
@@ -321,8 +361,27 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs per point (best of)")
     parser.add_argument("--point", nargs=2, type=int, action="append", metavar=("DP", "DOCS"),
                         help="only this point (repeatable)")  # fmt: skip
+    parser.add_argument("--consecutive", type=int, default=0, metavar="N",
+                        help="balance of N consecutive steps per point (module doc)")  # fmt: skip
     args = parser.parse_args()
     points = args.point or (QUICK if args.quick else [(d, n) for d in DPS for n in DOCS])
+    if args.consecutive:
+        load_before = os.getloadavg()[0]
+        found = []
+        for dp, docs in points:
+            c = consecutive(dp, docs, args.mix, args.consecutive)
+            found.append(c)
+            print(f"{c['key']:>18} {c['steps']} steps: efficiency {c['efficiency_mean']:.4f} "
+                  f"({c['efficiency_se']:.4f}) min {c['efficiency_min']:.4f}, bound "
+                  f"{c['balance_bound_mean']:.4f} (gap {c['gap_mean']:.4f}, "
+                  f"{c['within_001']:.0%} within 0.01), peaks {c['peak_sum']:.1f}, cuts "
+                  f"{c['cuts_per_step']:.1f}, split {c['split_ms_median']:.2f} ms, step "
+                  f"{c['step_ms_median']:.2f} ms", flush=True)  # fmt: skip
+        load = [load_before, os.getloadavg()[0]]
+        print(f"load average (1 min): {load[0]:.2f} before, {load[1]:.2f} after")
+        print("RESULT " + json.dumps({"benchmark": "planning", "mix": args.mix, "load_average":
+                                      load, "consecutive": found}, sort_keys=True))  # fmt: skip
+        return 0
     steps = args.steps or (3 if args.quick else 6)
     load_before = os.getloadavg()[0]
     print(f"planning per global batch, mix {args.mix}, seq_len {SEQ_LEN}, CPU ms, best of "

@@ -2,7 +2,7 @@
 
 The global batch (its documents are fixed by the mix, whatever the DP size) becomes pieces of at
 most a bucket's ``seq_len`` tokens. The goal is the smallest largest group cost (ranks wait for
-the slowest one) under hard token limits: every micro-batch holds at most its ``seq_len``. Three
+the slowest one) under hard token limits: every micro-batch holds at most its ``seq_len``. Four
 passes, all in numpy and deterministic (ties go to the lower index), one module each::
 
     1 route    each document to a context bucket; a bucket over its capacity hands its
@@ -17,6 +17,8 @@ passes, all in numpy and deterministic (ties go to the lower index), one module 
     3 refine   the heavy groups against the light ones, many pairs at once: the move, swap,
                or exchange of one piece for a run of a micro-batch's shortest pieces, that
                best evens each pair (.refine)
+    4 polish   up to 64 groups: exchanges of up to two pieces for up to two between a heavy
+               and a light group's micro-batches, within their tokens (.polish)
 
 Worked example: 2 groups, 1 micro-batch of 8 tokens each, cost = L, pieces 6, 5, 3, 2::
 
@@ -41,9 +43,9 @@ whole, and a group or micro-batch may get no piece when its bucket has fewer pie
 micro-batches: it is handed out empty (``num_tokens`` 0, ``cu_seqlens`` ``[0]``, the step's
 other fields as usual) and counted (``Assignment.empty_micro_batches``).
 
-Pass 3 matters when every group is full of tokens: LPT can then only give the last pieces to
-whoever has room, and only an exchange (a long piece for several short ones of as many tokens)
-moves attention cost. ``benchmarks/balance.py --compare`` measures what each pass adds and
+Passes 3 and 4 matter when every group is full of tokens: LPT can then only give the last pieces
+to whoever has room, and only an exchange (a long piece for several short ones of as many
+tokens) moves attention cost. ``benchmarks/balance.py --compare`` measures what each pass adds and
 ``benchmarks/planning.py`` what planning costs. The result is an
 :class:`~.assignment.Assignment`; this module also exports the names its callers use with it
 (``Bucket``, ``route``, ``split_documents``).
@@ -58,6 +60,7 @@ import numpy as np
 from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.placement import Bins, Pieces, pack
+from omniload_dask.batching.polish import polish_groups
 from omniload_dask.batching.refine import refine_groups
 from omniload_dask.batching.routing import Bucket, ladder, route, spill, split_documents
 
@@ -80,7 +83,7 @@ def balance(
 
     Every micro-batch holds at most its bucket's ``seq_len`` tokens; a step gets more than a
     bucket's ``micro_batches`` only when its tokens need them, or (``cut=False``) when its
-    pieces cannot be packed whole. ``refine=False`` skips pass 3 (for measurements).
+    pieces cannot be packed whole. ``refine=False`` skips passes 3 and 4 (for measurements).
     ``extra`` is a cost per document on top of ``cost`` of its pieces (image encoder terms).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -113,6 +116,7 @@ def balance(
         micro[stuck] += 1  # cannot pack whole and may not cut: one more micro-batch
     if refine:
         refine_groups(pieces, bins, groups, cost, cut)
+        polish_groups(pieces, bins, groups)
     offsets = np.concatenate([[0], np.cumsum(micro)])
     return Assignment(
         doc=pieces.doc,
