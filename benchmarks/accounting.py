@@ -24,7 +24,16 @@ from typing import Any
 import numpy as np
 import psutil
 
-__all__ = ["TreeSample", "cpu_seconds", "deep_sizeof", "kill_tree", "pss", "tree", "tree_sample"]
+__all__ = [
+    "TreeSample",
+    "cpu_seconds",
+    "cpu_with_reaped",
+    "deep_sizeof",
+    "kill_tree",
+    "pss",
+    "tree",
+    "tree_sample",
+]
 
 
 def deep_sizeof(obj: Any, seen: set[int] | None = None) -> int:
@@ -109,6 +118,19 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
             with contextlib.suppress(psutil.Error):
                 t = proc.cpu_times()
                 out[proc.pid] = t.user + t.system
+    return out
+
+
+def cpu_with_reaped(pids: list[int]) -> dict[int, tuple[float, float]]:
+    """For every process in the trees rooted at ``pids``: its own user + system CPU seconds,
+    and those of its children that ended and that it reaped (the kernel adds a child's CPU,
+    with its own reaped children's, to its parent when the parent waits for it)."""
+    out = {}
+    for pid in pids:
+        for proc in tree(pid):
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                out[proc.pid] = (t.user + t.system, t.children_user + t.children_system)
     return out
 
 

@@ -460,7 +460,7 @@ class ReadmeCluster:
 def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Namespace,
                logs: Path, extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """Run one system at ``ranks`` ranks; return its raw figures (logs, CPU, memory)."""
-    from accounting import cpu_seconds, tree_sample
+    from accounting import cpu_with_reaped, tree_sample
 
     name = f"{extra['tag']}-{system}-r{ranks}"
     quiet = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
@@ -519,13 +519,13 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         t_first = max(firsts)
         _sleep_until(t_first + args.warmup)
         roots = [pid for pids in groups.values() for pid in pids]
-        t_a, cpu_a = time.monotonic(), cpu_seconds(roots)
+        t_a, cpu_a = time.monotonic(), cpu_with_reaped(roots)
         spies = _profile(args, system, name, groups) if args.profile else []
         loop_pids = _worker_processes(system, groups)
         sched_pids = groups.get("scheduler", []) if system == "omniload_ext" else []
         threads_a, sched_a = _thread_cpu(loop_pids), _thread_cpu(sched_pids)
         _sleep_until(t_a + args.seconds)
-        t_b, cpu_b = time.monotonic(), cpu_seconds(roots)
+        t_b, cpu_b = time.monotonic(), cpu_with_reaped(roots)
         scheduler_tree = _scheduler_tree(groups)
         threads_b, sched_b = _thread_cpu(loop_pids), _thread_cpu(sched_pids)
         for spy in spies:
@@ -651,21 +651,30 @@ def _scheduler_tree(groups: dict[str, list[int]]) -> set[int]:
     return own | {p.pid for pid in own for p in tree(pid)}
 
 
-def _cpu_by_group(a: dict[int, float], b: dict[int, float], groups: dict[str, list[int]],
-                  scheduler: set[int] | None = None) -> dict[str, float]:  # fmt: skip
+def _cpu_by_group(a: dict[int, tuple[float, float]], b: dict[int, tuple[float, float]],
+                  groups: dict[str, list[int]], scheduler: set[int] | None = None
+                  ) -> dict[str, float]:  # fmt: skip
     """CPU-seconds in the window per group: the rank processes; the scheduler's process (the
     embedded cluster's holds its client too) and, when given, ``scheduler``'s; everything else
     (DataLoader workers, Dask workers and nannies, the raw processes) is ``workers``.
 
-    A process that started in the window counts in full (a loader that starts new workers
-    each epoch, as MosaicML Streaming's DataLoader does, would otherwise count none of them);
-    one that ended in it loses its last part (its CPU is no longer readable): an undercount."""
+    ``a`` and ``b``: each process's own CPU and its reaped children's
+    (:func:`accounting.cpu_with_reaped`) at the window's ends. A process that started in the
+    window counts in full (MosaicML Streaming's DataLoader starts new workers each epoch). One
+    that ended in it counts through its parent, which reaped it (its whole life), less what it
+    had used before the window. Children count as ``workers``. Only a process that ended
+    without an in-tree parent waiting for it is lost."""
     ranks = set(groups.get("ranks", []))
     scheduler = scheduler or set(groups.get("scheduler", []))
     out = {"ranks": 0.0, "workers": 0.0, "scheduler": 0.0}
-    for pid in b:
+    for pid, (own, reaped) in b.items():
+        own_a, reaped_a = a.get(pid, (0.0, 0.0))
         part = "ranks" if pid in ranks else "scheduler" if pid in scheduler else "workers"
-        out[part] += b[pid] - a.get(pid, 0.0)
+        out[part] += own - own_a
+        out["workers"] += reaped - reaped_a
+    for pid, (own_a, reaped_a) in a.items():
+        if pid not in b:  # ended in the window: its reaper's figure holds all of its life
+            out["workers"] -= own_a + reaped_a
     return out
 
 

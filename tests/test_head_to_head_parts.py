@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
+import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -150,11 +154,42 @@ def test_found_tokenizers_are_usable_and_wordpiece_runs_whole_documents(tmp_path
         assert data["truncation"] is None and data["padding"] is None
 
 
-def test_cpu_counts_processes_that_start_inside_the_window():
+def test_cpu_counts_processes_that_start_or_end_inside_the_window():
     # A DataLoader without persistent workers starts new worker processes each epoch: CPU of
     # processes only present at the window's end counts in full (it read 0 for MosaicML
-    # Streaming's workers when only processes present at both ends were counted).
-    before = {1: 10.0, 2: 5.0, 3: 4.0}  # rank 1, its old worker 3 (gone by the end)
-    after = {1: 12.0, 2: 6.5, 4: 3.0}  # a new worker 4 started in the window
+    # Streaming's workers when only processes present at both ends were counted), and one
+    # that ended counts through the parent that reaped it, less its CPU before the window.
+    before = {1: (10.0, 0.0), 2: (5.0, 0.0), 3: (4.0, 0.0)}  # rank 1, its old worker 3
+    after = {1: (12.0, 7.0), 2: (6.5, 0.0), 4: (3.0, 0.0)}  # 3 ended (7 s in all), 4 started
     got = _cpu_by_group(before, after, {"ranks": [1], "scheduler": [2]})
-    assert got == {"ranks": 2.0, "scheduler": 1.5, "workers": 3.0}
+    assert got == {"ranks": 2.0, "scheduler": 1.5, "workers": 3.0 + 7.0 - 4.0}
+
+
+def _burn_in_a_child(seconds: float, reaped: Any, done: Any) -> None:
+    """Fork a child that uses ``seconds`` of CPU (by its own clock) and exits; reap it, say
+    so, and live on until told (its figures are read meanwhile)."""
+    child = os.fork()
+    if child == 0:
+        while time.process_time() < seconds:
+            pass
+        os._exit(0)
+    os.waitpid(child, 0)
+    reaped.set()
+    done.wait(60)
+
+
+def test_a_reaped_childs_cpu_reaches_its_parents_figure():
+    from accounting import cpu_with_reaped
+
+    ctx = multiprocessing.get_context("spawn")
+    reaped, done = ctx.Event(), ctx.Event()
+    parent = ctx.Process(target=_burn_in_a_child, args=(0.3, reaped, done))
+    parent.start()
+    try:
+        assert reaped.wait(120), "the child did not end"
+        _, children = cpu_with_reaped([parent.pid])[parent.pid]
+    finally:
+        done.set()
+        parent.join(timeout=60)
+    assert children >= 0.29  # the child's 0.3 s (clock ticks of 0.01 s)
+    assert parent.exitcode == 0
