@@ -19,6 +19,8 @@ passes, all in numpy and deterministic (ties go to the lower index), one module 
                best evens each pair (.refine)
     4 polish   up to 64 groups: exchanges of up to two pieces for up to two between a heavy
                and a light group's micro-batches, within their tokens (.polish)
+    5 slide    up to 64 groups, where cuts are allowed: move a cut between the heavy group
+               and another one by a short piece's length, the short piece going back (.slide)
 
 Worked example: 2 groups, 1 micro-batch of 8 tokens each, cost = L, pieces 6, 5, 3, 2::
 
@@ -63,6 +65,7 @@ from omniload_dask.batching.placement import Bins, Pieces, pack
 from omniload_dask.batching.polish import polish_groups
 from omniload_dask.batching.refine import refine_groups
 from omniload_dask.batching.routing import Bucket, ladder, route, spill, split_documents
+from omniload_dask.batching.slide import slide_cuts
 
 __all__ = ["Assignment", "Bucket", "balance", "route", "split_documents", "structural_bound"]
 
@@ -83,7 +86,7 @@ def balance(
 
     Every micro-batch holds at most its bucket's ``seq_len`` tokens; a step gets more than a
     bucket's ``micro_batches`` only when its tokens need them, or (``cut=False``) when its
-    pieces cannot be packed whole. ``refine=False`` skips passes 3 and 4 (for measurements).
+    pieces cannot be packed whole. ``refine=False`` skips passes 3 to 5 (for measurements).
     ``extra`` is a cost per document on top of ``cost`` of its pieces (image encoder terms).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -117,6 +120,8 @@ def balance(
     if refine:
         refine_groups(pieces, bins, groups, cost, cut)
         polish_groups(pieces, bins, groups)
+        if cut:
+            slide_cuts(pieces, bins, groups, cost)
     offsets = np.concatenate([[0], np.cumsum(micro)])
     return Assignment(
         doc=pieces.doc,
