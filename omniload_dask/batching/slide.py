@@ -75,23 +75,28 @@ def _slide_once(
         return False
     give = np.where(in_a, a, b)[across]  # the heavy group's piece of each pair
     take = np.where(in_a, b, a)[across]  # the other group's piece
-    best: tuple[float, int, int, int] | None = None
-    for i, j in zip(give.tolist(), take.tolist(), strict=True):
-        shorts = np.flatnonzero(p.bin == p.bin[j])
-        d = p.length[shorts]
-        ok = (shorts != j) & (d > 0) & (d < p.length[i])
-        if not ok.any():
-            continue
-        shorts, d = shorts[ok], d[ok]
-        other = float(loads[bins.group[p.bin[j]]])
-        new_heavy = top - p.cost[i] + cost(int(p.length[i]) - d) + p.cost[shorts]
-        new_other = other - p.cost[j] + cost(int(p.length[j]) + d) - p.cost[shorts]
-        worst = np.maximum(new_heavy, new_other)
-        k = int(np.argmin(worst))
-        if worst[k] < top * (1 - PROGRESS) and (best is None or worst[k] < best[0]):
-            best = (float(worst[k]), i, j, int(shorts[k]))
-    if best is None:
+    # Every (pair, short piece of the other micro-batch) at once, pairs in order.
+    by_bin = np.argsort(p.bin, kind="stable")
+    first = np.searchsorted(p.bin[by_bin], np.arange(len(bins.load) + 1))
+    where = p.bin[take]
+    counts = first[where + 1] - first[where]
+    pair = np.repeat(np.arange(len(take)), counts)
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    shorts = by_bin[first[where][pair] + within]
+    i, j = give[pair], take[pair]
+    d = p.length[shorts]
+    ok = (shorts != j) & (d > 0) & (d < p.length[i])
+    if not ok.any():
         return False
+    shorts, d, i, j = shorts[ok], d[ok], i[ok], j[ok]
+    other = loads[bins.group[p.bin[j]]]
+    new_heavy = top - p.cost[i] + cost(p.length[i] - d) + p.cost[shorts]
+    new_other = other - p.cost[j] + cost(p.length[j] + d) - p.cost[shorts]
+    worst = np.maximum(new_heavy, new_other)
+    k = int(np.argmin(worst))  # the first of the best, in the pairs' order
+    if not worst[k] < top * (1 - PROGRESS):
+        return False
+    best = (float(worst[k]), int(i[k]), int(j[k]), int(shorts[k]))
     _, i, j, q = best
     moved = int(p.length[q])
     if p.start[i] < p.start[j]:  # j takes the last tokens of i
