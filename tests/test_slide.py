@@ -55,6 +55,16 @@ def _step(rng: np.random.Generator, groups: int, seq: int) -> np.ndarray:
     return np.asarray(lengths)
 
 
+def _without_slides(lengths, docs, buckets, groups, cost):  # type: ignore[no-untyped-def]
+    """The same balance with pass 5 off."""
+    kept = slide.SLIDE_UP_TO
+    try:
+        slide.SLIDE_UP_TO = 0
+        return balance(lengths, docs, buckets, groups, cost)
+    finally:
+        slide.SLIDE_UP_TO = kept
+
+
 def test_slides_keep_every_token_once_never_raise_the_peak_and_are_deterministic():
     rng = np.random.default_rng(11)
     seq = 512
@@ -65,12 +75,7 @@ def test_slides_keep_every_token_once_never_raise_the_peak_and_are_deterministic
         lengths = _step(rng, groups, seq)
         buckets = [Bucket(seq, 1)]
         docs = np.zeros(len(lengths), int)
-        kept = slide.SLIDE_UP_TO
-        try:
-            slide.SLIDE_UP_TO = 0
-            plain = balance(lengths, docs, buckets, groups, cost)
-        finally:
-            slide.SLIDE_UP_TO = kept
+        plain = _without_slides(lengths, docs, buckets, groups, cost)
         slid = balance(lengths, docs, buckets, groups, cost)
         again = balance(lengths, docs, buckets, groups, cost)
         check_assignment(slid, lengths, buckets, groups, cut=True, cost=cost)
@@ -90,12 +95,7 @@ def test_large_dp_sizes_are_not_slid():
     buckets = [Bucket(seq, 1)]
     docs = np.zeros(len(lengths), int)
     cost = CostModel(1.0, 1.0 / 32)
-    kept = slide.SLIDE_UP_TO
-    try:
-        slide.SLIDE_UP_TO = 0
-        plain = balance(lengths, docs, buckets, groups, cost)
-    finally:
-        slide.SLIDE_UP_TO = kept
+    plain = _without_slides(lengths, docs, buckets, groups, cost)
     slid = balance(lengths, docs, buckets, groups, cost)
     assert slid.start.tolist() == plain.start.tolist()
     assert slid.group.tolist() == plain.group.tolist()

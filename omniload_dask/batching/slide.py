@@ -24,8 +24,8 @@ peak never rises. Rounds repeat while that finds something, at most ``ROUNDS`` o
 It runs only where cuts are allowed, without per-document extra costs (image encoder terms sit
 on a document's first piece), and up to ``SLIDE_UP_TO`` groups. On the head-to-head's real
 corpus (DP 8, one full 8,192-token micro-batch a rank, cut pieces of long documents), it lifts
-the mean efficiency from 0.958 to about 0.979 against a bound of 0.983 (BENCHMARKS.md,
-session 24).
+the mean efficiency from 0.958 to 0.980, against a bound of 0.988 over the new pieces
+(BENCHMARKS.md, session 24).
 """
 
 from __future__ import annotations
