@@ -26,7 +26,6 @@ import psutil
 
 __all__ = [
     "TreeSample",
-    "cpu_seconds",
     "cpu_with_reaped",
     "deep_sizeof",
     "kill_tree",
@@ -106,18 +105,6 @@ def tree_sample(pids: list[int], data_prefix: str | None = None) -> TreeSample:
                     out.open_files += sum(
                         1 for f in proc.open_files() if f.path.startswith(data_prefix)
                     )
-    return out
-
-
-def cpu_seconds(pids: list[int]) -> dict[int, float]:
-    """User + system CPU seconds of every process in the trees rooted at ``pids``, by pid
-    (cheap: /proc/PID/stat, unlike PSS)."""
-    out = {}
-    for pid in pids:
-        for proc in tree(pid):
-            with contextlib.suppress(psutil.Error):
-                t = proc.cpu_times()
-                out[proc.pid] = t.user + t.system
     return out
 
 

@@ -67,6 +67,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (run from elsewhere: head_to_head)
+
+from head_to_head import balance_bound
 
 from omniload_dask.core.coordinator import Coordinator, SubmitRead
 from omniload_dask.plan import parse_plan
@@ -272,11 +275,6 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
 
 def _bound(a: Any) -> float:
     """``head_to_head.balance_bound`` of a split's pieces under its groups' token limit."""
-    here = str(Path(__file__).resolve().parent)
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    from head_to_head import balance_bound
-
     return balance_bound(a.cost, a.groups, a.length, float(a.micro_capacity.sum()))
 
 

@@ -96,8 +96,14 @@ def _slide_once(
     k = int(np.argmin(worst))  # the first of the best, in the pairs' order
     if not worst[k] < top * (1 - PROGRESS):
         return False
-    best = (float(worst[k]), int(i[k]), int(j[k]), int(shorts[k]))
-    _, i, j, q = best
+    _move(p, bins, loads, int(i[k]), int(j[k]), int(shorts[k]), cost)
+    return True
+
+
+def _move(
+    p: Pieces, bins: Bins, loads: np.ndarray, i: int, j: int, q: int, cost: CostFunction
+) -> None:
+    """Slide the cut between ``i`` and ``j`` by ``q``'s tokens and move ``q`` to ``i``'s bin."""
     moved = int(p.length[q])
     if p.start[i] < p.start[j]:  # j takes the last tokens of i
         p.start[j] -= moved
@@ -111,4 +117,3 @@ def _slide_once(
     loads[hi] += p.cost[i] - before[0] + p.cost[q]
     loads[gj] += p.cost[j] - before[1] - p.cost[q]
     p.bin[q] = p.bin[i]  # the short piece goes the other way: both bins keep their tokens
-    return True
