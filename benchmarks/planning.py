@@ -362,6 +362,8 @@ def main() -> int:
     parser.add_argument("--consecutive", type=int, default=0, metavar="N",
                         help="balance of N consecutive steps per point (module doc)")  # fmt: skip
     args = parser.parse_args()
+    if args.consecutive < 0:
+        parser.error(f"--consecutive: a number of steps >= 1 (0: off), got {args.consecutive}")
     points = args.point or (QUICK if args.quick else [(d, n) for d in DPS for n in DOCS])
     if args.consecutive:
         load_before = os.getloadavg()[0]
