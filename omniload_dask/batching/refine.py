@@ -27,7 +27,12 @@ shortest pieces to make room), cut where the two come out most even; a cut is ta
 it evens the pair clearly better than whole pieces; once a cut round finds whole pieces
 better for no pair, the step's later rounds weigh only cuts (about half a cut round's time:
 at DP 8 in the head-to-head's shape whole pieces win in about one cut round of seven). The
-work is bounded: at most ``ROUNDS`` rounds of whole pieces and ``CUT_ROUNDS`` of cuts per step.
+work is bounded: at most ``ROUNDS`` rounds of whole pieces and ``CUT_ROUNDS`` of cuts per step
+(``SMALL_CUT_ROUNDS`` up to ``CUT_EXCHANGES_UP_TO`` groups: there a round costs about half a
+millisecond, and the cuts it makes are what pass 5 (:mod:`.slide`) slides. On the head to
+head's real corpus, 12 rounds instead of 8 bring the mean efficiency within 0.01 of the bound at
+DP 8, 16 and 32: 0.9802 -> 0.9829 at DP 8, 0.9761 -> 0.9812 at DP 16, 0.9746 -> 0.9837 at
+DP 32, for about 1.3, 1.8 and 3 ms more a step; BENCHMARKS.md, session 25).
 """
 
 from __future__ import annotations
@@ -41,11 +46,12 @@ from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.placement import Bins, Pieces
 from omniload_dask.batching.weighing import RoundTables, Runs, fractions, rebin
 
-__all__ = ["CUT_BELOW", "CUT_ROUNDS", "ROUNDS", "refine_groups"]
+__all__ = ["CUT_BELOW", "CUT_ROUNDS", "ROUNDS", "SMALL_CUT_ROUNDS", "refine_groups"]
 
 TOLERANCE = 2e-3  # a group within 0.2% of the mean is even enough
 ROUNDS = 8  # rounds of whole pieces per step ...
-CUT_ROUNDS = 8  # ... and of cuts (most of them weigh cuts alone: see the module doc)
+CUT_ROUNDS = 8  # ... and of cuts (most of them weigh cuts alone: see the module doc) ...
+SMALL_CUT_ROUNDS = 12  # ... up to CUT_EXCHANGES_UP_TO groups
 CANDIDATES = 8  # pieces of each group weighed for moves and swaps, spread over its costs ...
 PAIR_BUDGET = 1 << 15  # ... or more, up to 32, while pairs x candidates^2 stays under this
 PROGRESS = 1e-4  # a round must lower the heaviest group by this share, or refinement stops
@@ -89,7 +95,7 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
         return
     peak = np.inf
     weigh_whole = True
-    for _ in range(CUT_ROUNDS):
+    for _ in range(SMALL_CUT_ROUNDS if groups <= CUT_EXCHANGES_UP_TO else CUT_ROUNDS):
         load = np.bincount(bins.group[p.bin], p.cost, groups)
         if load.max() > peak * (1 - PROGRESS):
             break
