@@ -71,9 +71,14 @@ class Pieces:
         parts in token order) and each part's ``tokens``. Returns the index of every part: a
         piece's first part keeps its index (and its ``extra``), the others are appended.
         """
+        if not len(piece):
+            return np.zeros(0, np.int64)
         first = np.ones(len(piece), dtype=bool)
         first[1:] = piece[1:] != piece[:-1]
-        parts = np.diff(np.append(np.flatnonzero(first), len(piece)))
+        heads = first.nonzero()[0]
+        parts = np.empty(len(heads), np.int64)  # parts of each piece (np.diff of the heads)
+        parts[:-1] = heads[1:] - heads[:-1]
+        parts[-1] = len(piece) - heads[-1]
         offset = np.cumsum(tokens) - tokens  # each part's start within its piece
         offset -= np.repeat(offset[first], parts)
         index = np.empty(len(piece), dtype=np.int64)

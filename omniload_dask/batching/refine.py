@@ -380,7 +380,7 @@ def _cut_round(
     k = np.arange(CUT_RUNS)
     at = runs.first[y] + k - 1  # the run of the k shortest ends at order[at]
     has = (k == 0) | (at < runs.end[y])
-    at = np.clip(at, 0, len(runs.order) - 1)
+    at = np.minimum(np.maximum(at, 0), len(runs.order) - 1)  # (np.clip: 3x the call cost)
     back_t = np.where(k > 0, runs.tokens[at] - runs.base_t[y], 0)[..., None]
     back_c = np.where(k > 0, runs.costs[at] - runs.base_c[y], 0.0)[..., None]
     room_y, room_h = bins.room[y][..., None], bins.room[p.bin[h]][..., None, None]

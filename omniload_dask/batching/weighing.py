@@ -101,8 +101,8 @@ def spread(ids: np.ndarray, start: np.ndarray, count: np.ndarray, k: int) -> np.
     width = max(1, min(k, int(count.max())))
     spread = np.rint(fractions(k)[None, :] * (count[:, None] - 1)).astype(np.int64)
     pos = np.where(count[:, None] >= k, spread, np.arange(k))[:, :width]
-    out = np.where(pos < count[:, None], ids[np.minimum(start[:, None] + pos, len(ids) - 1)], -1)
-    return np.where(count[:, None] > 0, out, -1)
+    # (a group without pieces has count 0 < k: its positions are 0..k-1, none below 0: all -1)
+    return np.where(pos < count[:, None], ids[np.minimum(start[:, None] + pos, len(ids) - 1)], -1)
 
 
 class Runs:
