@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -248,3 +249,46 @@ def test_units_without_records_do_not_stretch_the_read_ahead(tmp_path, seed):
     dp.step(0)
     stats = dp.coord.stats()["sources"][0]
     assert stats["units_in_flight"] <= 4 * stats["read_window"] < 80, stats
+
+
+@pytest.mark.parametrize("seed", [4, 6, 7])
+def test_a_draw_that_waits_is_retried_only_once_a_source_it_waited_for_reports(small_plan, seed):
+    """Reads report one at a time, in shuffled order, and the data plane tries to draw after
+    each report. A draw that waited for reads asks the mixer again only once one of the sources
+    it waited for has reported (its version moved); the other sources' reports skip the retry.
+    The stream is the one of reads reported in order."""
+    ref = [
+        {g: batch_digest(b) for g, b in bs.items()}
+        for _, bs in InlineDataPlane(small_plan).stream(12)
+    ]
+    plane = InlineDataPlane(small_plan, shuffle_reports=seed)
+    drawer, streams = plane.coord.drawer, plane.coord.streams
+    wait: dict[str, Any] = {}  # the last wait: its step, all versions, the awaited ones
+    counts: Counter[str] = Counter()
+    select, draw = drawer.mixer.select, drawer.draw
+
+    def checked_select(*args: Any, **kwargs: Any) -> Any:
+        if wait.get("step") == wait["now"]:  # a retry of the step that waited
+            awaited = wait["awaited"]
+            assert any(streams[i].version != v for i, v in awaited.items()), (
+                "the mixer was asked again although no source it waited for reported"
+            )
+        counts["selects"] += 1
+        return select(*args, **kwargs)
+
+    def recording_draw(step: int, weights: np.ndarray) -> Any:
+        wait["now"] = step
+        before, selects = [s.version for s in streams], counts["selects"]
+        out = draw(step, weights)
+        if out is None and drawer.starved:
+            if counts["selects"] == selects:  # skipped: no awaited source reported
+                counts["skipped after other reports"] += before != wait.get("versions")
+            wait.update(step=step, versions=[s.version for s in streams])
+            wait["awaited"] = {i: streams[i].version for i in drawer.starved}
+        return out
+
+    drawer.mixer.select = checked_select  # type: ignore[method-assign]
+    drawer.draw = recording_draw  # type: ignore[method-assign]
+    got = [{g: batch_digest(b) for g, b in bs.items()} for _, bs in plane.stream(12)]
+    assert got == ref
+    assert counts["skipped after other reports"] > 0  # the case this is about did occur

@@ -13,7 +13,10 @@ lengths, the weights and the mixer's tags, never of timing::
                         where its piece starts (> 0 for the rest of a document cut before)
 
 When a source must report a read first, the draw waits (:meth:`Drawer.draw` returns None), and
-until something it looked at changes, it does not try again.
+it does not try again until one of the sources it waited for reports (or the weights, the caps
+or the budget change). Another source's report cannot end the wait: the mixer needs documents
+of the waiting source that no one has read yet. At 16 ranks in the head to head, more than
+half of the draws used to be such retries (BENCHMARKS.md, session 25).
 """
 
 from __future__ import annotations
@@ -107,16 +110,10 @@ class Drawer:
         """
         tokens, docs = self._budget
         streams, caps = self._sources.streams, self._sources.caps
-        # The last draw of this step waited for reads: until a source reports (or weights,
-        # caps or the budget change) it would wait again, so skip the candidates and the mixer.
-        seen = (
-            step,
-            weights.tobytes(),
-            tuple(caps),
-            (tokens, docs),
-            tuple(stream.version for stream in streams),
-        )
-        if self.starved and seen == self._starved_seen:
+        # The last draw of this step waited for reads: until a source it waited for reports
+        # (or weights, caps or the budget change) it would wait again, so skip the candidates
+        # and the mixer (module doc).
+        if self.starved and self._seen(step, weights, self.starved) == self._starved_seen:
             return None
         for joining in np.flatnonzero((weights > 0) & ~self.active).tolist():
             self.mixer.activate(joining)  # (re)joining sources start at the virtual time
@@ -143,7 +140,7 @@ class Drawer:
             waiting = {i for i in result.sources if cands[i].waiting}
             if waiting:
                 self.starved = waiting
-                self._starved_seen = seen
+                self._starved_seen = self._seen(step, weights, waiting)
                 return None
             for i in result.sources:  # only the sources that fell short are asked for more
                 scale[i] *= 2
@@ -156,6 +153,18 @@ class Drawer:
             self.weights = weights
             self.mixer.commit(result)
         return _locate(result, cands, streams, self._with_extra)
+
+    def _seen(self, step: int, weights: np.ndarray, sources: set[int]) -> tuple[Any, ...]:
+        """What a draw that waited for ``sources`` depends on: the step, the weights, the
+        caps, the budget, and those sources' versions (a report or a cursor move bumps one)."""
+        streams = self._sources.streams
+        return (
+            step,
+            weights.tobytes(),
+            tuple(self._sources.caps),
+            self._budget,
+            tuple((i, streams[i].version) for i in sorted(sources)),
+        )
 
     def _wants(self, i: int, shares: np.ndarray, scale: float) -> tuple[int, int]:
         tokens, docs = self._budget
