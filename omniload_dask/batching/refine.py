@@ -27,12 +27,12 @@ shortest pieces to make room), cut where the two come out most even; a cut is ta
 it evens the pair clearly better than whole pieces; once a cut round finds whole pieces
 better for no pair, the step's later rounds weigh only cuts (about half a cut round's time:
 at DP 8 in the head-to-head's shape whole pieces win in about one cut round of seven). The
-work is bounded: at most ``ROUNDS`` rounds of whole pieces and ``CUT_ROUNDS`` of cuts per step
-(``SMALL_CUT_ROUNDS`` up to ``CUT_EXCHANGES_UP_TO`` groups: there a round costs about half a
-millisecond, and the cuts it makes are what pass 5 (:mod:`.slide`) slides. On the head to
+work is bounded: at most ``ROUNDS`` rounds of whole pieces and ``CUT_ROUNDS`` of cuts per step,
+``SMALL_CUT_ROUNDS`` of cuts up to ``CUT_EXCHANGES_UP_TO`` groups. There a round costs about half
+a millisecond, and the cuts it makes are what pass 5 (:mod:`.slide`) slides. On the head to
 head's real corpus, 12 rounds instead of 8 bring the mean efficiency within 0.01 of the bound at
-DP 8, 16 and 32: 0.9802 -> 0.9829 at DP 8, 0.9761 -> 0.9812 at DP 16, 0.9746 -> 0.9837 at
-DP 32, for about 1.3, 1.8 and 3 ms more a step; BENCHMARKS.md, session 25).
+DP 8, 16 and 32 (0.9802 -> 0.9829, 0.9761 -> 0.9812, 0.9746 -> 0.9837), for 25-55 % more
+planning time and about a third more cuts (BENCHMARKS.md, session 25).
 """
 
 from __future__ import annotations
