@@ -1,0 +1,160 @@
+"""Balance on the head to head's real steps: efficiency against each step's bound, cuts and
+planning time, per DP size and number of cut rounds.
+
+    python benchmarks/real_balance.py [--dp 8,16,32] [--steps 150] [--cut-rounds 8,12] [--quick]
+
+``planning.py``'s synthetic ``h2h`` mix is easier than the real corpus (session 24: 0.988
+against 0.958 after the polish), so balance work is judged here. The steps are those of
+``head_to_head.py``'s plan: its real corpus (``realcorpus.py``), Tekken, one 8192-token
+micro-batch per rank, the mix 0.6 / 0.3 / 0.1 by documents, and the cost that ``head_to_head``
+fitted on this machine's real compute (its calibration file, when a run left one under
+``--root``; else the figures of session 24's runs, said so in the output). The data plane runs
+inline (:class:`~omniload_dask.testing.InlineDataPlane`, no cluster, no batches built) and the
+drawn steps are kept. Each setting of ``refine.SMALL_CUT_ROUNDS`` then plans the same steps
+again, so every setting weighs the same documents::
+
+    drawn steps (the first WARMUP dropped) -> StepPlanner.plan per setting -> per step:
+        efficiency = mean / max of the DP groups' costs
+        bound      = head_to_head.balance_bound over the final pieces (what any assignment
+                     of these pieces could reach under the token limits)
+        cuts       = documents continued in another micro-batch
+
+Planning time is the CPU time of planning all kept steps, the best of ``--runs``; on a busy
+host read it as a ratio between settings. Ends with ``RESULT {json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+WARMUP = 5  # first steps dropped: the mix's first draws and the sources' first reads
+SESSION24_COST = {"linear": 4.9238824879504564e-05, "quadratic": 4.9411456827808705e-08}
+
+
+def fitted_cost(root: Path, seq_len: int) -> tuple[dict[str, float], str]:
+    """The cost head_to_head fitted on this machine (its calibration file), or session 24's."""
+    import torch
+
+    saved = root / f"calibration-{seq_len}-torch{torch.__version__}.json"
+    if not saved.exists():
+        return SESSION24_COST, "session 24's fitted cost (no calibration file under --root)"
+    from realcompute import StepTimer
+
+    timer = StepTimer()
+    timer.load(json.loads(saved.read_text()))
+    linear, quadratic = timer.fit()
+    return {"linear": linear, "quadratic": quadratic}, f"fitted from {saved.name}"
+
+
+def drawn_steps(plan: Any, steps: int) -> list[Any]:
+    """The inline data plane's drawn steps (``DrawnStep``), in order."""
+    from omniload_dask.testing import InlineDataPlane
+
+    plane = InlineDataPlane(plan, build=False)
+    planner = plane.coord.planner
+    kept: list[Any] = []
+    plan_step = planner.plan
+
+    def keep(drawn: Any) -> Any:
+        kept.append(drawn)
+        return plan_step(drawn)
+
+    planner.plan = keep  # type: ignore[method-assign]
+    plane.draw(steps + WARMUP)
+    return kept[WARMUP : WARMUP + steps]
+
+
+def weigh(plan: Any, drawn: list[Any], cut_rounds: int, runs: int) -> dict[str, Any]:
+    """Plan ``drawn`` again with ``cut_rounds`` rounds of cuts (up to 64 groups)."""
+    from head_to_head import balance_bound
+
+    from omniload_dask.batching import refine
+    from omniload_dask.core.planning import StepPlanner
+
+    kept = refine.SMALL_CUT_ROUNDS
+    refine.SMALL_CUT_ROUNDS = cut_rounds
+    try:
+        planner = StepPlanner(plan)
+        best = float("inf")
+        splits: list[Any] = []
+        for _ in range(runs):
+            t0 = time.thread_time()
+            splits = [planner.plan(d).split for d in drawn]
+            best = min(best, time.thread_time() - t0)
+    finally:
+        refine.SMALL_CUT_ROUNDS = kept
+    eff = np.array([s.efficiency for s in splits])
+    bound = np.array(
+        [balance_bound(s.cost, s.groups, s.length, int(s.micro_capacity.sum())) for s in splits]
+    )
+    return {
+        "cut_rounds": cut_rounds,
+        "efficiency_mean": round(float(eff.mean()), 4),
+        "bound_mean": round(float(bound.mean()), 4),
+        "gap": round(float(bound.mean() - eff.mean()), 4),
+        "steps_within_0.01": round(float(np.mean(bound - eff <= 0.01)), 3),
+        "cuts_per_step": round(float(np.mean([s.cuts for s in splits])), 1),
+        "plan_ms_per_step": round(best / len(drawn) * 1e3, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dp", default="8,16,32", help="DP sizes, comma-separated")
+    parser.add_argument("--steps", type=int, default=150, help="steps weighed per DP size")
+    parser.add_argument("--cut-rounds", default="8,12", help="settings of SMALL_CUT_ROUNDS")
+    parser.add_argument("--runs", type=int, default=3, help="planning runs per setting (best)")
+    parser.add_argument("--corpus-mb", type=float, default=80)
+    parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--root", help="cache folder, head_to_head's (default: under temp)")
+    parser.add_argument("--quick", action="store_true", help="DP 8 only, 60 steps, one run")
+    args = parser.parse_args()
+    if args.quick:
+        args.dp, args.steps, args.runs = "8", 60, 1
+    root = Path(args.root) if args.root else Path(tempfile.gettempdir()) / "omniload-h2h-real"
+    from head_to_head import MIX3, make_plan
+    from realcorpus import build_corpus, find_tokenizers
+
+    from omniload_dask.plan import parse_plan
+
+    corpus = build_corpus(root / "corpus", args.corpus_mb, files=32)
+    tokenizers = find_tokenizers(root / "tokenizers")
+    if "tekken" not in tokenizers:
+        raise SystemExit("the Tekken tokenizer was not found: run benchmarks/setup-thirdparty.sh")
+    cost, origin = fitted_cost(root, args.seq_len)
+    print(f"cost {cost} ({origin})", flush=True)
+    shape = argparse.Namespace(seq_len=args.seq_len, micro=1, workers=2, loader={})
+    points = []
+    for dp in (int(x) for x in args.dp.split(",")):
+        plan = parse_plan(make_plan(corpus, MIX3, tokenizers["tekken"], dp, shape, cost))
+        t0 = time.monotonic()
+        drawn = drawn_steps(plan, args.steps)
+        print(f"DP {dp}: {len(drawn)} steps drawn in {time.monotonic() - t0:.0f} s", flush=True)
+        for rounds in (int(x) for x in args.cut_rounds.split(",")):
+            point = {"dp": dp, "steps": len(drawn), **weigh(plan, drawn, rounds, args.runs)}
+            points.append(point)
+            print(
+                f"  cut rounds {rounds:2d}: efficiency {point['efficiency_mean']:.4f} "
+                f"bound {point['bound_mean']:.4f} gap {point['gap']:.4f} "
+                f"(within 0.01: {point['steps_within_0.01']:.0%} of steps) "
+                f"cuts {point['cuts_per_step']:.1f} a step, planning "
+                f"{point['plan_ms_per_step']:.2f} ms a step",
+                flush=True,
+            )
+    result = {"benchmark": "real_balance", "cost": cost, "cost_origin": origin, "points": points}
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
