@@ -241,7 +241,7 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
     coord.draw_step = timed("step", coord.draw_step)  # type: ignore[method-assign]
     coord.plan_step = timed("step", coord.plan_step)  # type: ignore[method-assign]
     coord.commit_step = timed("step", coord.commit_step)  # type: ignore[method-assign]
-    rows = []
+    rows, step_splits = [], []  # (each step's split: its last)
     ranks = list(range(plan.layout.world_size))
     for rank in ranks:
         coord.on_request(rank, 0, steps + warmup)
@@ -257,12 +257,12 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
         else:
             raise RuntimeError("a step was not drawn after 64 rounds of reads")
         a = splits[-1]
+        step_splits.append(a)
         step_rows = {k: phases.get(k, 0.0) for k in ("step", "draw", "split", "recipes")}
         step_rows["rest"] = step_rows["step"] - step_rows["draw"] - step_rows["split"]
         step_rows["rest"] -= step_rows["recipes"]
         step_rows.update(
             peak=float(a.group_costs.max()),
-            balance_bound=_bound(a),
             efficiency=a.efficiency,
             bound=getattr(a, "bound", None),
             cuts=a.cuts,
@@ -270,7 +270,7 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
             pieces=len(a.doc),
         )
         rows.append(step_rows)
-    return {"shape": shape, "rows": rows[warmup:]}
+    return {"shape": shape, "rows": rows[warmup:], "splits": step_splits[warmup:]}
 
 
 def _bound(a: Any) -> float:
@@ -278,21 +278,31 @@ def _bound(a: Any) -> float:
     return balance_bound(a.cost, a.groups, a.length, float(a.micro_capacity.sum()))
 
 
-def consecutive(dp: int, docs: int, mix: str, steps: int) -> dict[str, Any]:
-    """Balance and planning time of ``steps`` consecutive steps of one point (module doc)."""
-    rows = run_once(dp, docs, MIXES[mix](), steps, 2)["rows"]
-    eff = np.asarray([r["efficiency"] for r in rows])
-    bound = np.asarray([r["balance_bound"] for r in rows])
+def balance_figures(splits: list[Any]) -> dict[str, float]:
+    """Balance of planned steps (their ``Assignment``s) against each one's bound: efficiency
+    mean (standard error) and minimum, the bound's mean, the mean gap, the share of steps
+    within 0.01 of their bound, and cuts a step (also ``benchmarks/real_balance.py``'s)."""
+    eff = np.asarray([a.efficiency for a in splits])
+    bound = np.asarray([_bound(a) for a in splits])
     return {
-        "key": point_key(dp, docs), "mix": mix, "steps": len(rows),
         "efficiency_mean": float(eff.mean()),
         "efficiency_se": float(eff.std(ddof=1) / math.sqrt(len(eff))) if len(eff) > 1 else 0.0,
         "efficiency_min": float(eff.min()),
         "balance_bound_mean": float(bound.mean()),
         "gap_mean": float((bound - eff).mean()),
         "within_001": float(((bound - eff) <= 0.01).mean()),
+        "cuts_per_step": float(np.mean([a.cuts for a in splits])),
+    }
+
+
+def consecutive(dp: int, docs: int, mix: str, steps: int) -> dict[str, Any]:
+    """Balance and planning time of ``steps`` consecutive steps of one point (module doc)."""
+    run = run_once(dp, docs, MIXES[mix](), steps, 2)
+    rows = run["rows"]
+    return {
+        "key": point_key(dp, docs), "mix": mix, "steps": len(rows),
+        **balance_figures(run["splits"]),
         "peak_sum": float(sum(r["peak"] for r in rows)),
-        "cuts_per_step": float(np.mean([r["cuts"] for r in rows])),
         "split_ms_median": float(np.median([r["split"] for r in rows])),
         "step_ms_median": float(np.median([r["step"] for r in rows])),
     }  # fmt: skip

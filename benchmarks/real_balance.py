@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -77,7 +75,7 @@ def drawn_steps(plan: Any, steps: int) -> list[Any]:
 
 def weigh(plan: Any, drawn: list[Any], cut_rounds: int, runs: int) -> dict[str, Any]:
     """Plan ``drawn`` again with ``cut_rounds`` rounds of cuts (up to 64 groups)."""
-    from head_to_head import balance_bound
+    from planning import balance_figures
 
     from omniload_dask.batching import refine
     from omniload_dask.core.planning import StepPlanner
@@ -94,17 +92,10 @@ def weigh(plan: Any, drawn: list[Any], cut_rounds: int, runs: int) -> dict[str, 
             best = min(best, time.thread_time() - t0)
     finally:
         refine.SMALL_CUT_ROUNDS = kept
-    eff = np.array([s.efficiency for s in splits])
-    bound = np.array(
-        [balance_bound(s.cost, s.groups, s.length, int(s.micro_capacity.sum())) for s in splits]
-    )
+    figures = {k: round(v, 4) for k, v in balance_figures(splits).items()}
     return {
         "cut_rounds": cut_rounds,
-        "efficiency_mean": round(float(eff.mean()), 4),
-        "bound_mean": round(float(bound.mean()), 4),
-        "gap": round(float(bound.mean() - eff.mean()), 4),
-        "steps_within_0.01": round(float(np.mean(bound - eff <= 0.01)), 3),
-        "cuts_per_step": round(float(np.mean([s.cuts for s in splits])), 1),
+        **figures,
         "plan_ms_per_step": round(best / len(drawn) * 1e3, 2),
     }
 
@@ -146,8 +137,8 @@ def main() -> None:
             points.append(point)
             print(
                 f"  cut rounds {rounds:2d}: efficiency {point['efficiency_mean']:.4f} "
-                f"bound {point['bound_mean']:.4f} gap {point['gap']:.4f} "
-                f"(within 0.01: {point['steps_within_0.01']:.0%} of steps) "
+                f"bound {point['balance_bound_mean']:.4f} gap {point['gap_mean']:.4f} "
+                f"(within 0.01: {point['within_001']:.0%} of steps) "
                 f"cuts {point['cuts_per_step']:.1f} a step, planning "
                 f"{point['plan_ms_per_step']:.2f} ms a step",
                 flush=True,

@@ -315,6 +315,8 @@ def own_threads(threads: int) -> None:
         pid = os.getpid()
         if _own_pool is not None and _own_pool[0] == pid and _own_pool[1] >= threads:
             return
+        if _own_pool is not None and _own_pool[0] == pid:
+            _own_pool[2].shutdown(wait=False)  # (its threads end once their calls are done)
         pool = ThreadPoolExecutor(
             threads,
             thread_name_prefix="omniload-tokenize",
