@@ -100,6 +100,14 @@ def weigh(plan: Any, drawn: list[Any], cut_rounds: int, runs: int) -> dict[str, 
     }
 
 
+def _numbers(parser: argparse.ArgumentParser, name: str, value: str) -> list[int]:
+    """A comma-separated list of whole numbers, or a usage error naming the option."""
+    try:
+        return [int(x) for x in value.split(",")]
+    except ValueError:
+        parser.error(f"{name}: comma-separated whole numbers, got {value!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dp", default="8,16,32", help="DP sizes, comma-separated")
@@ -113,6 +121,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.dp, args.steps, args.runs = "8", 60, 1
+    dps, settings = (
+        _numbers(parser, "--dp", args.dp),
+        _numbers(parser, "--cut-rounds", args.cut_rounds),
+    )
+    if args.steps < 1 or args.runs < 1 or min(dps) < 1 or min(settings) < 0:
+        parser.error("--steps, --runs and --dp take numbers >= 1, --cut-rounds numbers >= 0")
     root = Path(args.root) if args.root else Path(tempfile.gettempdir()) / "omniload-h2h-real"
     from head_to_head import MIX3, make_plan
     from realcorpus import build_corpus, find_tokenizers
@@ -127,12 +141,12 @@ def main() -> None:
     print(f"cost {cost} ({origin})", flush=True)
     shape = argparse.Namespace(seq_len=args.seq_len, micro=1, workers=2, loader={})
     points = []
-    for dp in (int(x) for x in args.dp.split(",")):
+    for dp in dps:
         plan = parse_plan(make_plan(corpus, MIX3, tokenizers["tekken"], dp, shape, cost))
         t0 = time.monotonic()
         drawn = drawn_steps(plan, args.steps)
         print(f"DP {dp}: {len(drawn)} steps drawn in {time.monotonic() - t0:.0f} s", flush=True)
-        for rounds in (int(x) for x in args.cut_rounds.split(",")):
+        for rounds in settings:
             point = {"dp": dp, "steps": len(drawn), **weigh(plan, drawn, rounds, args.runs)}
             points.append(point)
             print(
