@@ -1,7 +1,8 @@
 """Balance on the head to head's real steps: efficiency against each step's bound, cuts and
 planning time, per DP size and number of cut rounds.
 
-    python benchmarks/real_balance.py [--dp 8,16,32] [--steps 150] [--cut-rounds 8,12] [--quick]
+    python benchmarks/real_balance.py [--dp 8,16,32] [--steps 150] [--cut-rounds 8,12]
+                                      [--together 8] [--quick]
 
 ``planning.py``'s synthetic ``h2h`` mix is easier than the real corpus (session 24: 0.988
 against 0.958 after the polish), so balance work is judged here. The steps are those of
@@ -20,7 +21,10 @@ again, so every setting weighs the same documents::
         cuts       = documents continued in another micro-batch
 
 Planning time is the CPU time of planning all kept steps, the best of ``--runs``; on a busy
-host read it as a ratio between settings. Ends with ``RESULT {json}``.
+host read it as a ratio between settings. ``--together K`` (default 8) also plans the steps K
+at a time, as the scheduler plugin's planning thread does (``StepPlanner.plan_steps``: pass 3
+of K steps side by side), in alternation with one by one, and checks that every step gets the
+same split and recipes bit for bit (``same_splits_together``). Ends with ``RESULT {json}``.
 """
 
 from __future__ import annotations
@@ -73,8 +77,13 @@ def drawn_steps(plan: Any, steps: int) -> list[Any]:
     return kept[WARMUP : WARMUP + steps]
 
 
-def weigh(plan: Any, drawn: list[Any], cut_rounds: int, runs: int) -> dict[str, Any]:
-    """Plan ``drawn`` again with ``cut_rounds`` rounds of cuts (up to 64 groups)."""
+def weigh(
+    plan: Any, drawn: list[Any], cut_rounds: int, runs: int, together: int = 0
+) -> dict[str, Any]:
+    """Plan ``drawn`` again with ``cut_rounds`` rounds of cuts (up to 64 groups); with
+    ``together``, also ``together`` steps at a time (``StepPlanner.plan_steps``, as the
+    scheduler plugin's planning thread does), timed in alternation with one by one, and
+    checked to give every step the same split and recipes."""
     from planning import balance_figures
 
     from omniload_dask.batching import refine
@@ -84,20 +93,51 @@ def weigh(plan: Any, drawn: list[Any], cut_rounds: int, runs: int) -> dict[str, 
     refine.SMALL_CUT_ROUNDS = cut_rounds
     try:
         planner = StepPlanner(plan)
-        best = float("inf")
-        splits: list[Any] = []
+        best = best_together = float("inf")
+        planned: list[Any] = []
+        grouped: list[Any] = []
         for _ in range(runs):
             t0 = time.thread_time()
-            splits = [planner.plan(d).split for d in drawn]
+            planned = [planner.plan(d) for d in drawn]
             best = min(best, time.thread_time() - t0)
+            if together:
+                t0 = time.thread_time()
+                grouped = []
+                for i in range(0, len(drawn), together):
+                    grouped += planner.plan_steps(drawn[i : i + together])
+                best_together = min(best_together, time.thread_time() - t0)
     finally:
         refine.SMALL_CUT_ROUNDS = kept
-    figures = {k: round(v, 4) for k, v in balance_figures(splits).items()}
-    return {
+    figures = {k: round(v, 4) for k, v in balance_figures([p.split for p in planned]).items()}
+    out = {
         "cut_rounds": cut_rounds,
         **figures,
         "plan_ms_per_step": round(best / len(drawn) * 1e3, 2),
     }
+    if together:
+        out["together"] = together
+        out["plan_ms_per_step_together"] = round(best_together / len(drawn) * 1e3, 2)
+        out["ratio_plan_time_together"] = round(best_together / best, 3)
+        out["same_splits_together"] = all(
+            _same(a, b) for a, b in zip(planned, grouped, strict=True)
+        )
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two planned steps have the same split and recipes, bit for bit."""
+    import numpy as np
+
+    fields = ("doc", "start", "length", "cost", "group", "micro", "micro_capacity")
+    if a.split.cuts != b.split.cuts or a.split.bound != b.split.bound:
+        return False
+    if not all(np.array_equal(getattr(a.split, f), getattr(b.split, f)) for f in fields):
+        return False
+    ra, rb = vars(a.recipes), vars(b.recipes)
+    return ra.keys() == rb.keys() and all(
+        np.array_equal(ra[k], rb[k]) if isinstance(ra[k], np.ndarray) else ra[k] == rb[k]
+        for k in ra
+    )
 
 
 def _numbers(parser: argparse.ArgumentParser, name: str, value: str) -> list[int]:
@@ -114,6 +154,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150, help="steps weighed per DP size")
     parser.add_argument("--cut-rounds", default="8,12", help="settings of SMALL_CUT_ROUNDS")
     parser.add_argument("--runs", type=int, default=3, help="planning runs per setting (best)")
+    parser.add_argument(
+        "--together", type=int, default=8,
+        help="also plan this many steps at a time (0: not), as the planning thread does",
+    )  # fmt: skip
     parser.add_argument("--corpus-mb", type=float, default=80)
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--root", help="cache folder, head_to_head's (default: under temp)")
@@ -125,8 +169,8 @@ def main() -> None:
         _numbers(parser, "--dp", args.dp),
         _numbers(parser, "--cut-rounds", args.cut_rounds),
     )
-    if args.steps < 1 or args.runs < 1 or min(dps) < 1 or min(settings) < 0:
-        parser.error("--steps, --runs and --dp take numbers >= 1, --cut-rounds numbers >= 0")
+    if args.steps < 1 or args.runs < 1 or min(dps) < 1 or min(settings) < 0 or args.together < 0:
+        parser.error("--steps, --runs and --dp take numbers >= 1, --cut-rounds and --together >= 0")
     root = Path(args.root) if args.root else Path(tempfile.gettempdir()) / "omniload-h2h-real"
     from head_to_head import MIX3, make_plan
     from realcorpus import build_corpus, find_tokenizers
@@ -147,14 +191,25 @@ def main() -> None:
         drawn = drawn_steps(plan, args.steps)
         print(f"DP {dp}: {len(drawn)} steps drawn in {time.monotonic() - t0:.0f} s", flush=True)
         for rounds in settings:
-            point = {"dp": dp, "steps": len(drawn), **weigh(plan, drawn, rounds, args.runs)}
+            point = {
+                "dp": dp,
+                "steps": len(drawn),
+                **weigh(plan, drawn, rounds, args.runs, args.together),
+            }
             points.append(point)
             print(
                 f"  cut rounds {rounds:2d}: efficiency {point['efficiency_mean']:.4f} "
                 f"bound {point['balance_bound_mean']:.4f} gap {point['gap_mean']:.4f} "
                 f"(within 0.01: {point['within_001']:.0%} of steps) "
                 f"cuts {point['cuts_per_step']:.1f} a step, planning "
-                f"{point['plan_ms_per_step']:.2f} ms a step",
+                f"{point['plan_ms_per_step']:.2f} ms a step"
+                + (
+                    f"; {args.together} at a time {point['plan_ms_per_step_together']:.2f} ms a "
+                    f"step ({point['ratio_plan_time_together']:.2f}x), same splits: "
+                    f"{point['same_splits_together']}"
+                    if args.together
+                    else ""
+                ),
                 flush=True,
             )
     result = {"benchmark": "real_balance", "cost": cost, "cost_origin": origin, "points": points}

@@ -52,8 +52,12 @@ class InlineDataPlane:
         build: bool = True,
         resume: bool | int | None = None,
         timing: Callable[[Any, Shard], float] | None = None,
+        together: int = 1,
     ) -> None:
+        """``together``: steps drawn before they are planned, side by side, and committed
+        (the scheduler plugin plans up to ``planner.STEPS_AT_ONCE``; 1: one by one)."""
         self.plan = plan
+        self.together = together
         self.build = build
         self.timing = timing  # seconds a read "took" (feeds the cost meters), or None
         saved = state = None
@@ -147,7 +151,7 @@ class InlineDataPlane:
     def _settle(self) -> None:
         """Run pending reads (in shuffled order if asked) until nothing is left to do."""
         while True:
-            self._run(self.coord.advance())
+            self._run(self.coord.advance(together=self.together))
             self.checkpoint()
             if not self._pending:
                 if self.coord.error:
@@ -195,7 +199,7 @@ class InlineDataPlane:
         for _ in range(10_000):
             self._settle()
             parts = {rank: self.coord.batch_for(rank, step) for rank in ranks}
-            self._run(self.coord.advance())
+            self._run(self.coord.advance(together=self.together))
             refs = {r: part_ref(*p) for r, p in parts.items() if p is not None}
             if len(refs) == len(ranks) and all(ref in self.batches for ref in refs.values()):
                 return refs
@@ -281,6 +285,7 @@ def check_resume_equivalence(
     *,
     changes: Callable[[InlineDataPlane], None] | None = None,
     resume_plan: Plan | None = None,
+    together: int = 1,
 ) -> int:
     """The shared resume check: run ``steps`` steps with the plan's checkpoint, then restore
     the data plane at every step of ``restore_at`` and require every later batch, of every
@@ -291,10 +296,12 @@ def check_resume_equivalence(
     checkpoint's log must replay. ``resume_plan`` is the plan the restored runs start with
     (default: ``plan``), e.g. the plan version the live changes led to. Each restore starts
     from the checkpoint as the uninterrupted run left it.
+    ``together``: the runs plan that many steps together (the checkpoint is then
+    written with steps in flight between draws and commits).
     """
     if plan.checkpoint is None:
         raise ValueError("check_resume_equivalence needs a plan with checkpoint.url")
-    run = InlineDataPlane(plan)
+    run = InlineDataPlane(plan, together=together)
     if changes is not None:
         changes(run)
     ref = {t: {g: batch_digest(b) for g, b in bs.items()} for t, bs in run.stream(steps)}
@@ -303,7 +310,7 @@ def check_resume_equivalence(
     compared = 0
     for step in restore_at:
         saved.put_back()
-        again = InlineDataPlane(resume_plan or plan, resume=step)
+        again = InlineDataPlane(resume_plan or plan, resume=step, together=together)
         if again.coord.next_step != step:
             raise AssertionError(f"restored at {again.coord.next_step}, asked for {step}")
         for t, batches in again.stream(steps - step, start=step):

@@ -41,9 +41,10 @@ STEPS = 24
 NAMES = sorted(p.name for p in PLANS.glob("*.yaml"))
 
 
-def stream_digests(plan_file: Path, folder: Path) -> tuple[str, str]:
+def stream_digests(plan_file: Path, folder: Path, together: int = 1) -> tuple[str, str]:
     """SHA-256 over the first ``STEPS`` steps of ``plan_file`` run on demo data in ``folder``:
-    of every group's batches, and of the documents of each step (module doc)."""
+    of every group's batches, and of the documents of each step (module doc). ``together``:
+    steps planned side by side (as the scheduler plugin's planning thread does)."""
     from omniload_dask.demo import make_demo_data
 
     make_demo_data(folder / "demo-data")
@@ -54,7 +55,7 @@ def stream_digests(plan_file: Path, folder: Path) -> tuple[str, str]:
         plan = type(plan)(**{**vars(plan), "checkpoint": None})
     h = hashlib.sha256()
     docs = hashlib.sha256()
-    for t, batches in InlineDataPlane(plan).stream(STEPS):
+    for t, batches in InlineDataPlane(plan, together=together).stream(STEPS):
         tokens: Counter[tuple[int, int, int]] = Counter()
         for g in sorted(batches):
             h.update(json.dumps([t, g, batch_digest(batches[g])]).encode())
@@ -87,6 +88,15 @@ def test_every_plan_streams_exactly_as_the_stored_digest(name: str, demo_folder:
     stored = json.loads(DIGESTS.read_text())
     assert name in stored, f"no stored digest for plans/{name}: run with --update"
     assert _digests(name, demo_folder)[0] == stored[name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_steps_planned_together_stream_as_the_stored_digest(name: str, demo_folder: Path) -> None:
+    # The scheduler plugin draws up to planner.STEPS_AT_ONCE steps and plans them together.
+    from omniload_dask.cluster.planner import STEPS_AT_ONCE
+
+    stored = json.loads(DIGESTS.read_text())
+    assert stream_digests(PLANS / name, demo_folder / "together", STEPS_AT_ONCE)[0] == stored[name]
 
 
 @pytest.mark.parametrize("name", NAMES)

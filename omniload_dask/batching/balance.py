@@ -45,6 +45,14 @@ whole, and a group or micro-batch may get no piece when its bucket has fewer pie
 micro-batches: it is handed out empty (``num_tokens`` 0, ``cu_seqlens`` ``[0]``, the step's
 other fields as usual) and counted (``Assignment.empty_micro_batches``).
 
+Several steps at once (:func:`balance_steps`, what the scheduler plugin's planning thread
+runs on the steps drawn since its last batch): passes 1 and 2 step by step, passes 3 to 5 for
+the steps side by side (their pieces and bins in one set of arrays, step s's groups numbered
+from ``s * groups``), each step with its own rounds, pairs, peak and reasons to stop, and its
+own running sums. Every split is the one its step alone gets, to the last bit (the tests
+compare them field by field); at DP 8 and 16 a round's time is the numpy calls' own cost, so
+eight steps side by side take about half the time of eight alone (BENCHMARKS.md, session 26).
+
 Passes 3 and 4 matter when every group is full of tokens: LPT can then only give the last pieces
 to whoever has room, and only an exchange (a long piece for several short ones of as many
 tokens) moves attention cost. ``benchmarks/balance.py --compare`` measures what each pass adds and
@@ -56,18 +64,23 @@ tokens) moves attention cost. ``benchmarks/balance.py --compare`` measures what 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.placement import Bins, Pieces, pack
-from omniload_dask.batching.polish import polish_groups
-from omniload_dask.batching.refine import refine_groups
+from omniload_dask.batching.polish import polish_groups, polish_steps
+from omniload_dask.batching.refine import STEPS_UP_TO, refine_groups
+from omniload_dask.batching.refine_steps import refine_steps
 from omniload_dask.batching.routing import Bucket, ladder, route, spill, split_documents
-from omniload_dask.batching.slide import slide_cuts
+from omniload_dask.batching.slide import slide_cuts, slide_steps
 
-__all__ = ["Assignment", "Bucket", "balance", "route", "split_documents", "structural_bound"]
+__all__ = [
+    "Assignment", "Bucket", "balance", "balance_steps", "route", "split_documents",
+    "structural_bound",
+]  # fmt: skip
 
 
 def balance(
@@ -89,6 +102,91 @@ def balance(
     pieces cannot be packed whole. ``refine=False`` skips passes 3 to 5 (for measurements).
     ``extra`` is a cost per document on top of ``cost`` of its pieces (image encoder terms).
     """
+    placed = _place(lengths, doc_bucket, buckets, groups, cost, by_length, cut, extra)
+    if refine:
+        refine_groups(placed.pieces, placed.bins, groups, cost, cut)
+        _polish_and_slide(placed, groups, cost, cut)
+    return placed.assignment(buckets, groups)
+
+
+def balance_steps(
+    steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]],
+    buckets: Sequence[Bucket],
+    groups: int,
+    cost: CostFunction,
+    *,
+    cut: bool = True,
+) -> list[Assignment]:
+    """:func:`balance` of several steps, ``(lengths, doc_bucket, by_length, extra)`` each: the
+    same splits, bit for bit, with passes 3 to 5 run for steps side by side where they can
+    be (one bucket, at most ``STEPS_UP_TO`` groups: :func:`~.refine_steps.refine_steps`,
+    :func:`~.polish.polish_steps`, :func:`~.slide.slide_steps`; steps of as many bins
+    together)."""
+    placed = [_place(n, b, buckets, groups, cost, by, cut, x) for n, b, by, x in steps]
+    if len(buckets) != 1 or not 2 <= groups <= STEPS_UP_TO:
+        for one in placed:
+            refine_groups(one.pieces, one.bins, groups, cost, cut)
+            _polish_and_slide(one, groups, cost, cut)
+        return [one.assignment(buckets, groups) for one in placed]
+    kinds: dict[int, list[_Placed]] = {}  # steps side by side: those of as many bins
+    for one in placed:
+        if len(one.pieces):
+            kinds.setdefault(len(one.bins.room), []).append(one)
+    for kind in kinds.values():
+        _side_by_side(kind, refine_steps([(o.pieces, o.bins) for o in kind], groups, cost, cut))
+        _side_by_side(kind, polish_steps([(o.pieces, o.bins) for o in kind], groups))
+        if cut:
+            _side_by_side(kind, slide_steps([(o.pieces, o.bins) for o in kind], groups, cost))
+    return [one.assignment(buckets, groups) for one in placed]
+
+
+def _side_by_side(kind: list[_Placed], done: list[tuple[Pieces, Bins]]) -> None:
+    """Take each step's pieces and bins back from a pass run side by side."""
+    for one, (pieces, bins) in zip(kind, done, strict=True):
+        one.pieces, one.bins = pieces, bins
+
+
+@dataclass
+class _Placed:
+    """A step after passes 1 and 2: its pieces in their bins, and what the split reports."""
+
+    pieces: Pieces
+    bins: Bins
+    micro: np.ndarray  # micro-batches per group of each bucket
+    spilled: int
+    bound: float
+
+    def assignment(self, buckets: Sequence[Bucket], groups: int) -> Assignment:
+        pieces, bins, micro = self.pieces, self.bins, self.micro
+        seq = np.asarray([b.seq_len for b in buckets], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(micro)])
+        return Assignment(
+            doc=pieces.doc,
+            start=pieces.start,
+            length=pieces.length,
+            cost=pieces.cost,
+            group=bins.group[pieces.bin],
+            micro=offsets[pieces.bucket] + bins.slot[pieces.bin],
+            micro_capacity=np.repeat(seq, micro),
+            micro_bucket=np.repeat(np.arange(len(buckets)), micro),
+            groups=groups,
+            cuts=pieces.cuts,
+            spilled=self.spilled,
+            bound=self.bound,
+        )
+
+
+def _place(
+    lengths: np.ndarray,
+    doc_bucket: np.ndarray,
+    buckets: Sequence[Bucket],
+    groups: int,
+    cost: CostFunction,
+    by_length: np.ndarray | None,
+    cut: bool,
+    extra: np.ndarray | None,
+) -> _Placed:
+    """Passes 1 and 2 (module doc) of one step."""
     lengths = np.asarray(lengths, dtype=np.int64)
     doc_bucket = np.asarray(doc_bucket, dtype=np.int64).copy()
     seq = np.asarray([b.seq_len for b in buckets], dtype=np.int64)
@@ -117,26 +215,14 @@ def balance(
         if stuck is None:
             break
         micro[stuck] += 1  # cannot pack whole and may not cut: one more micro-batch
-    if refine:
-        refine_groups(pieces, bins, groups, cost, cut)
-        polish_groups(pieces, bins, groups)
-        if cut:
-            slide_cuts(pieces, bins, groups, cost)
-    offsets = np.concatenate([[0], np.cumsum(micro)])
-    return Assignment(
-        doc=pieces.doc,
-        start=pieces.start,
-        length=pieces.length,
-        cost=pieces.cost,
-        group=bins.group[pieces.bin],
-        micro=offsets[pieces.bucket] + bins.slot[pieces.bin],
-        micro_capacity=np.repeat(seq, micro),
-        micro_bucket=np.repeat(np.arange(len(buckets)), micro),
-        groups=groups,
-        cuts=pieces.cuts,
-        spilled=spilled,
-        bound=bound,
-    )
+    return _Placed(pieces, bins, micro, spilled, bound)
+
+
+def _polish_and_slide(placed: _Placed, groups: int, cost: CostFunction, cut: bool) -> None:
+    """Passes 4 and 5 (module doc) of one step."""
+    polish_groups(placed.pieces, placed.bins, groups)
+    if cut:
+        slide_cuts(placed.pieces, placed.bins, groups, cost)
 
 
 def structural_bound(costs: np.ndarray, groups: int) -> float:

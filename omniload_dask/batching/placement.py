@@ -23,6 +23,7 @@ step takes about as many as a group (or micro-batch) gets pieces, whatever the D
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,7 @@ import numpy as np
 from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.sorting import stable_order, stable_order_of_floats
 
-__all__ = ["DEAL_FROM", "Bins", "Pieces", "by_cost", "pack"]
+__all__ = ["DEAL_FROM", "Bins", "Pieces", "apart", "by_cost", "pack", "side_by_side"]
 
 DEAL_FROM = 8  # micro-batches per group from which a bucket is packed bins first, then dealt
 MIN_ROUND = 0.25  # the shortest round of LPT over groups, as a share of the groups
@@ -379,3 +380,46 @@ def _deal(bins: Bins, lo: int, hi: int, micro: int, load: np.ndarray) -> None:
         bins.group[chunk] = lightest
         bins.slot[chunk] = r
         load[lightest] += bins.load[chunk]
+
+
+def side_by_side(steps: Sequence[tuple[Pieces, Bins]], groups: int) -> tuple[Pieces, Bins]:
+    """Several steps' pieces and bins (one bucket, as many bins each) as one step of
+    ``len(steps) * groups`` groups: step s has groups ``s * groups`` on and its bins in the
+    s-th block (what the balancer's passes run side by side on: :mod:`.refine_steps`)."""
+    shape = len(steps[0][1].room)
+    cat = np.concatenate
+    ps, bs = [q for q, _ in steps], [b for _, b in steps]
+    p = Pieces(
+        cat([q.doc for q in ps]), cat([q.start for q in ps]), cat([q.length for q in ps]),
+        cat([q.cost for q in ps]), cat([q.bucket for q in ps]), cat([q.extra for q in ps]),
+        cat([q.bin + s * shape for s, q in enumerate(ps)]),
+    )  # fmt: skip
+    bins = Bins(
+        np.asarray([0, shape * len(steps)], np.int64), cat([b.capacity for b in bs]),
+        cat([b.room for b in bs]), cat([b.load for b in bs]), cat([b.bucket for b in bs]),
+        cat([b.group + s * groups for s, b in enumerate(bs)]), cat([b.slot for b in bs]),
+    )  # fmt: skip
+    return p, bins
+
+
+def apart(
+    p: Pieces, bins: Bins, steps: Sequence[tuple[Pieces, Bins]], groups: int
+) -> list[tuple[Pieces, Bins]]:
+    """Each step's pieces (in the order its own pass would leave them: its pieces first,
+    then the parts cut off, in the order they were cut) and bins, from :func:`side_by_side`."""
+    shape = len(steps[0][1].room)
+    step_of = p.bin // shape
+    out = []
+    for s, (before, b) in enumerate(steps):
+        mine = np.flatnonzero(step_of == s)
+        q = Pieces(
+            p.doc[mine], p.start[mine], p.length[mine], p.cost[mine], p.bucket[mine],
+            p.extra[mine], p.bin[mine] - s * shape,
+            before.cuts + len(mine) - len(before),  # (each cut of the pass adds one piece)
+        )  # fmt: skip
+        window = slice(s * shape, (s + 1) * shape)
+        out.append((q, Bins(
+            b.offset, bins.capacity[window], bins.room[window], bins.load[window],
+            bins.bucket[window], bins.group[window] - s * groups, bins.slot[window],
+        )))  # fmt: skip
+    return out

@@ -31,12 +31,14 @@ at DP 16, for about 0.7 and 1.2 ms a step (BENCHMARKS.md, session 24).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from omniload_dask.batching.placement import Bins, Pieces
+from omniload_dask.batching.placement import Bins, Pieces, apart, side_by_side
 from omniload_dask.batching.weighing import rebin
 
-__all__ = ["POLISH_UP_TO", "polish_groups"]
+__all__ = ["POLISH_UP_TO", "polish_groups", "polish_steps"]
 
 POLISH_UP_TO = 64  # groups up to which a step is polished
 ROUNDS = 4  # rounds at most per step
@@ -177,3 +179,121 @@ def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
                            np.full(len(left), 2)])  # fmt: skip
     kind = (size == held[e_bin]) + 2 * (size == 0)
     return e_bin, e_len, e_cost, kind, a, z
+
+
+def polish_steps(steps: Sequence[tuple[Pieces, Bins]], groups: int) -> list[tuple[Pieces, Bins]]:
+    """Pass 4 for several steps side by side (one bucket, as many bins each): the same
+    exchanges as :func:`polish_groups` on each step alone, each step with its own rounds,
+    pairs and reasons to stop. Returns each step's pieces and bins after the pass."""
+    if len(steps) == 1 or groups < 2 or groups > POLISH_UP_TO or not all(len(p) for p, _ in steps):
+        for p, bins in steps:
+            polish_groups(p, bins, groups)
+        return list(steps)
+    p, bins = side_by_side(steps, groups)
+    n = len(steps)
+    active = np.ones(n, dtype=bool)
+    peak = np.full(n, np.inf)
+    for _ in range(ROUNDS):
+        load = np.bincount(bins.group[p.bin], p.cost, n * groups)
+        rows = load.reshape(n, groups)
+        top = rows.max(axis=1)
+        even = np.asarray(
+            [t - row.mean() <= TOLERANCE * t for t, row in zip(top, rows, strict=True)]
+        )
+        active &= ~((top > peak * (1 - PROGRESS)) | even)
+        peak = np.where(active, top, peak)
+        if not active.any():
+            break
+        active &= _round_side_by_side(p, bins, load, groups, active)
+    return apart(p, bins, steps, groups)
+
+
+def _round_side_by_side(
+    p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndarray
+) -> np.ndarray:
+    """:func:`_round` for every active step at once; which steps made an exchange."""
+    steps = len(active)
+    side = np.full(steps * groups, -1, np.int64)  # per step as in _round; -1: not in it
+    counts = np.zeros(steps, np.int64)
+    lights = np.zeros(steps, np.int64)
+    for s in np.flatnonzero(active).tolist():
+        row = load[s * groups : (s + 1) * groups]
+        count = min(PAIRS, groups // 2, int((row - row.mean() > TOLERANCE * row.max()).sum()))
+        order = np.argsort(-row, kind="stable")
+        heavy, light = order[:count], order[::-1][: min(PAIRS, groups - count)]
+        side[s * groups + heavy] = np.arange(count)
+        side[s * groups + light] = count + np.arange(len(light))
+        counts[s], lights[s] = count, len(light)
+    e_bin, e_len, e_cost, e_kind, e_a, e_b = _entries(p, bins, side)
+    e_step = bins.group[e_bin] // groups
+    e_side = side[bins.group[e_bin]]
+    is_heavy = e_side < counts[e_step]
+    hs, ls = np.flatnonzero(is_heavy), np.flatnonzero(~is_heavy)
+    done = np.zeros(steps, dtype=bool)
+    if not len(hs) or not len(ls):
+        return done
+    big = int(e_len.max()) + 2
+    key = e_bin[ls] * big + e_len[ls]
+    by_key = np.argsort(key, kind="stable")
+    ls, key = ls[by_key], key[by_key]
+    starts = np.flatnonzero(np.append(True, e_bin[ls][1:] != e_bin[ls][:-1]))
+    light_bins = e_bin[ls][starts]
+    hh, yy = np.repeat(hs, len(light_bins)), np.tile(np.arange(len(light_bins)), len(hs))
+    x, y = e_bin[hh], light_bins[yy]
+    same = e_step[hh] == bins.group[y] // groups  # (exchanges within a step)
+    hh, yy, x, y = hh[same], yy[same], x[same], y[same]
+    base = y * big
+    h_len = e_len[hh]
+    lo = np.searchsorted(key, base + np.maximum(h_len - bins.room[y], 0), side="left")
+    hi = np.searchsorted(key, base + np.minimum(h_len + bins.room[x], big - 1), side="right")
+    many = hi - lo
+    pair = np.repeat(np.arange(len(hh)), many)
+    col = lo[pair] + np.arange(len(pair)) - np.repeat(np.cumsum(many) - many, many)
+    hs, x, y, ls = hh[pair], x[pair], y[pair], ls[col]
+    d_cost = e_cost[hs] - e_cost[ls]
+    ok = d_cost > 0
+    ok &= ~EMPTIES[e_kind[hs] * 4 + e_kind[ls]]
+    gh, gl = bins.group[x], bins.group[y]
+    worst = np.maximum(load[gh] - d_cost, load[gl] + d_cost)
+    ok &= worst < load[gh] * (1 - PROGRESS)
+    if not ok.any():
+        return done
+    hs, ls, worst = hs[ok], ls[ok], worst[ok]
+    step = e_step[hs]
+    nl = lights[step]
+    pair_of = e_side[hs] * nl + e_side[ls] - counts[step]
+    by_pair = np.lexsort((worst, pair_of, step))  # (ties: the first weighed)
+    first = np.ones(len(by_pair), dtype=bool)
+    first[1:] = (pair_of[by_pair][1:] != pair_of[by_pair][:-1]) | (
+        step[by_pair][1:] != step[by_pair][:-1]
+    )
+    best = by_pair[first]
+    chosen = []
+    best_step = step[best].tolist()
+    for s in sorted(set(best_step)):
+        mine = [k for k, t in zip(best.tolist(), best_step, strict=True) if t == s]
+        count, n_light = int(counts[s]), int(lights[s])
+        table = [[np.inf] * n_light for _ in range(count)]
+        choice = [[-1] * n_light for _ in range(count)]
+        for b, pr, w in zip(mine, pair_of[mine].tolist(), worst[mine].tolist(), strict=True):
+            table[pr // n_light][pr % n_light], choice[pr // n_light][pr % n_light] = w, b
+        taken = [False] * n_light
+        for k in range(count):
+            free = [
+                (table[k][r], r) for r in range(n_light) if not taken[r] and table[k][r] < np.inf
+            ]
+            if free:
+                r = min(free)[1]
+                taken[r] = True
+                chosen.append(choice[k][r])
+                done[s] = True
+    if chosen:
+        c = np.asarray(chosen)
+        i, j = hs[c], ls[c]
+        new_bin = p.bin.copy()
+        for pieces, to in ((e_a[i], e_bin[j]), (e_b[i], e_bin[j]), (e_a[j], e_bin[i]),
+                           (e_b[j], e_bin[i])):  # fmt: skip
+            new_bin[pieces[pieces >= 0]] = to[pieces >= 0]
+        p.bin = new_bin
+        rebin(p, bins)
+    return done

@@ -46,7 +46,7 @@ from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.placement import Bins, Pieces
 from omniload_dask.batching.weighing import RoundTables, Runs, fractions, rebin
 
-__all__ = ["CUT_BELOW", "CUT_ROUNDS", "ROUNDS", "SMALL_CUT_ROUNDS", "refine_groups"]
+__all__ = ["CUT_BELOW", "CUT_ROUNDS", "ROUNDS", "SMALL_CUT_ROUNDS", "STEPS_UP_TO", "refine_groups"]
 
 TOLERANCE = 2e-3  # a group within 0.2% of the mean is even enough
 ROUNDS = 8  # rounds of whole pieces per step ...
@@ -66,6 +66,7 @@ PROBE_ALONE_FROM = 32  # ... alone, before the round, from this many pairs (belo
 CUT_EXCHANGES_UP_TO = 64  # groups up to which whole-piece rounds may cut an exchange to fit
 CUT_GAIN = 1e-3  # a cut must even a pair this share of its heavy group better than whole
 WHOLE_IN_CUT_ROUNDS = "until_unused"  # whole pieces weighed in cut rounds: or "always"
+STEPS_UP_TO = 2 * PROBE_FROM  # groups up to which steps may be refined side by side (no probe)
 
 
 def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> None:
@@ -134,6 +135,11 @@ def _pairs(load: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray] 
     return order[:count], order[::-1][:count]
 
 
+def _candidates(pairs: int) -> int:
+    """Pieces of each group weighed for moves and swaps in a round of ``pairs`` pairs."""
+    return int(min(max(math.sqrt(PAIR_BUDGET / pairs), CANDIDATES), 32))
+
+
 def _probe(load: np.ndarray, heavy: np.ndarray) -> np.ndarray | None:
     """With many pairs: a few of the pairs whose heavy group is at the peak, to weigh first.
     The peak falls only if every such group gets lighter; if one of these cannot, the round
@@ -191,6 +197,7 @@ def _probe_first(probe: np.ndarray | None, pairs: int) -> bool:
 def _whole_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
     cost: CostFunction | None = None, shared: RoundTables | None = None,
+    per_step: int | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """One round of moves, swaps and exchanges: the best for each pair. With ``cost``, an
     exchange may cut the last piece of its run. Returns each pair's score, its larger cost
@@ -201,9 +208,11 @@ def _whole_round(
     (:func:`_probe`): alone where the round is dear, else in it (the same scores: up to
     ``PROBE_ALONE_FROM`` pairs the round weighs as many candidates as the probe alone).
     ``shared`` holds what a cut round's weighing reads too (made here if not given).
+    ``per_step``: the pairs are those of several steps side by side (:mod:`.refine_steps`),
+    at most this many of each: each pair is weighed as in its step alone.
     """
     nothing = np.full(len(heavy), np.inf), _nothing
-    probe = _probe(load, heavy)
+    probe = _probe(load, heavy) if per_step is None else None
     if _probe_first(probe, len(heavy)):
         assert probe is not None
         tried, _ = _whole_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)
@@ -215,7 +224,7 @@ def _whole_round(
     roomiest, every = shared.roomiest, shared.every
     gap = load[heavy] - load[light]
     per_bin = np.bincount(p.bin, minlength=len(bins.room))
-    k = int(min(max(math.sqrt(PAIR_BUDGET / len(heavy)), CANDIDATES), 32))
+    k = _candidates(len(heavy) if per_step is None else per_step)
     both = shared.candidates(np.concatenate([heavy, light]), k)
     hc, lc = both[: len(heavy)], both[len(heavy) :]  # (P, K) each
     P, K = hc.shape
@@ -353,15 +362,15 @@ def _exchanges(
 
 def _cut_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
-    cost: CostFunction, shared: RoundTables | None = None,
+    cost: CostFunction, shared: RoundTables | None = None, per_step: int | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """Each heavy group hands the tail of one of its costliest pieces to the light group's
     micro-batch of that bucket with the most room, cut where the pair comes out most even;
     that micro-batch may give back a run of its k shortest pieces (k < ``CUT_RUNS``) to make
     room, the tail then being about as long as the run. Returns the best cut's score for
-    each pair and its commit, as :func:`_whole_round` does."""
+    each pair and its commit, as :func:`_whole_round` does (``per_step`` too)."""
     nothing = np.full(len(heavy), np.inf), _nothing
-    probe = _probe(load, heavy)
+    probe = _probe(load, heavy) if per_step is None else None
     if _probe_first(probe, len(heavy)):
         assert probe is not None
         tried, _ = _cut_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)

@@ -30,12 +30,14 @@ the mean efficiency from 0.958 to 0.980, against a bound of 0.988 over the new p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Bins, Pieces
+from omniload_dask.batching.placement import Bins, Pieces, apart, side_by_side
 
-__all__ = ["SLIDE_UP_TO", "slide_cuts"]
+__all__ = ["SLIDE_UP_TO", "slide_cuts", "slide_steps"]
 
 SLIDE_UP_TO = 64  # groups up to which a step's cuts are slid
 ROUNDS = 32  # rounds at most per step
@@ -117,3 +119,105 @@ def _move(
     loads[hi] += p.cost[i] - before[0] + p.cost[q]
     loads[gj] += p.cost[j] - before[1] - p.cost[q]
     p.bin[q] = p.bin[i]  # the short piece goes the other way: both bins keep their tokens
+
+
+def slide_steps(
+    steps: Sequence[tuple[Pieces, Bins]], groups: int, cost: CostFunction
+) -> list[tuple[Pieces, Bins]]:
+    """Pass 5 for several steps side by side (one bucket, as many bins each): the same slides
+    as :func:`slide_cuts` on each step alone, each step with its own heaviest group, rounds
+    and reason to stop, in one set of numpy calls a round for all of them. Returns each
+    step's pieces and bins after the pass."""
+    if len(steps) == 1 or groups < 2 or groups > SLIDE_UP_TO:
+        for p, bins in steps:
+            slide_cuts(p, bins, groups, cost)
+        return list(steps)
+    eligible = [len(p) >= 3 and not (p.extra > 0).any() for p, _ in steps]
+    p, bins = side_by_side(steps, groups)
+    shape = len(steps[0][1].room)
+    n = len(steps)
+    step_of = p.bin // shape
+    order = np.lexsort((p.start, p.doc, step_of))
+    a, b = order[:-1], order[1:]
+    near = (step_of[a] == step_of[b]) & (p.doc[a] == p.doc[b])
+    near &= p.start[a] + p.length[a] == p.start[b]
+    near &= np.asarray(eligible)[step_of[a]]
+    a, b = a[near], b[near]
+    if len(a):
+        active = np.bincount(step_of[a], minlength=n) > 0
+        loads = np.bincount(bins.group[p.bin], p.cost, n * groups)
+        for _ in range(ROUNDS):
+            if not _slide_side_by_side(p, bins, loads, a, b, cost, active, groups):
+                break
+        bins.load = np.bincount(p.bin, p.cost, len(bins.load))
+    return apart(p, bins, steps, groups)
+
+
+def _slide_side_by_side(
+    p: Pieces, bins: Bins, loads: np.ndarray, a: np.ndarray, b: np.ndarray,
+    cost: CostFunction, active: np.ndarray, groups: int,
+) -> bool:  # fmt: skip
+    """:func:`_slide_once` for every active step (``active`` is updated: a step whose heavy
+    group finds no slide is done); whether any step slid."""
+    steps = len(active)
+    heavy = loads.reshape(steps, groups).argmax(axis=1) + np.arange(steps) * groups
+    top = loads[heavy]
+    pair_step = bins.group[p.bin[a]] // groups
+    g_a, g_b = bins.group[p.bin[a]], bins.group[p.bin[b]]
+    in_a, in_b = g_a == heavy[pair_step], g_b == heavy[pair_step]
+    across = (in_a != in_b) & active[pair_step]
+    if not across.any():
+        active[:] = False
+        return False
+    give = np.where(in_a, a, b)[across]
+    take = np.where(in_a, b, a)[across]
+    by_bin = np.argsort(p.bin, kind="stable")
+    first = np.searchsorted(p.bin[by_bin], np.arange(len(bins.load) + 1))
+    where = p.bin[take]
+    counts = first[where + 1] - first[where]
+    pair = np.repeat(np.arange(len(take)), counts)
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    shorts = by_bin[first[where][pair] + within]
+    i, j = give[pair], take[pair]
+    d = p.length[shorts]
+    ok = (shorts != j) & (d > 0) & (d < p.length[i])
+    shorts, d, i, j = shorts[ok], d[ok], i[ok], j[ok]
+    step = bins.group[p.bin[i]] // groups
+    other = loads[bins.group[p.bin[j]]]
+    new_heavy = top[step] - p.cost[i] + cost(p.length[i] - d) + p.cost[shorts]
+    new_other = other - p.cost[j] + cost(p.length[j] + d) - p.cost[shorts]
+    worst = np.maximum(new_heavy, new_other)
+    # Per step, the first of its best (its entries are in its pairs' order, steps in order).
+    has = np.bincount(step, minlength=steps) > 0
+    starts = np.searchsorted(step, np.arange(steps))
+    best = np.full(steps, np.inf)
+    if len(worst):
+        best[has] = np.minimum.reduceat(worst, starts[has])
+    slid = has & active & (best < top * (1 - PROGRESS))
+    active &= slid
+    if not slid.any():
+        return False
+    at = np.flatnonzero(worst == best[step])
+    at = at[np.searchsorted(step[at], np.flatnonzero(slid))]  # (the first of each step's)
+    _move_many(p, bins, loads, i[at], j[at], shorts[at], cost)
+    return True
+
+
+def _move_many(
+    p: Pieces, bins: Bins, loads: np.ndarray, i: np.ndarray, j: np.ndarray, q: np.ndarray,
+    cost: CostFunction,
+) -> None:  # fmt: skip
+    """:func:`_move` of one slide per step at once (all pieces and groups distinct)."""
+    moved = p.length[q]
+    after = p.start[i] < p.start[j]  # j takes the last tokens of i (else the first)
+    p.start[j[after]] -= moved[after]
+    p.start[i[~after]] += moved[~after]
+    p.length[i] -= moved
+    p.length[j] += moved
+    before_i, before_j = p.cost[i].copy(), p.cost[j].copy()
+    both = np.asarray(cost(np.concatenate([p.length[i], p.length[j]])), dtype=np.float64)
+    p.cost[i], p.cost[j] = both[: len(i)], both[len(i) :]
+    hi, gj = bins.group[p.bin[i]], bins.group[p.bin[j]]
+    loads[hi] += p.cost[i] - before_i + p.cost[q]
+    loads[gj] += p.cost[j] - before_j - p.cost[q]
+    p.bin[q] = p.bin[i]

@@ -23,10 +23,14 @@ class RoundTables:
     group, the (group, bucket) tables of bins, the light groups' runs, and each group's
     pieces by decreasing cost."""
 
-    def __init__(self, p: Pieces, bins: Bins, light: np.ndarray, groups: int) -> None:
+    def __init__(
+        self, p: Pieces, bins: Bins, light: np.ndarray, groups: int, steps: int = 1
+    ) -> None:
+        """``steps``: the bins are those of that many steps, in equal blocks (see
+        :class:`Runs`)."""
         self.of = bins.group[p.bin]
         self.roomiest, self.every = bin_tables(bins, groups)
-        self.runs = Runs(p, bins, self.of, light, groups)
+        self.runs = Runs(p, bins, self.of, light, groups, steps)
         self._by_cost: tuple[np.ndarray, ...] | None = None
         self._p, self._groups = p, groups
 
@@ -107,11 +111,16 @@ def spread(ids: np.ndarray, start: np.ndarray, count: np.ndarray, k: int) -> np.
 
 class Runs:
     """The pieces of the light groups' micro-batches, each micro-batch's by increasing
-    length, with running totals: what a micro-batch gives back when it must free tokens."""
+    length, with running totals: what a micro-batch gives back when it must free tokens.
+
+    With ``steps`` > 1 the bins are those of several steps, in equal blocks, and the totals
+    start again at each step's first bin: every sum is the one its step alone would make, to
+    the last bit."""
 
     def __init__(
-        self, p: Pieces, bins: Bins, of: np.ndarray, light: np.ndarray, groups: int
-    ) -> None:
+        self, p: Pieces, bins: Bins, of: np.ndarray, light: np.ndarray, groups: int,
+        steps: int = 1,
+    ) -> None:  # fmt: skip
         is_light = np.zeros(groups, dtype=bool)
         is_light[light] = True
         mine = np.flatnonzero(is_light[of])
@@ -121,14 +130,26 @@ class Runs:
         if self.empty:
             self.order = np.zeros(1, np.int64)  # (nothing is found below)
         ob = p.bin[self.order]
-        self.tokens = p.length[self.order].cumsum()
-        self.costs = p.cost[self.order].cumsum()
         ids = np.arange(len(bins.room))
         self.first = np.searchsorted(ob, ids, side="left")
         self.end = np.searchsorted(ob, ids, side="right")
-        self.base_t = np.concatenate([[0], self.tokens])[self.first]  # before each bin's run
-        self.base_c = np.concatenate([[0.0], self.costs])[self.first]
-        self.big = int(self.tokens[-1]) + 1
+        if steps == 1 or self.empty:
+            self.tokens = p.length[self.order].cumsum()
+            self.costs = p.cost[self.order].cumsum()
+            self.base_t = np.concatenate([[0], self.tokens])[self.first]  # before each bin's run
+            self.base_c = np.concatenate([[0.0], self.costs])[self.first]
+        else:
+            per = len(bins.room) // steps
+            cut = self.first[np.arange(1, steps) * per]
+            segments = np.split(self.order, cut)
+            self.tokens = np.concatenate([p.length[s].cumsum() for s in segments])
+            self.costs = np.concatenate([p.cost[s].cumsum() for s in segments])
+            restart = np.zeros(len(self.order) + 1, dtype=bool)
+            restart[np.concatenate([[0], cut]).astype(np.int64)] = True
+            before = restart[self.first]  # a bin whose run opens its step's totals
+            self.base_t = np.where(before, 0, np.concatenate([[0], self.tokens])[self.first])
+            self.base_c = np.where(before, 0.0, np.concatenate([[0.0], self.costs])[self.first])
+        self.big = int(self.tokens.max()) + 1
         self.key = ob * self.big + (self.tokens - self.base_t[ob])
 
     def take(

@@ -13,7 +13,10 @@ still takes the GIL from the loop (every RPC then waits up to a switch interval 
     else                                      the job's planning thread
 
 The result is the same wherever it is computed. A process that fails (it died, or cannot
-start) is replaced by the thread, with a warning.
+start) is replaced by the thread, with a warning. The thread plans every step drawn since its
+last batch together, up to ``STEPS_AT_ONCE`` of them (:meth:`.StepPlanner.plan_steps`: the
+same planned steps, and at small DP sizes a fraction of the time, see BENCHMARKS.md session
+26); the process plans one step at a time.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan, parse_plan
 
-__all__ = ["INLINE_MS", "PROCESS_MIN_GROUPS", "StepPlanning"]
+__all__ = ["INLINE_MS", "PROCESS_MIN_GROUPS", "STEPS_AT_ONCE", "StepPlanning"]
 
 logger = logging.getLogger(__name__)
 INLINE_MS = 1.0
 PROCESS_MIN_GROUPS = 64
+STEPS_AT_ONCE = 8  # steps drawn ahead and planned together in the thread, at most
 
 _planner: StepPlanner | None = None  # in a planning process: the job's planner
 
@@ -54,6 +58,7 @@ class StepPlanning:
         self.inline_ms = INLINE_MS
         self.cpu_s = 0.0
         self.off_loop = 0
+        self._together = 1  # steps planned together last time
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"omniload-plan-{plan.name}")
         use = process if process is not None else plan.layout.dp >= PROCESS_MIN_GROUPS
         self._process: Executor | None = _start_process(plan) if use else None
@@ -63,29 +68,58 @@ class StepPlanning:
         """``"process"`` or ``"thread"``: where steps go that are not planned inline."""
         return "process" if self._process is not None else "thread"
 
+    @property
+    def batch(self) -> int:
+        """Steps planned off the loop together (side by side): ``STEPS_AT_ONCE`` in the
+        thread, one at a time in the process."""
+        return STEPS_AT_ONCE if self._process is None else 1
+
     def inline(self) -> bool:
         """Whether the next step is cheap enough to plan on the loop (a job with a planning
-        process plans its first step there too: at its size that one is not cheap)."""
+        process plans its first step there too: at its size that one is not cheap). Steps
+        planned together count as their time together: one of them alone costs more than
+        its share."""
         timing = self.coord.figures.timing
         if "split_ms" not in timing and self._process is not None:
             return False
-        return timing.get("split_ms", 0.0) + timing.get("recipes_ms", 0.0) < self.inline_ms
+        each = timing.get("split_ms", 0.0) + timing.get("recipes_ms", 0.0)
+        return each * self._together < self.inline_ms
 
     def plan_here(self, drawn: DrawnStep) -> PlannedStep | None:
         """Plan ``drawn`` in this thread (the loop, or the planning thread)."""
         t0 = time.thread_time()
         try:
+            self._together = 1
             return self.coord.plan_step(drawn)
         finally:
             self.cpu_s += time.thread_time() - t0
 
-    def start(self, drawn: DrawnStep) -> asyncio.Future[PlannedStep | None]:
-        """Plan ``drawn`` off the loop; the future's result is the planned step."""
+    def plan_batch(self, drawn: list[DrawnStep]) -> list[PlannedStep] | None:
+        """Plan the steps ``drawn`` (in order) together, in this thread."""
+        t0 = time.thread_time()
+        try:
+            self._together = len(drawn)
+            return self.coord.plan_steps(drawn)
+        finally:
+            self.cpu_s += time.thread_time() - t0
+
+    def start(self, drawn: list[DrawnStep]) -> asyncio.Future[list[PlannedStep] | None]:
+        """Plan the steps ``drawn`` (in order) off the loop; the future's result is the
+        planned steps (None on a job error)."""
         loop = asyncio.get_running_loop()
-        self.off_loop += 1
+        self.off_loop += len(drawn)
         if self._process is None:
-            return loop.run_in_executor(self._thread, self.plan_here, drawn)
-        return asyncio.ensure_future(self._in_process(drawn))
+            return loop.run_in_executor(self._thread, self.plan_batch, drawn)
+        return asyncio.ensure_future(self._each_in_process(drawn))
+
+    async def _each_in_process(self, drawn: list[DrawnStep]) -> list[PlannedStep] | None:
+        out = []
+        for one in drawn:
+            planned = await self._in_process(one)
+            if planned is None:
+                return None
+            out.append(planned)
+        return out
 
     async def _in_process(self, drawn: DrawnStep) -> PlannedStep | None:
         loop = asyncio.get_running_loop()

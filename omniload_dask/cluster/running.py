@@ -81,7 +81,7 @@ class RunningJob:
         self.pumps = 0  # data-plane runs (draw/commit + execute), for diagnostics
         self.requests = 0  # agents' calls to ``batches``
         self.planner = StepPlanning(plan, coord)
-        self._planning: asyncio.Future[PlannedStep | None] | None = None
+        self._planning: asyncio.Future[list[PlannedStep] | None] | None = None
         self._dirty = False
         self._pump: asyncio.Task[None] | None = None
 
@@ -262,15 +262,15 @@ class RunningJob:
             await asyncio.sleep(0)
 
     def _step(self) -> None:
-        """Commit the step planned in the thread, or draw the next one and plan it."""
+        """Commit the steps planned in the thread, or draw the next ones and plan them (every
+        step that can be drawn now, up to the planner's batch: planned together)."""
         coord = self.coord
         if self._planning is not None:
             if not self._planning.done():
                 return  # its completion pokes the pump
             planning, self._planning = self._planning, None
-            planned = planning.result()
-            if planned is not None:
-                coord.commit_step(planned)
+            for done in planning.result() or []:
+                coord.commit_step(done)
             return
         drawn = coord.draw_step()
         if drawn is None:
@@ -280,8 +280,13 @@ class RunningJob:
             if planned is not None:
                 coord.commit_step(planned)
             return
-        # Off the loop; its end pokes the pump, which commits it.
-        self._planning = self.planner.start(drawn)
+        batch = [drawn]
+        coord.cycle.max_in_flight = self.planner.batch
+        while len(batch) < self.planner.batch and (more := coord.draw_step()) is not None:
+            batch.append(more)
+        coord.cycle.max_in_flight = 1
+        # Off the loop; its end pokes the pump, which commits them.
+        self._planning = self.planner.start(batch)
         self._planning.add_done_callback(lambda _: None if self.stopped else self.poke())
 
     async def final_flush(self) -> None:

@@ -95,6 +95,7 @@ class Coordinator:
         self.delivery = Delivery(plan, self.keys, start_step)
         self.figures = Figures(plan.layout.dp, self.planner.declared_micro_steps)
         self.recorder = StateRecorder(self.sources, self.drawer, self.figures)
+        self._drawn_deltas: dict[int, dict[str, Any]] = {}  # steps in flight: their draws'
         self.cycle = StepCycle(
             self.sources, self.drawer, self.planner, self.reads, self.delivery, self.figures
         )
@@ -149,7 +150,7 @@ class Coordinator:
     @property
     def busy(self) -> bool:
         """A step is drawn but not committed: the state is between two steps (no snapshot)."""
-        return self.cycle.in_flight is not None
+        return bool(self.cycle.in_flight)
 
     @property
     def history(self) -> deque[StepFigures]:
@@ -158,7 +159,7 @@ class Coordinator:
 
     def weights_at(self, step: int) -> np.ndarray:
         """Target weights at ``step``; 0 for sources exhausted or removed."""
-        return self.sources.weights_at(step, self.figures.tokens)
+        return self.sources.weights_at(step, self.cycle.drawn_tokens)
 
     # -- live changes ------------------------------------------------------------------------
     def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> int:
@@ -167,7 +168,7 @@ class Coordinator:
         Batches already drawn never change; the change is logged so a replay reproduces it.
         Returns the step it takes effect at.
         """
-        return self.sources.set_weights(weights, at_step, self.next_step, self.figures.tokens)
+        return self.sources.set_weights(weights, at_step, self.next_step, self.cycle.drawn_tokens)
 
     def add_source(self, spec: SourceSpec, catalog: Catalog, at_step: int | None = None) -> int:
         """Add (or bring back) a source from ``at_step`` on; returns that step."""
@@ -196,6 +197,7 @@ class Coordinator:
         self.cycle.next_step, self.cycle.end_step = step, end
         self.delivery.restart_at(step)
         self.recorder = StateRecorder(self.sources, self.drawer, self.figures)
+        self._drawn_deltas = {}
 
     def take_deltas(self) -> list[dict[str, Any]]:
         """Deltas of the steps drawn (and changes logged) since the last call."""
@@ -248,27 +250,20 @@ class Coordinator:
         self._actions += self.delivery.request(rank, start, count, now)
 
     # -- decisions ---------------------------------------------------------------------------
-    def advance(self, max_steps: int | None = None) -> list[Action]:
+    def advance(self, max_steps: int | None = None, together: int = 1) -> list[Action]:
         """Draw, plan and commit what can be drawn (at most ``max_steps``), keep reads ahead,
-        return actions: the three phases of each step inline."""
-        drawn = 0
-        while max_steps is None or drawn < max_steps:
-            step = self.draw_step()
-            if step is None:
-                break
-            planned = self.plan_step(step)
-            if planned is not None:
-                self.commit_step(planned)
-            drawn += 1
+        return actions. Up to ``together`` steps are drawn, then planned side by side and
+        committed, as the scheduler plugin's planning thread does: the same stream."""
+        _advance(self, max_steps, max(1, together))
         return self.take_actions()
 
     def draw_step(self) -> DrawnStep | None:
         """Draw the next step if the ranks want it and its documents are known, else None.
 
         Its cursors move now (and ``next_step``); :meth:`plan_step` and :meth:`commit_step`
-        must follow before the next draw.
+        follow, in step order; up to ``cycle.max_in_flight`` steps may be in flight.
         """
-        if self.error is not None or self.busy:
+        if self.error is not None or len(self.cycle.in_flight) >= self.cycle.max_in_flight:
             return None
         if self.next_step >= self.delivery.draw_target():
             return None
@@ -278,16 +273,21 @@ class Coordinator:
             self.error = str(exc)
             return None
         self._actions += actions
+        if drawn is not None and self.recording:
+            self._drawn_deltas[drawn.step] = self.recorder.drawn(drawn.step)
         return drawn
 
     def plan_step(self, drawn: DrawnStep) -> PlannedStep | None:
         """Split a drawn step among the DP groups and write the recipes (None on a job error).
+        Pure: reads only ``drawn`` and the plan, so it may run in another thread."""
+        planned = self.plan_steps([drawn])
+        return None if planned is None else planned[0]
 
-        Pure: reads only ``drawn`` and the plan, so it may run in another thread while the
-        adapter serves requests.
-        """
+    def plan_steps(self, drawn: Sequence[DrawnStep]) -> list[PlannedStep] | None:
+        """:meth:`plan_step` of drawn steps (in order) at once, side by side where the
+        balancer can (:meth:`.StepPlanner.plan_steps`: the same planned steps)."""
         try:
-            return self.planner.plan(drawn)
+            return self.planner.plan_steps(drawn)
         except JobError as exc:
             self.error = self.error or str(exc)
             return None
@@ -295,8 +295,9 @@ class Coordinator:
     def commit_step(self, planned: PlannedStep) -> None:
         """Submit a planned step's constructions, count it, and let ranks fetch it."""
         self._actions += self.cycle.commit(planned)
-        if self.recording:
-            self.recorder.after_step(planned.drawn.step, self.end_step)
+        delta = self._drawn_deltas.pop(planned.drawn.step, None)
+        if self.recording:  # (no delta: recording began after its draw)
+            self.recorder.committed(delta or self.recorder.drawn(planned.drawn.step), self.end_step)
 
     def take_actions(self) -> list[Action]:
         """Keep reads ahead, then hand over every action queued since the last call."""
@@ -370,3 +371,28 @@ class Coordinator:
         horizon = self.next_step + self.plan.loader.lookahead
         weights = np.maximum(self.weights_at(self.next_step), self.weights_at(horizon))
         self._actions += self.reads.submit(weights, self.drawer.starved)
+
+
+def _advance(coord: Coordinator, max_steps: int | None, together: int) -> None:
+    """:meth:`Coordinator.advance`'s steps: batches of up to ``together`` drawn steps."""
+    drawn = 0
+    while max_steps is None or drawn < max_steps:
+        batch: list[DrawnStep] = []
+        coord.cycle.max_in_flight = together
+        try:
+            while len(batch) < together and (max_steps is None or drawn + len(batch) < max_steps):
+                step = coord.draw_step()
+                if step is None:
+                    break
+                batch.append(step)
+        finally:
+            coord.cycle.max_in_flight = 1
+        if not batch:
+            return
+        planned = [coord.plan_step(batch[0])] if len(batch) == 1 else coord.plan_steps(batch)
+        for one in planned or []:
+            if one is not None:
+                coord.commit_step(one)
+        drawn += len(batch)
+        if planned is None or None in planned:
+            return  # a job error: the steps stay in flight, as a failed plan leaves them

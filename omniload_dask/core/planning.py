@@ -20,11 +20,12 @@ Pure: no I/O and no Dask.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from omniload_dask.batching.balance import Assignment, Bucket, balance, route
+from omniload_dask.batching.balance import Assignment, Bucket, balance, balance_steps, route
 from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import RecipeTable
@@ -87,6 +88,36 @@ class StepPlanner:
         recipes = self.recipes(drawn.step, split, docs, drawn.epochs)
         t2 = time.perf_counter()
         return PlannedStep(drawn, split, recipes, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+
+    def plan_steps(self, drawn: Sequence[DrawnStep]) -> list[PlannedStep]:
+        """:meth:`plan` of several steps at once: the same planned steps, their splits made
+        side by side where the balancer can (:func:`~.balance.balance_steps`); each step's
+        times are its share of the whole."""
+        if len(drawn) == 1:
+            return [self.plan(drawn[0])]
+        t0 = time.perf_counter()
+        routes = [route(d.docs.lengths, d.docs.sources, self.buckets, self.pinned) for d in drawn]
+        splits = balance_steps(
+            [
+                (d.docs.lengths, r[0], r[1], d.docs.extra)
+                for d, r in zip(drawn, routes, strict=True)
+            ],
+            self.buckets,
+            self._groups,
+            self.cost,
+            cut=self._cut,
+        )
+        splits = [fill_empty(s, self.buckets, self.cost, self._cut) for s in splits]
+        t1 = time.perf_counter()
+        recipes = [
+            self.recipes(d.step, s, d.docs, d.epochs) for d, s in zip(drawn, splits, strict=True)
+        ]
+        t2 = time.perf_counter()
+        n = len(drawn)
+        return [
+            PlannedStep(d, s, r, (t1 - t0) * 1e3 / n, (t2 - t1) * 1e3 / n)
+            for d, s, r in zip(drawn, splits, recipes, strict=True)
+        ]
 
     def split(
         self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None

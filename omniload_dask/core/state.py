@@ -228,7 +228,14 @@ class StateRecorder:
         self.pending.append({"log": entry})
 
     def after_step(self, step: int, end_step: int | None) -> None:
-        """Step ``step`` was drawn: record what it changed."""
+        """Step ``step`` was drawn and committed just now: record what it changed."""
+        self.committed(self.drawn(step), end_step)
+
+    def drawn(self, step: int) -> dict[str, Any]:
+        """Step ``step`` was drawn just now: what its draw changed (the sources, the mixer),
+        to be completed by :meth:`committed` when the step is committed (its counted
+        figures). Steps drawn ahead of their commit (several in flight) are recorded so,
+        each with the state right after its own draw."""
         mixer = self._drawer.mixer
         n = len(self._sources.streams)
         while len(self._vectors) < n:  # a source joined
@@ -279,6 +286,10 @@ class StateRecorder:
         active = self._drawer.active.astype(int).tolist()
         if active != self._active:
             delta["a"] = self._active = active
+        return delta
+
+    def committed(self, delta: dict[str, Any], end_step: int | None) -> None:
+        """The step of ``delta`` (from :meth:`drawn`) was committed: add what it counted."""
         counters = self._figures.counters()
         delta["c"] = [a - b for a, b in zip(counters[:7], self._counters[:7], strict=True)]
         delta["e"] = counters[7:]

@@ -1,4 +1,4 @@
-"""The step cycle: draw, plan, commit, one step at a time and in order.
+"""The step cycle: draw, plan, commit, in step order.
 
 ::
 
@@ -11,8 +11,13 @@
 
 Between a draw and its commit the step is *in flight*: live changes then take effect from the
 step after it (``next_step`` has moved), and no snapshot is taken (its figures are not
-counted yet). :class:`StepCycle` holds where the cycle is (``next_step``, ``end_step``, the
-step in flight) and does the draw and the commit over the coordinator's parts.
+counted yet). Up to ``max_in_flight`` steps may be in flight (1 unless the job says more:
+the scheduler plugin draws the steps it can and plans them side by side, see
+:meth:`.StepPlanner.plan_steps`); they are committed in order. A draw weighs the tokens of
+the steps in flight as drawn (:attr:`StepCycle.drawn_tokens`), so the stream is the same
+whatever their number. :class:`StepCycle` holds where the cycle is (``next_step``,
+``end_step``, the steps in flight) and does the draw and the commit over the coordinator's
+parts.
 
 Pure: no I/O and no Dask.
 """
@@ -56,40 +61,53 @@ class StepCycle:
         self._figures = figures
         self.next_step = 0  # the first step not drawn
         self.end_step: int | None = None  # the stream ends here (every source exhausted)
-        self.in_flight: DrawnStep | None = None
+        self.in_flight: list[DrawnStep] = []  # drawn, not committed, in step order
+        self.max_in_flight = 1
+        self._flight_tokens = 0  # tokens of the steps in flight
 
     @property
     def planned_step(self) -> int:
         """The first step not committed."""
-        return self.next_step - 1 if self.in_flight is not None else self.next_step
+        return self.next_step - len(self.in_flight)
+
+    @property
+    def drawn_tokens(self) -> int:
+        """Tokens of every step drawn so far (committed or in flight)."""
+        return self._figures.tokens + self._flight_tokens
 
     def draw(self) -> tuple[DrawnStep | None, list[Action]]:
         """Draw step ``next_step`` (None: a source must report first, or the stream ended),
         and the releases of units that live changes dropped."""
         actions = self._apply_changes(self.next_step)
         started = time.perf_counter()
-        weights = self._sources.weights_at(self.next_step, self._figures.tokens)
+        weights = self._sources.weights_at(self.next_step, self.drawn_tokens)
+        # (the stream ends only once the steps in flight are committed: a draw then ends it
+        # at the same step, and the last block is built after them)
         if not (weights > 0).any():
-            return None, self._end(actions)  # nothing left to draw from: the stream ends
+            # nothing left to draw from: the stream ends
+            return None, actions if self.in_flight else self._end(actions)
         docs = self._drawer.draw(self.next_step, weights)
         if docs is None:
             return None, actions
         if len(docs.sources) == 0:  # every source with weight ran out during this step
-            return None, self._end(actions)
+            return None, actions if self.in_flight else self._end(actions)
         specs = [
             self._reads.read_spec(s, *u) for s, u in zip(docs.slot_source, docs.slots, strict=True)
         ]
         epochs = np.asarray([unit.epoch for unit, _ in docs.slots], dtype=np.int64)
-        self.in_flight = DrawnStep(self.next_step, docs, specs, epochs, started)
+        drawn = DrawnStep(self.next_step, docs, specs, epochs, started)
+        self.in_flight.append(drawn)
+        self._flight_tokens += int(docs.lengths.sum())
         self.next_step += 1
-        return self.in_flight, actions
+        return drawn, actions
 
     def commit(self, planned: PlannedStep) -> list[Action]:
         """Hold and build the planned step's blocks, count it, release the units passed."""
         drawn, split = planned.drawn, planned.split
-        if drawn is not self.in_flight:
+        if not self.in_flight or drawn is not self.in_flight[0]:
             raise JobError(f"internal error: step {drawn.step} committed out of order")
-        self.in_flight = None
+        del self.in_flight[0]
+        self._flight_tokens -= int(drawn.docs.lengths.sum())
         step, docs, figures = drawn.step, drawn.docs, self._figures
         figures.timing.update(split_ms=planned.split_ms, recipes_ms=planned.recipes_ms)
         actions: list[Action] = list(self._delivery.offer(step, planned.recipes, drawn.specs))
