@@ -263,7 +263,8 @@ def _small_stats(stats: dict[str, Any] | None) -> dict[str, Any] | None:
     if not stats:
         return None
     keep = ("efficiency_mean", "steps_drawn", "data_plane_runs", "agent_requests",
-            "scheduler_tasks", "futures_held", "planning_cpu_s")  # fmt: skip
+            "scheduler_tasks", "futures_held", "planning_cpu_s", "planning_batches",
+            "steps_planned_off_loop")  # fmt: skip
     return {k: stats.get(k) for k in keep} | {
         "tokens_read": sum(int(s.get("tokens_read", 0)) for s in stats.get("sources", [])),
         "reads_done": sum(int(s.get("reads_done", 0)) for s in stats.get("sources", [])),

@@ -169,6 +169,7 @@ def test_planning_off_the_loop_gives_the_same_stream(small_plan, monkeypatch, wh
     assert_same(ref, got)
     assert stats["planning_in"] == where
     assert stats["steps_planned_off_loop"] >= stats["next_step"] - 1
+    assert 1 <= stats["planning_batches"] <= stats["steps_planned_off_loop"]
     assert pending == 0  # no checkpoint: no per-step deltas kept
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -66,7 +67,7 @@ PROBE_ALONE_FROM = 32  # ... alone, before the round, from this many pairs (belo
 CUT_EXCHANGES_UP_TO = 64  # groups up to which whole-piece rounds may cut an exchange to fit
 CUT_GAIN = 1e-3  # a cut must even a pair this share of its heavy group better than whole
 WHOLE_IN_CUT_ROUNDS = "until_unused"  # whole pieces weighed in cut rounds: or "always"
-STEPS_UP_TO = 2 * PROBE_FROM  # groups up to which steps may be refined side by side (no probe)
+STEPS_UP_TO = CUT_EXCHANGES_UP_TO  # groups up to which steps may be refined side by side
 
 
 def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> None:
@@ -135,6 +136,22 @@ def _pairs(load: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray] 
     return order[:count], order[::-1][:count]
 
 
+class StepPairs(NamedTuple):
+    """The pairs of a round of several steps side by side (:mod:`.refine_steps`): the most
+    pairs one step has, each pair's step, and each step's probe (:func:`_probe`: pair
+    indices among all the round's pairs)."""
+
+    per_step: int
+    pair_step: np.ndarray
+    probe: np.ndarray
+
+    def probed(self, act: np.ndarray) -> np.ndarray:
+        """``act`` without the pairs of steps whose probe found no change (as a step alone
+        then gets nothing from the round)."""
+        failed = self.pair_step[self.probe[~act[self.probe]]]
+        return act & ~np.isin(self.pair_step, failed) if len(failed) else act
+
+
 def _candidates(pairs: int) -> int:
     """Pieces of each group weighed for moves and swaps in a round of ``pairs`` pairs."""
     return int(min(max(math.sqrt(PAIR_BUDGET / pairs), CANDIDATES), 32))
@@ -197,7 +214,7 @@ def _probe_first(probe: np.ndarray | None, pairs: int) -> bool:
 def _whole_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
     cost: CostFunction | None = None, shared: RoundTables | None = None,
-    per_step: int | None = None,
+    steps: StepPairs | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """One round of moves, swaps and exchanges: the best for each pair. With ``cost``, an
     exchange may cut the last piece of its run. Returns each pair's score, its larger cost
@@ -208,11 +225,11 @@ def _whole_round(
     (:func:`_probe`): alone where the round is dear, else in it (the same scores: up to
     ``PROBE_ALONE_FROM`` pairs the round weighs as many candidates as the probe alone).
     ``shared`` holds what a cut round's weighing reads too (made here if not given).
-    ``per_step``: the pairs are those of several steps side by side (:mod:`.refine_steps`),
-    at most this many of each: each pair is weighed as in its step alone.
+    ``steps``: the pairs are those of several steps side by side (:mod:`.refine_steps`):
+    each pair is weighed as in its step alone, each step's probe judging its own pairs.
     """
     nothing = np.full(len(heavy), np.inf), _nothing
-    probe = _probe(load, heavy) if per_step is None else None
+    probe = _probe(load, heavy) if steps is None else None
     if _probe_first(probe, len(heavy)):
         assert probe is not None
         tried, _ = _whole_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)
@@ -224,7 +241,7 @@ def _whole_round(
     roomiest, every = shared.roomiest, shared.every
     gap = load[heavy] - load[light]
     per_bin = np.bincount(p.bin, minlength=len(bins.room))
-    k = _candidates(len(heavy) if per_step is None else per_step)
+    k = _candidates(len(heavy) if steps is None else steps.per_step)
     both = shared.candidates(np.concatenate([heavy, light]), k)
     hc, lc = both[: len(heavy)], both[len(heavy) :]  # (P, K) each
     P, K = hc.shape
@@ -257,6 +274,8 @@ def _whole_round(
     # A change must lower the heavy group by PROGRESS of its cost (the score is the new
     # larger cost less the pair's mean, which is half the gap below the heavy group).
     act = score < (gap / 2) - PROGRESS * load[heavy]
+    if steps is not None:
+        act = steps.probed(act)
     score = np.where(act, score, np.inf)
     if not act.any() or (probe is not None and not act[probe].all()):
         return nothing
@@ -362,15 +381,15 @@ def _exchanges(
 
 def _cut_round(
     p: Pieces, bins: Bins, load: np.ndarray, heavy: np.ndarray, light: np.ndarray,
-    cost: CostFunction, shared: RoundTables | None = None, per_step: int | None = None,
+    cost: CostFunction, shared: RoundTables | None = None, steps: StepPairs | None = None,
 ) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:  # fmt: skip
     """Each heavy group hands the tail of one of its costliest pieces to the light group's
     micro-batch of that bucket with the most room, cut where the pair comes out most even;
     that micro-batch may give back a run of its k shortest pieces (k < ``CUT_RUNS``) to make
     room, the tail then being about as long as the run. Returns the best cut's score for
-    each pair and its commit, as :func:`_whole_round` does (``per_step`` too)."""
+    each pair and its commit, as :func:`_whole_round` does (``steps`` too)."""
     nothing = np.full(len(heavy), np.inf), _nothing
-    probe = _probe(load, heavy) if per_step is None else None
+    probe = _probe(load, heavy) if steps is None else None
     if _probe_first(probe, len(heavy)):
         assert probe is not None
         tried, _ = _cut_round(*_probed(p, bins, load, heavy[probe], light[probe]), cost)
@@ -408,6 +427,8 @@ def _cut_round(
     flat = np.argmin(worst, axis=1)
     rows = np.arange(len(heavy))
     act = worst[rows, flat] < load[heavy] * (1 - PROGRESS)
+    if steps is not None:
+        act = steps.probed(act)
     score = np.where(act, worst[rows, flat] - (load[heavy] + load[light]) / 2, np.inf)
     if not act.any() or (probe is not None and not act[probe].all()):
         return nothing

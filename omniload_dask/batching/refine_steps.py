@@ -37,9 +37,11 @@ from omniload_dask.batching.refine import (
     STEPS_UP_TO,
     TOLERANCE,
     WHOLE_IN_CUT_ROUNDS,
+    StepPairs,
     _cut_round,
     _nothing,
     _pairs,
+    _probe,
     _whole_round,
     refine_groups,
 )  # fmt: skip
@@ -78,20 +80,30 @@ def refine_steps(
 
 def _step_pairs(
     load: np.ndarray, steps: int, groups: int, tolerance: float, active: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each active step's pairs (:func:`_pairs` on its groups' loads), side by side: heavy
-    and light groups, and which steps have pairs."""
-    heavy, light = [], []
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, StepPairs]:
+    """Each active step's pairs (:func:`_pairs` on its groups' loads) and probe
+    (:func:`_probe`), side by side: heavy and light groups, which steps have pairs, and the
+    round's :class:`~.refine.StepPairs`."""
+    heavy, light, probes, of = [], [], [], []
     has = np.zeros(steps, dtype=bool)
+    at = 0
     for s in np.flatnonzero(active).tolist():
         pairs = _pairs(load[s * groups : (s + 1) * groups], tolerance)
         if pairs is not None:
             has[s] = True
             heavy.append(pairs[0] + s * groups)
             light.append(pairs[1] + s * groups)
+            of.append(np.full(len(pairs[0]), s))
+            probe = _probe(load, heavy[-1])
+            if probe is not None:
+                probes.append(probe + at)
+            at += len(pairs[0])
     if not heavy:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), has
-    return np.concatenate(heavy), np.concatenate(light), has
+        none = np.zeros(0, np.int64)
+        return none, none, has, StepPairs(groups // 2, none, none)
+    cat = np.concatenate
+    probe_at = cat(probes) if probes else np.zeros(0, np.int64)
+    return cat(heavy), cat(light), has, StepPairs(groups // 2, cat(of), probe_at)
 
 
 def _refine_side_by_side(
@@ -99,7 +111,6 @@ def _refine_side_by_side(
 ) -> None:
     """:func:`refine_groups`'s rounds, each step with its own state (see :func:`refine_steps`)."""
     total = steps * groups
-    per_step = groups // 2
     fit_by_cut = cut and groups <= CUT_EXCHANGES_UP_TO
     active = np.ones(steps, dtype=bool)
     peak = np.full(steps, np.inf)
@@ -108,13 +119,13 @@ def _refine_side_by_side(
         top = load.reshape(steps, groups).max(axis=1)
         active &= ~(top > peak * (1 - PROGRESS))
         peak = np.where(active, top, peak)
-        heavy, light, has = _step_pairs(load, steps, groups, TOLERANCE, active)
+        heavy, light, has, pairs = _step_pairs(load, steps, groups, TOLERANCE, active)
         active &= has
         if not active.any():
             break
         shared = RoundTables(p, bins, light, total, steps)
         score, commit = _whole_round(
-            p, bins, load, heavy, light, cost if fit_by_cut else None, shared, per_step
+            p, bins, load, heavy, light, cost if fit_by_cut else None, shared, pairs
         )
         found = np.isfinite(score)
         active &= np.bincount(heavy // groups, found, steps) > 0
@@ -132,7 +143,7 @@ def _refine_side_by_side(
         top = load.reshape(steps, groups).max(axis=1)
         active &= ~(top > peak * (1 - PROGRESS))
         peak = np.where(active, top, peak)
-        heavy, light, has = _step_pairs(load, steps, groups, 1 - CUT_BELOW, active)
+        heavy, light, has, pairs = _step_pairs(load, steps, groups, 1 - CUT_BELOW, active)
         active &= has
         if not active.any():
             break
@@ -141,13 +152,9 @@ def _refine_side_by_side(
         whole = np.full(len(heavy), np.inf)
         commit_whole: Callable[[np.ndarray], None] = _nothing
         if weigh_whole[step_of].any():
-            whole, commit_whole = _whole_round(
-                p, bins, load, heavy, light, cost, shared, per_step=per_step
-            )
+            whole, commit_whole = _whole_round(p, bins, load, heavy, light, cost, shared, pairs)
             whole = np.where(weigh_whole[step_of], whole, np.inf)
-        by_cut_score, commit_cut = _cut_round(
-            p, bins, load, heavy, light, cost, shared, per_step=per_step
-        )
+        by_cut_score, commit_cut = _cut_round(p, bins, load, heavy, light, cost, shared, pairs)
         by_cut = by_cut_score < whole - CUT_GAIN * load[heavy]
         by_whole = np.isfinite(whole) & ~by_cut
         active &= np.bincount(step_of, by_cut | by_whole, steps) > 0

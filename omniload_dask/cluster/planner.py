@@ -50,7 +50,7 @@ class StepPlanning:
     """One job's planning: inline, its thread, or its process (see the module docstring).
 
     ``cpu_s`` counts the CPU-seconds spent planning (wherever), ``off_loop`` the steps planned
-    elsewhere than on the loop.
+    elsewhere than on the loop, ``batches`` the batches they went in (planned together).
     """
 
     def __init__(self, plan: Plan, coord: Coordinator, *, process: bool | None = None) -> None:
@@ -58,6 +58,7 @@ class StepPlanning:
         self.inline_ms = INLINE_MS
         self.cpu_s = 0.0
         self.off_loop = 0
+        self.batches = 0
         self._together = 1  # steps planned together last time
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"omniload-plan-{plan.name}")
         use = process if process is not None else plan.layout.dp >= PROCESS_MIN_GROUPS
@@ -108,6 +109,7 @@ class StepPlanning:
         planned steps (None on a job error)."""
         loop = asyncio.get_running_loop()
         self.off_loop += len(drawn)
+        self.batches += 1
         if self._process is None:
             return loop.run_in_executor(self._thread, self.plan_batch, drawn)
         return asyncio.ensure_future(self._each_in_process(drawn))

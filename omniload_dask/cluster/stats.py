@@ -57,6 +57,7 @@ def job_stats(run: RunningJob, scheduler: Any) -> dict[str, Any]:
         agent_requests=run.requests,
         agents_waiting=len(run.waiters),
         steps_planned_off_loop=run.planner.off_loop,
+        planning_batches=run.planner.batches,
         planning_cpu_s=round(run.planner.cpu_s, 4),
         planning_in=run.planner.where,
         resubmits=run.executor.resubmits,
