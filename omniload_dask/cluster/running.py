@@ -282,9 +282,11 @@ class RunningJob:
             return
         batch = [drawn]
         coord.cycle.max_in_flight = self.planner.batch
-        while len(batch) < self.planner.batch and (more := coord.draw_step()) is not None:
-            batch.append(more)
-        coord.cycle.max_in_flight = 1
+        try:
+            while len(batch) < self.planner.batch and (more := coord.draw_step()) is not None:
+                batch.append(more)
+        finally:
+            coord.cycle.max_in_flight = 1
         # Off the loop; its end pokes the pump, which commits them.
         self._planning = self.planner.start(batch)
         self._planning.add_done_callback(lambda _: None if self.stopped else self.poke())
