@@ -58,91 +58,7 @@ def polish_groups(p: Pieces, bins: Bins, groups: int) -> None:
     """Pass 4 (module doc): changes ``p.bin`` in place (and ``bins``' room and cost)."""
     if groups < 2 or groups > POLISH_UP_TO or not len(p):
         return
-    peak = np.inf
-    for _ in range(ROUNDS):
-        load = np.bincount(bins.group[p.bin], p.cost, groups)
-        top = float(load.max())
-        if top > peak * (1 - PROGRESS) or top - load.mean() <= TOLERANCE * top:
-            return
-        peak = top
-        if not _round(p, bins, load):
-            return
-
-
-def _round(p: Pieces, bins: Bins, load: np.ndarray) -> bool:
-    """One round: each heavy group's best exchange with a light group; whether any was made."""
-    groups = len(load)
-    count = min(PAIRS, groups // 2, int((load - load.mean() > TOLERANCE * load.max()).sum()))
-    order = np.argsort(-load, kind="stable")
-    heavy, light = order[:count], order[::-1][: min(PAIRS, groups - count)]
-    side = np.full(groups, -1, np.int64)  # 0..count-1: heavy rank; count..: light rank
-    side[heavy] = np.arange(count)
-    side[light] = count + np.arange(len(light))
-    e_bin, e_len, e_cost, e_kind, e_a, e_b = _entries(p, bins, side)
-    e_side = side[bins.group[e_bin]]
-    hs, ls = np.flatnonzero(e_side < count), np.flatnonzero(e_side >= count)
-    if not len(hs) or not len(ls):
-        return False
-    # The light halves by micro-batch, each by tokens: for a heavy half and a light
-    # micro-batch, the halves that keep both within their tokens are one range of them.
-    big = int(e_len.max()) + 2
-    key = e_bin[ls] * big + e_len[ls]
-    by_key = np.argsort(key, kind="stable")
-    ls, key = ls[by_key], key[by_key]
-    starts = np.flatnonzero(np.append(True, e_bin[ls][1:] != e_bin[ls][:-1]))
-    light_bins = e_bin[ls][starts]
-    hh, yy = np.repeat(hs, len(light_bins)), np.tile(np.arange(len(light_bins)), len(hs))
-    x, y = e_bin[hh], light_bins[yy]
-    if len(bins.offset) > 2:  # exchanges within a bucket
-        fits = bins.bucket[x] == bins.bucket[y]
-        hh, yy, x, y = hh[fits], yy[fits], x[fits], y[fits]
-    base = y * big
-    h_len = e_len[hh]
-    lo = np.searchsorted(key, base + np.maximum(h_len - bins.room[y], 0), side="left")
-    hi = np.searchsorted(key, base + np.minimum(h_len + bins.room[x], big - 1), side="right")
-    many = hi - lo
-    pair = np.repeat(np.arange(len(hh)), many)
-    col = lo[pair] + np.arange(len(pair)) - np.repeat(np.cumsum(many) - many, many)
-    hs, x, y, ls = hh[pair], x[pair], y[pair], ls[col]  # every (heavy half, light half)
-    d_cost = e_cost[hs] - e_cost[ls]
-    ok = d_cost > 0
-    ok &= ~EMPTIES[e_kind[hs] * 4 + e_kind[ls]]  # no micro-batch is emptied
-    gh, gl = bins.group[x], bins.group[y]
-    worst = np.maximum(load[gh] - d_cost, load[gl] + d_cost)
-    ok &= worst < load[gh] * (1 - PROGRESS)
-    if not ok.any():
-        return False
-    hs, ls, worst = hs[ok], ls[ok], worst[ok]
-    # The best exchange of each (heavy, light) pair of groups, then heaviest first, each
-    # heavy group takes its best with a light group not taken yet.
-    nl = len(light)
-    pair_of = e_side[hs] * nl + e_side[ls] - count
-    by_pair = np.lexsort((worst, pair_of))  # (ties: the first weighed)
-    first = np.append(True, pair_of[by_pair][1:] != pair_of[by_pair][:-1])
-    best = by_pair[first]
-    table = [[np.inf] * nl for _ in range(count)]  # (a few dozen values: plain Python)
-    choice = [[-1] * nl for _ in range(count)]
-    for b, pair, w in zip(best.tolist(), pair_of[best].tolist(), worst[best].tolist(), strict=True):
-        table[pair // nl][pair % nl], choice[pair // nl][pair % nl] = w, b
-    taken = [False] * nl
-    chosen = []
-    for k in range(count):  # a light group serves one heavy group a round
-        free = [(table[k][r], r) for r in range(nl) if not taken[r] and table[k][r] < np.inf]
-        if free:
-            r = min(free)[1]
-            taken[r] = True
-            chosen.append(choice[k][r])
-    changed = bool(chosen)
-    if changed:
-        c = np.asarray(chosen)
-        i, j = hs[c], ls[c]
-        new_bin = p.bin.copy()
-        for pieces, to in ((e_a[i], e_bin[j]), (e_b[i], e_bin[j]), (e_a[j], e_bin[i]),
-                           (e_b[j], e_bin[i])):  # fmt: skip
-            new_bin[pieces[pieces >= 0]] = to[pieces >= 0]
-        p.bin = new_bin
-        rebin(p, bins)
-    return changed
+    _polish(p, bins, 1, groups)
 
 
 def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -190,7 +106,13 @@ def polish_steps(steps: Sequence[tuple[Pieces, Bins]], groups: int) -> list[tupl
             polish_groups(p, bins, groups)
         return list(steps)
     p, bins = side_by_side(steps, groups)
-    n = len(steps)
+    _polish(p, bins, len(steps), groups)
+    return apart(p, bins, steps, groups)
+
+
+def _polish(p: Pieces, bins: Bins, n: int, groups: int) -> None:
+    """The rounds of ``n`` steps side by side (one step: ``n`` = 1), each step with its own
+    peak and reasons to stop."""
     active = np.ones(n, dtype=bool)
     peak = np.full(n, np.inf)
     for _ in range(ROUNDS):
@@ -203,17 +125,15 @@ def polish_steps(steps: Sequence[tuple[Pieces, Bins]], groups: int) -> list[tupl
         active &= ~((top > peak * (1 - PROGRESS)) | even)
         peak = np.where(active, top, peak)
         if not active.any():
-            break
-        active &= _round_side_by_side(p, bins, load, groups, active)
-    return apart(p, bins, steps, groups)
+            return
+        active &= _round(p, bins, load, groups, active)
 
 
-def _round_side_by_side(
-    p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndarray
-) -> np.ndarray:
-    """:func:`_round` for every active step at once; which steps made an exchange."""
+def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndarray) -> np.ndarray:
+    """One round for every active step: each heavy group's best exchange with a light group
+    of its step; which steps made one."""
     steps = len(active)
-    side = np.full(steps * groups, -1, np.int64)  # per step as in _round; -1: not in it
+    side = np.full(steps * groups, -1, np.int64)  # per step: heavy rank, then light; -1: out
     counts = np.zeros(steps, np.int64)
     lights = np.zeros(steps, np.int64)
     for s in np.flatnonzero(active).tolist():
@@ -240,7 +160,9 @@ def _round_side_by_side(
     light_bins = e_bin[ls][starts]
     hh, yy = np.repeat(hs, len(light_bins)), np.tile(np.arange(len(light_bins)), len(hs))
     x, y = e_bin[hh], light_bins[yy]
-    same = e_step[hh] == bins.group[y] // groups  # (exchanges within a step)
+    same = e_step[hh] == bins.group[y] // groups  # (exchanges within a step ...
+    if len(bins.offset) > 2:  # ... and a bucket)
+        same &= bins.bucket[x] == bins.bucket[y]
     hh, yy, x, y = hh[same], yy[same], x[same], y[same]
     base = y * big
     h_len = e_len[hh]

@@ -47,78 +47,9 @@ PROGRESS = 1e-5  # a slide must lower its heavy group by this share
 def slide_cuts(p: Pieces, bins: Bins, groups: int, cost: CostFunction) -> None:
     """Pass 5 (module doc): changes ``p``'s starts, lengths, costs and bins in place (and
     ``bins``' cost; their room does not change)."""
-    if groups < 2 or groups > SLIDE_UP_TO or len(p) < 3 or (p.extra > 0).any():
+    if groups < 2 or groups > SLIDE_UP_TO:
         return
-    # Neighbours in a document (a's last token right before b's first): a slide keeps them so.
-    order = np.lexsort((p.start, p.doc))
-    a, b = order[:-1], order[1:]
-    near = (p.doc[a] == p.doc[b]) & (p.start[a] + p.length[a] == p.start[b])
-    near &= bins.bucket[p.bin[a]] == bins.bucket[p.bin[b]]
-    a, b = a[near], b[near]
-    if not len(a):
-        return
-    loads = np.bincount(bins.group[p.bin], p.cost, groups)
-    for _ in range(ROUNDS):
-        if not _slide_once(p, bins, loads, a, b, cost):
-            break
-    bins.load = np.bincount(p.bin, p.cost, len(bins.load))
-
-
-def _slide_once(
-    p: Pieces, bins: Bins, loads: np.ndarray, a: np.ndarray, b: np.ndarray, cost: CostFunction
-) -> bool:
-    """The best slide of the heaviest group over the neighbours ``a``, ``b`` (module doc);
-    False if none lowers it. Keeps ``loads`` (cost per group) up to date."""
-    heavy = int(np.argmax(loads))
-    top = float(loads[heavy])
-    in_a, in_b = bins.group[p.bin[a]] == heavy, bins.group[p.bin[b]] == heavy
-    across = in_a != in_b
-    if not across.any():
-        return False
-    give = np.where(in_a, a, b)[across]  # the heavy group's piece of each pair
-    take = np.where(in_a, b, a)[across]  # the other group's piece
-    # Every (pair, short piece of the other micro-batch) at once, pairs in order.
-    by_bin = np.argsort(p.bin, kind="stable")
-    first = np.searchsorted(p.bin[by_bin], np.arange(len(bins.load) + 1))
-    where = p.bin[take]
-    counts = first[where + 1] - first[where]
-    pair = np.repeat(np.arange(len(take)), counts)
-    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    shorts = by_bin[first[where][pair] + within]
-    i, j = give[pair], take[pair]
-    d = p.length[shorts]
-    ok = (shorts != j) & (d > 0) & (d < p.length[i])
-    if not ok.any():
-        return False
-    shorts, d, i, j = shorts[ok], d[ok], i[ok], j[ok]
-    other = loads[bins.group[p.bin[j]]]
-    new_heavy = top - p.cost[i] + cost(p.length[i] - d) + p.cost[shorts]
-    new_other = other - p.cost[j] + cost(p.length[j] + d) - p.cost[shorts]
-    worst = np.maximum(new_heavy, new_other)
-    k = int(np.argmin(worst))  # the first of the best, in the pairs' order
-    if not worst[k] < top * (1 - PROGRESS):
-        return False
-    _move(p, bins, loads, int(i[k]), int(j[k]), int(shorts[k]), cost)
-    return True
-
-
-def _move(
-    p: Pieces, bins: Bins, loads: np.ndarray, i: int, j: int, q: int, cost: CostFunction
-) -> None:
-    """Slide the cut between ``i`` and ``j`` by ``q``'s tokens and move ``q`` to ``i``'s bin."""
-    moved = int(p.length[q])
-    if p.start[i] < p.start[j]:  # j takes the last tokens of i
-        p.start[j] -= moved
-    else:  # j takes the first tokens of i
-        p.start[i] += moved
-    p.length[i] -= moved
-    p.length[j] += moved
-    before = p.cost[[i, j]].copy()
-    p.cost[[i, j]] = np.asarray(cost(p.length[[i, j]]), dtype=np.float64)
-    hi, gj = int(bins.group[p.bin[i]]), int(bins.group[p.bin[j]])
-    loads[hi] += p.cost[i] - before[0] + p.cost[q]
-    loads[gj] += p.cost[j] - before[1] - p.cost[q]
-    p.bin[q] = p.bin[i]  # the short piece goes the other way: both bins keep their tokens
+    _slide(p, bins, [len(p) >= 3 and not (p.extra > 0).any()], groups, cost)
 
 
 def slide_steps(
@@ -134,31 +65,42 @@ def slide_steps(
         return list(steps)
     eligible = [len(p) >= 3 and not (p.extra > 0).any() for p, _ in steps]
     p, bins = side_by_side(steps, groups)
-    shape = len(steps[0][1].room)
-    n = len(steps)
+    _slide(p, bins, eligible, groups, cost)
+    return apart(p, bins, steps, groups)
+
+
+def _slide(p: Pieces, bins: Bins, eligible: list[bool], groups: int, cost: CostFunction) -> None:
+    """The rounds of ``len(eligible)`` steps side by side (one step: a list of one), each
+    step with its own heaviest group and reason to stop; steps not ``eligible`` slide
+    nothing."""
+    n = len(eligible)
+    shape = len(bins.room) // n
     step_of = p.bin // shape
+    # Neighbours in a document (a's last token right before b's first): a slide keeps them so.
     order = np.lexsort((p.start, p.doc, step_of))
     a, b = order[:-1], order[1:]
     near = (step_of[a] == step_of[b]) & (p.doc[a] == p.doc[b])
     near &= p.start[a] + p.length[a] == p.start[b]
+    near &= bins.bucket[p.bin[a]] == bins.bucket[p.bin[b]]
     near &= np.asarray(eligible)[step_of[a]]
     a, b = a[near], b[near]
-    if len(a):
-        active = np.bincount(step_of[a], minlength=n) > 0
-        loads = np.bincount(bins.group[p.bin], p.cost, n * groups)
-        for _ in range(ROUNDS):
-            if not _slide_side_by_side(p, bins, loads, a, b, cost, active, groups):
-                break
-        bins.load = np.bincount(p.bin, p.cost, len(bins.load))
-    return apart(p, bins, steps, groups)
+    if not len(a):
+        return
+    active = np.bincount(step_of[a], minlength=n) > 0
+    loads = np.bincount(bins.group[p.bin], p.cost, n * groups)
+    for _ in range(ROUNDS):
+        if not _slide_once(p, bins, loads, a, b, cost, active, groups):
+            break
+    bins.load = np.bincount(p.bin, p.cost, len(bins.load))
 
 
-def _slide_side_by_side(
+def _slide_once(
     p: Pieces, bins: Bins, loads: np.ndarray, a: np.ndarray, b: np.ndarray,
     cost: CostFunction, active: np.ndarray, groups: int,
 ) -> bool:  # fmt: skip
-    """:func:`_slide_once` for every active step (``active`` is updated: a step whose heavy
-    group finds no slide is done); whether any step slid."""
+    """The best slide of each active step's heaviest group over the neighbours ``a``, ``b``
+    (module doc); ``active`` is updated (a step whose heavy group finds none is done). Keeps
+    ``loads`` (cost per group) up to date; whether any step slid."""
     steps = len(active)
     heavy = loads.reshape(steps, groups).argmax(axis=1) + np.arange(steps) * groups
     top = loads[heavy]
@@ -199,15 +141,16 @@ def _slide_side_by_side(
         return False
     at = np.flatnonzero(worst == best[step])
     at = at[np.searchsorted(step[at], np.flatnonzero(slid))]  # (the first of each step's)
-    _move_many(p, bins, loads, i[at], j[at], shorts[at], cost)
+    _move(p, bins, loads, i[at], j[at], shorts[at], cost)
     return True
 
 
-def _move_many(
+def _move(
     p: Pieces, bins: Bins, loads: np.ndarray, i: np.ndarray, j: np.ndarray, q: np.ndarray,
     cost: CostFunction,
 ) -> None:  # fmt: skip
-    """:func:`_move` of one slide per step at once (all pieces and groups distinct)."""
+    """Slide the cut between each ``i`` and ``j`` by ``q``'s tokens and move ``q`` to ``i``'s
+    bin: one slide per step at once (all pieces and groups distinct)."""
     moved = p.length[q]
     after = p.start[i] < p.start[j]  # j takes the last tokens of i (else the first)
     p.start[j[after]] -= moved[after]
