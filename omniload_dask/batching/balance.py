@@ -133,14 +133,14 @@ def balance_steps(
         if len(one.pieces):
             kinds.setdefault(len(one.bins.room), []).append(one)
     for kind in kinds.values():
-        _side_by_side(kind, refine_steps([(o.pieces, o.bins) for o in kind], groups, cost, cut))
-        _side_by_side(kind, polish_steps([(o.pieces, o.bins) for o in kind], groups))
+        _take_back(kind, refine_steps([(o.pieces, o.bins) for o in kind], groups, cost, cut))
+        _take_back(kind, polish_steps([(o.pieces, o.bins) for o in kind], groups))
         if cut:
-            _side_by_side(kind, slide_steps([(o.pieces, o.bins) for o in kind], groups, cost))
+            _take_back(kind, slide_steps([(o.pieces, o.bins) for o in kind], groups, cost))
     return [one.assignment(buckets, groups) for one in placed]
 
 
-def _side_by_side(kind: list[_Placed], done: list[tuple[Pieces, Bins]]) -> None:
+def _take_back(kind: list[_Placed], done: list[tuple[Pieces, Bins]]) -> None:
     """Take each step's pieces and bins back from a pass run side by side."""
     for one, (pieces, bins) in zip(kind, done, strict=True):
         one.pieces, one.bins = pieces, bins
