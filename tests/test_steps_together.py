@@ -133,3 +133,20 @@ def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_
     assert many.coord.end_step == one.coord.end_step == steps
     assert 1 < max(sizes) <= together  # (steps were planned together)
     assert [f.efficiency for f in many.coord.history] == [f.efficiency for f in one.coord.history]
+
+
+def test_the_refinement_knobs_apply_to_steps_side_by_side(monkeypatch):
+    # Who tunes the balancer through refine's module constants (benchmarks/real_balance.py
+    # sets SMALL_CUT_ROUNDS) tunes both ways of planning the same.
+    from omniload_dask.batching import refine
+
+    monkeypatch.setattr(refine, "SMALL_CUT_ROUNDS", 2)
+    monkeypatch.setattr(refine, "ROUNDS", 3)
+    rng = np.random.default_rng(11)
+    cost, buckets = CostModel(1.0, 1 / 16), [Bucket(SEQ, 1)]
+    drawn = [heavy_tailed_step(rng, 8, 1, 1.0) for _ in range(6)]
+    together = balance_steps(
+        [(n, np.zeros(len(n), int), None, None) for n in drawn], buckets, 8, cost
+    )
+    for n, got in zip(drawn, together, strict=True):
+        assert_same_split(balance(n, np.zeros(len(n), int), buckets, 8, cost), got)

@@ -68,11 +68,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omniload_dask.batching import refine as refinement
 from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.placement import Bins, Pieces, pack
 from omniload_dask.batching.polish import polish_groups, polish_steps
-from omniload_dask.batching.refine import STEPS_UP_TO, refine_groups
+from omniload_dask.batching.refine import refine_groups
 from omniload_dask.batching.refine_steps import refine_steps
 from omniload_dask.batching.routing import Bucket, ladder, route, spill, split_documents
 from omniload_dask.batching.slide import slide_cuts, slide_steps
@@ -123,7 +124,7 @@ def balance_steps(
     :func:`~.polish.polish_steps`, :func:`~.slide.slide_steps`; steps of as many bins
     together)."""
     placed = [_place(n, b, buckets, groups, cost, by, cut, x) for n, b, by, x in steps]
-    if len(buckets) != 1 or not 2 <= groups <= STEPS_UP_TO:
+    if len(buckets) != 1 or not 2 <= groups <= refinement.STEPS_UP_TO:
         for one in placed:
             refine_groups(one.pieces, one.bins, groups, cost, cut)
             _polish_and_slide(one, groups, cost, cut)

@@ -152,6 +152,8 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
     done = np.zeros(steps, dtype=bool)
     if not len(hs) or not len(ls):
         return done
+    # The light halves by micro-batch, each by tokens: for a heavy half and a light
+    # micro-batch, the halves that keep both within their tokens are one range of them.
     big = int(e_len.max()) + 2
     key = e_bin[ls] * big + e_len[ls]
     by_key = np.argsort(key, kind="stable")
@@ -171,16 +173,18 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
     many = hi - lo
     pair = np.repeat(np.arange(len(hh)), many)
     col = lo[pair] + np.arange(len(pair)) - np.repeat(np.cumsum(many) - many, many)
-    hs, x, y, ls = hh[pair], x[pair], y[pair], ls[col]
+    hs, x, y, ls = hh[pair], x[pair], y[pair], ls[col]  # every (heavy half, light half)
     d_cost = e_cost[hs] - e_cost[ls]
     ok = d_cost > 0
-    ok &= ~EMPTIES[e_kind[hs] * 4 + e_kind[ls]]
+    ok &= ~EMPTIES[e_kind[hs] * 4 + e_kind[ls]]  # no micro-batch is emptied
     gh, gl = bins.group[x], bins.group[y]
     worst = np.maximum(load[gh] - d_cost, load[gl] + d_cost)
     ok &= worst < load[gh] * (1 - PROGRESS)
     if not ok.any():
         return done
     hs, ls, worst = hs[ok], ls[ok], worst[ok]
+    # The best exchange of each (heavy, light) pair of groups of a step, then per step,
+    # heaviest first, each heavy group takes its best with a light group not taken yet.
     step = e_step[hs]
     nl = lights[step]
     pair_of = e_side[hs] * nl + e_side[ls] - counts[step]
@@ -189,18 +193,20 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
     first[1:] = (pair_of[by_pair][1:] != pair_of[by_pair][:-1]) | (
         step[by_pair][1:] != step[by_pair][:-1]
     )
-    best = by_pair[first]
+    best = by_pair[first]  # (by step, then pair)
     chosen = []
-    best_step = step[best].tolist()
-    for s in sorted(set(best_step)):
-        mine = [k for k, t in zip(best.tolist(), best_step, strict=True) if t == s]
+    bounds = np.searchsorted(step[best], np.arange(steps + 1))
+    for s in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+        mine = best[bounds[s] : bounds[s + 1]]
         count, n_light = int(counts[s]), int(lights[s])
-        table = [[np.inf] * n_light for _ in range(count)]
+        table = [[np.inf] * n_light for _ in range(count)]  # (a few dozen values: plain Python)
         choice = [[-1] * n_light for _ in range(count)]
-        for b, pr, w in zip(mine, pair_of[mine].tolist(), worst[mine].tolist(), strict=True):
+        for b, pr, w in zip(
+            mine.tolist(), pair_of[mine].tolist(), worst[mine].tolist(), strict=True
+        ):
             table[pr // n_light][pr % n_light], choice[pr // n_light][pr % n_light] = w, b
         taken = [False] * n_light
-        for k in range(count):
+        for k in range(count):  # a light group serves one heavy group a round
             free = [
                 (table[k][r], r) for r in range(n_light) if not taken[r] and table[k][r] < np.inf
             ]

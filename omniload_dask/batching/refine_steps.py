@@ -24,20 +24,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from omniload_dask.batching import refine
 from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.placement import Bins, Pieces, apart, side_by_side
 from omniload_dask.batching.refine import (
-    CUT_BELOW,
-    CUT_EXCHANGES_UP_TO,
-    CUT_FROM,
-    CUT_GAIN,
-    CUT_ROUNDS,
-    PROGRESS,
-    ROUNDS,
-    SMALL_CUT_ROUNDS,
-    STEPS_UP_TO,
-    TOLERANCE,
-    WHOLE_IN_CUT_ROUNDS,
     StepPairs,
     _cut_round,
     _nothing,
@@ -71,7 +61,7 @@ def refine_steps(
             refine_groups(p, bins, groups, cost, cut)
         return list(steps)
     shape = len(steps[0][1].room)
-    if groups > STEPS_UP_TO or any(
+    if groups > refine.STEPS_UP_TO or any(
         len(b.offset) != 2 or len(b.room) != shape or (p.bin < 0).any() for p, b in steps
     ):
         raise ValueError("refine_steps: steps of one bucket, as many bins each, all placed")
@@ -113,15 +103,15 @@ def _refine_side_by_side(
 ) -> None:
     """:func:`refine_groups`'s rounds, each step with its own state (see :func:`refine_steps`)."""
     total = steps * groups
-    fit_by_cut = cut and groups <= CUT_EXCHANGES_UP_TO
+    fit_by_cut = cut and groups <= refine.CUT_EXCHANGES_UP_TO
     active = np.ones(steps, dtype=bool)
     peak = np.full(steps, np.inf)
-    for _ in range(ROUNDS):
+    for _ in range(refine.ROUNDS):
         load = np.bincount(bins.group[p.bin], p.cost, total)
         top = load.reshape(steps, groups).max(axis=1)
-        active &= ~(top > peak * (1 - PROGRESS))
+        active &= ~(top > peak * (1 - refine.PROGRESS))
         peak = np.where(active, top, peak)
-        heavy, light, has, pairs = _step_pairs(load, steps, groups, TOLERANCE, active)
+        heavy, light, has, pairs = _step_pairs(load, steps, groups, refine.TOLERANCE, active)
         active &= has
         if not active.any():
             break
@@ -135,17 +125,19 @@ def _refine_side_by_side(
     if not cut:
         return
     load = np.bincount(bins.group[p.bin], p.cost, total).reshape(steps, groups)
-    active = np.asarray([row.mean() < CUT_FROM * row.max() for row in load])
+    active = np.asarray([row.mean() < refine.CUT_FROM * row.max() for row in load])
     peak = np.full(steps, np.inf)
     weigh_whole = np.ones(steps, dtype=bool)
-    for _ in range(SMALL_CUT_ROUNDS if groups <= CUT_EXCHANGES_UP_TO else CUT_ROUNDS):
+    for _ in range(
+        refine.SMALL_CUT_ROUNDS if groups <= refine.CUT_EXCHANGES_UP_TO else refine.CUT_ROUNDS
+    ):
         if not active.any():
             break
         load = np.bincount(bins.group[p.bin], p.cost, total)
         top = load.reshape(steps, groups).max(axis=1)
-        active &= ~(top > peak * (1 - PROGRESS))
+        active &= ~(top > peak * (1 - refine.PROGRESS))
         peak = np.where(active, top, peak)
-        heavy, light, has, pairs = _step_pairs(load, steps, groups, 1 - CUT_BELOW, active)
+        heavy, light, has, pairs = _step_pairs(load, steps, groups, 1 - refine.CUT_BELOW, active)
         active &= has
         if not active.any():
             break
@@ -157,10 +149,10 @@ def _refine_side_by_side(
             whole, commit_whole = _whole_round(p, bins, load, heavy, light, cost, shared, pairs)
             whole = np.where(weigh_whole[step_of], whole, np.inf)
         by_cut_score, commit_cut = _cut_round(p, bins, load, heavy, light, cost, shared, pairs)
-        by_cut = by_cut_score < whole - CUT_GAIN * load[heavy]
+        by_cut = by_cut_score < whole - refine.CUT_GAIN * load[heavy]
         by_whole = np.isfinite(whole) & ~by_cut
         active &= np.bincount(step_of, by_cut | by_whole, steps) > 0
         commit_whole(by_whole)
         commit_cut(by_cut)
-        if WHOLE_IN_CUT_ROUNDS != "always":
+        if refine.WHOLE_IN_CUT_ROUNDS != "always":
             weigh_whole &= np.bincount(step_of, by_whole, steps) > 0

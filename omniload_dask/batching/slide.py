@@ -86,17 +86,18 @@ def _slide(p: Pieces, bins: Bins, eligible: list[bool], groups: int, cost: CostF
     a, b = a[near], b[near]
     if not len(a):
         return
-    active = np.bincount(step_of[a], minlength=n) > 0
+    pair_step = step_of[a]  # (a pair's pieces stay in their step's bins)
+    active = np.bincount(pair_step, minlength=n) > 0
     loads = np.bincount(bins.group[p.bin], p.cost, n * groups)
     for _ in range(ROUNDS):
-        if not _slide_once(p, bins, loads, a, b, cost, active, groups):
+        if not _slide_once(p, bins, loads, a, b, pair_step, cost, active, groups):
             break
     bins.load = np.bincount(p.bin, p.cost, len(bins.load))
 
 
 def _slide_once(
     p: Pieces, bins: Bins, loads: np.ndarray, a: np.ndarray, b: np.ndarray,
-    cost: CostFunction, active: np.ndarray, groups: int,
+    pair_step: np.ndarray, cost: CostFunction, active: np.ndarray, groups: int,
 ) -> bool:  # fmt: skip
     """The best slide of each active step's heaviest group over the neighbours ``a``, ``b``
     (module doc); ``active`` is updated (a step whose heavy group finds none is done). Keeps
@@ -104,15 +105,15 @@ def _slide_once(
     steps = len(active)
     heavy = loads.reshape(steps, groups).argmax(axis=1) + np.arange(steps) * groups
     top = loads[heavy]
-    pair_step = bins.group[p.bin[a]] // groups
-    g_a, g_b = bins.group[p.bin[a]], bins.group[p.bin[b]]
-    in_a, in_b = g_a == heavy[pair_step], g_b == heavy[pair_step]
+    in_a = bins.group[p.bin[a]] == heavy[pair_step]
+    in_b = bins.group[p.bin[b]] == heavy[pair_step]
     across = (in_a != in_b) & active[pair_step]
     if not across.any():
         active[:] = False
         return False
-    give = np.where(in_a, a, b)[across]
-    take = np.where(in_a, b, a)[across]
+    give = np.where(in_a, a, b)[across]  # the heavy group's piece of each pair
+    take = np.where(in_a, b, a)[across]  # the other group's piece
+    # Every (pair, short piece of the other micro-batch) at once, pairs in order.
     by_bin = np.argsort(p.bin, kind="stable")
     first = np.searchsorted(p.bin[by_bin], np.arange(len(bins.load) + 1))
     where = p.bin[take]
@@ -124,7 +125,7 @@ def _slide_once(
     d = p.length[shorts]
     ok = (shorts != j) & (d > 0) & (d < p.length[i])
     shorts, d, i, j = shorts[ok], d[ok], i[ok], j[ok]
-    step = bins.group[p.bin[i]] // groups
+    step = np.repeat(pair_step[across], counts)[ok]
     other = loads[bins.group[p.bin[j]]]
     new_heavy = top[step] - p.cost[i] + cost(p.length[i] - d) + p.cost[shorts]
     new_other = other - p.cost[j] + cost(p.length[j] + d) - p.cost[shorts]
@@ -163,4 +164,4 @@ def _move(
     hi, gj = bins.group[p.bin[i]], bins.group[p.bin[j]]
     loads[hi] += p.cost[i] - before_i + p.cost[q]
     loads[gj] += p.cost[j] - before_j - p.cost[q]
-    p.bin[q] = p.bin[i]
+    p.bin[q] = p.bin[i]  # the short pieces go the other way: both bins keep their tokens

@@ -34,7 +34,7 @@ from omniload_dask.cluster.executor import ActionExecutor
 from omniload_dask.cluster.planner import StepPlanning
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.waiters import Waiters
-from omniload_dask.core.coordinator import Coordinator, PlannedStep
+from omniload_dask.core.coordinator import Coordinator, PlannedStep, draw_steps
 from omniload_dask.errors import JobError, MissingJobError, OmniloadError
 from omniload_dask.observe.monitoring import JobMonitor
 from omniload_dask.plan import Plan
@@ -280,13 +280,7 @@ class RunningJob:
             if planned is not None:
                 coord.commit_step(planned)
             return
-        batch = [drawn]
-        coord.cycle.max_in_flight = self.planner.batch
-        try:
-            while len(batch) < self.planner.batch and (more := coord.draw_step()) is not None:
-                batch.append(more)
-        finally:
-            coord.cycle.max_in_flight = 1
+        batch = [drawn, *draw_steps(coord, self.planner.batch - 1)]
         # Off the loop; its end pokes the pump, which commits them.
         self._planning = self.planner.start(batch)
         self._planning.add_done_callback(lambda _: None if self.stopped else self.poke())

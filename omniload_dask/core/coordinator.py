@@ -68,6 +68,7 @@ __all__ = [
     "StepFigures",
     "SubmitConstruct",
     "SubmitRead",
+    "draw_steps",
 ]
 
 
@@ -373,22 +374,29 @@ class Coordinator:
         self._actions += self.reads.submit(weights, self.drawer.starved)
 
 
+def draw_steps(coord: Coordinator, most: int) -> list[DrawnStep]:
+    """Draw up to ``most`` steps more, in flight together (:meth:`Coordinator.draw_step`
+    each, until one cannot be drawn); they are to be planned and committed in order."""
+    batch: list[DrawnStep] = []
+    coord.cycle.max_in_flight = len(coord.cycle.in_flight) + most
+    try:
+        while len(batch) < most and (step := coord.draw_step()) is not None:
+            batch.append(step)
+    finally:
+        coord.cycle.max_in_flight = 1
+    return batch
+
+
 def _advance(coord: Coordinator, max_steps: int | None, together: int) -> None:
     """:meth:`Coordinator.advance`'s steps: batches of up to ``together`` drawn steps."""
     drawn = 0
     while max_steps is None or drawn < max_steps:
-        batch: list[DrawnStep] = []
-        coord.cycle.max_in_flight = together
-        try:
-            while len(batch) < together and (max_steps is None or drawn + len(batch) < max_steps):
-                step = coord.draw_step()
-                if step is None:
-                    break
-                batch.append(step)
-        finally:
-            coord.cycle.max_in_flight = 1
+        batch = draw_steps(
+            coord, together if max_steps is None else min(together, max_steps - drawn)
+        )
         if not batch:
             return
+        # (one step through plan_step: what benchmarks/planning.py times)
         planned = [coord.plan_step(batch[0])] if len(batch) == 1 else coord.plan_steps(batch)
         for one in planned or []:
             if one is not None:

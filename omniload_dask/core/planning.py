@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omniload_dask.batching.balance import Assignment, Bucket, balance, balance_steps, route
+from omniload_dask.batching.balance import Assignment, Bucket, balance_steps, route
 from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import RecipeTable
@@ -92,22 +92,11 @@ class StepPlanner:
     def plan_steps(self, drawn: Sequence[DrawnStep]) -> list[PlannedStep]:
         """:meth:`plan` of several steps at once: the same planned steps, their splits made
         side by side where the balancer can (:func:`~.balance.balance_steps`); each step's
-        times are its share of the whole."""
+        times are its share of the whole. (One step goes through :meth:`plan`.)"""
         if len(drawn) == 1:
             return [self.plan(drawn[0])]
         t0 = time.perf_counter()
-        routes = [route(d.docs.lengths, d.docs.sources, self.buckets, self.pinned) for d in drawn]
-        splits = balance_steps(
-            [
-                (d.docs.lengths, r[0], r[1], d.docs.extra)
-                for d, r in zip(drawn, routes, strict=True)
-            ],
-            self.buckets,
-            self._groups,
-            self.cost,
-            cut=self._cut,
-        )
-        splits = [fill_empty(s, self.buckets, self.cost, self._cut) for s in splits]
+        splits = self.split_steps([(d.docs.sources, d.docs.lengths, d.docs.extra) for d in drawn])
         t1 = time.perf_counter()
         recipes = [
             self.recipes(d.step, s, d.docs, d.epochs) for d, s in zip(drawn, splits, strict=True)
@@ -128,18 +117,16 @@ class StepPlanner:
 
         ``extra`` is each document's encoder cost (images), balanced with the backbone's.
         """
-        bucket, by_length = route(lengths, src, self.buckets, self.pinned)
-        split = balance(
-            lengths,
-            bucket,
-            self.buckets,
-            self._groups,
-            self.cost,
-            by_length=by_length,
-            cut=self._cut,
-            extra=extra,
-        )
-        return fill_empty(split, self.buckets, self.cost, self._cut)
+        return self.split_steps([(src, lengths, extra)])[0]
+
+    def split_steps(
+        self, steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+    ) -> list[Assignment]:
+        """:meth:`split` of several steps, ``(src, lengths, extra)`` each: the same splits,
+        made side by side where the balancer can (:func:`~.balance.balance_steps`)."""
+        routed = [(n, *route(n, src, self.buckets, self.pinned), x) for src, n, x in steps]
+        splits = balance_steps(routed, self.buckets, self._groups, self.cost, cut=self._cut)
+        return [fill_empty(s, self.buckets, self.cost, self._cut) for s in splits]
 
     def recipes(
         self, step: int, plan: Assignment, docs: Documents, epochs: np.ndarray
