@@ -120,6 +120,39 @@ def test_in_flight_reads_stay_within_quotas_that_follow_weight_times_cost(small_
     assert (peak <= np.asarray(q) + 1).all()
 
 
+def test_weights_by_documents_give_read_slots_by_the_tokens_they_bring(small_sources):
+    """Mixed by documents into a token budget, a source of few long documents holds most of
+    a step's tokens: its reads get the slots and the window that its tokens ask for, not
+    those of its document weight (with which it had one read in flight, and every draw
+    waited for it). Reads cost the same per token in every source here."""
+    plan = make_plan(
+        small_sources,
+        batch={"seq_len": 256, "global_tokens": 2048},
+        mixing={"by": "documents"},
+        loader={"workers": 4, "task_seconds": 0},
+    )
+
+    def per_token(read, shard):
+        return 1e-5 * max(len(shard.tokens), 1)
+
+    plane = InlineDataPlane(plan, timing=per_token)
+    for t in range(4):
+        plane.step(t)
+    reads, coord = plane.coord.reads, plane.coord
+    weights = coord.weights_at(coord.next_step)
+    shares = reads.budget_shares(weights)
+    lengths = coord.sources.mean_lengths()
+    assert shares.sum() == pytest.approx(1.0)
+    assert shares == pytest.approx(weights * lengths / np.dot(weights, lengths))
+    # web has half of the documents but the shortest; books a quarter, the longest.
+    assert weights[0] > weights[2] and lengths[2] > 3 * lengths[0]
+    assert shares[2] > shares[0]
+    q = [s["quota"] for s in coord.stats()["sources"]]
+    assert q[2] > q[0] and q == quotas(reads.read_work(weights), 8).tolist()
+    work = reads.read_work(weights)
+    assert work == pytest.approx(shares * 2048 * np.asarray([m.per_token for m in reads.meters]))
+
+
 def test_quotas_react_to_weight_changes_and_worker_counts(small_sources):
     plan = make_plan(small_sources, loader={"workers": 2, "task_seconds": 0})
     plane = InlineDataPlane(plan, timing=_costly(plan, [0.001, 0.001, 0.001]))

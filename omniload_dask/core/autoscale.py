@@ -10,8 +10,10 @@ the sample stream (that stays a function of plan, seed, step and weight log):
    together hold exactly the unit's records), so tasks last about the target time.
 2. **Per-source quotas.** The cluster runs ``reads_per_thread`` reads per worker thread at a
    time; each source gets a share of those slots in proportion to the read work its weight
-   asks of it per step (weight share x budget x measured cost per token or document), so a
-   costly source is not starved behind cheap reads queued ahead of it. Quotas follow weight
+   asks of it per step (its share of the budget x the budget x measured cost per token or
+   document; with ``mixing.by: documents`` and a token budget, the share of the tokens that
+   the documents' mean lengths give), so a costly source is not starved behind cheap reads
+   queued ahead of it. Quotas follow weight
    changes (each decision uses the weights of the steps being read for) and worker counts
    (``cluster.scale``: the slots are counted from the workers the scheduler has).
 3. **Worker count.** :func:`recommend_workers` turns the measured read work per step and the

@@ -30,7 +30,7 @@ import numpy as np
 
 from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
 from omniload_dask.batching.sorting import stable_order
-from omniload_dask.core.live import LiveSources
+from omniload_dask.core.live import LiveSources, token_shares
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan
@@ -183,17 +183,9 @@ class Drawer:
         every draw, and one of short documents showed many times what it gave). How much is
         shown never changes the draw: the mixer asks for more when it could matter.
         """
-        shares = weights / weights.sum()
         if self.mixer.by != "documents" or self._budget[0] is None:
-            return shares
-        streams = self._sources.streams
-        docs = np.asarray([s.docs for s in streams], dtype=np.float64)
-        if (docs[weights > 0] <= 0).any():
-            return shares  # a source has given nothing yet: no mean length to go by
-        toks = np.asarray([s.tokens for s in streams], dtype=np.float64)
-        lengths = np.where(docs > 0, toks / np.maximum(docs, 1.0), 0.0)
-        mean = float(np.dot(shares, lengths))
-        return shares * lengths / mean if mean > 0 else shares
+            return weights / weights.sum()
+        return token_shares(weights, self._sources.mean_lengths())
 
 
 def _locate(

@@ -41,7 +41,7 @@ from omniload_dask.plan import Plan, SourceSpec, check_weights, source_dict
 from omniload_dask.plan.fields import check_number
 from omniload_dask.sources.catalog import Catalog, catalog_fingerprint
 
-__all__ = ["MAX_SOURCES_PER_JOB", "Applied", "LiveSources", "PlanChange"]
+__all__ = ["MAX_SOURCES_PER_JOB", "Applied", "LiveSources", "PlanChange", "token_shares"]
 
 MAX_SOURCES_PER_JOB = 1024  # the sample id has 10 bits for the source
 
@@ -100,6 +100,13 @@ class LiveSources:
             if stream.retired or stream.exhausted:
                 w[i] = 0.0
         return w
+
+    def mean_lengths(self) -> np.ndarray:
+        """Each source's mean document length in tokens over what it gave so far (0: none
+        given yet)."""
+        docs = np.asarray([s.docs for s in self.streams], dtype=np.float64)
+        toks = np.asarray([s.tokens for s in self.streams], dtype=np.float64)
+        return np.where(docs > 0, toks / np.maximum(docs, 1.0), 0.0)
 
     # -- the job as it will be ----------------------------------------------------------------
     def live_at(self, step: int) -> dict[str, SourceSpec]:
@@ -379,3 +386,19 @@ def _zero_weights(weights: dict[str, Any], names: list[str]) -> dict[str, float]
             raise JobError(f"weights.{name}: unknown source (sources: {', '.join(names)})")
         out[str(name)] = check_number(f"weights.{name}", value, min=0)
     return out
+
+
+def token_shares(weights: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+    """Each source's expected share of a batch's tokens, for weights that count documents.
+
+    ``lengths`` are the sources' mean document lengths in tokens (None, or any source with
+    weight and no length > 0: not known yet, and the shares are the weights'). A source of
+    0.1 of the documents and 30 times the mean length of the others holds most tokens::
+
+        weights [0.6, 0.3, 0.1], lengths [240, 3900, 25000]  ->  [0.04, 0.32, 0.64]
+    """
+    shares = weights / weights.sum()
+    if lengths is None or (lengths[weights > 0] <= 0).any():
+        return shares
+    mean = float(np.dot(shares, lengths))
+    return shares * lengths / mean if mean > 0 else shares

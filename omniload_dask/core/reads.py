@@ -25,7 +25,7 @@ from omniload_dask.core import autoscale
 from omniload_dask.core.actions import ReadSpec, SubmitRead
 from omniload_dask.core.autoscale import Meter
 from omniload_dask.core.keys import Keys
-from omniload_dask.core.live import LiveSources
+from omniload_dask.core.live import LiveSources, token_shares
 from omniload_dask.core.streams import Unit, UnitRef
 from omniload_dask.plan import Plan
 
@@ -47,6 +47,7 @@ class ReadAhead:
         self._sources = sources
         self._loader = plan.loader
         self._budget = (plan.batch.global_tokens, plan.batch.global_documents)
+        self._by_documents = plan.mixing_by == "documents"
         self._keys = keys
         self.workers = plan.loader.workers
         self.threads = plan.loader.workers * plan.loader.threads_per_worker
@@ -115,6 +116,7 @@ class ReadAhead:
         out: list[SubmitRead] = []
         quota = self.read_quotas(weights) if self._loader.quotas else None
         total = float(weights.sum())
+        shares = self.budget_shares(weights)
         for i, stream in enumerate(self._sources.streams):
             if weights[i] <= 0:
                 continue
@@ -123,6 +125,7 @@ class ReadAhead:
                 stream.version,  # a unit reported or the cursor moved (unit sizes known)
                 weights[i],
                 total,
+                round(float(shares[i]), 3),  # its share of the budget (mean lengths)
                 i in starved,
                 len(stream.units),
                 pending,  # a part of a unit reported (the quota has room)
@@ -131,7 +134,7 @@ class ReadAhead:
             if self._seen.get(i) == seen:
                 continue  # nothing changed for this source since the last look
             self._seen[i] = seen
-            per_unit = self._steps_per_unit(i, weights)
+            per_unit = self._steps_per_unit(i, float(shares[i]))
             steps_per_unit = per_unit or 0.0
             limit = -1
             if quota is not None:
@@ -191,10 +194,10 @@ class ReadAhead:
     def read_work(self, weights: np.ndarray) -> np.ndarray:
         """Measured read seconds per step of each source at ``weights`` (NaN: not measured)."""
         tokens, docs = self._budget
-        total = weights.sum()
+        shares = self.budget_shares(weights)
         out = np.full(len(self._sources.streams), np.nan)
         for i, meter in enumerate(self.meters):
-            share = weights[i] / total if total > 0 else 0.0
+            share = shares[i]
             if share <= 0:
                 out[i] = 0.0
                 continue
@@ -224,7 +227,7 @@ class ReadAhead:
 
     def window(self, i: int, weights: np.ndarray) -> int:
         """Units to keep submitted for source i: enough for the steps drawn ahead."""
-        return self._window_of(self._steps_per_unit(i, weights))
+        return self._window_of(self._steps_per_unit(i, float(self.budget_shares(weights)[i])))
 
     def source_stats(self, weights: np.ndarray) -> list[dict[str, Any]]:
         """Per source: its cursor, counters and reads, as ``Coordinator.stats`` reports them."""
@@ -252,8 +255,35 @@ class ReadAhead:
             for i, s in enumerate(self._sources.streams)
         ]
 
-    def _steps_per_unit(self, i: int, weights: np.ndarray) -> float | None:
-        """Steps that one read unit of source i feeds at ``weights`` (None: none measured)."""
+    def budget_shares(self, weights: np.ndarray) -> np.ndarray:
+        """Each source's share of a step's budget (tokens, or documents) at ``weights``.
+
+        The weights count what ``mixing.by`` says; when that is not what the budget counts,
+        the sources' mean document lengths convert one into the other: those of what each
+        gave so far, else of what its reads reported. Read by weight alone, a source of 0.1
+        of the documents that holds most of the tokens got the read slots and the window of
+        a small one (one read in flight), and every draw waited for it.
+        """
+        total = weights.sum()
+        if total <= 0:
+            return np.zeros(len(weights))
+        tokens = self._budget[0]
+        if (tokens is not None) != self._by_documents:
+            return weights / total  # the weights count what the budget counts
+        lengths = self._sources.mean_lengths()
+        for i, meter in enumerate(self.meters):
+            if lengths[i] <= 0 and meter.records > 0:
+                lengths[i] = meter.tokens / meter.records
+        if tokens is not None:
+            return token_shares(weights, lengths)
+        if (lengths[weights > 0] <= 0).any():
+            return weights / total
+        per_doc = np.where(weights > 0, weights / np.maximum(lengths, 1e-9), 0.0)
+        return per_doc / per_doc.sum()
+
+    def _steps_per_unit(self, i: int, share: float) -> float | None:
+        """Steps that one read unit of source i feeds at ``share`` of a step's budget (None:
+        none measured)."""
         stream = self._sources.streams[i]
         # Units without records (a file's empty tail) say nothing about unit size; counted,
         # they would make a unit seem to feed no steps and the read-ahead run to its cap.
@@ -261,13 +291,12 @@ class ReadAhead:
         if not known:
             return None
         tokens, docs = self._budget
-        share = weights[i] / weights.sum()
         if tokens is not None:
             sizes = [u.capped_tokens(self._sources.caps[i]) for u in known]
             per_step = share * tokens
         else:
             sizes = [len(u.lengths) for u in known]  # type: ignore[arg-type]
-            per_step = share * docs
+            per_step = share * (docs or 0)  # a plan sets one of the two budgets
         return max(1.0, float(np.mean(sizes))) / max(per_step, 1e-9)
 
     def _window_of(self, steps_per_unit: float | None) -> int:
