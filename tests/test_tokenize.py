@@ -32,6 +32,25 @@ def test_add_specials_without_specials_keeps_the_body():
     assert out.tolist() == [1, 2, 9, 3, 9] and offsets.tolist() == [0, 3, 5]
 
 
+@pytest.mark.parametrize("bos, eos", [(7, 9), (7, None), (None, 9)])
+def test_add_specials_puts_each_document_between_its_specials(bos, eos):
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 6, 40)
+    lengths[:3] = 0  # empty documents first, and some among the rest
+    body = rng.integers(10, 1000, int(lengths.sum())).astype(np.uint32)
+    out, offsets = add_specials(body, lengths, bos, eos)
+    expected: list[int] = []
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    for i in range(len(lengths)):
+        doc = body[starts[i] : starts[i + 1]].tolist()
+        expected += ([bos] if bos is not None else []) + doc + ([eos] if eos is not None else [])
+    assert out.tolist() == expected and out.dtype == np.uint32
+    extra = (bos is not None) + (eos is not None)
+    assert offsets.tolist() == np.concatenate([[0], np.cumsum(lengths + extra)]).tolist()
+    none, none_offsets = add_specials(body[:0], np.zeros(0, dtype=np.int64), bos, eos)
+    assert none.tolist() == [] and none_offsets.tolist() == [0]
+
+
 def test_huggingface_tokenizer_from_file_and_from_memory_url(tmp_path):
     path = write_tokenizer(tmp_path / "tok.json")
     spec = TokenizerSpec(kind="huggingface", path=path, bos="<s>", eos="</s>")

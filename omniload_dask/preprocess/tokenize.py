@@ -374,7 +374,12 @@ def add_specials(
     bos: int | None,
     eos: int | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Insert BOS/EOS around each document of ``body`` (vectorised)."""
+    """Insert BOS/EOS around each document of ``body`` (vectorised).
+
+    The body fills every place that is not a special one, in order: one boolean mask, about
+    20 times faster than scattering each token to its shifted place (which cost 3-4 % of a
+    worker's CPU with Tekken).
+    """
     n = len(lengths)
     extra = int(bos is not None) + int(eos is not None)
     offsets = np.zeros(n + 1, dtype=np.int64)
@@ -382,10 +387,12 @@ def add_specials(
     if extra == 0:
         return body.astype(np.uint32, copy=False), offsets
     out = np.empty(int(offsets[-1]), dtype=np.uint32)
-    body_starts = np.zeros(n, dtype=np.int64)
-    np.cumsum(lengths[:-1], out=body_starts[1:])
-    shift = offsets[:-1] + int(bos is not None) - body_starts
-    out[np.arange(len(body), dtype=np.int64) + np.repeat(shift, lengths)] = body
+    body_places = np.ones(len(out), dtype=bool)
+    if bos is not None:
+        body_places[offsets[:-1]] = False
+    if eos is not None:
+        body_places[offsets[1:] - 1] = False
+    out[body_places] = body
     if bos is not None:
         out[offsets[:-1]] = bos
     if eos is not None:
