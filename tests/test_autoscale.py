@@ -153,6 +153,30 @@ def test_weights_by_documents_give_read_slots_by_the_tokens_they_bring(small_sou
     assert work == pytest.approx(shares * 2048 * np.asarray([m.per_token for m in reads.meters]))
 
 
+def test_weights_by_tokens_into_a_document_budget_give_shares_of_the_documents(small_sources):
+    """The other way round: shares of tokens, a budget of documents. A source of long
+    documents brings few of a step's documents for its share of the tokens."""
+    plan = make_plan(
+        small_sources,
+        batch={"seq_len": 256, "global_tokens": None, "global_documents": 16},
+        loader={"workers": 4, "task_seconds": 0},
+    )
+    plane = InlineDataPlane(plan)
+    for t in range(4):
+        plane.step(t)
+    reads, coord = plane.coord.reads, plane.coord
+    weights = coord.weights_at(coord.next_step)
+    lengths = coord.sources.mean_lengths()
+    shares = reads.budget_shares(weights)
+    assert (lengths > 0).all() and lengths[2] > 3 * lengths[0]
+    assert shares == pytest.approx((weights / lengths) / (weights / lengths).sum())
+    assert shares[2] < weights[2] / weights.sum()
+    stats = coord.stats()["sources"]
+    assert [s["read_window"] for s in stats] == [
+        reads.window(i, float(shares[i])) for i in range(len(shares))
+    ]
+
+
 def test_quotas_react_to_weight_changes_and_worker_counts(small_sources):
     plan = make_plan(small_sources, loader={"workers": 2, "task_seconds": 0})
     plane = InlineDataPlane(plan, timing=_costly(plan, [0.001, 0.001, 0.001]))

@@ -225,13 +225,15 @@ class ReadAhead:
         per_construct = self.construct_meter.per_record or 0.0
         return float(work.sum()) + per_construct * groups
 
-    def window(self, i: int, weights: np.ndarray) -> int:
-        """Units to keep submitted for source i: enough for the steps drawn ahead."""
-        return self._window_of(self._steps_per_unit(i, float(self.budget_shares(weights)[i])))
+    def window(self, i: int, share: float) -> int:
+        """Units to keep submitted for source i at ``share`` of a step's budget
+        (:meth:`budget_shares`): enough for the steps drawn ahead."""
+        return self._window_of(self._steps_per_unit(i, share))
 
     def source_stats(self, weights: np.ndarray) -> list[dict[str, Any]]:
         """Per source: its cursor, counters and reads, as ``Coordinator.stats`` reports them."""
         quotas = self.read_quotas(weights) if self._loader.quotas else None
+        shares = self.budget_shares(weights)  # once: per source, it was n^2 with n sources
         return [
             {
                 "name": s.spec.name,
@@ -246,7 +248,7 @@ class ReadAhead:
                 "truncated_tokens": s.truncated_tokens,
                 "units_in_flight": len(s.units),
                 "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
-                "read_window": self.window(i, weights) if weights[i] > 0 else 0,
+                "read_window": self.window(i, float(shares[i])) if weights[i] > 0 else 0,
                 "read_tasks_pending": s.pending_reads(),
                 "quota": int(quotas[i]) if quotas is not None else None,
                 "seconds_per_record": self.meters[i].per_record,
