@@ -396,6 +396,9 @@ def token_shares(weights: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
     0.1 of the documents and 30 times the mean length of the others holds most tokens::
 
         weights [0.6, 0.3, 0.1], lengths [240, 3900, 25000]  ->  [0.04, 0.32, 0.64]
+
+    With the lengths' reciprocals (documents per token), weights that count tokens give each
+    source's share of a batch's documents.
     """
     shares = weights / weights.sum()
     if lengths is None or (lengths[weights > 0] <= 0).any():

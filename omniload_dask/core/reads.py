@@ -114,9 +114,9 @@ class ReadAhead:
         """Reads to submit now for sources with ``weights`` > 0 (the larger of the weights
         now and at the lookahead's end); ``starved`` sources hold up a draw."""
         out: list[SubmitRead] = []
-        quota = self.read_quotas(weights) if self._loader.quotas else None
-        total = float(weights.sum())
         shares = self.budget_shares(weights)
+        quota = self._quotas_at(shares) if self._loader.quotas else None
+        total = float(weights.sum())
         for i, stream in enumerate(self._sources.streams):
             if weights[i] <= 0:
                 continue
@@ -193,8 +193,11 @@ class ReadAhead:
     # -- figures -----------------------------------------------------------------------------
     def read_work(self, weights: np.ndarray) -> np.ndarray:
         """Measured read seconds per step of each source at ``weights`` (NaN: not measured)."""
+        return self._work_at(self.budget_shares(weights))
+
+    def _work_at(self, shares: np.ndarray) -> np.ndarray:
+        """:meth:`read_work` at the sources' shares of the budget (:meth:`budget_shares`)."""
         tokens, docs = self._budget
-        shares = self.budget_shares(weights)
         out = np.full(len(self._sources.streams), np.nan)
         for i, meter in enumerate(self.meters):
             share = shares[i]
@@ -209,8 +212,12 @@ class ReadAhead:
 
     def read_quotas(self, weights: np.ndarray) -> np.ndarray:
         """In-flight read tasks allowed per source (:func:`.autoscale.quotas`)."""
+        return self._quotas_at(self.budget_shares(weights))
+
+    def _quotas_at(self, shares: np.ndarray) -> np.ndarray:
+        """:meth:`read_quotas` at the sources' shares of the budget (:meth:`budget_shares`)."""
         slots = max(1, self._loader.reads_per_thread * max(self.threads, 1))
-        work = self.read_work(weights)
+        work = self._work_at(shares)
         key = (work.tobytes(), slots)  # asked a few times a step; changes with a read report
         if self._quotas is None or self._quotas[0] != key:
             self._quotas = (key, autoscale.quotas(work, slots))
@@ -232,8 +239,8 @@ class ReadAhead:
 
     def source_stats(self, weights: np.ndarray) -> list[dict[str, Any]]:
         """Per source: its cursor, counters and reads, as ``Coordinator.stats`` reports them."""
-        quotas = self.read_quotas(weights) if self._loader.quotas else None
         shares = self.budget_shares(weights)  # once: per source, it was n^2 with n sources
+        quotas = self._quotas_at(shares) if self._loader.quotas else None
         return [
             {
                 "name": s.spec.name,
@@ -276,12 +283,9 @@ class ReadAhead:
         for i, meter in enumerate(self.meters):
             if lengths[i] <= 0 and meter.records > 0:
                 lengths[i] = meter.tokens / meter.records
-        if tokens is not None:
-            return token_shares(weights, lengths)
-        if (lengths[weights > 0] <= 0).any():
-            return weights / total
-        per_doc = np.where(weights > 0, weights / np.maximum(lengths, 1e-9), 0.0)
-        return per_doc / per_doc.sum()
+        if tokens is None:  # shares of tokens into documents: a document per 1/length tokens
+            lengths = np.divide(1.0, lengths, out=np.zeros_like(lengths), where=lengths > 0)
+        return token_shares(weights, lengths)
 
     def _steps_per_unit(self, i: int, share: float) -> float | None:
         """Steps that one read unit of source i feeds at ``share`` of a step's budget (None:
