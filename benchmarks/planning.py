@@ -11,7 +11,7 @@ documents::
                        "balance": a document averages 1,024 tokens); seq_len 8192, so every
                        rank has ceil(16 Mi / (1,024 x 8192)) = 2 micro-batches, all full
     dp8_docs64         DP 8; 64 x 1,024 = 64 Ki tokens: one full 8192-token micro-batch per
-                       rank, the step of the throughput benchmark at R = 8 (issue 15)
+                       rank, the step of the throughput benchmark at R = 8
 
 The mixes are the length distributions of the other benchmarks: ``balance`` is
 ``benchmarks/balance.py``'s (web-like lognormal, code-like lognormal, 8k-64k log-uniform long

@@ -1,4 +1,4 @@
-"""Scheduler cost, connections and bytes at thousands of trainer ranks (issue 14).
+"""Scheduler cost, connections and bytes at thousands of trainer ranks.
 
     python benchmarks/scale.py --quick          # 1,024 ranks tp 1 and 4,096 ranks tp 8
     python benchmarks/scale.py                  # up to 16,384 ranks, tp 1 and tp 8

@@ -75,7 +75,7 @@ def delivered(plane: InlineDataPlane, steps: int) -> list[tuple[int, int, int, n
     return out
 
 
-# -- long documents (issue 16, item 7) -------------------------------------------------------
+# -- long documents --------------------------------------------------------------------------
 def test_split_drops_nothing_a_document_longer_than_a_batch_continues_in_the_next(
     small_shaped,
 ):
@@ -146,7 +146,7 @@ def test_max_document_tokens_caps_only_where_the_plan_says_and_may_exceed_the_bu
     assert sum(s["truncated_tokens"] for s in stats["sources"]) >= expected > 0
 
 
-# -- the mix at small budgets (issue 16, item 7b) ----------------------------------------------
+# -- the mix at small budgets ------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("by", "long_documents", "dp"),
     [
@@ -203,7 +203,7 @@ def test_resume_inside_a_document_continues_it_exactly(small_shaped, tmp_path):
     assert inside  # some restore points fall inside a document (its offset is saved)
 
 
-# -- no empty micro-batches (issue 16, item 16) -------------------------------------------------
+# -- no empty micro-batches ---------------------------------------------------------------------
 def test_no_micro_batch_is_handed_out_empty_with_buckets_and_context_parallelism(shaped):
     plan = parse_plan(
         plan_dict(
@@ -232,7 +232,7 @@ def test_no_micro_batch_is_handed_out_empty_with_buckets_and_context_parallelism
                 assert mb["num_tokens"] > 0, (t, rank, mb["micro_step"])
 
 
-# -- live plan changes (issue 16, item 14) ------------------------------------------------------
+# -- live plan changes --------------------------------------------------------------------------
 @pytest.fixture
 def three(tmp_path: Path) -> Path:
     write_jsonl(tmp_path / "a.jsonl", texts(300, seed=1, mean_words=20, prefix="a"))
