@@ -31,7 +31,6 @@ from omniload_dask.batching.refine import (
     StepPairs,
     _cut_round,
     _nothing,
-    _pairs,
     _probe,
     _whole_round,
     refine_groups,
@@ -73,29 +72,33 @@ def refine_steps(
 def _step_pairs(
     load: np.ndarray, steps: int, groups: int, tolerance: float, active: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, StepPairs]:
-    """Each active step's pairs (:func:`_pairs` on its groups' loads) and probe
+    """Each active step's pairs (:func:`~.refine._pairs` on its groups' loads) and probe
     (:func:`_probe`), side by side: heavy and light groups, which steps have pairs, and the
-    round's :class:`~.refine.StepPairs`."""
-    heavy, light, probes, of = [], [], [], []
-    has = np.zeros(steps, dtype=bool)
-    at = 0
-    for s in np.flatnonzero(active).tolist():
-        pairs = _pairs(load[s * groups : (s + 1) * groups], tolerance)
-        if pairs is not None:
-            has[s] = True
-            heavy.append(pairs[0] + s * groups)
-            light.append(pairs[1] + s * groups)
-            of.append(np.full(len(pairs[0]), s))
-            probe = _probe(load, heavy[-1])
-            if probe is not None:
-                probes.append(probe + at)
-            at += len(pairs[0])
-    if not heavy:
+    round's :class:`~.refine.StepPairs`. The same row by row, in a few calls for all steps
+    (a row's max, mean and stable sort are those of the row alone, to the bit)."""
+    rows = load.reshape(steps, groups)
+    peak, mean = rows.max(axis=1), rows.mean(axis=1)
+    has = active & (peak > 0) & (peak - mean > tolerance * peak)
+    count = np.minimum(((rows - mean[:, None]) > (tolerance * peak)[:, None]).sum(axis=1),
+                       groups // 2)  # fmt: skip
+    count[~has] = 0
+    if not has.any():
         none = np.zeros(0, np.int64)
         return none, none, has, StepPairs(groups // 2, none, none)
-    cat = np.concatenate
-    probe_at = cat(probes) if probes else np.zeros(0, np.int64)
-    return cat(heavy), cat(light), has, StepPairs(groups // 2, cat(of), probe_at)
+    order = np.argsort(-rows, axis=1, kind="stable") + (np.arange(steps) * groups)[:, None]
+    take = np.arange(groups)[None, :] < count[:, None]  # each step's first ``count``
+    heavy, light = order[take], order[:, ::-1][take]
+    of = np.repeat(np.arange(steps), count)
+    probes = []
+    if int(count.max()) > refine.PROBE_FROM:  # (a probe from that many pairs: large DP only)
+        starts = np.cumsum(count) - count
+        for s in np.flatnonzero(count > refine.PROBE_FROM).tolist():
+            at, n = int(starts[s]), int(count[s])
+            probe = _probe(load, heavy[at : at + n])
+            if probe is not None:
+                probes.append(probe + at)
+    probe_at = np.concatenate(probes) if probes else np.zeros(0, np.int64)
+    return heavy, light, has, StepPairs(groups // 2, of, probe_at)
 
 
 def _refine_side_by_side(
