@@ -12,7 +12,8 @@ import pytest
 
 from omniload_dask.cluster.waiters import Waiters
 from omniload_dask.core.actions import SubmitConstruct
-from omniload_dask.core.blocks import fetch_depth, groups_per_task, steps_per_task
+from omniload_dask.core.blocks import batch_end, fetch_depth, groups_per_task, steps_per_task
+from omniload_dask.core.coordinator import next_batch
 from omniload_dask.core.positions import RankPositions, Tournament
 from omniload_dask.errors import PlanError
 from omniload_dask.plan import LayoutSpec, parse_plan
@@ -310,6 +311,49 @@ def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(sm
     assert [part is None for *_, part in seen] == [False, True, True, True, False, True]
     assert coord.batch_for(1, 3) == (coord.delivery.held[(3, 1)], 2 * 2 + 1)
     assert coord.delivery.draw_target() >= 9  # the draw goes on to the block's end
+
+
+@pytest.mark.parametrize(
+    ("first", "most", "steps", "end"),
+    [(0, 8, 4, 5), (0, 4, 4, 1), (1, 8, 4, 9), (3, 8, 4, 9), (5, 8, 4, 13), (1, 8, 8, 9), (1, 8, 16, 9),
+     (9, 8, 16, 17), (17, 8, 16, 25), (4, 8, 1, 12), (1, 1, 4, 2), (1, 3, 4, 4)],
+)  # fmt: skip
+def test_a_batch_of_steps_planned_together_ends_at_a_block_end(first, most, steps, end):
+    # origin 0: step 0 alone, then blocks of ``steps`` from step 1 (longer than a batch of
+    # ``most``: in batches of most, the last cut at the block's end)
+    assert batch_end(first, most, 0, steps) == end
+
+
+def test_whole_blocks_are_planned_together_and_a_block_drawn_in_part_waits(small_sources):
+    plane = InlineDataPlane(make_plan(small_sources, loader={"steps_per_task": 4}))
+    coord = plane.coord
+    batches, drawn, waited = [], [], 0
+    for _ in range(1000):
+        if not drawn:
+            for rank in range(2):  # the ranks are 8 steps behind the last planned one
+                coord.on_request(rank, max(0, coord.planned_step - 8), 20)
+            one = coord.draw_step()
+            drawn = [one] if one is not None else []
+        batch, drawn = next_batch(coord, drawn, 8) if drawn else ([], [])
+        if not batch:  # the draw waits for a read (steps of a block drawn in part, or none)
+            waited += bool(drawn)
+            plane._run(coord.take_actions())
+            plane.read_one()
+            continue
+        for planned in coord.plan_steps(batch):
+            coord.commit_step(planned)
+        plane._run(coord.take_actions())
+        batches.append([d.step for d in batch])
+        if batches[-1][-1] >= 40:
+            break
+    assert [s for b in batches for s in b] == list(range(batches[-1][-1] + 1))
+    # a job's first step is a block of its own, then blocks of 4 from step 1: whole blocks,
+    # at most 8 steps a batch
+    assert batches[0] in ([0], [0, 1, 2, 3, 4])
+    for batch in batches[1:]:
+        assert batch[0] % 4 == 1 and len(batch) in (4, 8)
+    assert waited  # (steps of a block drawn in part did wait for its reads)
+    assert all(coord.batch_for(0, s) is not None for s in range(batches[-1][-1] + 1))
 
 
 def test_a_stream_that_ends_inside_a_block_builds_the_steps_it_has(small_sources):

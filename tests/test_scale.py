@@ -222,3 +222,31 @@ def test_the_job_fails_saying_so_when_its_client_cannot_connect_again(small_sour
             with pytest.raises(JobError, match="could not connect again"):
                 for _ in feeder:  # what was fetched before comes out, then the error
                     assert time.monotonic() < deadline, "the feeder stalled without an error"
+
+
+def test_the_planning_thread_plans_whole_blocks_of_steps(small_sources, monkeypatch):
+    # A block of several steps is fetchable once its last step is drawn and built: its
+    # steps wait for one another and go to the planning thread together (whole blocks, up
+    # to the planner's batch of steps).
+    monkeypatch.setattr(planner, "INLINE_MS", -1.0)  # every step off the loop
+    batches: list[list[int]] = []
+    start = planner.StepPlanning.start
+
+    def recorded(self, drawn):
+        batches.append([d.step for d in drawn])
+        return start(self, drawn)
+
+    monkeypatch.setattr(planner.StepPlanning, "start", recorded)
+    plan = make_plan(small_sources, name="blocks", loader={"steps_per_task": 4})
+    ref = reference(plan, 13)
+    with Job.start(plan, workers=2, dashboard_address=None) as job:
+        got = collect(job, steps=13)
+        stats = job.stats()
+    assert_same(ref, got)
+    assert stats["planning_batches"] == len(batches) >= 4
+    assert [s for b in batches for s in b] == list(range(batches[-1][-1] + 1))
+    # step 0 is a block of its own, then blocks of 4 steps from step 1
+    for batch in batches[:-1]:  # (drawn ahead until the job stopped: the last may be cut)
+        assert batch[0] == 0 or batch[0] % 4 == 1
+        assert batch[-1] == 0 or batch[-1] % 4 == 0
+        assert len(batch) <= planner.STEPS_AT_ONCE

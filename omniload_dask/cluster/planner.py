@@ -13,10 +13,12 @@ still takes the GIL from the loop (every RPC then waits up to a switch interval 
     else                                      the job's planning thread
 
 The result is the same wherever it is computed. A process that fails (it died, or cannot
-start) is replaced by the thread, with a warning. The thread plans every step drawn since its
+start) is replaced by the thread, with a warning. The thread plans the steps drawn since its
 last batch together, up to ``STEPS_AT_ONCE`` of them (:meth:`.StepPlanner.plan_steps`: the
 same planned steps, and at small DP sizes a fraction of the time, see BENCHMARKS.md session
-26); the process plans one step at a time.
+26); where a construction builds several steps, whole blocks of them
+(:func:`~omniload_dask.core.coordinator.next_batch`, session 32). The process plans one step
+at a time.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from omniload_dask.cluster.executor import ActionExecutor
 from omniload_dask.cluster.planner import StepPlanning
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.waiters import Waiters
-from omniload_dask.core.coordinator import Coordinator, PlannedStep, draw_steps
+from omniload_dask.core.coordinator import Coordinator, DrawnStep, PlannedStep, next_batch
 from omniload_dask.errors import JobError, MissingJobError, OmniloadError
 from omniload_dask.observe.monitoring import JobMonitor
 from omniload_dask.plan import Plan
@@ -82,6 +82,7 @@ class RunningJob:
         self.requests = 0  # agents' calls to ``batches``
         self.planner = StepPlanning(plan, coord)
         self._planning: asyncio.Future[list[PlannedStep] | None] | None = None
+        self._drawn: list[DrawnStep] = []  # drawn, waiting for the rest of their block
         self._dirty = False
         self._pump: asyncio.Task[None] | None = None
 
@@ -161,12 +162,12 @@ class RunningJob:
         coord = self.coord
         now = time.time()
         self.requests += 1
-        target = coord.delivery.draw_target()
+        target = coord.delivery.draw_target(coord.next_step)
         coord.on_request(ranks, start, count, now)
         self.monitor.on_progress(now, coord.delivery.slowest())
         if report:
             self.monitor.on_agent(ranks, now, report)
-        if coord.has_actions() or coord.delivery.draw_target() != target:
+        if coord.has_actions() or coord.delivery.draw_target(coord.next_step) != target:
             self.poke()  # blocks to release, or further to draw: else nothing can move
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, float(timeout))
@@ -262,8 +263,9 @@ class RunningJob:
             await asyncio.sleep(0)
 
     def _step(self) -> None:
-        """Commit the steps planned in the thread, or draw the next ones and plan them (every
-        step that can be drawn now, up to the planner's batch: planned together)."""
+        """Commit the steps planned in the thread, or draw the next ones and plan them
+        together (:func:`~omniload_dask.core.coordinator.next_batch`: up to the planner's
+        batch; where blocks hold several steps, whole blocks)."""
         coord = self.coord
         if self._planning is not None:
             if not self._planning.done():
@@ -272,15 +274,19 @@ class RunningJob:
             for done in planning.result() or []:
                 coord.commit_step(done)
             return
-        drawn = coord.draw_step()
-        if drawn is None:
-            return
-        if self.planner.inline():
-            planned = self.planner.plan_here(drawn)
-            if planned is not None:
-                coord.commit_step(planned)
-            return
-        batch = [drawn, *draw_steps(coord, self.planner.batch - 1)]
+        if not self._drawn:
+            drawn = coord.draw_step()
+            if drawn is None:
+                return
+            if self.planner.inline():
+                planned = self.planner.plan_here(drawn)
+                if planned is not None:
+                    coord.commit_step(planned)
+                return
+            self._drawn = [drawn]
+        batch, self._drawn = next_batch(coord, self._drawn, self.planner.batch)
+        if not batch:
+            return  # the rest of a block: a read's report pokes the pump
         # Off the loop; its end pokes the pump, which commits them.
         self._planning = self.planner.start(batch)
         self._planning.add_done_callback(lambda _: None if self.stopped else self.poke())

@@ -33,6 +33,7 @@ __all__ = [
     "BLOCK_TOKENS",
     "MAX_BLOCK_STEPS",
     "OpenBlock",
+    "batch_end",
     "fetch_depth",
     "groups_per_task",
     "steps_per_task",
@@ -85,6 +86,21 @@ def block_of(step: int, origin: int, steps: int) -> tuple[int, int]:
         return step, step + 1
     first = origin + 1 + (step - origin - 1) // steps * steps
     return first, first + steps
+
+
+def batch_end(first: int, most: int, origin: int, steps: int) -> int:
+    """The step after the last of a batch of at most ``most`` steps from ``first``, planned
+    together: where blocks hold several ``steps``, the last block end within it (a block
+    longer than ``most`` steps goes in batches of ``most``)."""
+    limit = first + most
+    if steps <= 1:
+        return limit
+    end = block_of(first, origin, steps)[1]
+    if end > limit:
+        return limit
+    while (after := block_of(end, origin, steps)[1]) <= limit:
+        end = after
+    return end
 
 
 @dataclass

@@ -69,6 +69,7 @@ __all__ = [
     "SubmitConstruct",
     "SubmitRead",
     "draw_steps",
+    "next_batch",
 ]
 
 
@@ -266,7 +267,7 @@ class Coordinator:
         """
         if self.error is not None or len(self.cycle.in_flight) >= self.cycle.max_in_flight:
             return None
-        if self.next_step >= self.delivery.draw_target():
+        if self.next_step >= self.delivery.draw_target(self.next_step):
             return None
         try:
             drawn, actions = self.cycle.draw()
@@ -379,12 +380,35 @@ def draw_steps(coord: Coordinator, most: int) -> list[DrawnStep]:
     each, until one cannot be drawn); they are to be planned and committed in order."""
     batch: list[DrawnStep] = []
     coord.cycle.max_in_flight = len(coord.cycle.in_flight) + most
+    coord.cycle.waits_for_reads = False  # (the last draw sets it, if it finds nothing)
     try:
         while len(batch) < most and (step := coord.draw_step()) is not None:
             batch.append(step)
     finally:
         coord.cycle.max_in_flight = 1
     return batch
+
+
+def next_batch(
+    coord: Coordinator, drawn: list[DrawnStep], most: int
+) -> tuple[list[DrawnStep], list[DrawnStep]]:
+    """Draw on after ``drawn`` (steps drawn and not planned yet, in order, at least one) and
+    split them: the steps to plan together now (none: wait), and those that wait.
+
+    A batch holds up to ``most`` steps. Where a construction builds several steps (a block),
+    it ends at a block's end, and while the draw waits for a read, the whole blocks drawn go
+    and the steps of a block drawn in part wait for the rest of it: none of them is
+    fetchable before the block's last step is drawn, and a block's steps planned together
+    cost less than in two or three batches (BENCHMARKS.md, session 32)."""
+    delivery = coord.delivery
+    first = drawn[0].step
+    end = delivery.batch_end(first, most)
+    drawn = drawn + draw_steps(coord, end - first - len(drawn))
+    if len(drawn) == end - first or not coord.cycle.waits_for_reads or coord.error is not None:
+        return drawn, []
+    ends = [i + 1 for i, d in enumerate(drawn) if d.step + 1 == delivery.block_end(d.step)]
+    take = ends[-1] if ends else 0
+    return drawn[:take], drawn[take:]
 
 
 def _advance(coord: Coordinator, max_steps: int | None, together: int) -> None:

@@ -39,7 +39,13 @@ import numpy as np
 
 from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.core.actions import ReadSpec, Release, SubmitConstruct
-from omniload_dask.core.blocks import OpenBlock, block_of, groups_per_task, steps_per_task
+from omniload_dask.core.blocks import (
+    OpenBlock,
+    batch_end,
+    block_of,
+    groups_per_task,
+    steps_per_task,
+)
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.positions import RankPositions
 from omniload_dask.errors import JobError
@@ -125,15 +131,30 @@ class Delivery:
             keys += self._release_fetched(group)
         return [Release(tuple(keys))] if keys else []
 
-    def draw_target(self) -> int:
+    def draw_target(self, drawn_to: int | None = None) -> int:
         """Draw the steps below this one: the furthest request and the lookahead, but never
-        far beyond the slowest rank (held batches take worker memory)."""
+        far beyond the slowest rank (held batches take worker memory). A block of several
+        steps that has begun (committed, or drawn: ``drawn_to`` is the first step not drawn)
+        is drawn to its end: none of its steps is fetchable before its last one is in."""
         loader = self._loader
         window = 4 * (loader.prefetch + loader.lookahead) + 8
         target = min(self.where.furthest + loader.lookahead, self.where.slowest + window)
-        if self._open is not None:  # a block of several steps started is drawn to its end
+        if self._open is not None:
             target = max(target, self._open.end)
+        if drawn_to is not None and self.block_steps > 1 and drawn_to > self._origin:
+            target = max(target, self.block_end(drawn_to - 1))
         return target
+
+    def block_end(self, step: int) -> int:
+        """The step after the last of the block that holds ``step`` (``step + 1`` where
+        every step is a block of its own)."""
+        if self.block_steps <= 1:
+            return step + 1
+        return block_of(step, self._origin, self.block_steps)[1]
+
+    def batch_end(self, first: int, most: int) -> int:
+        """:func:`.blocks.batch_end` for this job's blocks."""
+        return batch_end(first, most, self._origin, self.block_steps)
 
     @property
     def offered_step(self) -> int | None:

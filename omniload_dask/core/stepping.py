@@ -63,6 +63,7 @@ class StepCycle:
         self.end_step: int | None = None  # the stream ends here (every source exhausted)
         self.in_flight: list[DrawnStep] = []  # drawn, not committed, in step order
         self.max_in_flight = 1
+        self.waits_for_reads = False  # the last draw found nothing: a source must report first
         self._flight_tokens = 0  # tokens of the steps in flight
 
     @property
@@ -78,6 +79,7 @@ class StepCycle:
     def draw(self) -> tuple[DrawnStep | None, list[Action]]:
         """Draw step ``next_step`` (None: a source must report first, or the stream ended),
         and the releases of units that live changes dropped."""
+        self.waits_for_reads = False
         actions = self._apply_changes(self.next_step)
         started = time.perf_counter()
         weights = self._sources.weights_at(self.next_step, self.drawn_tokens)
@@ -88,6 +90,7 @@ class StepCycle:
             return None, actions if self.in_flight else self._end(actions)
         docs = self._drawer.draw(self.next_step, weights)
         if docs is None:
+            self.waits_for_reads = True
             return None, actions
         if len(docs.sources) == 0:  # every source with weight ran out during this step
             return None, actions if self.in_flight else self._end(actions)
