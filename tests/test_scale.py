@@ -250,3 +250,23 @@ def test_the_planning_thread_plans_whole_blocks_of_steps(small_sources, monkeypa
         assert batch[0] == 0 or batch[0] % 4 == 1
         assert batch[-1] == 0 or batch[-1] % 4 == 0
         assert len(batch) <= planner.STEPS_AT_ONCE
+
+
+def test_checkpoint_snapshots_are_taken_while_blocks_of_steps_are_drawn(
+    small_sources, tmp_path, monkeypatch
+):
+    # Steps of a block drawn in part wait in flight, and a snapshot needs none in flight: when
+    # one is due, the job lets them through, and the snapshot follows.
+    monkeypatch.setattr(planner, "INLINE_MS", -1.0)
+    plan = make_plan(
+        small_sources, name="snapshots", loader={"steps_per_task": 4},
+        checkpoint={"url": str(tmp_path / "ckpt"), "flush_seconds": 0.05, "compact_every": 4,
+                    "keep_bases": 50},
+    )  # fmt: skip
+    ref = reference(make_plan(small_sources, name="snapshots", loader={"steps_per_task": 4}), 20)
+    with Job.start(plan, workers=2, dashboard_address=None) as job:
+        got = collect(job, steps=20)  # (rank by rank: within the draw's window of 24 steps)
+        job.flush_checkpoint()
+        bases = job.stats()["checkpoint"]["bases"]
+    assert_same(ref, got)
+    assert len(bases) >= 2 and max(bases) > 0  # the first base, and snapshots after it

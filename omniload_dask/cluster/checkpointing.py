@@ -76,6 +76,9 @@ class CheckpointSchedule:
         self._on_more = on_more
         self._flushing: asyncio.Future[Any] | None = None
         self._last_flush = time.monotonic()
+        # A snapshot was due at the last flush, with steps in flight: the job lets its steps
+        # in flight through (it holds none back for its block), and the next tick takes it.
+        self.snapshot_waits = False
         # what storage errors may echo: taken out of the log line and the error shown
         self._secrets = secret_values([spec.storage_options, {"url": spec.url}])
 
@@ -89,7 +92,8 @@ class CheckpointSchedule:
         if deltas:
             writer.add(deltas)
         due = time.monotonic() - self._last_flush >= self._spec.flush_seconds
-        if not writer.pending() or not (due or force):
+        due = due or force or (self.snapshot_waits and not coord.busy)
+        if not writer.pending() or not due:
             return self._flushing
         if self._flushing is not None and not self._flushing.done():
             return self._flushing
@@ -99,7 +103,9 @@ class CheckpointSchedule:
         latest = writer.manifest.bases[-1]["step"] if writer.manifest.bases else 0
         # No snapshot while a step is being planned (its figures are not counted yet): the
         # next flush compacts instead.
-        compact = coord.next_step - latest >= self._spec.compact_every and not coord.busy
+        wanted = coord.next_step - latest >= self._spec.compact_every
+        compact = wanted and not coord.busy
+        self.snapshot_waits = wanted and not compact
         state = coord.state_dict() if compact else None
         self._last_flush = time.monotonic()
         self._flushing = asyncio.get_running_loop().run_in_executor(None, writer.flush, state)

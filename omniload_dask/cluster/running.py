@@ -284,7 +284,8 @@ class RunningJob:
                     coord.commit_step(planned)
                 return
             self._drawn = [drawn]
-        batch, self._drawn = next_batch(coord, self._drawn, self.planner.batch)
+        hold = self.checkpoints is None or not self.checkpoints.snapshot_waits
+        batch, self._drawn = next_batch(coord, self._drawn, self.planner.batch, hold)
         if not batch:
             return  # the rest of a block: a read's report pokes the pump
         # Off the loop; its end pokes the pump, which commits them.

@@ -390,7 +390,7 @@ def draw_steps(coord: Coordinator, most: int) -> list[DrawnStep]:
 
 
 def next_batch(
-    coord: Coordinator, drawn: list[DrawnStep], most: int
+    coord: Coordinator, drawn: list[DrawnStep], most: int, hold: bool = True
 ) -> tuple[list[DrawnStep], list[DrawnStep]]:
     """Draw on after ``drawn`` (steps drawn and not planned yet, in order, at least one) and
     split them: the steps to plan together now (none: wait), and those that wait.
@@ -399,12 +399,13 @@ def next_batch(
     it ends at a block's end, and while the draw waits for a read, the whole blocks drawn go
     and the steps of a block drawn in part wait for the rest of it: none of them is
     fetchable before the block's last step is drawn, and a block's steps planned together
-    cost less than in two or three batches (BENCHMARKS.md, session 32)."""
+    cost less than in two or three batches (BENCHMARKS.md, session 32). With ``hold`` False
+    (a checkpoint snapshot waits for the steps in flight) every step drawn goes."""
     delivery = coord.delivery
     first = drawn[0].step
     end = delivery.batch_end(first, most)
     drawn = drawn + draw_steps(coord, end - first - len(drawn))
-    if len(drawn) == end - first or not coord.cycle.waits_for_reads or coord.error is not None:
+    if len(drawn) == end - first or not (hold and coord.cycle.waits_for_reads) or coord.error:
         return drawn, []
     ends = [i + 1 for i, d in enumerate(drawn) if d.step + 1 == delivery.block_end(d.step)]
     take = ends[-1] if ends else 0
