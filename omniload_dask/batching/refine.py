@@ -128,12 +128,21 @@ def refine_groups(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: b
 def _pairs(load: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray] | None:
     """(heavy, light) groups, paired heaviest with lightest: the groups more than
     ``tolerance`` of the peak above the mean, at most half of all groups."""
-    peak, mean = float(load.max()), float(load.mean())
-    if peak <= 0 or peak - mean <= tolerance * peak:
+    count = int(pair_counts(load[None, :], tolerance)[0])
+    if not count:
         return None
     order = np.argsort(-load, kind="stable")
-    count = min(int((load - mean > tolerance * peak).sum()), len(load) // 2)
     return order[:count], order[::-1][:count]
+
+
+def pair_counts(rows: np.ndarray, tolerance: float) -> np.ndarray:
+    """Per row of group loads (steps x groups), the pairs :func:`_pairs` makes of it (0:
+    none). A row's max, mean and sums are what the row alone gives, to the bit."""
+    peak, mean = rows.max(axis=1), rows.mean(axis=1)
+    above = ((rows - mean[:, None]) > (tolerance * peak)[:, None]).sum(axis=1)
+    count = np.minimum(above, rows.shape[1] // 2)
+    count[(peak <= 0) | (peak - mean <= tolerance * peak)] = 0
+    return count
 
 
 class StepPairs(NamedTuple):

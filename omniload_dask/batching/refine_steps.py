@@ -74,14 +74,12 @@ def _step_pairs(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, StepPairs]:
     """Each active step's pairs (:func:`~.refine._pairs` on its groups' loads) and probe
     (:func:`_probe`), side by side: heavy and light groups, which steps have pairs, and the
-    round's :class:`~.refine.StepPairs`. The same row by row, in a few calls for all steps
-    (a row's max, mean and stable sort are those of the row alone, to the bit)."""
+    round's :class:`~.refine.StepPairs`, in a few calls for all steps (a row's stable sort
+    is the row alone's, as are its counts: :func:`~.refine.pair_counts`)."""
     rows = load.reshape(steps, groups)
-    peak, mean = rows.max(axis=1), rows.mean(axis=1)
-    has = active & (peak > 0) & (peak - mean > tolerance * peak)
-    count = np.minimum(((rows - mean[:, None]) > (tolerance * peak)[:, None]).sum(axis=1),
-                       groups // 2)  # fmt: skip
-    count[~has] = 0
+    count = refine.pair_counts(rows, tolerance)
+    count[~active] = 0
+    has = count > 0
     if not has.any():
         none = np.zeros(0, np.int64)
         return none, none, has, StepPairs(groups // 2, none, none)

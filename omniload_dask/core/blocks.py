@@ -93,8 +93,6 @@ def batch_end(first: int, most: int, origin: int, steps: int) -> int:
     together: where blocks hold several ``steps``, the last block end within it (a block
     longer than ``most`` steps goes in batches of ``most``)."""
     limit = first + most
-    if steps <= 1:
-        return limit
     end = block_of(first, origin, steps)[1]
     if end > limit:
         return limit

@@ -141,15 +141,13 @@ class Delivery:
         target = min(self.where.furthest + loader.lookahead, self.where.slowest + window)
         if self._open is not None:
             target = max(target, self._open.end)
-        if drawn_to is not None and self.block_steps > 1 and drawn_to > self._origin:
+        if drawn_to is not None:
             target = max(target, self.block_end(drawn_to - 1))
         return target
 
     def block_end(self, step: int) -> int:
         """The step after the last of the block that holds ``step`` (``step + 1`` where
         every step is a block of its own)."""
-        if self.block_steps <= 1:
-            return step + 1
         return block_of(step, self._origin, self.block_steps)[1]
 
     def batch_end(self, first: int, most: int) -> int:
