@@ -57,9 +57,24 @@ def test_blocks_of_dp_groups_hand_each_rank_its_own_part(small_sources, cluster)
         job = Job.start(plan, client=client)
         got = collect(job, steps=4)
         keys = plugin_job(client, "blocks", lambda run: sorted(run.coord.delivery.steps))
+        held = client.run(_block_parts)
         job.stop()
     assert_same(ref, got)
     assert keys  # steps were kept for rebuilds
+    parts = [p for kinds in held.values() for p in kinds]
+    assert parts and set(parts) == {"packed"}  # built packed, as served (cluster.serving)
+
+
+def _block_parts(dask_worker):
+    """What the blocks in a worker's memory hold: ``"packed"`` parts or anything else."""
+    from omniload_dask.cluster.serving import is_packed
+
+    return [
+        "packed" if is_packed(part) else type(part).__name__
+        for key, block in list(dask_worker.data.items())
+        if str(key).startswith("omniload-batch-")
+        for part in block.parts.values()
+    ]
 
 
 def test_one_agent_fetches_every_slice_of_a_dp_group_in_one_round_trip(small_sources, cluster):

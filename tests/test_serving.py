@@ -86,3 +86,38 @@ def test_arrays_of_any_shape_and_empty_ones_keep_their_layout():
     for array in back.micro_batches[0].values():
         if isinstance(array, np.ndarray) and array.size:
             assert array.ctypes.data % array.dtype.itemsize == 0  # aligned views
+
+
+def test_a_block_holds_its_parts_packed_and_its_standby_copy_keeps_them(demo):
+    """Construction packs each part as it is served; a copy of the block for another worker
+    (Dask's serialization of a task result) pickles a few byte strings, not every array."""
+    import pickle
+
+    from dask.sizeof import sizeof
+
+    from omniload_dask.batching.formats import BatchBlock
+    from omniload_dask.cluster.serving import is_packed, packed
+
+    shutil.copy(PLANS / "quickstart.yaml", demo / "quickstart.yaml")
+    plan = load_plan(demo / "quickstart.yaml")
+    plan = type(plan)(**{**vars(plan), "checkpoint": None})
+    wanted: dict[int, GroupBatch] = {}
+    for _, batches in InlineDataPlane(plan).stream(2):
+        for batch in batches.values():
+            wanted[len(wanted)] = batch
+    block = BatchBlock({p: packed(b) for p, b in wanted.items()})
+    assert all(is_packed(v) for v in block.parts.values())
+    buffers: list[object] = []
+    copy = pickle.loads(
+        pickle.dumps(block, protocol=5, buffer_callback=buffers.append), buffers=buffers
+    )
+    assert buffers == []  # in one frame: nothing out of band
+    assert loads(dumps({"x": copy}))["x"].parts.keys() == block.parts.keys()
+    for p, batch in wanted.items():
+        assert_same(batch, unpack_part(over_the_wire(copy.parts[p])))
+    arrays = sum(v.nbytes for b in wanted.values() for mb in b.micro_batches
+                 for v in mb.values() if isinstance(v, np.ndarray))  # fmt: skip
+    assert arrays <= sizeof(block) <= arrays + 2048 * len(wanted)
+    # a part that does not pack stays as it is
+    odd = GroupBatch(step=1, group=0, micro_batches=[{"n": np.int64(3)}])
+    assert packed(odd) is odd

@@ -337,10 +337,12 @@ class BatchBlock:
     """What one construction task holds: the batches of a block of DP groups of one step.
 
     ``parts[p]`` is part p (group ``p // cp``, or its context-parallel slice ``p % cp``); a
-    fetcher asks the worker holding the block for its own part only.
+    fetcher asks the worker holding the block for its own part only. A construction task
+    stores each part packed as the workers serve it (``cluster.serving.pack_part``), or as a
+    :class:`GroupBatch` where it does not pack.
     """
 
-    parts: dict[int, GroupBatch]
+    parts: dict[int, Any]
 
 
 def build(recipe: Recipe, shards: list[Shard], wire: bool = False) -> GroupBatch:
