@@ -133,8 +133,7 @@ class PartServer(WorkerPlugin):
             if value is None:
                 out.append(None)
                 continue
-            if not is_packed(value):  # (a block built before parts were packed on the task
-                value = packed(value)  # thread, or one too large to pack)
+            # packed by its construction (:func:`packed`), unless it would not pack
             self.sent_bytes += packed_size(value) if is_packed(value) else sizeof(value)
             self.sent_parts += 1
             out.append(value if is_packed(value) else _dask.wire(value))

@@ -349,7 +349,7 @@ def construct_block(
     Each part is packed here, on the task thread, as the workers serve it
     (:func:`~omniload_dask.cluster.serving.packed`): serving it then only sends it, and the
     block's standby copy pickles two byte strings a part instead of every array of every
-    micro-batch (a block at DP 8 has 64 parts of 6 arrays each: 384 frames to Dask).
+    micro-batch (a block at DP 8 has 64 parts of 6 arrays each: 385 frames to Dask).
     """
     parts: dict[int, Any] = {}
     for i, table in enumerate(recipes):
