@@ -55,7 +55,6 @@ __all__ = [
     "is_packed",
     "pack_part",
     "packed",
-    "packed_size",
     "unpack_part",
 ]
 
@@ -134,7 +133,7 @@ class PartServer(WorkerPlugin):
                 out.append(None)
                 continue
             # packed by its construction (:func:`packed`), unless it would not pack
-            self.sent_bytes += packed_size(value) if is_packed(value) else sizeof(value)
+            self.sent_bytes += sizeof(value)
             self.sent_parts += 1
             out.append(value if is_packed(value) else _dask.wire(value))
         return out
@@ -152,11 +151,6 @@ def packed(batch: Any) -> Any:
 def is_packed(value: Any) -> bool:
     """Whether ``value`` is a packed part (what :func:`pack_part` returns)."""
     return isinstance(value, dict) and "buffer" in value and "micro" in value
-
-
-def packed_size(value: dict[str, Any]) -> int:
-    """Bytes of a packed part (its buffer and its field descriptions)."""
-    return len(value["buffer"]) + len(value["micro"]) + 64
 
 
 def pack_part(batch: Any) -> dict[str, Any] | None:
