@@ -19,8 +19,8 @@ Systems, each with R trainer ranks as separate processes that import torch, then
 micro-batches (8,192 tokens, one per rank and step by default) as fast as they come:
 
 - ``omniload_ext``: omniload-dask on a cluster started as the README says
-  (``dask scheduler --preload omniload_dask.preload``; ``dask worker ADDRESS --nthreads 2
-  --resources omniload-read=1`` twice; only the ports are chosen freely), with Dask's default
+  (``dask scheduler --preload omniload_dask.preload``; ``dask worker ADDRESS --nthreads 3
+  --resources omniload-read=2`` twice; only the ports are chosen freely), with Dask's default
   settings and the environment a user has; rank 0 calls ``Job.start(plan, address=...)``, every
   rank runs a ``Feeder``.
 - ``omniload_emb``: the embedded cluster (``Job.start(plan, workers=2)`` in its own process).
@@ -47,7 +47,9 @@ the last rank's first batch, then memory while the ranks still run:
 - CPU-seconds per million delivered tokens for each process group (ranks, loader workers, the
   scheduler), and the scheduler's CPU-seconds per step; ``cpu_share_of_raw_limit`` is the raw
   processes' CPU per token over omniload's, the share of the limit that a machine of its own
-  would give (it moves less with the load other users put on a shared machine). For the Dask
+  would give (it moves less with the load other users put on a shared machine). The whole
+  host's busy and idle cores in the window (/proc/stat) tell whether a system leaves CPU unused.
+  For the Dask
   workers, the CPU of their main thread (the event loop: comms, task bookkeeping) and of their
   other threads (tasks, library thread pools), from /proc.
 - first batch: from launch (the loaders' go; for omniload, the ``Job.start`` call) until every
@@ -416,8 +418,8 @@ class Child:
 
 # ------------------------------------------------------------------ the README cluster
 class ReadmeCluster:
-    """``dask scheduler --preload omniload_dask.preload`` and ``dask worker ... --nthreads 2
-    --resources omniload-read=1 --preload omniload_dask.preload`` processes, as the README
+    """``dask scheduler --preload omniload_dask.preload`` and ``dask worker ... --nthreads 3
+    --resources omniload-read=2 --preload omniload_dask.preload`` processes, as the README
     starts them (free ports only)."""
 
     def __init__(self, workers: int, logs: Path, env: dict[str, str]) -> None:
@@ -442,8 +444,8 @@ class ReadmeCluster:
         for i in range(workers):
             self.logs.append(open(logs / f"worker{i}.log", "w"))  # noqa: SIM115
             self.workers.append(subprocess.Popen(
-                [dask, "worker", self.address, "--nthreads", "2", "--resources",
-                 "omniload-read=1", "--preload", "omniload_dask.preload"], stdout=self.logs[-1], stderr=subprocess.STDOUT, env=env))  # fmt: skip
+                [dask, "worker", self.address, "--nthreads", "3", "--resources",
+                 "omniload-read=2", "--preload", "omniload_dask.preload"], stdout=self.logs[-1], stderr=subprocess.STDOUT, env=env))  # fmt: skip
         from distributed import Client
 
         with Client(self.address, timeout=60) as client:
@@ -520,13 +522,13 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         t_first = max(firsts)
         _sleep_until(t_first + args.warmup)
         roots = [pid for pids in groups.values() for pid in pids]
-        t_a, cpu_a = time.monotonic(), cpu_with_reaped(roots)
+        t_a, cpu_a, host_a = time.monotonic(), cpu_with_reaped(roots), _host_cpu()
         spies = _profile(args, system, name, groups) if args.profile else []
         loop_pids = _worker_processes(system, groups)
         sched_pids = groups.get("scheduler", []) if system == "omniload_ext" else []
         threads_a, sched_a = _thread_cpu(loop_pids), _thread_cpu(sched_pids)
         _sleep_until(t_a + args.seconds)
-        t_b, cpu_b = time.monotonic(), cpu_with_reaped(roots)
+        t_b, cpu_b, host_b = time.monotonic(), cpu_with_reaped(roots), _host_cpu()
         scheduler_tree = _scheduler_tree(groups)
         threads_b, sched_b = _thread_cpu(loop_pids), _thread_cpu(sched_pids)
         for spy in spies:
@@ -561,7 +563,17 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         "scheduler_threads": _thread_split(sched_a, sched_b),
         "memory": _memory(samples, before.pss), "processes": _processes(samples),
         "load": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
+        "host": [b - a for a, b in zip(host_a, host_b, strict=True)],
     }  # fmt: skip
+
+
+def _host_cpu() -> tuple[float, float]:
+    """The whole host's CPU-seconds so far from /proc/stat: (busy, idle); idle counts iowait."""
+    fields = [float(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal
+    return busy / tick, idle / tick
 
 
 def _profile(args: argparse.Namespace, system: str, name: str,
@@ -801,6 +813,9 @@ def analyse(run: dict[str, Any], cost: Any, timer: Any, cap: float | None = None
     out["cpu_s_per_mtoken"] = {g: round(float(v) / mtok, 3) for g, v in cpu.items()}
     out["cpu_s_per_mtoken"]["total"] = round(float(sum(cpu.values())) / mtok, 3)
     out["cpu_cores"] = round(float(sum(cpu.values())) / seconds, 3)
+    if run.get("host"):  # the whole host in the window: busy cores, and idle ones
+        out["host_busy_cores"] = round(run["host"][0] / seconds, 3)
+        out["host_idle_cores"] = round(run["host"][1] / seconds, 3)
     if out.get("steps_in_window"):
         out["scheduler_cpu_ms_per_step"] = round(cpu["scheduler"] / out["steps_in_window"] * 1e3, 2)
     return out
@@ -1062,7 +1077,9 @@ def main() -> int:
                       f"{row.get('balance_bound_mean', 0):.3f}); real step/bound "
                       f"{row.get('real_step_time_vs_bound', 0):.3f}; memory "
                       f"{(row.get('memory') or {}).get('total', 0) / MIB:,.0f} MiB in "
-                      f"{row['processes']} procs; load {row['load']}", flush=True)  # fmt: skip
+                      f"{row['processes']} procs; load {row['load']}; host busy/idle cores "
+                      f"{row.get('host_busy_cores')}/{row.get('host_idle_cores')}",
+                      flush=True)  # fmt: skip
                 if row.get("plane"):
                     print(f"{label}: data plane {row['plane']}", flush=True)
     # average rounds
