@@ -3,7 +3,7 @@
     python benchmarks/faults.py [--quick] [--step-ms 100] [--ranks 2] [--workers 3]
 
 The cluster is the one the README documents: ``dask scheduler --preload omniload_dask.preload``
-and ``--workers`` ``dask worker ADDRESS --nthreads 2 --resources omniload-read=1
+and ``--workers`` ``dask worker ADDRESS --nthreads 3 --resources omniload-read=2
 --preload-nanny omniload_dask.rejoin`` processes. A driver process starts the job (demo text
 data, a checkpoint in a temp folder); each of ``--ranks`` trainer ranks is a process of its
 own (``--rank-process``) with a Feeder that takes one step, spends ``--step-ms`` on it (a
@@ -170,9 +170,9 @@ class Cluster:
                     "worker",
                     self.address,
                     "--nthreads",
-                    "2",
+                    "3",
                     "--resources",
-                    "omniload-read=1",
+                    "omniload-read=2",
                     "--preload-nanny",
                     "omniload_dask.rejoin",
                     "--no-dashboard",

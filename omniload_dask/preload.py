@@ -1,7 +1,7 @@
 """The preload for a Dask cluster started by hand, on the scheduler and on the workers::
 
     dask scheduler --preload omniload_dask.preload
-    dask worker tcp://scheduler:8786 --nthreads 2 --resources omniload-read=1 \\
+    dask worker tcp://scheduler:8786 --nthreads 3 --resources omniload-read=2 \\
         --preload omniload_dask.preload
 
 Dask imports this module in the scheduler's or worker's process and calls :func:`dask_setup`.

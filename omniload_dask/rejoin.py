@@ -1,6 +1,6 @@
 """The nanny preload that keeps a ``dask worker`` through a scheduler restart::
 
-    dask worker tcp://scheduler:8786 --nthreads 2 --resources omniload-read=1 \\
+    dask worker tcp://scheduler:8786 --nthreads 3 --resources omniload-read=2 \\
         --preload-nanny omniload_dask.rejoin
 
 A Dask worker whose scheduler connection breaks closes, and by default it asks its nanny to

@@ -325,7 +325,9 @@ def test_a_batch_of_steps_planned_together_ends_at_a_block_end(first, most, step
 
 
 def test_whole_blocks_are_planned_together_and_a_block_drawn_in_part_waits(small_sources):
-    plane = InlineDataPlane(make_plan(small_sources, loader={"steps_per_task": 4}))
+    # four reads in flight (2 workers x 2 read slots x 1), so that some draws wait for one
+    loader = {"steps_per_task": 4, "reads_per_thread": 1}
+    plane = InlineDataPlane(make_plan(small_sources, loader=loader))
     coord = plane.coord
     batches, drawn, waited = [], [], 0
     for _ in range(1000):

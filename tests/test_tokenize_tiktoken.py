@@ -14,7 +14,8 @@ import pytest
 from distributed import Client
 
 from omniload_dask import Job, PlanError, TokenizerError, local_cluster
-from omniload_dask.plan import TokenizerSpec, parse_plan
+from omniload_dask.cluster.tasks import tokenizer_threads
+from omniload_dask.plan import READS_PER_THREAD, TokenizerSpec, parse_plan
 from omniload_dask.preprocess.tokenize import describe, load_tokenizer, own_threads, tokenize
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
@@ -158,7 +159,10 @@ def test_a_tiktoken_plan_streams_the_same_inline_and_on_a_cluster(small_sources,
             own = client.run(
                 lambda: [t.name for t in threading.enumerate() if t.name.startswith("omniload-tok")]
             )
-    # the worker ran one read at a time (its omniload-read resource), so on one thread
+            slots = client.run(lambda dask_worker: dask_worker.state.total_resources)
+    # the worker runs two reads at once (its omniload-read resource) and tokenizes them on one
+    # thread: one read decodes while the other tokenizes
+    assert [s.get("omniload-read") for s in slots.values()] == [READS_PER_THREAD] == [2]
     assert [len(names) for names in own.values()] == [1]
     flat = [mb for step in ref for mb in step]
     assert len(got) == len(flat)
@@ -166,6 +170,11 @@ def test_a_tiktoken_plan_streams_the_same_inline_and_on_a_cluster(small_sources,
         assert_batches_equal(a, {k: v for k, v in b.items() if k != "doc_source_name"})
     ids = np.concatenate([mb["input_ids"] for mb in flat])
     assert ids.max() <= 301 and (ids == 300).sum() > 0  # BPE ids and the plan's BOS
+
+
+def test_a_worker_tokenizes_on_one_thread_for_every_two_read_slots():
+    assert [tokenizer_threads(n) for n in (1, 2, 3, 4, 5, 8)] == [1, 1, 2, 2, 3, 4]
+    assert tokenizer_threads(0) == 1  # a worker that offers no read slot still tokenizes
 
 
 def _tokenize_in_child(spec: TokenizerSpec, texts: list[str], queue: object) -> None:

@@ -38,7 +38,7 @@ from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import settings
 from omniload_dask.cluster.plugin import OmniloadPlugin
 from omniload_dask.errors import JobError
-from omniload_dask.plan import Plan, load_plan, parse_plan
+from omniload_dask.plan import READS_PER_THREAD, Plan, load_plan, parse_plan
 from omniload_dask.trainer.feeder import Feeder
 
 CLOSE_IDLE_TIMEOUT = 3.0  # seconds close() lets a stopped job's running reads finish
@@ -57,7 +57,9 @@ def local_cluster(
     dashboard_address: str | None = ":0",
     **kwargs: Any,
 ) -> LocalCluster:
-    """The embedded cluster: worker processes with ``threads_per_worker`` read slots each.
+    """The embedded cluster: worker processes with ``threads_per_worker`` tokenizing threads
+    each, and :data:`~omniload_dask.plan.READS_PER_THREAD` read slots for each of them (one
+    read decodes its records while another tokenizes).
 
     Each worker also gets one more thread, for constructions: reads ask for the
     ``omniload-read`` resource, so a short construction never waits behind a long read.
@@ -65,7 +67,8 @@ def local_cluster(
     (``/metrics``, ``/health``) then listens on a free port instead of 8787. The cluster runs
     with :data:`.settings.DASK_SETTINGS` (a cluster given by address gets them from the preload).
     """
-    kwargs.setdefault("resources", {"omniload-read": threads_per_worker})
+    slots = threads_per_worker * READS_PER_THREAD
+    kwargs.setdefault("resources", {"omniload-read": slots})
     if kwargs.get("security") is not None and dashboard_address is not None:
         dashboard_address = _loopback(dashboard_address)
     if dashboard_address is None:
@@ -76,7 +79,7 @@ def local_cluster(
     with dask.config.set(settings.DASK_SETTINGS):
         return LocalCluster(
             n_workers=workers,
-            threads_per_worker=threads_per_worker + 1,
+            threads_per_worker=slots + 1,
             processes=processes,
             dashboard_address=dashboard_address,
             **kwargs,

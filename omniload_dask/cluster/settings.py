@@ -4,7 +4,7 @@ The embedded cluster (:func:`.job.local_cluster`) sets them itself; a cluster st
 gets the same through the preload, on the scheduler and on every worker::
 
     dask scheduler --preload omniload_dask.preload
-    dask worker tcp://scheduler:8786 --nthreads 2 --resources omniload-read=1 \\
+    dask worker tcp://scheduler:8786 --nthreads 3 --resources omniload-read=2 \\
         --preload omniload_dask.preload
 
 What they change, and why (measured on the real-corpus head-to-head, ``BENCHMARKS.md``):

@@ -10,6 +10,7 @@ take their own parts (:mod:`.serving`).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers ba
 from omniload_dask.cluster.retry import with_retries
 from omniload_dask.cluster.serving import packed
 from omniload_dask.errors import RecordError, SourceError
-from omniload_dask.plan import ImageSpec, SourceSpec, TokenizerSpec
+from omniload_dask.plan import READS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
@@ -49,6 +50,7 @@ __all__ = [
     "group_parts",
     "read_unit",
     "report_of",
+    "tokenizer_threads",
 ]
 
 MAX_REASONS = 5
@@ -80,12 +82,19 @@ def check_tokenizer(spec: TokenizerSpec, images: ImageSpec | None = None) -> dic
 
 
 def _tokenizer_threads() -> None:
-    """Tokenizers in this worker on threads of their own, as many as it runs reads at once
+    """Tokenizers in this worker on threads of their own
     (:func:`~omniload_dask.preprocess.tokenize.own_threads`), and no library thread pools."""
     settings.single_threaded_tokenizers()
     slots = _dask.worker_read_slots()
     if slots is not None:
-        own_threads(slots)
+        own_threads(tokenizer_threads(slots))
+
+
+def tokenizer_threads(read_slots: int) -> int:
+    """A worker's tokenizing threads: one for each :data:`~omniload_dask.plan.READS_PER_THREAD`
+    of the reads it runs at once (at least one), so that while a read tokenizes the next one
+    reads and decodes its records instead of the tokenizer waiting for it."""
+    return max(1, math.ceil(read_slots / READS_PER_THREAD))
 
 
 def read_unit(

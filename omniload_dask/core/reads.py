@@ -27,7 +27,7 @@ from omniload_dask.core.autoscale import Meter
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import LiveSources, token_shares
 from omniload_dask.core.streams import Unit, UnitRef
-from omniload_dask.plan import Plan
+from omniload_dask.plan import READS_PER_THREAD, Plan
 
 __all__ = ["IN_FLIGHT_STEPS", "MAX_UNITS_AHEAD", "ReadAhead"]
 
@@ -42,15 +42,15 @@ class ReadAhead:
     """
 
     def __init__(self, sources: LiveSources, plan: Plan, keys: Keys) -> None:
-        """Meters for ``sources``; the cluster's threads from ``plan.loader`` until
-        :meth:`on_workers` says otherwise."""
+        """Meters for ``sources``; the cluster's read slots from ``plan.loader`` (the embedded
+        cluster's) until :meth:`on_workers` says otherwise."""
         self._sources = sources
         self._loader = plan.loader
         self._budget = (plan.batch.global_tokens, plan.batch.global_documents)
         self._by_documents = plan.mixing_by == "documents"
         self._keys = keys
         self.workers = plan.loader.workers
-        self.threads = plan.loader.workers * plan.loader.threads_per_worker
+        self.threads = plan.loader.workers * plan.loader.threads_per_worker * READS_PER_THREAD
         self.meters = [Meter() for _ in sources.streams]
         self.construct_meter = Meter()
         self._unit_of: dict[str, tuple[int, UnitRef]] = {}  # read key -> (source, unit)
@@ -91,7 +91,8 @@ class ReadAhead:
         self.construct_meter.add(seconds, batches, batches, 0)
 
     def on_workers(self, workers: int, threads: int) -> None:
-        """The cluster now has ``workers`` workers with ``threads`` threads in all."""
+        """The cluster now has ``workers`` workers running ``threads`` reads at once in all
+        (their ``omniload-read`` resources, else their threads)."""
         self.workers = max(0, int(workers))
         self.threads = max(0, int(threads))
 

@@ -65,6 +65,7 @@ from omniload_dask.plan.plan import Plan
 from omniload_dask.plan.specs import (
     BYTE_IMAGE_TOKEN,
     NO_CAP,
+    READS_PER_THREAD,
     BatchSpec,
     BucketSpec,
     CheckpointSpec,
@@ -83,6 +84,7 @@ from omniload_dask.plan.specs import (
 __all__ = [
     "BYTE_IMAGE_TOKEN",
     "NO_CAP",
+    "READS_PER_THREAD",
     "BatchSpec",
     "BucketSpec",
     "CheckpointSpec",
