@@ -239,7 +239,7 @@ def test_prefetch_on_an_event_loop_retries_lost_connections_and_raises_job_error
     assert pre.reconnects == 1
 
 
-def test_the_default_steps_per_task_fills_a_task_with_half_a_million_tokens_of_small_steps(
+def test_the_default_steps_per_task_fills_a_task_with_a_million_tokens_of_small_steps(
     small_sources,
 ):
     def steps(dp: int, seq_len: int = 8192, micro: int = 1, **loader: int) -> int:
@@ -247,12 +247,12 @@ def test_the_default_steps_per_task_fills_a_task_with_half_a_million_tokens_of_s
         plan = make_plan(small_sources, layout={"dp": dp}, batch=batch, loader=loader)
         return steps_per_task(plan)
 
-    assert [steps(dp) for dp in (1, 8, 16, 64, 65, 1024)] == [8, 8, 4, 1, 1, 1]
-    assert steps(8, micro=4) == 2
+    assert [steps(dp) for dp in (1, 8, 16, 64, 65, 1024)] == [16, 16, 8, 2, 1, 1]
+    assert steps(8, micro=4) == 4
     assert steps(8, groups_per_task=4) == 1  # several blocks a step: one step a task
     assert steps(1024, steps_per_task=3) == 3  # the plan's own choice wins
     plan = make_plan(small_sources, layout={"dp": 8}, batch={"seq_len": 8192, "micro_batches": 1})
-    assert fetch_depth(plan) == 16  # a rank asks for two blocks' steps at most
+    assert fetch_depth(plan) == 32  # a rank asks for two blocks' steps at most
     with pytest.raises(PlanError, match="steps_per_task"):
         make_plan(small_sources, loader={"steps_per_task": -1})
 

@@ -244,6 +244,9 @@ def test_the_planning_thread_plans_whole_blocks_of_steps(small_sources, monkeypa
     # steps wait for one another and go to the planning thread together (whole blocks, up
     # to the planner's batch of steps).
     monkeypatch.setattr(planner, "INLINE_MS", -1.0)  # every step off the loop
+    # batches of 8 steps at most: the ranks fetch one after another here, so the job draws
+    # only about 24 steps, and batches of 16 would be too few to tell anything
+    monkeypatch.setattr(planner, "STEPS_AT_ONCE", 8)
     batches: list[list[int]] = []
     start = planner.StepPlanning.start
 

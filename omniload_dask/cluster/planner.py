@@ -43,7 +43,7 @@ __all__ = ["INLINE_MS", "PROCESS_MIN_GROUPS", "STEPS_AT_ONCE", "StepPlanning"]
 logger = logging.getLogger(__name__)
 INLINE_MS = 1.0
 PROCESS_MIN_GROUPS = 64
-STEPS_AT_ONCE = 8  # steps drawn ahead and planned together in the thread, at most
+STEPS_AT_ONCE = 16  # steps drawn ahead and planned together in the thread, at most
 
 _planner: StepPlanner | None = None  # in a planning process: the job's planner
 

@@ -5,7 +5,7 @@ where one block holds every group of a step and a step is small, one builds
 ``steps_per_task`` consecutive steps (a task costs the scheduler and a worker a few ms of CPU
 whatever its size)::
 
-    dp 8, 8,192 tokens a group     one block a step (8 groups) ... of 8 steps (0.5 M tokens)
+    dp 8, 8,192 tokens a group     one block a step (8 groups) ... of 16 steps (1 M tokens)
     dp 1,024                       128 groups a block, 8 blocks a step, one step each
 
 A block of several steps is gathered as its steps are drawn (:class:`OpenBlock`): a job's first
@@ -32,6 +32,7 @@ __all__ = [
     "BLOCKS_PER_STEP",
     "BLOCK_TOKENS",
     "MAX_BLOCK_STEPS",
+    "STEP_BLOCK_TOKENS",
     "OpenBlock",
     "batch_end",
     "fetch_depth",
@@ -43,7 +44,13 @@ BLOCKS_PER_STEP = 8  # with loader.groups_per_task 0 (auto): at most about this 
 # ... and each auto block holds at least this many tokens (or every group): a task costs the
 # scheduler and a worker a few ms of CPU whatever its size, about what packing 0.5 M tokens does
 BLOCK_TOKENS = 1 << 19
-MAX_BLOCK_STEPS = 8  # steps one auto block holds at most (the ranks' prefetch follows it)
+# Where one block holds a whole step, an auto block holds steps of about this many tokens, at
+# most MAX_BLOCK_STEPS (the ranks' prefetch follows it): 16 steps at dp 8 with one 8,192-token
+# micro-batch a group. Against blocks of 8 steps there, 14 % less scheduler CPU a step and
+# 6-7 % more tokens/s (BENCHMARKS.md, session 35): half the construction tasks, their standby
+# copies and the ranks' requests, and twice the steps planned side by side.
+STEP_BLOCK_TOKENS = 1 << 20
+MAX_BLOCK_STEPS = 16
 
 
 def groups_per_task(plan: Plan) -> int:
@@ -60,15 +67,16 @@ def groups_per_task(plan: Plan) -> int:
 
 def steps_per_task(plan: Plan) -> int:
     """Consecutive steps one block task builds: ``loader.steps_per_task``, or (0) enough for
-    :data:`BLOCK_TOKENS` tokens (at most :data:`MAX_BLOCK_STEPS`) where one block holds every
-    DP group of a step, else 1 (8 steps at dp 8 with one 8,192-token micro-batch a group)."""
+    :data:`STEP_BLOCK_TOKENS` tokens (at most :data:`MAX_BLOCK_STEPS`) where one block holds
+    every DP group of a step, else 1 (16 steps at dp 8 and 8 at dp 16 with one 8,192-token
+    micro-batch a group)."""
     given = plan.loader.steps_per_task
     if given > 0:
         return given
     if groups_per_task(plan) < plan.layout.dp:
         return 1
     step_tokens = max(1, plan.layout.dp * plan.batch.seq_len * plan.batch.micro_batches)
-    return max(1, min(MAX_BLOCK_STEPS, BLOCK_TOKENS // step_tokens))
+    return max(1, min(MAX_BLOCK_STEPS, STEP_BLOCK_TOKENS // step_tokens))
 
 
 def fetch_depth(plan: Plan) -> int:
