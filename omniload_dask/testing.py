@@ -132,6 +132,7 @@ class InlineDataPlane:
             read.start,
             read.stop,
             images=self.plan.images,
+            more=read.more,
         )
         self.reads += 1
         self.shards[read.key] = shard

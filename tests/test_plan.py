@@ -65,10 +65,6 @@ def test_resolved_plan_round_trips_through_to_dict():
         ({"sources": [SRC, SRC]}, "sources[1].name: duplicates sources[0].name"),
         ({"sources": []}, "sources: must be a non-empty list"),
         ({"sources": [{**SRC, "path": 3}]}, "sources[0].path: must be a path"),
-        (
-            {"sources": [{**SRC, "format": "parquet", "unit_bytes": "1MiB"}]},
-            "sources[0].unit_bytes: only applies to format: jsonl",
-        ),
         ({"sources": [{**SRC, "unit_bytes": "lots"}]}, "sources[0].unit_bytes: must be a byte"),
         ({"batch": {"seq_len": 4}}, "batch.seq_len: must be >= 8, got 4"),
         (

@@ -146,6 +146,7 @@ class ActionExecutor:
             read.stop,
             plan.images,
             plan.loader.read_retries,  # transient errors only, inside the task (not Dask's)
+            read.more,
             key=read.key,
             priority=read_priority(lead),
             resources=self._read_resources(),

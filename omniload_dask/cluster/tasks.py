@@ -108,8 +108,13 @@ def read_unit(
     stop: int,
     images: ImageSpec | None = None,
     retries: int = 0,
+    more: Sequence[tuple[int, str, int, int]] = (),
 ) -> Shard:
     """Read, decode and tokenize one unit; bad records raise or are skipped and counted.
+
+    ``more``: further ``(file index, file url, start, stop)`` reads of a unit of several small
+    files (:func:`~omniload_dask.sources.catalog.merge_small_files`), after the first; the
+    shard holds their records after its own, in that order.
 
     Image-text sources (``images``: the plan's image settings) decode every image on the way; a
     record with a bad image is a bad record. The data plane gets the records' token counts
@@ -130,7 +135,30 @@ def read_unit(
         start,
         stop,
         images,
+        tuple(more),
     )
+
+
+def _read_records(
+    spec: SourceSpec, reads: Sequence[tuple[int, str, int, int]]
+) -> tuple[RawRecords, np.ndarray, list[str]]:
+    """The records of ``reads`` in order, the file index of each, and the url of each bad one
+    (a unit of one read: its own records as the format reads them)."""
+    if len(reads) == 1:
+        f, url, lo, hi = reads[0]
+        records = read_unit_records(spec, url, lo, hi)
+        return records, np.full(len(records.offsets), f, np.int64), [url] * len(records.bad)
+    texts: list[str] = []
+    offsets, files, bad, urls = [], [], [], []
+    for f, url, lo, hi in reads:
+        one = read_unit_records(spec, url, lo, hi)
+        texts += one.texts
+        offsets.append(np.asarray(one.offsets, np.int64))
+        files.append(np.full(len(one.offsets), f, np.int64))
+        bad += one.bad
+        urls += [url] * len(one.bad)
+    records = RawRecords(texts, np.concatenate(offsets), bad)
+    return records, np.concatenate(files), urls
 
 
 def _read_unit(
@@ -143,10 +171,11 @@ def _read_unit(
     start: int,
     stop: int,
     images: ImageSpec | None,
+    more: tuple[tuple[int, str, int, int], ...] = (),
 ) -> Shard:
     _tokenizer_threads()  # before the tokenizer's first use in this process
     t0 = time.perf_counter()
-    records = read_unit_records(spec, file_url, start, stop)
+    records, files, bad_urls = _read_records(spec, [(file_index, file_url, start, stop), *more])
     t1 = time.perf_counter()
     table = None
     bad_images = 0
@@ -156,10 +185,12 @@ def _read_unit(
         before = len(records.bad)
         records, pixels = _decode_images(records, image_spec)
         bad_images = len(records.bad) - before
+        bad_urls += [file_url] * bad_images  # (an image source's unit is one read)
+        files = np.full(len(records.offsets), file_index, np.int64)
     t2 = time.perf_counter()
     bad = [
-        f"source {spec.name!r}: file {file_url!r}: record at offset {offset}: {reason}"
-        for offset, reason in records.bad
+        f"source {spec.name!r}: file {url!r}: record at offset {offset}: {reason}"
+        for (offset, reason), url in zip(records.bad, bad_urls, strict=True)
     ]
     if bad and on_error == "raise":
         raise RecordError(bad[0] + " (set on_error: skip to skip and count such records)")
@@ -168,13 +199,16 @@ def _read_unit(
         placeholder = image_token_id(tokenizer, image_spec.placeholder)
         tokens, offsets, table = _place(tokens, offsets, pixels, image_spec, placeholder, tokenizer)
     t3 = time.perf_counter()
-    ids = encode_sample_ids(source_index, file_index, records.offsets)
+    ids = encode_sample_ids(source_index, files, records.offsets)
     lengths = np.diff(offsets)
     empty = lengths == 0
     if empty.any():  # nothing to train on (empty text and no BOS/EOS): skip and count
+        url_of = {file_index: file_url, **{f: url for f, url, _, _ in more}}
         bad += [
-            f"source {spec.name!r}: file {file_url!r}: record at offset {int(o)}: empty"
-            for o in records.offsets[empty][:MAX_REASONS]
+            f"source {spec.name!r}: file {url_of[int(f)]!r}: record at offset {int(o)}: empty"
+            for f, o in zip(
+                files[empty][:MAX_REASONS], records.offsets[empty][:MAX_REASONS], strict=True
+            )
         ]
         keep = ~empty
         ids = ids[keep]

@@ -29,7 +29,12 @@ __all__ = ["Action", "ReadSpec", "Release", "SubmitConstruct", "SubmitRead"]
 
 @dataclass(frozen=True)
 class ReadSpec:
-    """Everything a read task needs; the key is deterministic within a run."""
+    """Everything a read task needs; the key is deterministic within a run.
+
+    ``more`` are further ``(file index, file url, start, stop)`` reads of the same task, after
+    the first (a unit of several small files, :func:`~omniload_dask.sources.catalog.
+    merge_small_files`): its records are theirs in this order.
+    """
 
     key: str
     source: int
@@ -37,6 +42,7 @@ class ReadSpec:
     file_url: str
     start: int
     stop: int
+    more: tuple[tuple[int, str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -105,11 +105,10 @@ class ReadAhead:
     # -- decisions ---------------------------------------------------------------------------
     def read_spec(self, source: int, unit: Unit, part: int = 0) -> ReadSpec:
         """What the read task of ``unit``'s part ``part`` reads."""
-        stream = self._sources.streams[source]
-        f, lo, hi = (int(v) for v in stream.catalog.units[unit.catalog_index])
-        if unit.parts > 1:
-            lo, hi = stream.catalog.parts(unit.catalog_index, unit.parts)[part]
-        return ReadSpec(unit.keys[part], source, f, stream.catalog.files[f], lo, hi)
+        catalog = self._sources.streams[source].catalog
+        (f, lo, hi), *rest = catalog.reads(unit.catalog_index, unit.parts)[part]
+        more = tuple((g, catalog.files[g], a, b) for g, a, b in rest)
+        return ReadSpec(unit.keys[part], source, f, catalog.files[f], lo, hi, more)
 
     def submit(self, weights: np.ndarray, starved: set[int]) -> list[SubmitRead]:
         """Reads to submit now for sources with ``weights`` > 0 (the larger of the weights
@@ -187,9 +186,8 @@ class ReadAhead:
         )
         self._last_parts[source] = parts
         if parts > 1:
-            unit.parts = len(catalog.parts(u, parts))
-            n = unit.parts
-            unit.part_sizes = tuple((p + 1) * size // n - p * size // n for p in range(n))
+            unit.part_sizes = tuple(catalog.read_sizes(u, parts))
+            unit.parts = len(unit.part_sizes)
 
     # -- figures -----------------------------------------------------------------------------
     def read_work(self, weights: np.ndarray) -> np.ndarray:

@@ -76,13 +76,9 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
         fail(f.at("unit_records"), "only applies to parquet and webdataset", unit_records)
     if fmt == "webdataset" and unit_records is None:
         unit_records = 64
+    # JSON Lines: the byte ranges a file is cut into; every format: up to how many bytes of
+    # small whole files one read unit holds (sources.catalog.merge_small_files)
     unit_bytes = f.size("unit_bytes", 4 * 2**20, min=MIN_UNIT_BYTES, max=MAX_UNIT_BYTES)
-    if f.has("unit_bytes") and fmt != "jsonl":
-        fail(
-            f.at("unit_bytes"),
-            "only applies to format: jsonl (parquet reads row groups)",
-            f.raw("unit_bytes"),
-        )
     opts = f.storage_options()
     epochs = f.optional_int("epochs", min=1, max=MAX_EPOCHS)
     f.done()

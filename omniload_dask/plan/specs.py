@@ -70,8 +70,8 @@ def source_dict(spec: SourceSpec) -> dict[str, Any]:
     data = asdict(spec)
     data["path"] = list(data.pop("paths"))
     data["storage_options"] = dict(spec.storage_options)
-    if spec.format != "jsonl":
-        data.pop("unit_bytes")
+    if spec.format != "jsonl" and spec.unit_bytes == SourceSpec.unit_bytes:
+        data.pop("unit_bytes")  # (other formats use it only to merge small files)
     if spec.epochs is None:
         data.pop("epochs")
     if not spec.image:

@@ -1,8 +1,13 @@
 """What discovery found for one source, as pure data: its files, read units and their sizes.
 
 The data plane holds one :class:`Catalog` per source and never opens a file: it numbers the
-units, sizes their reads and cuts costly ones into parts (:meth:`Catalog.parts`). Discovery
+units, sizes their reads and cuts costly ones into parts (:meth:`Catalog.reads`). Discovery
 (:func:`~omniload_dask.sources.registry.discover_source`) builds it on a worker.
+
+Small files are read several at a time (:func:`merge_small_files`): a read unit holds
+consecutive whole files up to the source's ``unit_bytes``, where each of them is a unit of its
+own. Every read task costs the scheduler and the workers a few ms of CPU whatever its size, so
+a corpus of files of a few hundred KB would otherwise pay it for every file.
 """
 
 from __future__ import annotations
@@ -14,18 +19,31 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MIN_PART_BYTES", "Catalog", "catalog_fingerprint"]
+__all__ = [
+    "MAX_FILES_PER_UNIT",
+    "MIN_PART_BYTES",
+    "Catalog",
+    "catalog_fingerprint",
+    "merge_small_files",
+]
 
 MIN_PART_BYTES = 64 * 1024  # a byte-range part is at least this long
+MAX_FILES_PER_UNIT = 64  # whole files one read unit holds at most (merge_small_files)
+Piece = tuple[int, int, int]  # (file index, start, stop): what one format read reads
 
 
 @dataclass(frozen=True)
 class Catalog:
     """What discovery found for one source: its files and read units, in a fixed order.
 
-    ``units`` is an int64 array of rows ``(file index, start, stop)``. ``rows`` holds the number
-    of records per unit where the format knows it up front (Parquet, tar shards), else -1.
-    A unit can be read in parts (:meth:`parts`); which records it holds never depends on that.
+    ``units`` is an int64 array of rows ``(file index, start, stop)``: the format's units, one
+    read each. ``rows`` holds the number of records per row of ``units`` where the format knows
+    it up front (Parquet, tar shards), else -1. ``groups`` (None: one row each) gathers
+    consecutive rows into the data plane's read units: unit ``u`` is rows
+    ``groups[u]:groups[u + 1]``, read one after another in one task (whole small files, see
+    :func:`merge_small_files`). A unit can be read in parts (:meth:`reads`); which records it
+    holds never depends on that. :meth:`num_units`, :meth:`size`, :meth:`max_parts` and
+    :meth:`reads` number the read units; :meth:`parts` the rows of ``units``.
     """
 
     source: str
@@ -36,38 +54,96 @@ class Catalog:
     split: str = "none"
     marks: np.ndarray | None = None
     mark_index: np.ndarray | None = None
+    groups: np.ndarray | None = None
 
     @property
     def num_units(self) -> int:
         """How many read units the source has (one epoch reads each once)."""
-        return len(self.units)
+        return len(self.units) if self.groups is None else len(self.groups) - 1
+
+    def _rows_of(self, u: int) -> range:
+        """The rows of ``units`` that read unit ``u`` holds."""
+        if self.groups is None:
+            return range(u, u + 1)
+        return range(int(self.groups[u]), int(self.groups[u + 1]))
 
     def size(self, u: int) -> int:
         """What a unit's read cost is measured per: its records if known, else its bytes."""
-        if self.rows[u] >= 0:
-            return int(self.rows[u])
-        _, start, stop = (int(v) for v in self.units[u])
+        rows = self._rows_of(u)
+        if len(rows) > 1:
+            return sum(self._row_size(r) for r in rows)
+        return self._row_size(rows[0])
+
+    def _row_size(self, r: int) -> int:
+        if self.rows[r] >= 0:
+            return int(self.rows[r])
+        _, start, stop = (int(v) for v in self.units[r])
         return max(1, _end(stop) - start)
 
     def max_parts(self, u: int) -> int:
-        """How many parts unit ``u`` can be read in (1: it cannot be split)."""
-        _, start, stop = (int(v) for v in self.units[u])
+        """How many parts unit ``u`` can be read in (1: it cannot be split); a unit of several
+        files splits between them."""
+        rows = self._rows_of(u)
+        if len(rows) > 1:
+            return len(rows)
+        return self._row_max_parts(rows[0])
+
+    def _row_max_parts(self, r: int) -> int:
+        _, start, stop = (int(v) for v in self.units[r])
         if self.split in ("rows", "marks"):
-            return max(1, int(self.rows[u]))
+            return max(1, int(self.rows[r]))
         if self.split == "bytes":
             return max(1, (_end(stop) - start) // MIN_PART_BYTES)
         return 1
 
+    def reads(self, u: int, count: int) -> list[list[Piece]]:
+        """What each of ``count`` reads that together hold unit ``u``'s records reads, in
+        order: a list of ``(file index, start, stop)`` each (``count`` is capped by
+        :meth:`max_parts`). A unit of one row is cut as :meth:`parts` cuts it; a unit of
+        several files into runs of whole files, of about equal sizes::
+
+            unit of rows (3, 0, 50), (4, 0, 70), (5, 0, 30), 2 reads
+                -> [(3, 0, 50), (4, 0, 70)], [(5, 0, 30)]
+        """
+        rows = self._rows_of(u)
+        if len(rows) == 1:
+            f = int(self.units[rows[0], 0])
+            return [[(f, a, b)] for a, b in self.parts(rows[0], count)]
+        count = max(1, min(int(count), len(rows)))
+        sizes = np.asarray([self._row_size(r) for r in rows], dtype=np.float64)
+        ends = np.cumsum(sizes)
+        # cut after the row where each share of the total is reached (at least one row a read)
+        cuts = [0]
+        for p in range(1, count):
+            at = int(np.searchsorted(ends, ends[-1] * p / count, side="left")) + 1
+            cuts.append(min(max(at, cuts[-1] + 1), len(rows) - (count - p)))
+        cuts.append(len(rows))
+        pieces = [tuple(int(v) for v in self.units[r]) for r in rows]
+        return [[pieces[i] for i in range(a, b)] for a, b in itertools.pairwise(cuts)]  # type: ignore[misc]
+
+    def read_sizes(self, u: int, count: int) -> list[int]:
+        """The :meth:`size` of each of :meth:`reads`' reads (they add up to the unit's)."""
+        rows = self._rows_of(u)
+        if len(rows) == 1:
+            size = self.size(u)
+            n = len(self.reads(u, count))
+            return [(p + 1) * size // n - p * size // n for p in range(n)]
+        out, r = [], rows.start
+        for read in self.reads(u, count):
+            out.append(sum(self._row_size(r + i) for i in range(len(read))))
+            r += len(read)
+        return out
+
     def parts(self, u: int, count: int) -> list[tuple[int, int]]:
-        """``(start, stop)`` of each of ``count`` reads that together hold unit ``u``'s records,
-        in file order (``count`` is capped by :meth:`max_parts`)::
+        """``(start, stop)`` of each of ``count`` reads that together hold the records of row
+        ``u`` of ``units``, in file order (``count`` is capped by its own part count)::
 
             rows   unit (f, 100, 164), 2 parts -> (100, 132), (132, 164)
             bytes  unit (f, 0, 4096), 2 parts  -> (0, 2048), (2048, 4096)
             marks  records at 0, 700, 1900 of unit (f, 0, 2400), 2 parts -> (0, 700), (700, 2400)
         """
         _, start, stop = (int(v) for v in self.units[u])
-        count = max(1, min(int(count), self.max_parts(u)))
+        count = max(1, min(int(count), self._row_max_parts(u)))
         if count == 1:
             return [(start, stop)]
         if self.split == "rows" or self.split == "bytes":
@@ -86,7 +162,54 @@ def catalog_fingerprint(catalog: Catalog) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(list(catalog.files)).encode())
     h.update(np.ascontiguousarray(catalog.units, dtype=np.int64).tobytes())
+    if catalog.groups is not None:
+        h.update(b"groups")
+        h.update(np.ascontiguousarray(catalog.groups, dtype=np.int64).tobytes())
     return h.hexdigest()[:16]
+
+
+def merge_small_files(
+    units: np.ndarray, rows: np.ndarray, sizes: list[int], unit_bytes: int,
+    unit_records: int | None = None,
+) -> np.ndarray | None:  # fmt: skip
+    """Read units of consecutive whole small files (``Catalog.groups``), or None where no two
+    merge. A row of ``units`` that is its file's only one joins the run before it while the
+    run's files stay within ``unit_bytes`` on storage (and ``unit_records`` records, where the
+    plan sets it and the rows are known), at most :data:`MAX_FILES_PER_UNIT` files::
+
+        files of 1, 1, 3, 1 MiB (one row each), unit_bytes 4 MiB -> units [0, 1], [2, 3]
+    """
+    n = len(units)
+    if n < 2:
+        return None
+    files = units[:, 0]
+    per_file = np.bincount(files, minlength=len(sizes))
+    starts = [0]
+    run_bytes = run_rows = 0
+    prev_whole = False
+    for r in range(n):
+        f = int(files[r])
+        whole = per_file[f] == 1
+        size, count = int(sizes[f]) if f < len(sizes) else unit_bytes, int(rows[r])
+        fits = (
+            whole
+            and prev_whole
+            and r - starts[-1] < MAX_FILES_PER_UNIT
+            and run_bytes + size <= unit_bytes
+            and (
+                unit_records is None
+                or (min(count, run_rows) >= 0 and run_rows + count <= unit_records)
+            )
+        )
+        if r > 0 and not fits:
+            starts.append(r)
+            run_bytes = run_rows = 0
+        run_bytes += size
+        run_rows = run_rows + count if count >= 0 and run_rows >= 0 else -1
+        prev_whole = whole
+    if len(starts) == n:
+        return None
+    return np.asarray([*starts, n], dtype=np.int64)
 
 
 def _end(stop: int) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, SourceFormat
-from omniload_dask.sources.catalog import Catalog
+from omniload_dask.sources.catalog import Catalog, merge_small_files
 from omniload_dask.sources.files import filesystem, list_files
 
 __all__ = ["discover_source", "formats", "get_format", "list_source", "read_unit_records"]
@@ -43,7 +43,8 @@ def list_source(spec: SourceSpec) -> list[str]:
 
 
 def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
-    """List a source's files and split them into read units (runs on a worker).
+    """List a source's files and split them into read units (runs on a worker); small whole
+    files of a text source are read several to a unit (:func:`.catalog.merge_small_files`).
 
     A file that cannot be parsed fails here, naming it; with ``on_error="skip"`` it gets a
     unit whose read reports it as a bad record instead.
@@ -59,6 +60,11 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
             f"source {spec.name!r}: cannot split its {len(files)} files into read units: "
             f"{type(exc).__name__}: {exc}"
         ) from None
+    groups = None
+    if not spec.has_images:  # image records are large: their files are read one by one
+        groups = merge_small_files(
+            found.table, found.rows, sizes, spec.unit_bytes, spec.unit_records
+        )
     return Catalog(
         source=spec.name,
         files=tuple(files),
@@ -68,6 +74,7 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
         split=found.split,
         marks=found.marks,
         mark_index=found.mark_index,
+        groups=groups,
     )
 
 
