@@ -66,9 +66,10 @@ class InlineDataPlane:
             saved, state = load_for_resume(plan, resume)
             sources = registry_plan(plan, state)
         catalogs = [tasks.discover(spec, plan.on_error) for spec in sources.sources]
+        if state is not None:
+            catalogs = check_catalogs(state, catalogs)
         self.coord = Coordinator(sources, catalogs, run_id, start_step=start_step)
         if state is not None:
-            check_catalogs(state, catalogs)
             self.coord.load_state_dict(state)
             if saved is not None and saved.plan.stream_fingerprint() != plan.stream_fingerprint():
                 apply_new_plan(self.coord, plan, catalogs)

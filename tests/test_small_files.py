@@ -11,10 +11,10 @@ from omniload_dask import Job
 from omniload_dask.cluster import tasks
 from omniload_dask.core.actions import SubmitRead
 from omniload_dask.plan import parse_plan
-from omniload_dask.sources import decode_sample_id
+from omniload_dask.sources import decode_sample_id, registry
 from omniload_dask.sources.catalog import MAX_FILES_PER_UNIT, merge_small_files
 from omniload_dask.sources.registry import discover_source, read_unit_records
-from omniload_dask.testing import InlineDataPlane
+from omniload_dask.testing import InlineDataPlane, check_resume_equivalence
 
 from .datagen import plan_dict, texts, write_jsonl, write_parquet
 from .test_cluster import assert_same, collect, reference
@@ -174,3 +174,24 @@ def test_small_files_on_a_cluster_stream_as_the_reference(small_files):
     with Job.start(plan, workers=2, dashboard_address=None) as job:
         got = collect(job)
     assert_same(ref, got)
+
+
+def test_a_checkpoint_saved_before_files_were_merged_resumes_reading_one_file_a_unit(
+    small_files, tmp_path, monkeypatch
+):
+    # The uninterrupted run reads one file a unit, as before merging (its checkpoint holds
+    # that catalog's fingerprint); the restored runs discover merged units, and resume with
+    # one file a unit instead of refusing the checkpoint.
+    old = {"on": True}
+    merge = registry.merge_small_files
+    monkeypatch.setattr(
+        registry, "merge_small_files", lambda *a, **k: None if old["on"] else merge(*a, **k)
+    )
+
+    def then_merge(run: InlineDataPlane) -> None:
+        assert all(s.catalog.groups is None for s in run.coord.streams)
+        old["on"] = False
+
+    plan = _plan(small_files, checkpoint={"url": str(tmp_path / "ckpt"), "flush_seconds": 0.05})
+    assert check_resume_equivalence(plan, 14, [4, 9], changes=then_merge) == 15
+    assert discover_source(plan.sources[0]).groups is not None  # a new run merges

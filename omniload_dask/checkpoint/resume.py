@@ -6,8 +6,8 @@ in this order::
     saved, state = load_for_resume(plan, resume)  # read, check the plans agree, pick the step
     sources = registry_plan(plan, state)          # the checkpoint's sources first, then new ones
     catalogs = [discover(spec) for spec in sources.sources]
+    catalogs = check_catalogs(state, catalogs)    # the files still hold the same read units
     coord = Coordinator(sources, catalogs, run_id)
-    check_catalogs(state, catalogs)               # the files still hold the same read units
     coord.load_state_dict(state)
     if saved.plan.stream_fingerprint() != plan.stream_fingerprint():
         apply_new_plan(coord, plan, catalogs)     # its weights, schedule and sources from here on
@@ -76,15 +76,28 @@ def registry_plan(plan: Plan, state: dict[str, Any]) -> Plan:
     return replace(plan, sources=tuple(specs))
 
 
-def check_catalogs(state: dict[str, Any], catalogs: list[Any]) -> None:
-    """Refuse to resume when a source's files or read units differ from the checkpoint's."""
+def check_catalogs(state: dict[str, Any], catalogs: list[Any]) -> list[Any]:
+    """Refuse to resume when a source's files or read units differ from the checkpoint's;
+    returns the catalogs to resume with.
+
+    A checkpoint saved before small files were read several to a unit matches its source's
+    catalog with one file a unit (``groups`` None): that run goes on so, reading the same
+    records in the same order.
+    """
+    out = []
     for src, catalog in zip(state["sources"], catalogs, strict=True):
-        if src["catalog"] is not None and catalog_fingerprint(catalog) != src["catalog"]:
-            raise CheckpointError(
-                f"source {src['spec']['name']!r}: its files or read units changed since the "
-                f"checkpoint ({len(catalog.files)} files now); the saved cursors would not "
-                "point at the same records"
-            )
+        saved = src["catalog"]
+        if saved is not None and catalog_fingerprint(catalog) != saved:
+            single = replace(catalog, groups=None) if catalog.groups is not None else None
+            if single is None or catalog_fingerprint(single) != saved:
+                raise CheckpointError(
+                    f"source {src['spec']['name']!r}: its files or read units changed since "
+                    f"the checkpoint ({len(catalog.files)} files now); the saved cursors would "
+                    "not point at the same records"
+                )
+            catalog = single
+        out.append(catalog)
+    return out
 
 
 def apply_new_plan(coord: Coordinator, plan: Plan, catalogs: list[Any]) -> None:

@@ -193,10 +193,11 @@ async def open_job(
     the writer's first base is written (workers may come and go meanwhile).
     """
     plan, state, catalogs = prepared.plan, prepared.state, prepared.catalogs
+    if state is not None:
+        catalogs = check_catalogs(state, catalogs)
     coord = Coordinator(prepared.sources, catalogs, prepared.run_id, start_step=start_step)
     if state is not None:
         assert prepared.saved is not None
-        check_catalogs(state, catalogs)
         coord.load_state_dict(state)
         if prepared.saved.plan.stream_fingerprint() != plan.stream_fingerprint():
             apply_new_plan(coord, plan, catalogs)
