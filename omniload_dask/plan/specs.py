@@ -386,8 +386,8 @@ class LoaderSpec:
     # fetches), "broadcast" (one rank of each DP group fetches and broadcasts over
     # torch.distributed) or "node" (a node-local agent fetches for the node's ranks and hands
     # batches over shared memory). ``steps_per_task``: consecutive steps one construction task
-    # builds when one block holds every group of a step (0: enough steps for about 0.5 M
-    # tokens a task, at most 8).
+    # builds when one block holds every group of a step (0: enough steps for about 1 M
+    # tokens a task, at most 16).
     groups_per_task: int = 0
     steps_per_task: int = 0
     fanout: str = "none"
