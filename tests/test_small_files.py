@@ -49,6 +49,9 @@ def test_whole_small_files_merge_into_units_up_to_unit_bytes():
     assert np.diff(groups).tolist() == [MAX_FILES_PER_UNIT, 100 - MAX_FILES_PER_UNIT]
     table, rows = _rows([0, 1])
     assert merge_small_files(table, rows, [MIB, MIB], MIB) is None
+    # a file whose size the storage did not report (0) is read alone
+    table, rows = _rows([0, 1, 2, 3])
+    assert merge_small_files(table, rows, [5, 0, 5, 5], MIB).tolist() == [0, 1, 2, 4]
 
 
 def _write(root: Path) -> None:

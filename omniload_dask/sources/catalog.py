@@ -173,8 +173,8 @@ def merge_small_files(
     unit_records: int | None = None,
 ) -> np.ndarray | None:  # fmt: skip
     """Read units of consecutive whole small files (``Catalog.groups``), or None where no two
-    merge. A row of ``units`` that is its file's only one joins the run before it while the
-    run's files stay within ``unit_bytes`` on storage (and ``unit_records`` records, where the
+    merge. A row of ``units`` that is its file's only one (and whose size the storage
+    reported) joins the run before it while the run's files stay within ``unit_bytes`` on storage (and ``unit_records`` records, where the
     plan sets it and the rows are known), at most :data:`MAX_FILES_PER_UNIT` files::
 
         files of 1, 1, 3, 1 MiB (one row each), unit_bytes 4 MiB -> units [0, 1], [2, 3]
@@ -189,8 +189,8 @@ def merge_small_files(
     prev_whole = False
     for r in range(n):
         f = int(files[r])
-        whole = per_file[f] == 1
-        size, count = int(sizes[f]) if f < len(sizes) else unit_bytes, int(rows[r])
+        size, count = int(sizes[f]) if f < len(sizes) else 0, int(rows[r])
+        whole = per_file[f] == 1 and size > 0  # (a size the storage did not report: alone)
         fits = (
             whole
             and prev_whole
