@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from omniload_dask.core.actions import ReadSpec, SubmitRead
 from omniload_dask.plan import Plan, parse_plan
+from omniload_dask.testing import InlineDataPlane
 
 from .datagen import plan_dict, texts, write_jsonl, write_parquet
 
@@ -68,3 +70,16 @@ def corpus(tmp_path: Path) -> Path:
     write_parquet(tmp_path / "c.parquet", texts(100, seed=3, mean_words=150, prefix="c"))
     write_jsonl(tmp_path / "d.jsonl", texts(100, seed=4, mean_words=40, prefix="d"))
     return tmp_path
+
+
+def record_reads(plane: InlineDataPlane) -> list[ReadSpec]:
+    """The reads ``plane`` submits from now on, in order (the list fills as it runs)."""
+    reads: list[ReadSpec] = []
+    original = plane._run
+
+    def run(actions):
+        reads.extend(a.read for a in actions if isinstance(a, SubmitRead))
+        original(actions)
+
+    plane._run = run  # type: ignore[method-assign]
+    return reads

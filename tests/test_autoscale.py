@@ -9,11 +9,10 @@ import pytest
 
 from omniload_dask.core import autoscale
 from omniload_dask.core.autoscale import Meter, part_count, quotas, recommend_workers
-from omniload_dask.core.coordinator import SubmitRead
 from omniload_dask.plan import READS_PER_THREAD
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
-from .conftest import make_plan
+from .conftest import make_plan, record_reads
 
 
 def test_meter_keeps_recent_costs_per_size_record_and_token():
@@ -199,14 +198,7 @@ def test_quotas_react_to_weight_changes_and_worker_counts(small_sources):
 def test_slow_units_are_read_in_parts_that_report_as_one(small_sources):
     plan = make_plan(small_sources, loader={"task_seconds": 0.5})
     plane = InlineDataPlane(plan, timing=_costly(plan, [0.0, 0.0, 0.5]))  # 16 rows: 8 s
-    reads: list = []
-    original = plane._run
-
-    def run(actions):
-        reads.extend(a.read for a in actions if isinstance(a, SubmitRead))
-        original(actions)
-
-    plane._run = run  # type: ignore[method-assign]
+    reads = record_reads(plane)
     for t in range(6):
         plane.step(t)
     books = [r for r in reads if r.source == 2]

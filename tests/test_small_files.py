@@ -9,13 +9,13 @@ import pytest
 
 from omniload_dask import Job
 from omniload_dask.cluster import tasks
-from omniload_dask.core.actions import SubmitRead
 from omniload_dask.plan import parse_plan
 from omniload_dask.sources import decode_sample_id, registry
 from omniload_dask.sources.catalog import MAX_FILES_PER_UNIT, merge_small_files
 from omniload_dask.sources.registry import discover_source, read_unit_records
 from omniload_dask.testing import InlineDataPlane, check_resume_equivalence
 
+from .conftest import record_reads
 from .datagen import plan_dict, texts, write_jsonl, write_parquet
 from .test_cluster import assert_same, collect, reference
 from .test_stream_contract import delivered_step, record_tokens
@@ -141,14 +141,7 @@ def test_small_files_stream_every_record_once_an_epoch_in_parts_or_whole(small_f
         # slow: reads that take 0.1 s a record, so that units are read in parts of 0.5 s
         timing = (lambda read, shard: 0.1 * max(len(shard), 1)) if slow else None
         plane = InlineDataPlane(plan, timing=timing)
-        split: list = []
-        original = plane._run
-
-        def run(actions):
-            split.extend(a.read for a in actions if isinstance(a, SubmitRead))
-            original(actions)
-
-        plane._run = run  # type: ignore[method-assign]
+        split = record_reads(plane)
         out, step = [], 0
         while plane.coord.end_step is None or step < plane.coord.end_step:
             out += delivered_step(plane, step)

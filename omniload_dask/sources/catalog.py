@@ -69,10 +69,7 @@ class Catalog:
 
     def size(self, u: int) -> int:
         """What a unit's read cost is measured per: its records if known, else its bytes."""
-        rows = self._rows_of(u)
-        if len(rows) > 1:
-            return sum(self._row_size(r) for r in rows)
-        return self._row_size(rows[0])
+        return sum(self._row_size(r) for r in self._rows_of(u))
 
     def _row_size(self, r: int) -> int:
         if self.rows[r] >= 0:
@@ -118,8 +115,11 @@ class Catalog:
             at = int(np.searchsorted(ends, ends[-1] * p / count, side="left")) + 1
             cuts.append(min(max(at, cuts[-1] + 1), len(rows) - (count - p)))
         cuts.append(len(rows))
-        pieces = [tuple(int(v) for v in self.units[r]) for r in rows]
-        return [[pieces[i] for i in range(a, b)] for a, b in itertools.pairwise(cuts)]  # type: ignore[misc]
+        pieces: list[Piece] = []
+        for r in rows:
+            f, start, stop = (int(v) for v in self.units[r])
+            pieces.append((f, start, stop))
+        return [pieces[a:b] for a, b in itertools.pairwise(cuts)]
 
     def read_sizes(self, u: int, count: int) -> list[int]:
         """The :meth:`size` of each of :meth:`reads`' reads (they add up to the unit's)."""
@@ -174,8 +174,9 @@ def merge_small_files(
 ) -> np.ndarray | None:  # fmt: skip
     """Read units of consecutive whole small files (``Catalog.groups``), or None where no two
     merge. A row of ``units`` that is its file's only one (and whose size the storage
-    reported) joins the run before it while the run's files stay within ``unit_bytes`` on storage (and ``unit_records`` records, where the
-    plan sets it and the rows are known), at most :data:`MAX_FILES_PER_UNIT` files::
+    reported) joins the run before it while the run's files stay within ``unit_bytes`` on
+    storage (and ``unit_records`` records, where the plan sets it and the rows are known), at
+    most :data:`MAX_FILES_PER_UNIT` files::
 
         files of 1, 1, 3, 1 MiB (one row each), unit_bytes 4 MiB -> units [0, 1], [2, 3]
     """
@@ -189,7 +190,7 @@ def merge_small_files(
     prev_whole = False
     for r in range(n):
         f = int(files[r])
-        size, count = int(sizes[f]) if f < len(sizes) else 0, int(rows[r])
+        size, count = int(sizes[f]), int(rows[r])
         whole = per_file[f] == 1 and size > 0  # (a size the storage did not report: alone)
         fits = (
             whole

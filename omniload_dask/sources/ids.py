@@ -27,9 +27,6 @@ MAX_OFFSET = 1 << OFFSET_BITS
 def encode_sample_ids(source: int, file: int | np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Sample ids of records at ``offsets`` of one file, or each of its own ``file`` (an array
     as long as ``offsets``; caller checks the bounds)."""
-    if np.ndim(file) == 0:
-        base = (int(source) << (FILE_BITS + OFFSET_BITS)) | (int(file) << OFFSET_BITS)
-        return np.asarray(offsets, dtype=np.int64) | np.int64(base)
     files = np.asarray(file, dtype=np.int64) << np.int64(OFFSET_BITS)
     top = np.int64(int(source) << (FILE_BITS + OFFSET_BITS))
     return np.asarray(offsets, dtype=np.int64) | files | top
