@@ -66,6 +66,10 @@ def test_resolved_plan_round_trips_through_to_dict():
         ({"sources": []}, "sources: must be a non-empty list"),
         ({"sources": [{**SRC, "path": 3}]}, "sources[0].path: must be a path"),
         ({"sources": [{**SRC, "unit_bytes": "lots"}]}, "sources[0].unit_bytes: must be a byte"),
+        (  # every format reads it now (the cap on merging small files): checked for each
+            {"sources": [{**SRC, "format": "parquet", "unit_bytes": "lots"}]},
+            "sources[0].unit_bytes: must be a byte",
+        ),
         ({"batch": {"seq_len": 4}}, "batch.seq_len: must be >= 8, got 4"),
         (
             {"batch": {"global_documents": 8}},
