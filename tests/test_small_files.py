@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from omniload_dask import Job
 from omniload_dask.cluster import tasks
+from omniload_dask.core.reads import ReadAhead
 from omniload_dask.plan import parse_plan
-from omniload_dask.sources import decode_sample_id, registry
+from omniload_dask.sources import Catalog, decode_sample_id, registry
 from omniload_dask.sources.catalog import MAX_FILES_PER_UNIT, merge_small_files
 from omniload_dask.sources.registry import discover_source, read_unit_records
 from omniload_dask.testing import InlineDataPlane, check_resume_equivalence
@@ -162,6 +165,33 @@ def test_small_files_stream_every_record_once_an_epoch_in_parts_or_whole(small_f
     assert len(parts) == len(whole)
     for a, b in zip(parts, whole, strict=True):
         assert a[:3] == b[:3] and a[3].tolist() == b[3].tolist()
+
+
+def test_a_units_reads_are_worked_out_once_however_many_steps_draw_from_it(
+    small_files, monkeypatch
+):
+    """Every step names the reads its documents come from; a merged unit's pieces are worked
+    out from the catalog once, when it is submitted, not again for each step."""
+    calls: dict[str, int] = {"catalog": 0, "named": 0}
+
+    def counting(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any) -> Any:
+            calls[name] += 1
+            return method(*args)
+
+        return counted
+
+    monkeypatch.setattr(Catalog, "reads", counting("catalog", Catalog.reads))
+    monkeypatch.setattr(ReadAhead, "read_spec", counting("named", ReadAhead.read_spec))
+    plane = InlineDataPlane(_plan(small_files, source_extra={"epochs": 1}))
+    submitted = record_reads(plane)
+    step = 0
+    while plane.coord.end_step is None or step < plane.coord.end_step:
+        delivered_step(plane, step)
+        step += 1
+    assert any(r.more for r in submitted)  # units of several files
+    assert calls["catalog"] == len(submitted)  # once a unit (none is read in parts here)
+    assert calls["named"] > 2 * len(submitted)  # (steps named them far more often)
 
 
 def test_small_files_on_a_cluster_stream_as_the_reference(small_files):

@@ -104,11 +104,18 @@ class ReadAhead:
 
     # -- decisions ---------------------------------------------------------------------------
     def read_spec(self, source: int, unit: Unit, part: int = 0) -> ReadSpec:
-        """What the read task of ``unit``'s part ``part`` reads."""
-        catalog = self._sources.streams[source].catalog
-        (f, lo, hi), *rest = catalog.reads(unit.catalog_index, unit.parts)[part]
-        more = tuple((g, catalog.files[g], a, b) for g, a, b in rest)
-        return ReadSpec(unit.keys[part], source, f, catalog.files[f], lo, hi, more)
+        """What the read task of ``unit``'s part ``part`` reads (made once per unit: every step
+        that draws from the unit names its reads)."""
+        if len(unit.specs) != unit.parts:
+            catalog = self._sources.streams[source].catalog
+            specs = []
+            for key, ((f, lo, hi), *rest) in zip(
+                unit.keys, catalog.reads(unit.catalog_index, unit.parts), strict=True
+            ):
+                more = tuple((g, catalog.files[g], a, b) for g, a, b in rest)
+                specs.append(ReadSpec(key, source, f, catalog.files[f], lo, hi, more))
+            unit.specs = tuple(specs)
+        return unit.specs[part]
 
     def submit(self, weights: np.ndarray, starved: set[int]) -> list[SubmitRead]:
         """Reads to submit now for sources with ``weights`` > 0 (the larger of the weights

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omniload_dask.core.actions import ReadSpec
 from omniload_dask.errors import JobError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources import Catalog
@@ -53,6 +54,7 @@ class Unit:
     parts: int = 1
     part_sizes: tuple[int, ...] = ()
     bounds: np.ndarray | None = None
+    specs: tuple[ReadSpec, ...] = field(default=(), repr=False)  # its parts' ReadSpecs, once made
     _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None]] = field(
         default_factory=dict, repr=False
     )

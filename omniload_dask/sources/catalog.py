@@ -12,6 +12,7 @@ a corpus of files of a few hundred KB would otherwise pay it for every file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -69,13 +70,20 @@ class Catalog:
 
     def size(self, u: int) -> int:
         """What a unit's read cost is measured per: its records if known, else its bytes."""
-        return sum(self._row_size(r) for r in self._rows_of(u))
+        rows = self._rows_of(u)
+        return int(self._row_sizes[rows.start : rows.stop].sum())
 
-    def _row_size(self, r: int) -> int:
-        if self.rows[r] >= 0:
-            return int(self.rows[r])
-        _, start, stop = (int(v) for v in self.units[r])
-        return max(1, _end(stop) - start)
+    @functools.cached_property
+    def _row_sizes(self) -> np.ndarray:
+        """:meth:`size` of every row of ``units`` (worked out once: the data plane asks often)."""
+        if len(self.units) == 0:
+            return np.zeros(0, dtype=np.int64)
+        units = np.asarray(self.units, dtype=np.int64)
+        stop = units[:, 2]
+        end = np.where(stop >= 0, stop, -stop - 1)
+        by_bytes = np.maximum(1, end - units[:, 1])
+        rows = np.asarray(self.rows, dtype=np.int64)
+        return np.where(rows >= 0, rows, by_bytes)
 
     def max_parts(self, u: int) -> int:
         """How many parts unit ``u`` can be read in (1: it cannot be split); a unit of several
@@ -107,18 +115,16 @@ class Catalog:
             f = int(self.units[rows[0], 0])
             return [[(f, a, b)] for a, b in self.parts(rows[0], count)]
         count = max(1, min(int(count), len(rows)))
-        sizes = np.asarray([self._row_size(r) for r in rows], dtype=np.float64)
-        ends = np.cumsum(sizes)
+        ends = np.cumsum(self._row_sizes[rows.start : rows.stop], dtype=np.float64)
         # cut after the row where each share of the total is reached (at least one row a read)
         cuts = [0]
         for p in range(1, count):
             at = int(np.searchsorted(ends, ends[-1] * p / count, side="left")) + 1
             cuts.append(min(max(at, cuts[-1] + 1), len(rows) - (count - p)))
         cuts.append(len(rows))
-        pieces: list[Piece] = []
-        for r in rows:
-            f, start, stop = (int(v) for v in self.units[r])
-            pieces.append((f, start, stop))
+        pieces: list[Piece] = [
+            (f, start, stop) for f, start, stop in self.units[rows.start : rows.stop].tolist()
+        ]
         return [pieces[a:b] for a, b in itertools.pairwise(cuts)]
 
     def read_sizes(self, u: int, count: int) -> list[int]:
@@ -130,7 +136,7 @@ class Catalog:
             return [(p + 1) * size // n - p * size // n for p in range(n)]
         out, r = [], rows.start
         for read in self.reads(u, count):
-            out.append(sum(self._row_size(r + i) for i in range(len(read))))
+            out.append(int(self._row_sizes[r : r + len(read)].sum()))
             r += len(read)
         return out
 
