@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 
 import numpy as np
 
@@ -112,6 +113,37 @@ def test_dask_counts_the_arrays_of_shards_and_built_batches():
     assert arrays > 1500 * 8 * 3  # input_ids, labels and position_ids are int64
     assert sizeof(batch) == arrays + 256
     assert sizeof(s) == s.tokens.nbytes + s.offsets.nbytes + s.sample_ids.nbytes + 256
+
+
+def test_a_recipe_table_pickles_as_one_frame_and_comes_back_the_same():
+    """A block's construction task carries a table per step; Dask sends every out-of-band
+    buffer as a frame of its own, so a table pickles its arrays in-band, as one byte string."""
+    rng = np.random.default_rng(3)
+    for groups, pieces in ((4, 11), (1, 0)):
+        table = RecipeTable(
+            step=9,
+            groups=np.arange(groups, dtype=np.int64),
+            piece_bounds=np.linspace(0, pieces, groups + 1).astype(np.int64),
+            pieces=rng.integers(0, 1 << 40, (pieces, 5)),
+            slot_bounds=np.arange(groups + 1, dtype=np.int64),
+            slot_reads=np.arange(groups, dtype=np.int64)[::-1],  # not contiguous
+            slot_epochs=rng.integers(0, 3, groups).astype(np.int32),
+            num_micro_steps=2,
+            seq_len=64,
+            micro_seq_lens=(32, 64),
+        )
+        buffers: list[pickle.PickleBuffer] = []
+        again = pickle.loads(pickle.dumps(table, protocol=5, buffer_callback=buffers.append))
+        assert buffers == []  # nothing out of band
+        assert type(again) is RecipeTable
+        for name in RecipeTable.ARRAYS:
+            mine, theirs = getattr(again, name), getattr(table, name)
+            assert mine.dtype == theirs.dtype and mine.shape == theirs.shape, name
+            assert np.array_equal(mine, theirs), name
+            assert mine.flags.writeable, name
+        assert (again.step, again.num_micro_steps, again.seq_len) == (9, 2, 64)
+        assert again.micro_seq_lens == (32, 64)
+        assert again.recipe(0).slot_epochs == table.recipe(0).slot_epochs
 
 
 def test_a_recipe_table_selects_any_groups_with_their_reads_numbered_by_first_use():

@@ -12,6 +12,7 @@ Pure (numpy only, no I/O, no Dask). What each module owns, in the order a step u
       assignment        the resulting split and its figures (efficiency, tokens, costs)
       sorting           stable orders of small integer keys (radix sorts where they fit)
     formats           shards, recipes and the packed ("varlen") batch layout they build
+      packing           a recipe table pickled as one byte string (one frame to Dask)
     context_parallel  each context-parallel rank's zigzag slice of a built batch
 
 The data plane (:mod:`omniload_dask.core`) calls ``mixing`` and ``balance``; worker tasks

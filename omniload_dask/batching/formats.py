@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from omniload_dask.batching.packing import packed_reduce
 from omniload_dask.batching.sorting import first_use, ranges
 
 __all__ = [
@@ -230,6 +231,11 @@ class RecipeTable:
 
     def __len__(self) -> int:
         return len(self.groups)
+
+    ARRAYS = ("groups", "piece_bounds", "pieces", "slot_bounds", "slot_reads", "slot_epochs")
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # one frame to Dask, not six
+        return packed_reduce(self, self.ARRAYS)
 
     def recipe(self, i: int) -> Recipe:
         """Recipe i (its shard slots numbered from 0, as :func:`build` takes them)."""
