@@ -119,9 +119,7 @@ def _polish(p: Pieces, bins: Bins, n: int, groups: int) -> None:
         load = np.bincount(bins.group[p.bin], p.cost, n * groups)
         rows = load.reshape(n, groups)
         top = rows.max(axis=1)
-        even = np.asarray(
-            [t - row.mean() <= TOLERANCE * t for t, row in zip(top, rows, strict=True)]
-        )
+        even = top - rows.mean(axis=1) <= TOLERANCE * top
         active &= ~((top > peak * (1 - PROGRESS)) | even)
         peak = np.where(active, top, peak)
         if not active.any():
@@ -133,17 +131,18 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
     """One round for every active step: each heavy group's best exchange with a light group
     of its step; which steps made one."""
     steps = len(active)
+    rows = load.reshape(steps, groups)
+    above = rows - rows.mean(axis=1, keepdims=True) > TOLERANCE * rows.max(axis=1, keepdims=True)
+    counts = np.where(active, np.minimum(min(PAIRS, groups // 2), above.sum(axis=1)), 0)
+    lights = np.where(active, np.minimum(PAIRS, groups - counts), 0)
+    order = np.argsort(-rows, axis=1, kind="stable")  # per step, heaviest group first
+    rank = np.arange(groups)
+    at = order + (np.arange(steps) * groups)[:, None]
     side = np.full(steps * groups, -1, np.int64)  # per step: heavy rank, then light; -1: out
-    counts = np.zeros(steps, np.int64)
-    lights = np.zeros(steps, np.int64)
-    for s in np.flatnonzero(active).tolist():
-        row = load[s * groups : (s + 1) * groups]
-        count = min(PAIRS, groups // 2, int((row - row.mean() > TOLERANCE * row.max()).sum()))
-        order = np.argsort(-row, kind="stable")
-        heavy, light = order[:count], order[::-1][: min(PAIRS, groups - count)]
-        side[s * groups + heavy] = np.arange(count)
-        side[s * groups + light] = count + np.arange(len(light))
-        counts[s], lights[s] = count, len(light)
+    heavy = rank < counts[:, None]
+    side[at[heavy]] = np.broadcast_to(rank, at.shape)[heavy]
+    light = rank[::-1] < lights[:, None]  # the lightest, lightest first
+    side[at[light]] = (counts[:, None] + groups - 1 - rank)[light]
     e_bin, e_len, e_cost, e_kind, e_a, e_b = _entries(p, bins, side)
     e_step = bins.group[e_bin] // groups
     e_side = side[bins.group[e_bin]]
@@ -160,12 +159,17 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
     ls, key = ls[by_key], key[by_key]
     starts = np.flatnonzero(np.append(True, e_bin[ls][1:] != e_bin[ls][:-1]))
     light_bins = e_bin[ls][starts]
-    hh, yy = np.repeat(hs, len(light_bins)), np.tile(np.arange(len(light_bins)), len(hs))
+    # Every heavy half with every light micro-batch of its step (theirs are one range of
+    # ``light_bins``: steps' bins are in step order), of its bucket.
+    light_step = bins.group[light_bins] // groups
+    lo = np.searchsorted(light_step, e_step[hs], side="left")
+    many = np.searchsorted(light_step, e_step[hs], side="right") - lo
+    hh = np.repeat(hs, many)
+    yy = np.repeat(lo - (np.cumsum(many) - many), many) + np.arange(len(hh))
     x, y = e_bin[hh], light_bins[yy]
-    same = e_step[hh] == bins.group[y] // groups  # (exchanges within a step ...
-    if len(bins.offset) > 2:  # ... and a bucket)
-        same &= bins.bucket[x] == bins.bucket[y]
-    hh, yy, x, y = hh[same], yy[same], x[same], y[same]
+    if len(bins.offset) > 2:
+        same = bins.bucket[x] == bins.bucket[y]
+        hh, yy, x, y = hh[same], yy[same], x[same], y[same]
     base = y * big
     h_len = e_len[hh]
     lo = np.searchsorted(key, base + np.maximum(h_len - bins.room[y], 0), side="left")
@@ -194,30 +198,27 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
         step[by_pair][1:] != step[by_pair][:-1]
     )
     best = by_pair[first]  # (by step, then pair)
-    chosen = []
-    bounds = np.searchsorted(step[best], np.arange(steps + 1))
-    for s in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
-        mine = best[bounds[s] : bounds[s + 1]]
-        count, n_light = int(counts[s]), int(lights[s])
-        table = [[np.inf] * n_light for _ in range(count)]  # (a few dozen values: plain Python)
-        choice = [[-1] * n_light for _ in range(count)]
-        for b, pr, w in zip(
-            mine.tolist(), pair_of[mine].tolist(), worst[mine].tolist(), strict=True
-        ):
-            table[pr // n_light][pr % n_light], choice[pr // n_light][pr % n_light] = w, b
-        taken = [False] * n_light
-        for k in range(count):  # a light group serves one heavy group a round
-            free = [
-                (table[k][r], r) for r in range(n_light) if not taken[r] and table[k][r] < np.inf
-            ]
-            if free:
-                r = min(free)[1]
-                taken[r] = True
-                chosen.append(choice[k][r])
-                done[s] = True
-    if chosen:
-        c = np.asarray(chosen)
-        i, j = hs[c], ls[c]
+    # Heaviest first, each heavy group of a step takes its best exchange with a light group
+    # that no heavier group of its step took (every step at once: a table per step).
+    table = np.full((steps, PAIRS, PAIRS), np.inf)
+    s_best, pr = step[best], pair_of[best]
+    k_best, r_best = pr // nl[best], pr % nl[best]
+    table[s_best, k_best, r_best] = worst[best]
+    choice = np.full((steps, PAIRS, PAIRS), -1, np.int64)
+    choice[s_best, k_best, r_best] = best
+    taken = np.zeros((steps, PAIRS), dtype=bool)
+    picks = []
+    every = np.arange(steps)
+    for k in range(int(counts.max())):  # a light group serves one heavy group a round
+        row = np.where(taken, np.inf, table[:, k])
+        r = row.argmin(axis=1)  # (ties: the lowest light rank)
+        got = np.flatnonzero(np.isfinite(row[every, r]))
+        taken[got, r[got]] = True
+        picks.append(choice[got, k, r[got]])
+        done[got] = True
+    chosen = np.concatenate(picks) if picks else np.zeros(0, np.int64)
+    if len(chosen):
+        i, j = hs[chosen], ls[chosen]
         new_bin = p.bin.copy()
         for pieces, to in ((e_a[i], e_bin[j]), (e_b[i], e_bin[j]), (e_a[j], e_bin[i]),
                            (e_b[j], e_bin[i])):  # fmt: skip
