@@ -160,7 +160,7 @@ class _Placed:
     def assignment(self, buckets: Sequence[Bucket], groups: int) -> Assignment:
         pieces, bins, micro = self.pieces, self.bins, self.micro
         seq = np.asarray([b.seq_len for b in buckets], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(micro)])
+        offsets = np.concatenate([[0], micro.cumsum()])
         return Assignment(
             doc=pieces.doc,
             start=pieces.start,
@@ -168,8 +168,8 @@ class _Placed:
             cost=pieces.cost,
             group=bins.group[pieces.bin],
             micro=offsets[pieces.bucket] + bins.slot[pieces.bin],
-            micro_capacity=np.repeat(seq, micro),
-            micro_bucket=np.repeat(np.arange(len(buckets)), micro),
+            micro_capacity=seq.repeat(micro),
+            micro_bucket=np.arange(len(buckets)).repeat(micro),
             groups=groups,
             cuts=pieces.cuts,
             spilled=self.spilled,
@@ -239,7 +239,7 @@ def _cut_costly(p: Pieces, groups: int, cost: CostFunction) -> None:
     some do (cutting lowers attention cost, and so the fair share)."""
     for _ in range(8):
         fair = float(p.cost.sum()) / groups
-        costly = np.flatnonzero((p.cost > fair) & (p.length > 1))
+        costly = ((p.cost > fair) & (p.length > 1)).nonzero()[0]
         if fair <= 0 or not len(costly):
             return
         k = np.minimum(np.ceil(p.cost[costly] / fair).astype(np.int64), p.length[costly])
@@ -248,8 +248,8 @@ def _cut_costly(p: Pieces, groups: int, cost: CostFunction) -> None:
 
 def _cut_even(p: Pieces, piece: np.ndarray, parts: np.ndarray, cost: CostFunction) -> None:
     """Cut each of ``piece`` (ascending) into ``parts`` parts of (nearly) equal tokens."""
-    owner = np.repeat(piece, parts)
-    within = np.arange(len(owner)) - np.repeat(np.cumsum(parts) - parts, parts)
+    owner = piece.repeat(parts)
+    within = np.arange(len(owner)) - (parts.cumsum() - parts).repeat(parts)
     base, extra = np.divmod(p.length[piece], parts)
-    tokens = np.repeat(base, parts) + (within < np.repeat(extra, parts))
+    tokens = base.repeat(parts) + (within < extra.repeat(parts))
     p.cut(owner, tokens, cost)

@@ -80,8 +80,8 @@ class Pieces:
         parts = np.empty(len(heads), np.int64)  # parts of each piece (np.diff of the heads)
         parts[:-1] = heads[1:] - heads[:-1]
         parts[-1] = len(piece) - heads[-1]
-        offset = np.cumsum(tokens) - tokens  # each part's start within its piece
-        offset -= np.repeat(offset[first], parts)
+        offset = tokens.cumsum() - tokens  # each part's start within its piece
+        offset -= offset[first].repeat(parts)
         index = np.empty(len(piece), dtype=np.int64)
         index[first] = piece[first]
         more = ~first
@@ -121,8 +121,8 @@ class Bins:
     def new(cls, seq: np.ndarray, micro: np.ndarray, groups: int) -> Bins:
         """Empty bins for ``micro[b]`` micro-batches of ``seq[b]`` tokens per group."""
         count = micro * groups
-        offset = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
-        bucket = np.repeat(np.arange(len(seq)), count)
+        offset = np.concatenate([[0], count.cumsum()]).astype(np.int64)
+        bucket = np.arange(len(seq)).repeat(count)
         capacity = seq[bucket].astype(np.int64)
         within = np.arange(int(offset[-1])) - offset[bucket]
         slot, group = np.divmod(within, groups)  # slot-major (a bucket packed by bins: dealt)
@@ -156,7 +156,7 @@ def by_cost(p: Pieces, ids: np.ndarray) -> np.ndarray:
         c, n = p.cost[ids][order], length[order]
         if np.all((c[1:] < c[:-1]) | ((n[1:] == n[:-1]) & (c[1:] == c[:-1]))):
             return ids[order]
-    return ids[np.argsort(-p.cost[ids], kind="stable")]
+    return ids[(-p.cost[ids]).argsort(kind="stable")]
 
 
 def _rounds(p: Pieces, bins: Bins, queue: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -164,11 +164,11 @@ def _rounds(p: Pieces, bins: Bins, queue: np.ndarray, lo: int, hi: int) -> np.nd
     the pieces that fit no bin of their round (still by decreasing cost)."""
     length, room, load = p.length, bins.room, bins.load
     while len(queue):
-        open_ = lo + np.flatnonzero(room[lo:hi] >= length[queue].min())
+        open_ = lo + (room[lo:hi] >= length[queue].min()).nonzero()[0]
         if not len(open_):
             break
         k = min(len(open_), len(queue))
-        target = open_[np.argsort(load[open_], kind="stable")][:k]  # the least loaded bins
+        target = open_[load[open_].argsort(kind="stable")][:k]  # the least loaded bins
         head = queue[:k]
         fits = length[head] <= room[target]
         bins.put(p, head[fits], target[fits])
@@ -193,13 +193,13 @@ def _best_fit(p: Pieces, bins: Bins, waiting: np.ndarray, lo: int, hi: int) -> n
     waiting = waiting[np.lexsort((waiting, -length[waiting]))]
     sizes = -length[waiting]  # ascending (and so they stay as pieces are taken out)
     while len(waiting):
-        open_ = lo + np.flatnonzero(room[lo:hi] >= -sizes[-1])
+        open_ = lo + (room[lo:hi] >= -sizes[-1]).nonzero()[0]
         if not len(open_):
             break
-        open_ = open_[np.argsort(-room[open_], kind="stable")]
+        open_ = open_[(-room[open_]).argsort(kind="stable")]
         # The first piece that fits each bin; bin i takes the first not taken by bins before
         # it: a(i) = max(fits(i), a(i - 1) + 1) = i + running max of (fits(i') - i').
-        fits = np.searchsorted(sizes, -room[open_], side="left")
+        fits = sizes.searchsorted(-room[open_], side="left")
         rank = np.arange(len(open_))
         take = rank + np.maximum.accumulate(fits - rank)
         ok = take < len(waiting)
@@ -216,17 +216,17 @@ def _pour(p: Pieces, bins: Bins, left: np.ndarray, lo: int, hi: int, cost: CostF
     """Cut the pieces ``left`` into the bins with the most room (a step's tokens always fit:
     ``balance()`` sizes the buckets for them), fewest bins first."""
     left = np.sort(left)
-    open_ = lo + np.flatnonzero(bins.room[lo:hi] > 0)
-    open_ = open_[np.argsort(-bins.room[open_], kind="stable")]
-    bin_end = np.cumsum(bins.room[open_])
-    piece_end = np.cumsum(p.length[left])
+    open_ = lo + (bins.room[lo:hi] > 0).nonzero()[0]
+    open_ = open_[(-bins.room[open_]).argsort(kind="stable")]
+    bin_end = bins.room[open_].cumsum()
+    piece_end = p.length[left].cumsum()
     total = int(piece_end[-1])
     # np.union1d of two ascending arrays: one vectorised sort, then the repeats dropped
     bounds = np.sort(np.concatenate([bin_end[bin_end < total], piece_end]))
     bounds = bounds[np.append(True, bounds[1:] != bounds[:-1])]
     starts = np.concatenate([[0], bounds[:-1]])
-    owner = left[np.searchsorted(piece_end, starts, side="right")]
-    where = open_[np.searchsorted(bin_end, starts, side="right")]
+    owner = left[piece_end.searchsorted(starts, side="right")]
+    where = open_[bin_end.searchsorted(starts, side="right")]
     bins.add(p, p.cut(owner, bounds - starts, cost), where)
 
 
@@ -274,7 +274,7 @@ def _group_rounds(
             ok = np.isfinite(best)
             where = lo + m * groups + target
         if not ok.all():
-            at = np.flatnonzero(ok)  # (one pass over the mask, then takes)
+            at = ok.nonzero()[0]  # (one pass over the mask, then takes)
             piece, target, where, c, n = piece[at], target[at], where[at], c[at], n[at]
         p.bin[piece] = where  # (Bins.put, with the gathers made once)
         bins.room[where] -= n
@@ -293,7 +293,7 @@ def _group_rounds(
         if most.min() >= shortest:  # every group open
             target = stable_order_of_floats(load)  # the least loaded groups
         else:
-            open_ = np.flatnonzero(most >= shortest)
+            open_ = (most >= shortest).nonzero()[0]
             if not len(open_):
                 break
             target = open_[stable_order_of_floats(load[open_])]
@@ -309,7 +309,7 @@ def _group_rounds(
         before = load[target]
         head_cost = p.cost[head]
         after = np.minimum.accumulate(before + head_cost)
-        late = np.flatnonzero(before[1:] > after[:-1])
+        late = (before[1:] > after[:-1]).nonzero()[0]
         if len(late) and late[0] + 1 >= MIN_ROUND * groups:
             k = int(late[0]) + 1
             target, head, head_cost = target[:k], head[:k], head_cost[:k]
@@ -323,7 +323,7 @@ def _group_rounds(
         # Misses try the groups of the round that got nothing, by decreasing room (their
         # rooms are as the round found them: none of them got a piece), unless even the
         # shortest miss fits none of them, as is usual once the groups fill up.
-        bad = np.flatnonzero(~ok)
+        bad = (~ok).nonzero()[0]
         miss, free = head[bad], target[bad]
         if int(length[miss].min()) <= int(most[free].max()):
             room_free = most[free]  # (by decreasing room: a radix sort of 16-bit rooms)
@@ -347,7 +347,7 @@ def pack(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> i
     for b in sorted(range(nb), key=lambda b: (-peak[b], b)):  # costliest pieces first
         lo, hi = int(bins.offset[b]), int(bins.offset[b + 1])
         micro = (hi - lo) // groups
-        mine = np.flatnonzero(p.bucket == b) if nb > 1 else np.arange(len(p))
+        mine = (p.bucket == b).nonzero()[0] if nb > 1 else np.arange(len(p))
         if not len(mine):
             continue
         queue = by_cost(p, mine)
@@ -373,10 +373,10 @@ def _deal(bins: Bins, lo: int, hi: int, micro: int, load: np.ndarray) -> None:
     """Give every group ``micro`` of the bins ``lo:hi``, in rounds (module doc)."""
     groups = len(load)
     ids = np.arange(lo, hi)
-    ids = ids[np.argsort(-bins.load[ids], kind="stable")]
+    ids = ids[(-bins.load[ids]).argsort(kind="stable")]
     for r in range(micro):
         chunk = ids[r * groups : (r + 1) * groups]
-        lightest = np.argsort(load, kind="stable")
+        lightest = load.argsort(kind="stable")
         bins.group[chunk] = lightest
         bins.slot[chunk] = r
         load[lightest] += bins.load[chunk]
@@ -411,7 +411,7 @@ def apart(
     step_of = p.bin // shape
     out = []
     for s, (before, b) in enumerate(steps):
-        mine = np.flatnonzero(step_of == s)
+        mine = (step_of == s).nonzero()[0]
         q = Pieces(
             p.doc[mine], p.start[mine], p.length[mine], p.cost[mine], p.bucket[mine],
             p.extra[mine], p.bin[mine] - s * shape,

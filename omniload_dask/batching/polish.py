@@ -67,10 +67,10 @@ def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
     ``(bin, tokens, cost, kind, first piece, second piece)`` (-1: none); ``kind`` is 1 for a
     half that is all its micro-batch's pieces, 2 for nothing (3: an empty micro-batch's)."""
     in_round = side[bins.group] >= 0
-    ids = np.flatnonzero(in_round[p.bin])
-    ids = ids[np.argsort(p.bin[ids] * (int(p.length.max()) + 1) + p.length[ids], kind="stable")]
+    ids = in_round[p.bin].nonzero()[0]
+    ids = ids[(p.bin[ids] * (int(p.length.max()) + 1) + p.length[ids]).argsort(kind="stable")]
     b = p.bin[ids]  # by micro-batch, each by increasing length
-    first = np.searchsorted(b, b, side="left")
+    first = b.searchsorted(b, side="left")
     held = np.bincount(b, minlength=len(bins.room))
     n = held[b]
     rank = np.arange(len(ids)) - first
@@ -78,13 +78,13 @@ def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
         step = (np.maximum(n, PIECES) - 1) / (PIECES - 1)
         keep = (n <= PIECES) | (np.rint(np.rint(rank / step) * step) == rank)
         ids, b = ids[keep], b[keep]
-        first = np.searchsorted(b, b, side="left")
+        first = b.searchsorted(b, side="left")
         n = np.bincount(b, minlength=len(bins.room))[b]
         rank = np.arange(len(ids)) - first
     after = n - 1 - rank  # pieces after each in its micro-batch: its pairs
-    left = np.repeat(np.arange(len(ids)), after)
-    right = left + 1 + np.arange(len(left)) - np.repeat(np.cumsum(after) - after, after)
-    empty = np.flatnonzero(in_round)
+    left = np.arange(len(ids)).repeat(after)
+    right = left + 1 + np.arange(len(left)) - (after.cumsum() - after).repeat(after)
+    empty = in_round.nonzero()[0]
     a = np.concatenate([np.full(len(empty), -1), ids, ids[left]])
     z = np.concatenate([np.full(len(empty) + len(ids), -1), ids[right]])
     e_bin = np.concatenate([empty, b, b[left]])
@@ -135,7 +135,7 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
     above = rows - rows.mean(axis=1, keepdims=True) > TOLERANCE * rows.max(axis=1, keepdims=True)
     counts = np.where(active, np.minimum(min(PAIRS, groups // 2), above.sum(axis=1)), 0)
     lights = np.where(active, np.minimum(PAIRS, groups - counts), 0)
-    order = np.argsort(-rows, axis=1, kind="stable")  # per step, heaviest group first
+    order = (-rows).argsort(axis=1, kind="stable")  # per step, heaviest group first
     rank = np.arange(groups)
     at = order + (np.arange(steps) * groups)[:, None]
     side = np.full(steps * groups, -1, np.int64)  # per step: heavy rank, then light; -1: out
@@ -147,7 +147,7 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
     e_step = bins.group[e_bin] // groups
     e_side = side[bins.group[e_bin]]
     is_heavy = e_side < counts[e_step]
-    hs, ls = np.flatnonzero(is_heavy), np.flatnonzero(~is_heavy)
+    hs, ls = is_heavy.nonzero()[0], (~is_heavy).nonzero()[0]
     done = np.zeros(steps, dtype=bool)
     if not len(hs) or not len(ls):
         return done
@@ -155,28 +155,28 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
     # micro-batch, the halves that keep both within their tokens are one range of them.
     big = int(e_len.max()) + 2
     key = e_bin[ls] * big + e_len[ls]
-    by_key = np.argsort(key, kind="stable")
+    by_key = key.argsort(kind="stable")
     ls, key = ls[by_key], key[by_key]
-    starts = np.flatnonzero(np.append(True, e_bin[ls][1:] != e_bin[ls][:-1]))
+    starts = np.append(True, e_bin[ls][1:] != e_bin[ls][:-1]).nonzero()[0]
     light_bins = e_bin[ls][starts]
     # Every heavy half with every light micro-batch of its step (theirs are one range of
     # ``light_bins``: steps' bins are in step order), of its bucket.
     light_step = bins.group[light_bins] // groups
-    lo = np.searchsorted(light_step, e_step[hs], side="left")
-    many = np.searchsorted(light_step, e_step[hs], side="right") - lo
-    hh = np.repeat(hs, many)
-    yy = np.repeat(lo - (np.cumsum(many) - many), many) + np.arange(len(hh))
+    lo = light_step.searchsorted(e_step[hs], side="left")
+    many = light_step.searchsorted(e_step[hs], side="right") - lo
+    hh = hs.repeat(many)
+    yy = (lo - (many.cumsum() - many)).repeat(many) + np.arange(len(hh))
     x, y = e_bin[hh], light_bins[yy]
     if len(bins.offset) > 2:
         same = bins.bucket[x] == bins.bucket[y]
         hh, yy, x, y = hh[same], yy[same], x[same], y[same]
     base = y * big
     h_len = e_len[hh]
-    lo = np.searchsorted(key, base + np.maximum(h_len - bins.room[y], 0), side="left")
-    hi = np.searchsorted(key, base + np.minimum(h_len + bins.room[x], big - 1), side="right")
+    lo = key.searchsorted(base + np.maximum(h_len - bins.room[y], 0), side="left")
+    hi = key.searchsorted(base + np.minimum(h_len + bins.room[x], big - 1), side="right")
     many = hi - lo
-    pair = np.repeat(np.arange(len(hh)), many)
-    col = lo[pair] + np.arange(len(pair)) - np.repeat(np.cumsum(many) - many, many)
+    pair = np.arange(len(hh)).repeat(many)
+    col = lo[pair] + np.arange(len(pair)) - (many.cumsum() - many).repeat(many)
     hs, x, y, ls = hh[pair], x[pair], y[pair], ls[col]  # every (heavy half, light half)
     d_cost = e_cost[hs] - e_cost[ls]
     ok = d_cost > 0
@@ -212,7 +212,7 @@ def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndar
     for k in range(int(counts.max())):  # a light group serves one heavy group a round
         row = np.where(taken, np.inf, table[:, k])
         r = row.argmin(axis=1)  # (ties: the lowest light rank)
-        got = np.flatnonzero(np.isfinite(row[every, r]))
+        got = np.isfinite(row[every, r]).nonzero()[0]
         taken[got, r[got]] = True
         picks.append(choice[got, k, r[got]])
         done[got] = True

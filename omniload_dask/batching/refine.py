@@ -131,7 +131,7 @@ def _pairs(load: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray] 
     count = int(pair_counts(load[None, :], tolerance)[0])
     if not count:
         return None
-    order = np.argsort(-load, kind="stable")
+    order = (-load).argsort(kind="stable")
     return order[:count], order[::-1][:count]
 
 
@@ -173,7 +173,7 @@ def _probe(load: np.ndarray, heavy: np.ndarray) -> np.ndarray | None:
     if len(heavy) <= PROBE_FROM:
         return None
     peak = float(load[heavy[0]])
-    top = int(np.searchsorted(-load[heavy], -peak * (1 - PROGRESS), side="right"))
+    top = int((-load[heavy]).searchsorted(-peak * (1 - PROGRESS), side="right"))
     spread = np.linspace(0, max(top, 1) - 1, PROBE_FROM).round().astype(np.int64)
     return spread[np.append(True, spread[1:] != spread[:-1])]  # (ascending: np.unique's)
 
@@ -190,15 +190,15 @@ def _probed(
     local = np.full(len(load), -1, np.int64)
     local[members] = np.arange(len(members))
     bin_group = local[bins.group]
-    kept_bins = np.flatnonzero(bin_group >= 0)
+    kept_bins = (bin_group >= 0).nonzero()[0]
     renumber = np.full(len(bins.room), -1, np.int64)
     renumber[kept_bins] = np.arange(len(kept_bins))
     piece_bin = renumber[p.bin]
-    kept = np.flatnonzero(piece_bin >= 0)
+    kept = (piece_bin >= 0).nonzero()[0]
     bucket = bins.bucket[kept_bins]  # (bins are by bucket: so are the kept ones)
     count = np.bincount(bucket, minlength=len(bins.offset) - 1)
     sub_bins = Bins(
-        np.concatenate([[0], np.cumsum(count)]).astype(np.int64),
+        np.concatenate([[0], count.cumsum()]).astype(np.int64),
         bins.capacity[kept_bins],
         bins.room[kept_bins],
         bins.load[kept_bins],
@@ -311,19 +311,19 @@ def _whole_round(
             order = runs.order
             new_bin[piece[sel]] = target[sel]
             counts = run_hi[sel] - run_lo[sel]
-            taken = np.repeat(run_lo[sel] - np.cumsum(counts) + counts, counts)
+            taken = (run_lo[sel] - counts.cumsum() + counts).repeat(counts)
             taken += np.arange(int(counts.sum()))
-            new_bin[order[taken]] = np.repeat(p.bin[piece[sel]], counts)
+            new_bin[order[taken]] = p.bin[piece[sel]].repeat(counts)
             cutting = tail[sel] > 0  # the run's last piece stays, less its tail
             cut_last = order[run_hi[sel][cutting] - 1]
             cut_tail, cut_to = tail[sel][cutting], p.bin[piece[sel]][cutting]
             new_bin[cut_last] = target[sel][cutting]
         p.bin = new_bin
         if len(cut_last) and cost is not None:
-            by_piece = np.argsort(cut_last)
+            by_piece = cut_last.argsort()
             cut_last, cut_tail, cut_to = cut_last[by_piece], cut_tail[by_piece], cut_to[by_piece]
             parts = np.stack([p.length[cut_last] - cut_tail, cut_tail], axis=1).ravel()
-            index = p.cut(np.repeat(cut_last, 2), parts, cost)
+            index = p.cut(cut_last.repeat(2), parts, cost)
             p.bin[index[1::2]] = cut_to
         rebin(p, bins)
 
@@ -451,12 +451,12 @@ def _cut_round(
         r = rows[do]
         piece, tail, to = h[r, a], x[r, a, kk, g], y[r, a, 0]
         lo_run = runs.first[to]
-        run = np.repeat(lo_run - np.cumsum(kk) + kk, kk) + np.arange(int(kk.sum()))
-        p.bin[runs.order[run]] = np.repeat(p.bin[piece], kk)
-        order = np.argsort(piece, kind="stable")
+        run = (lo_run - kk.cumsum() + kk).repeat(kk) + np.arange(int(kk.sum()))
+        p.bin[runs.order[run]] = p.bin[piece].repeat(kk)
+        order = piece.argsort(kind="stable")
         piece, tail, to = piece[order], tail[order], to[order]
         parts = np.stack([p.length[piece] - tail, tail], axis=1).ravel()
-        index = p.cut(np.repeat(piece, 2), parts, cost)
+        index = p.cut(piece.repeat(2), parts, cost)
         p.bin[index[1::2]] = to
         rebin(p, bins)
 

@@ -83,14 +83,14 @@ def _step_pairs(
     if not has.any():
         none = np.zeros(0, np.int64)
         return none, none, has, StepPairs(groups // 2, none, none)
-    order = np.argsort(-rows, axis=1, kind="stable") + (np.arange(steps) * groups)[:, None]
+    order = (-rows).argsort(axis=1, kind="stable") + (np.arange(steps) * groups)[:, None]
     take = np.arange(groups)[None, :] < count[:, None]  # each step's first ``count``
     heavy, light = order[take], order[:, ::-1][take]
-    of = np.repeat(np.arange(steps), count)
+    of = np.arange(steps).repeat(count)
     probes = []
     if int(count.max()) > refine.PROBE_FROM:  # (a probe from that many pairs: large DP only)
-        starts = np.cumsum(count) - count
-        for s in np.flatnonzero(count > refine.PROBE_FROM).tolist():
+        starts = count.cumsum() - count
+        for s in (count > refine.PROBE_FROM).nonzero()[0].tolist():
             at, n = int(starts[s]), int(count[s])
             probe = _probe(load, heavy[at : at + n])
             if probe is not None:

@@ -46,15 +46,15 @@ def split_documents(
     lengths = np.asarray(lengths, dtype=np.int64)
     size = np.asarray(seq_len, dtype=np.int64)  # (a number divides faster than an array)
     npieces = np.maximum(1, -(-lengths // size))
-    doc = np.repeat(np.arange(len(lengths), dtype=np.int64), npieces)
+    doc = np.arange(len(lengths), dtype=np.int64).repeat(npieces)
     start = np.zeros(len(doc), dtype=np.int64)
     if len(doc) > len(lengths):  # only the pieces after a document's first start past 0
-        long = np.flatnonzero(npieces > 1)
+        long = (npieces > 1).nonzero()[0]
         count = npieces[long]
-        first = np.cumsum(npieces)[long] - count  # each long document's first piece
-        within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+        first = npieces.cumsum()[long] - count  # each long document's first piece
+        within = np.arange(int(count.sum())) - (count.cumsum() - count).repeat(count)
         step = np.broadcast_to(size, lengths.shape)[long]
-        start[np.repeat(first, count) + within] = within * np.repeat(step, count)
+        start[first.repeat(count) + within] = within * step.repeat(count)
     return doc, start
 
 
@@ -82,7 +82,7 @@ def route(
     free = ladder(buckets)
     if len(free) > 1:
         limits = np.asarray([buckets[b].seq_len for b in free], dtype=np.int64)
-        pick = np.minimum(np.searchsorted(limits, lengths, side="left"), len(free) - 1)
+        pick = np.minimum(limits.searchsorted(lengths, side="left"), len(free) - 1)
         bucket = np.asarray(free, dtype=np.int64)[pick]
     elif free:  # one bucket takes them all
         bucket[:] = free[0]
@@ -106,9 +106,9 @@ def spill(
         over = int(lengths[bucket == hi].sum() - capacity[hi])
         if over <= 0:
             continue
-        cand = np.flatnonzero((bucket == hi) & movable)
+        cand = ((bucket == hi) & movable).nonzero()[0]
         cand = cand[np.lexsort((cand, lengths[cand]))]
-        take = int(np.searchsorted(np.cumsum(lengths[cand]), over, side="left")) + 1
+        take = int(lengths[cand].cumsum().searchsorted(over, side="left")) + 1
         bucket[cand[:take]] = lo
         spilled += min(take, len(cand))
     return spilled

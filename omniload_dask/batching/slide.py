@@ -114,25 +114,25 @@ def _slide_once(
     give = np.where(in_a, a, b)[across]  # the heavy group's piece of each pair
     take = np.where(in_a, b, a)[across]  # the other group's piece
     # Every (pair, short piece of the other micro-batch) at once, pairs in order.
-    by_bin = np.argsort(p.bin, kind="stable")
-    first = np.searchsorted(p.bin[by_bin], np.arange(len(bins.load) + 1))
+    by_bin = p.bin.argsort(kind="stable")
+    first = p.bin[by_bin].searchsorted(np.arange(len(bins.load) + 1))
     where = p.bin[take]
     counts = first[where + 1] - first[where]
-    pair = np.repeat(np.arange(len(take)), counts)
-    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    pair = np.arange(len(take)).repeat(counts)
+    within = np.arange(int(counts.sum())) - (counts.cumsum() - counts).repeat(counts)
     shorts = by_bin[first[where][pair] + within]
     i, j = give[pair], take[pair]
     d = p.length[shorts]
     ok = (shorts != j) & (d > 0) & (d < p.length[i])
     shorts, d, i, j = shorts[ok], d[ok], i[ok], j[ok]
-    step = np.repeat(pair_step[across], counts)[ok]
+    step = pair_step[across].repeat(counts)[ok]
     other = loads[bins.group[p.bin[j]]]
     new_heavy = top[step] - p.cost[i] + cost(p.length[i] - d) + p.cost[shorts]
     new_other = other - p.cost[j] + cost(p.length[j] + d) - p.cost[shorts]
     worst = np.maximum(new_heavy, new_other)
     # Per step, the first of its best (its entries are in its pairs' order, steps in order).
     has = np.bincount(step, minlength=steps) > 0
-    starts = np.searchsorted(step, np.arange(steps))
+    starts = step.searchsorted(np.arange(steps))
     best = np.full(steps, np.inf)
     if len(worst):
         best[has] = np.minimum.reduceat(worst, starts[has])
@@ -140,8 +140,8 @@ def _slide_once(
     active &= slid
     if not slid.any():
         return False
-    at = np.flatnonzero(worst == best[step])
-    at = at[np.searchsorted(step[at], np.flatnonzero(slid))]  # (the first of each step's)
+    at = (worst == best[step]).nonzero()[0]
+    at = at[step[at].searchsorted(slid.nonzero()[0])]  # (the first of each step's)
     _move(p, bins, loads, i[at], j[at], shorts[at], cost)
     return True
 

@@ -34,8 +34,8 @@ def stable_order(values: np.ndarray) -> np.ndarray:
     """``np.argsort(values, kind="stable")`` for integers >= 0; a radix sort where they fit
     in 16 bits."""
     if len(values) > 64 and int(values.max()) < 1 << 16:
-        return np.argsort(values.astype(np.uint16), kind="stable")
-    return np.argsort(values, kind="stable")
+        return values.astype(np.uint16).argsort(kind="stable")
+    return values.argsort(kind="stable")
 
 
 def stable_order_of_floats(values: np.ndarray) -> np.ndarray:
@@ -44,10 +44,10 @@ def stable_order_of_floats(values: np.ndarray) -> np.ndarray:
     the time on a step's group loads at DP 1,024)."""
     n = len(values)
     if n <= 64 or values.dtype != np.float64:
-        return np.argsort(values, kind="stable")
+        return values.argsort(kind="stable")
     bits = values.view(np.int64)  # (ordered as the floats where the sign bit is clear)
     if int(bits.min()) < 0:
-        return np.argsort(values, kind="stable")
+        return values.argsort(kind="stable")
     shift = (n - 1).bit_length()
     keys = (bits >> shift << shift) | np.arange(n, dtype=np.int64)
     keys.sort()
@@ -57,7 +57,7 @@ def stable_order_of_floats(values: np.ndarray) -> np.ndarray:
     if near.any():
         v = values[order]
         if (near & (v[1:] < v[:-1])).any():  # a smaller value after a larger one
-            return np.argsort(values, kind="stable")
+            return values.argsort(kind="stable")
     return order
 
 
@@ -80,7 +80,7 @@ def first_use(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         position = np.arange(n)
         first_at = np.full(width, n, dtype=np.int64)
         np.minimum.at(first_at, values, position)  # each value's first position
-        used = values[np.flatnonzero(first_at[values] == position)]  # (in order of use)
+        used = values[(first_at[values] == position).nonzero()[0]]  # (in order of use)
         number = np.empty(width, dtype=np.int64)
         number[used] = np.arange(len(used))
         return used, number[values]
@@ -88,12 +88,12 @@ def first_use(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ordered = values[order]
     new = np.ones(len(values), dtype=bool)
     new[1:] = ordered[1:] != ordered[:-1]
-    first = order[np.flatnonzero(new)]  # each distinct value's first position, by value
-    by_use = np.argsort(first, kind="stable")  # (unique: the same order, merged from runs)
+    first = order[new.nonzero()[0]]  # each distinct value's first position, by value
+    by_use = first.argsort(kind="stable")  # (unique: the same order, merged from runs)
     number = np.empty(len(first), dtype=np.int64)
     number[by_use] = np.arange(len(first))
     out = np.empty(len(values), dtype=np.int64)
-    out[order] = number[np.cumsum(new) - 1]
+    out[order] = number[new.cumsum() - 1]
     return values[first[by_use]], out
 
 
@@ -111,5 +111,5 @@ def ranges(bounds: np.ndarray, rows: np.ndarray) -> tuple[slice | np.ndarray, np
         return slice(first, int(hi[-1])), np.append(lo, hi[-1]).astype(np.int64) - first
     sizes = hi - lo
     out = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=out[1:])
-    return np.repeat(lo - out[:-1], sizes) + np.arange(out[-1]), out
+    sizes.cumsum(out=out[1:])
+    return (lo - out[:-1]).repeat(sizes) + np.arange(out[-1]), out

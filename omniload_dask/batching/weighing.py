@@ -89,7 +89,7 @@ def by_group(
     by decreasing cost (ties by index); each group's start and count in them."""
     rank = np.full(total, len(groups), np.int64)
     rank[groups] = np.arange(len(groups))
-    ids = by_cost(p, np.flatnonzero(rank[of] < len(groups)))
+    ids = by_cost(p, (rank[of] < len(groups)).nonzero()[0])
     r = rank[of[ids]]
     ids, r = ids[stable_order(r)], np.sort(r)
     count = np.bincount(r, minlength=len(groups))
@@ -123,7 +123,7 @@ class Runs:
     ) -> None:  # fmt: skip
         is_light = np.zeros(groups, dtype=bool)
         is_light[light] = True
-        mine = np.flatnonzero(is_light[of])
+        mine = is_light[of].nonzero()[0]
         mine = mine[stable_order(p.length[mine])]
         self.order = mine[stable_order(p.bin[mine])]
         self.empty = not len(self.order)
@@ -131,8 +131,8 @@ class Runs:
             self.order = np.zeros(1, np.int64)  # (nothing is found below)
         ob = p.bin[self.order]
         ids = np.arange(len(bins.room))
-        self.first = np.searchsorted(ob, ids, side="left")
-        self.end = np.searchsorted(ob, ids, side="right")
+        self.first = ob.searchsorted(ids, side="left")
+        self.end = ob.searchsorted(ids, side="right")
         if steps == 1 or self.empty:
             self.tokens = p.length[self.order].cumsum()
             self.costs = p.cost[self.order].cumsum()
@@ -141,9 +141,16 @@ class Runs:
         else:
             per = len(bins.room) // steps
             cut = self.first[np.arange(1, steps) * per]
-            segments = np.split(self.order, cut)
-            self.tokens = np.concatenate([p.length[s].cumsum() for s in segments])
-            self.costs = np.concatenate([p.cost[s].cumsum() for s in segments])
+            # Each step's running sums in a row of its own (a cumsum along a row adds in the
+            # order the step's own cumsum does: the same values, to the last bit).
+            step = ob // per
+            within = np.arange(len(ob)) - np.concatenate([[0], cut])[step]
+            table = np.zeros((steps, int(within.max()) + 1))
+            table[step, within] = p.cost[self.order]
+            self.costs = table.cumsum(axis=1)[step, within]
+            counts = np.zeros((steps, table.shape[1]), np.int64)
+            counts[step, within] = p.length[self.order]
+            self.tokens = counts.cumsum(axis=1)[step, within]
             restart = np.zeros(len(self.order) + 1, dtype=bool)
             restart[np.concatenate([[0], cut]).astype(np.int64)] = True
             before = restart[self.first]  # a bin whose run opens its step's totals
@@ -160,7 +167,7 @@ class Runs:
         Returns ``(found, tokens, cost, last)``: ``last`` indexes ``order`` (the run is
         ``order[first[y]:last + 1]``).
         """
-        at = np.searchsorted(self.key, y * self.big + need, side="left")
+        at = self.key.searchsorted(y * self.big + need, side="left")
         found = (at < self.end[y]) & (not self.empty)
         at = np.minimum(at, len(self.order) - 1)
         return found, self.tokens[at] - self.base_t[y], self.costs[at] - self.base_c[y], at
