@@ -129,19 +129,17 @@ class Mixer:
         rates = np.asarray(weights, dtype=np.float64)
         order_src = np.asarray([i for i, _ in shown], dtype=np.int64)
         per_src = np.diff(c.ends, prepend=0)  # (each source's items are one run)
-        tags = np.repeat(self.tags[order_src], per_src) + c.within / np.repeat(
-            rates[order_src], per_src
-        )
+        tags = self.tags[order_src].repeat(per_src) + c.within / rates[order_src].repeat(per_src)
         last_tag = np.full(len(weights), np.inf)
         more = np.asarray([truncated[i] for i, _ in shown], dtype=bool)
         last_tag[order_src[more]] = tags[c.ends[more] - 1]
         # By tag, ties to the lower source: the sources' runs are in index order, so a
         # stable sort of the tags is that order (a merge of each source's ascending run).
-        order = np.argsort(tags, kind="stable")
+        order = tags.argsort(kind="stable")
         lengths = c.lengths
         if budget_tokens is not None:
-            total = np.cumsum(lengths[order])
-            take = int(np.searchsorted(total, budget_tokens, side="right"))
+            total = lengths[order].cumsum()
+            take = int(total.searchsorted(budget_tokens, side="right"))
         else:
             take = min(int(budget_documents), len(order))  # type: ignore[arg-type]
         # Every source must be known up to ``settled``: no unseen document may come before it.
@@ -327,32 +325,32 @@ class _Chunks:
         lengths = np.concatenate([p for _, p in shown])
         ids = np.asarray([i for i, _ in shown], dtype=np.int64)
         first_doc = np.zeros(len(shown), dtype=np.int64)
-        np.cumsum(per_src[:-1], out=first_doc[1:])
+        per_src[:-1].cumsum(out=first_doc[1:])
         if chunk is None or not (lengths > chunk).any():
             per_src_items = per_src
             item_len, item_doc, head = lengths, np.arange(len(lengths)), np.ones(len(lengths), bool)
         else:
             pieces = np.maximum(1, -(-lengths // chunk))
-            item_doc = np.repeat(np.arange(len(lengths)), pieces)
-            starts = np.cumsum(pieces) - pieces
+            item_doc = np.arange(len(lengths)).repeat(pieces)
+            starts = pieces.cumsum() - pieces
             k = np.arange(len(item_doc), dtype=np.int64) - starts[item_doc]
             item_len = np.minimum(chunk, lengths[item_doc] - k * chunk)
             head = k == 0
             per_src_items = np.add.reduceat(pieces, first_doc)  # (every shown source has some)
         # Per item, from runs per source (no gathers): its source and its document's index
         # within the source.
-        srcs = np.repeat(ids, per_src_items)
-        docs = item_doc - np.repeat(first_doc, per_src_items)
+        srcs = ids.repeat(per_src_items)
+        docs = item_doc - first_doc.repeat(per_src_items)
         if by_documents:  # 1 at a document's first piece, none for the rest of a cut one
             counted = np.ones(len(lengths), dtype=np.int64)
             counted[first_doc[np.asarray(continuing, dtype=bool)]] = 0
             sizes = np.where(head, counted[item_doc], 0)
         else:
             sizes = item_len
-        ends = np.cumsum(per_src_items)
+        ends = per_src_items.cumsum()
         begins = ends - per_src_items
-        running = np.cumsum(sizes)
-        before = np.repeat(running[begins] - sizes[begins], per_src_items)
+        running = sizes.cumsum()
+        before = (running[begins] - sizes[begins]).repeat(per_src_items)
         return cls(
             srcs,
             docs,
@@ -373,14 +371,14 @@ class _Chunks:
         # Usually every chosen piece comes after its document's first piece (a source's
         # pieces are chosen in stream order): a document's row is where that piece is.
         is_head = self.head[chosen]
-        first = np.flatnonzero(is_head)
+        first = is_head.nonzero()[0]
         row = np.full(len(self.doc_lengths), -1, dtype=np.int64)
         row[gdoc[first]] = np.arange(len(first))
         row_of = row[gdoc]
         if not ((row_of < 0).any() or (first[row_of] > np.arange(len(gdoc))).any()):
             # Each document's total and latest tag from its first piece, then the few others
             # (the pieces after a long document's first), not a pass over all of them.
-            others = np.flatnonzero(~is_head)
+            others = (~is_head).nonzero()[0]
             out_taken = taken[first].astype(np.int64)
             np.add.at(out_taken, row_of[others], taken[others])
             out_tags = np.asarray(tags, dtype=np.float64)[first]
@@ -391,7 +389,7 @@ class _Chunks:
             new[1:] = gdoc[by_doc[1:]] != gdoc[by_doc[:-1]]
             first = by_doc[new]
             inverse = np.empty(len(gdoc), dtype=np.int64)
-            inverse[by_doc] = np.cumsum(new) - 1
+            inverse[by_doc] = new.cumsum() - 1
             rows = stable_order(first)  # documents in the order they first appear
             rank = np.empty(len(first), dtype=np.int64)
             rank[rows] = np.arange(len(first))
@@ -404,7 +402,7 @@ class _Chunks:
         counts = np.bincount(src, minlength=num_sources).astype(np.int64)
         order = np.empty((len(pos), 2), dtype=np.int64)
         order[:, 0], order[:, 1] = src, self.docs[pos]
-        short = np.flatnonzero(out_taken < self.doc_lengths[gdoc[first]])
+        short = (out_taken < self.doc_lengths[gdoc[first]]).nonzero()[0]
         cut = {int(src[k]): int(out_taken[k]) for k in short.tolist()}
         return Selection(counts=counts, order=order, tags=out_tags, taken=out_taken, cut=cut)
 

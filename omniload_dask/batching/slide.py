@@ -36,6 +36,7 @@ import numpy as np
 
 from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.placement import Bins, Pieces, apart, side_by_side
+from omniload_dask.batching.sorting import stable_order
 
 __all__ = ["SLIDE_UP_TO", "slide_cuts", "slide_steps"]
 
@@ -114,7 +115,7 @@ def _slide_once(
     give = np.where(in_a, a, b)[across]  # the heavy group's piece of each pair
     take = np.where(in_a, b, a)[across]  # the other group's piece
     # Every (pair, short piece of the other micro-batch) at once, pairs in order.
-    by_bin = p.bin.argsort(kind="stable")
+    by_bin = stable_order(p.bin)
     first = p.bin[by_bin].searchsorted(np.arange(len(bins.load) + 1))
     where = p.bin[take]
     counts = first[where + 1] - first[where]

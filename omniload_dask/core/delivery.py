@@ -173,7 +173,7 @@ class Delivery:
         w = self.where
         if w.slowest + window >= w.furthest + loader.lookahead:
             return None
-        behind = np.flatnonzero(w.position == w.slowest)
+        behind = (w.position == w.slowest).nonzero()[0]
         never = behind[w.last_seen[behind] == 0]
         return {
             "step": int(w.slowest),
@@ -195,7 +195,7 @@ class Delivery:
         # built on demand only.
         if self.where.slowest > step:
             return out
-        wanted = np.flatnonzero(np.asarray(self.where.group_min) <= step)
+        wanted = (np.asarray(self.where.group_min) <= step).nonzero()[0]
         edges = np.append(np.arange(0, dp, size), dp)
         if len(wanted) == dp and step > self._held.newest:
             # The usual case, every group wants a new step: its blocks are runs of recipes,
@@ -206,7 +206,7 @@ class Delivery:
                 specs = tuple(reads[i] for i in used.tolist())
                 out.append(SubmitConstruct(key, (table,), specs, self.layout.cp))
             return out
-        bounds = np.searchsorted(wanted, edges)
+        bounds = wanted.searchsorted(edges)
         for b in range(len(bounds) - 1):
             groups = wanted[bounds[b] : bounds[b + 1]]
             if not len(groups):
@@ -310,7 +310,7 @@ class Delivery:
         out: list[SubmitConstruct | Release] = []
         if self._open is not None and self._open.first != first:
             out += self.flush()  # (steps come in order: not in practice)
-        wanted = np.flatnonzero(np.asarray(self.where.group_min) <= step)
+        wanted = (np.asarray(self.where.group_min) <= step).nonzero()[0]
         if self.where.slowest <= step and len(wanted):
             self._open = self._open or OpenBlock(first, end)
             table, used = recipes.select_reads(wanted)

@@ -116,7 +116,7 @@ class Drawer:
         # and the mixer (module doc).
         if self.starved and self._seen(step, weights, self.starved) == self._starved_seen:
             return None
-        for joining in np.flatnonzero((weights > 0) & ~self.active).tolist():
+        for joining in ((weights > 0) & ~self.active).nonzero()[0].tolist():
             self.mixer.activate(joining)  # (re)joining sources start at the virtual time
         empty = Candidates(np.zeros(0, np.int64))
         shares = self._token_shares(weights)
@@ -213,14 +213,14 @@ def _locate(
     extra = np.zeros(len(order)) if with_extra else None
     units: list[tuple[Unit, int]] = []  # (unit, part) read by a shard slot
     unit_source: list[int] = []
-    chosen = np.flatnonzero(counts).tolist()
+    chosen = counts.nonzero()[0].tolist()
     scan = len(chosen) <= FEW_SOURCES  # a scan of a few sources is cheaper than the sort
     if not scan:  # one sort instead of one scan per source
         by_source = stable_order(src)
-        source_bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        source_bounds = np.concatenate([[0], counts.cumsum()]).tolist()
     for s in chosen:
         sel = (
-            np.flatnonzero(src == s) if scan else by_source[source_bounds[s] : source_bounds[s + 1]]
+            (src == s).nonzero()[0] if scan else by_source[source_bounds[s] : source_bounds[s + 1]]
         )
         c = cands[s]
         k = idx[sel]
@@ -257,13 +257,13 @@ def _runs(
     if len(keys) and keys[0] == keys[-1] and (keys == keys[0]).all():
         return [(items, values, int(keys[0]))]  # one key (a unit read whole: the usual case)
     if (keys[1:] >= keys[:-1]).all():  # in key order already (a stream's units are): slices
-        edges = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(keys)]
+        edges = [0, *((keys[1:] != keys[:-1]).nonzero()[0] + 1).tolist(), len(keys)]
         return [
             (items[a:b], values[a:b], int(keys[a])) for a, b in itertools.pairwise(edges) if b > a
         ]
     order = stable_order(keys)
     ordered = keys[order]
-    edges = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), len(keys)]
+    edges = [0, *((ordered[1:] != ordered[:-1]).nonzero()[0] + 1).tolist(), len(keys)]
     return [
         (items[order[a:b]], values[order[a:b]], int(ordered[a]))
         for a, b in itertools.pairwise(edges)

@@ -75,7 +75,7 @@ class Unit:
         """``(part, row within the part)`` of the unit's ``rows``."""
         if self.parts == 1 or self.bounds is None:
             return np.zeros(len(rows), dtype=np.int64), rows
-        part = np.searchsorted(self.bounds, rows, side="right") - 1
+        part = self.bounds.searchsorted(rows, side="right") - 1
         return part, rows - self.bounds[part]
 
     _capped: tuple[int, int] | None = None
@@ -106,8 +106,8 @@ class Candidates:
         """The shortest leading part with at least ``want_*`` (whole units are collected;
         the mixer only needs what the wants ask for, and sorting less is faster)."""
         if self._running is None:
-            self._running = np.cumsum(self.lengths)
-        keep = max(int(np.searchsorted(self._running, want_tokens)) + 1, want_docs)
+            self._running = self.lengths.cumsum()
+        keep = max(int(self._running.searchsorted(want_tokens)) + 1, want_docs)
         if keep >= len(self.lengths):
             return self
         return Candidates(
@@ -131,7 +131,7 @@ class Candidates:
         if self.waiting or self.complete:
             return True
         if self._running is None:
-            self._running = np.cumsum(self.lengths)
+            self._running = self.lengths.cumsum()
         total = int(self._running[-1]) if len(self._running) else 0
         return total >= want_tokens and len(self.lengths) >= want_docs
 
