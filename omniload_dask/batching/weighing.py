@@ -141,16 +141,17 @@ class Runs:
         else:
             per = len(bins.room) // steps
             cut = self.first[np.arange(1, steps) * per]
-            # Each step's running sums in a row of its own (a cumsum along a row adds in the
-            # order the step's own cumsum does: the same values, to the last bit).
+            # Each step's cost sums in a row of its own (a cumsum along a row adds in the
+            # order the step's own cumsum does: the same values, to the last bit); token
+            # counts are integers, so one cumsum less each step's start is exact.
             step = ob // per
-            within = np.arange(len(ob)) - np.concatenate([[0], cut])[step]
+            begin = np.concatenate([[0], cut]).astype(np.int64)
+            within = np.arange(len(ob)) - begin[step]
             table = np.zeros((steps, int(within.max()) + 1))
             table[step, within] = p.cost[self.order]
             self.costs = table.cumsum(axis=1)[step, within]
-            counts = np.zeros((steps, table.shape[1]), np.int64)
-            counts[step, within] = p.length[self.order]
-            self.tokens = counts.cumsum(axis=1)[step, within]
+            tokens = p.length[self.order].cumsum()
+            self.tokens = tokens - np.concatenate([[0], tokens])[begin][step]
             restart = np.zeros(len(self.order) + 1, dtype=bool)
             restart[np.concatenate([[0], cut]).astype(np.int64)] = True
             before = restart[self.first]  # a bin whose run opens its step's totals
