@@ -46,10 +46,11 @@ micro-batches: it is handed out empty (``num_tokens`` 0, ``cu_seqlens`` ``[0]``,
 other fields as usual) and counted (``Assignment.empty_micro_batches``).
 
 Several steps at once (:func:`balance_steps`, what the scheduler plugin's planning thread
-runs on the steps drawn since its last batch): passes 1 and 2 step by step, passes 3 to 5 for
-the steps side by side (their pieces and bins in one set of arrays, step s's groups numbered
-from ``s * groups``), each step with its own rounds, pairs, peak and reasons to stop, and its
-own running sums. Every split is the one its step alone gets, to the last bit (the tests
+runs on the steps drawn since its last batch): pass 1 and pass 2's best fit and cuts step by
+step, pass 2's rounds over groups (:mod:`.placement_steps`) and passes 3 to 5 for the steps
+side by side (their pieces and bins in one set of arrays, step s's groups numbered from
+``s * groups``), each step with its own queue, rounds, pairs, peak and reasons to stop, and
+its own running sums. Every split is the one its step alone gets, to the last bit (the tests
 compare them field by field); at DP 8 and 16 a round's time is the numpy calls' own cost, so
 eight steps side by side take about half the time of eight alone (BENCHMARKS.md, session 26).
 
@@ -71,7 +72,8 @@ import numpy as np
 from omniload_dask.batching import refine as refinement
 from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Bins, Pieces, pack
+from omniload_dask.batching.placement import DEAL_FROM, Bins, Pieces, fill_room, pack
+from omniload_dask.batching.placement_steps import group_rounds_steps
 from omniload_dask.batching.polish import polish_groups, polish_steps
 from omniload_dask.batching.refine import refine_groups
 from omniload_dask.batching.refine_steps import refine_steps
@@ -123,12 +125,13 @@ def balance_steps(
     be (one bucket, at most ``STEPS_UP_TO`` groups: :func:`~.refine_steps.refine_steps`,
     :func:`~.polish.polish_steps`, :func:`~.slide.slide_steps`; steps of as many bins
     together)."""
-    placed = [_place(n, b, buckets, groups, cost, by, cut, x) for n, b, by, x in steps]
     if len(buckets) != 1 or not 2 <= groups <= refinement.STEPS_UP_TO:
+        placed = [_place(n, b, buckets, groups, cost, by, cut, x) for n, b, by, x in steps]
         for one in placed:
             refine_groups(one.pieces, one.bins, groups, cost, cut)
             _polish_and_slide(one, groups, cost, cut)
         return [one.assignment(buckets, groups) for one in placed]
+    placed = _place_steps(steps, buckets, groups, cost, cut)
     kinds: dict[int, list[_Placed]] = {}  # steps side by side: those of as many bins
     for one in placed:
         if len(one.pieces):
@@ -177,6 +180,37 @@ class _Placed:
         )
 
 
+def _place_steps(
+    steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]],
+    buckets: Sequence[Bucket],
+    groups: int,
+    cost: CostFunction,
+    cut: bool,
+) -> list[_Placed]:
+    """Passes 1 and 2 of several steps of one bucket: pass 2's rounds over groups side by
+    side for the steps of as many micro-batches (:mod:`.placement_steps`; the same
+    placements as :func:`_place` of each), where cuts are allowed."""
+    ready = [_prepare(n, b, buckets, groups, cost, by, cut, x) for n, b, by, x in steps]
+    placed: list[_Placed | None] = [None] * len(ready)
+    kinds: dict[int, list[int]] = {}
+    for i, (pieces, micro, _, _) in enumerate(ready):
+        if cut and len(pieces) and int(micro[0]) < DEAL_FROM:
+            kinds.setdefault(int(micro[0]), []).append(i)
+    seq = np.asarray([buckets[0].seq_len], dtype=np.int64)
+    for each, kind in kinds.items():
+        if len(kind) < 2:
+            continue
+        pairs = [(ready[i][0], Bins.new(seq, ready[i][1], groups)) for i in kind]
+        lefts = group_rounds_steps(pairs, groups, each)
+        for i, (pieces, bins), left in zip(kind, pairs, lefts, strict=True):
+            fill_room(pieces, bins, left, 0, len(bins.room), cost, cut)
+            placed[i] = _Placed(pieces, bins, *ready[i][1:])
+    return [
+        one if one is not None else _pack(*ready[i], buckets, groups, cost, cut)
+        for i, one in enumerate(placed)
+    ]
+
+
 def _place(
     lengths: np.ndarray,
     doc_bucket: np.ndarray,
@@ -188,6 +222,23 @@ def _place(
     extra: np.ndarray | None,
 ) -> _Placed:
     """Passes 1 and 2 (module doc) of one step."""
+    ready = _prepare(lengths, doc_bucket, buckets, groups, cost, by_length, cut, extra)
+    return _pack(*ready, buckets, groups, cost, cut)
+
+
+def _prepare(
+    lengths: np.ndarray,
+    doc_bucket: np.ndarray,
+    buckets: Sequence[Bucket],
+    groups: int,
+    cost: CostFunction,
+    by_length: np.ndarray | None,
+    cut: bool,
+    extra: np.ndarray | None,
+) -> tuple[Pieces, np.ndarray, int, float]:
+    """Pass 1 and pass 2's pieces of one step: its pieces (cut where they cost more than a
+    group's fair share), micro-batches per group of each bucket, documents spilled to a
+    shorter bucket, and the structural bound."""
     lengths = np.asarray(lengths, dtype=np.int64)
     doc_bucket = np.asarray(doc_bucket, dtype=np.int64).copy()
     seq = np.asarray([b.seq_len for b in buckets], dtype=np.int64)
@@ -209,6 +260,21 @@ def _place(
     micro = np.maximum(micro, -(-need // (seq * groups)))
     if cut and bound < 1.0:  # a piece costs more than a group's fair share
         _cut_costly(pieces, groups, cost)
+    return pieces, micro, spilled, bound
+
+
+def _pack(
+    pieces: Pieces,
+    micro: np.ndarray,
+    spilled: int,
+    bound: float,
+    buckets: Sequence[Bucket],
+    groups: int,
+    cost: CostFunction,
+    cut: bool,
+) -> _Placed:
+    """Pass 2 of one step's pieces (:func:`_prepare`)."""
+    seq = np.asarray([b.seq_len for b in buckets], dtype=np.int64)
     while True:
         bins = Bins.new(seq, micro, groups)
         pieces.bin[:] = -1

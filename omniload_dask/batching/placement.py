@@ -31,7 +31,9 @@ import numpy as np
 from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.sorting import stable_order, stable_order_of_floats
 
-__all__ = ["DEAL_FROM", "Bins", "Pieces", "apart", "by_cost", "pack", "side_by_side"]
+__all__ = [
+    "DEAL_FROM", "Bins", "Pieces", "apart", "by_cost", "fill_room", "pack", "side_by_side",
+]  # fmt: skip
 
 DEAL_FROM = 8  # micro-batches per group from which a bucket is packed bins first, then dealt
 MIN_ROUND = 0.25  # the shortest round of LPT over groups, as a share of the groups
@@ -356,17 +358,28 @@ def pack(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> i
             left = _rounds(p, bins, queue, lo, hi)
         else:
             left = _group_rounds(p, bins, queue, lo, micro, load)
-        if len(left):
-            left = _best_fit(p, bins, left, lo, hi)
-        if len(left):
-            if not cut:
-                return b
-            _pour(p, bins, left, lo, hi, cost)
+        if not fill_room(p, bins, left, lo, hi, cost, cut):
+            return b
         if by_bins:
             _deal(bins, lo, hi, micro, load)
         else:
             load[:] = np.bincount(bins.group, bins.load, groups)
     return None
+
+
+def fill_room(
+    p: Pieces, bins: Bins, left: np.ndarray, lo: int, hi: int, cost: CostFunction, cut: bool
+) -> bool:
+    """What the rounds left (``left``) into the room of bins ``lo:hi``: best fit, then cut
+    where they must be (module doc); False when a piece fits no bin whole and ``cut`` is
+    False (nothing is cut then)."""
+    if len(left):
+        left = _best_fit(p, bins, left, lo, hi)
+    if len(left):
+        if not cut:
+            return False
+        _pour(p, bins, left, lo, hi, cost)
+    return True
 
 
 def _deal(bins: Bins, lo: int, hi: int, micro: int, load: np.ndarray) -> None:
