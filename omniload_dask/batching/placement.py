@@ -87,7 +87,7 @@ class Pieces:
         index = np.empty(len(piece), dtype=np.int64)
         index[first] = piece[first]
         more = ~first
-        index[more] = len(self.doc) + np.arange(int(more.sum()))
+        index[more] = len(self.doc) + np.arange(len(piece) - len(heads))
         src = piece[more]
         extra = np.where(first, self.extra[piece], 0.0)
         costs = np.asarray(cost(tokens), dtype=np.float64) + extra
@@ -101,7 +101,7 @@ class Pieces:
         self.start[index] = self.start[piece] + offset
         self.length[index] = tokens
         self.cost[index] = costs
-        self.cuts += int((parts > 1).sum())
+        self.cuts += int(np.count_nonzero(parts > 1))
         return index
 
 

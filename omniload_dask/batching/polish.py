@@ -119,20 +119,25 @@ def _polish(p: Pieces, bins: Bins, n: int, groups: int) -> None:
         load = np.bincount(bins.group[p.bin], p.cost, n * groups)
         rows = load.reshape(n, groups)
         top = rows.max(axis=1)
-        even = top - rows.mean(axis=1) <= TOLERANCE * top
+        mean = rows.sum(axis=1) / groups  # (= rows.mean(axis=1), to the bit)
+        even = top - mean <= TOLERANCE * top
         active &= ~((top > peak * (1 - PROGRESS)) | even)
         peak = np.where(active, top, peak)
         if not active.any():
             return
-        active &= _round(p, bins, load, groups, active)
+        active &= _round(p, bins, load, groups, active, mean, top)
 
 
-def _round(p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndarray) -> np.ndarray:
+def _round(
+    p: Pieces, bins: Bins, load: np.ndarray, groups: int, active: np.ndarray, mean: np.ndarray,
+    top: np.ndarray,
+) -> np.ndarray:  # fmt: skip
     """One round for every active step: each heavy group's best exchange with a light group
-    of its step; which steps made one."""
+    of its step (``mean`` and ``top``: each step's mean and largest group load); which
+    steps made one."""
     steps = len(active)
     rows = load.reshape(steps, groups)
-    above = rows - rows.mean(axis=1, keepdims=True) > TOLERANCE * rows.max(axis=1, keepdims=True)
+    above = rows - mean[:, None] > (TOLERANCE * top)[:, None]
     counts = np.where(active, np.minimum(min(PAIRS, groups // 2), above.sum(axis=1)), 0)
     lights = np.where(active, np.minimum(PAIRS, groups - counts), 0)
     order = (-rows).argsort(axis=1, kind="stable")  # per step, heaviest group first

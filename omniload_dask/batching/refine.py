@@ -138,7 +138,7 @@ def _pairs(load: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray] 
 def pair_counts(rows: np.ndarray, tolerance: float) -> np.ndarray:
     """Per row of group loads (steps x groups), the pairs :func:`_pairs` makes of it (0:
     none). A row's max, mean and sums are what the row alone gives, to the bit."""
-    peak, mean = rows.max(axis=1), rows.mean(axis=1)
+    peak, mean = rows.max(axis=1), rows.sum(axis=1) / rows.shape[1]  # (= rows.mean(axis=1))
     above = ((rows - mean[:, None]) > (tolerance * peak)[:, None]).sum(axis=1)
     count = np.minimum(above, rows.shape[1] // 2)
     count[(peak <= 0) | (peak - mean <= tolerance * peak)] = 0

@@ -126,7 +126,7 @@ def _refine_side_by_side(
     if not cut:
         return
     load = np.bincount(bins.group[p.bin], p.cost, total).reshape(steps, groups)
-    active = np.asarray([row.mean() < refine.CUT_FROM * row.max() for row in load])
+    active = load.sum(axis=1) / groups < refine.CUT_FROM * load.max(axis=1)  # (row means)
     peak = np.full(steps, np.inf)
     weigh_whole = np.ones(steps, dtype=bool)
     for _ in range(

@@ -118,22 +118,24 @@ def _slide_once(
     by_bin = stable_order(p.bin)
     first = p.bin[by_bin].searchsorted(np.arange(len(bins.load) + 1))
     where = p.bin[take]
-    counts = first[where + 1] - first[where]
+    lo = first[where]
+    counts = first[where + 1] - lo
     pair = np.arange(len(take)).repeat(counts)
-    within = np.arange(int(counts.sum())) - (counts.cumsum() - counts).repeat(counts)
-    shorts = by_bin[first[where][pair] + within]
+    shorts = by_bin[(lo - counts.cumsum() + counts)[pair] + np.arange(len(pair))]
     i, j = give[pair], take[pair]
     d = p.length[shorts]
-    ok = (shorts != j) & (d > 0) & (d < p.length[i])
+    ok = ((shorts != j) & (d > 0) & (d < p.length[i])).nonzero()[0]
     shorts, d, i, j = shorts[ok], d[ok], i[ok], j[ok]
-    step = pair_step[across].repeat(counts)[ok]
+    step = pair_step[across][pair[ok]]
     other = loads[bins.group[p.bin[j]]]
-    new_heavy = top[step] - p.cost[i] + cost(p.length[i] - d) + p.cost[shorts]
-    new_other = other - p.cost[j] + cost(p.length[j] + d) - p.cost[shorts]
+    both = cost(np.concatenate([p.length[i] - d, p.length[j] + d]))  # (one call for both)
+    short_cost = p.cost[shorts]
+    new_heavy = top[step] - p.cost[i] + both[: len(i)] + short_cost
+    new_other = other - p.cost[j] + both[len(i) :] - short_cost
     worst = np.maximum(new_heavy, new_other)
     # Per step, the first of its best (its entries are in its pairs' order, steps in order).
-    has = np.bincount(step, minlength=steps) > 0
-    starts = step.searchsorted(np.arange(steps))
+    bounds = step.searchsorted(np.arange(steps + 1))
+    has, starts = bounds[1:] > bounds[:-1], bounds[:-1]
     best = np.full(steps, np.inf)
     if len(worst):
         best[has] = np.minimum.reduceat(worst, starts[has])
