@@ -10,7 +10,7 @@ import pytest
 from distributed.protocol import dumps, loads
 
 from omniload_dask.batching.formats import GroupBatch
-from omniload_dask.cluster.serving import pack_part, unpack_part
+from omniload_dask.cluster.serving import pack_part, unpack_part, wire_part
 from omniload_dask.cluster.tasks import group_parts
 from omniload_dask.plan import load_plan
 from omniload_dask.testing import InlineDataPlane
@@ -19,8 +19,9 @@ PLANS = Path(__file__).resolve().parent.parent / "plans"
 
 
 def over_the_wire(value: object) -> object:
-    """``value`` after Dask's encoding of a handler's reply and its decoding on the other side."""
-    return loads(dumps({"reply": [value]}))["reply"][0]
+    """``value`` as the part handler sends it, after Dask's encoding of the reply and its
+    decoding on the other side."""
+    return loads(dumps({"reply": [wire_part(value)]}))["reply"][0]
 
 
 def assert_same(a: GroupBatch, b: GroupBatch) -> None:
@@ -61,6 +62,22 @@ def test_every_part_of_the_demo_plans_packs_and_comes_back_identical(demo, name)
     assert seen > 0
 
 
+def test_a_parts_buffer_travels_in_a_frame_of_its_own_and_comes_back_as_a_copy():
+    ids = np.arange(100_000, dtype=np.uint32)
+    batch = GroupBatch(step=1, group=0, micro_batches=[{"input_ids": ids, "num_tokens": 100_000}])
+    packed = pack_part(batch)
+    assert packed is not None
+    frames = dumps({"reply": [wire_part(packed)]})
+    assert max(len(memoryview(f).cast("B")) for f in frames) == packed["buffer"].nbytes
+    assert sum(len(memoryview(f).cast("B")) for f in frames) < ids.nbytes + 1024
+    reply = loads(frames)["reply"][0]
+    back = unpack_part(reply)
+    # writable, and not the worker's buffer (in-process comms pass it as it is)
+    assert not packed["buffer"].flags.writeable
+    assert not np.shares_memory(back.micro_batches[0]["input_ids"], packed["buffer"])
+    assert_same(batch, back)
+
+
 def test_parts_holding_other_values_go_as_they_are():
     odd = GroupBatch(step=1, group=0, micro_batches=[{"n": np.int64(3)}])
     assert pack_part(odd) is None
@@ -90,7 +107,8 @@ def test_arrays_of_any_shape_and_empty_ones_keep_their_layout():
 
 def test_a_block_holds_its_parts_packed_and_its_standby_copy_keeps_them(demo):
     """Construction packs each part as it is served; a copy of the block for another worker
-    (Dask's serialization of a task result) pickles a few byte strings, not every array."""
+    (Dask's serialization of a task result) sends each part's buffer out of band, neither
+    pickling every array nor copying the buffers into the pickle."""
     import pickle
 
     from dask.sizeof import sizeof
@@ -111,7 +129,7 @@ def test_a_block_holds_its_parts_packed_and_its_standby_copy_keeps_them(demo):
     copy = pickle.loads(
         pickle.dumps(block, protocol=5, buffer_callback=buffers.append), buffers=buffers
     )
-    assert buffers == []  # in one frame: nothing out of band
+    assert len(buffers) == len(wanted)  # one buffer a part, out of band
     assert loads(dumps({"x": copy}))["x"].parts.keys() == block.parts.keys()
     for p, batch in wanted.items():
         assert_same(batch, unpack_part(over_the_wire(copy.parts[p])))

@@ -13,30 +13,34 @@ a construction fetching a shard from the lost worker then asks the scheduler for
 standby copy at once, instead of retrying the dead address for Dask's 30 s connect timeout.
 
 A part travels packed (:func:`pack_part`): its arrays copied into one buffer, described by a
-few plain fields, all in the reply's msgpack frame, so that neither side pickles it or splits
-it into a frame per array (about 20 us to pack against 150-200 us through Dask's pickling of
-a :class:`GroupBatch`, for an 8,192-token micro-batch)::
+few plain fields in the reply's msgpack frame, and the buffer out of band in a frame of its
+own, so that neither side pickles the part or splits it into a frame per array (about 20 us
+to pack against 150-200 us through Dask's pickling of a :class:`GroupBatch`, for an
+8,192-token micro-batch)::
 
     {"step": 40, "group": 1,
      "micro": msgpack of [[["input_ids", "<u4", [8192], 0], ["num_tokens", None, 8190, 0],
               ...], ...],   field: [name, dtype (None: a plain value), shape or value, offset]
-     "buffer": b"..."}
+     "buffer": uint8 array}                                       (its own frame on the wire)
 
 The construction task packs every part of its block as it builds it (:func:`packed`), so
-serving a part only sends it, and a block's standby copy (pickled by Dask for the worker that
-keeps it) is two byte strings a part rather than every array of every micro-batch: at DP 8 a
-block of 64 parts pickled as 385 frames cost about 2.5x the CPU of the packed block to copy.
-The fetcher unpacks it (:func:`unpack_part`) into arrays that view one writable copy of the
-buffer. A part holding anything else (object arrays, numpy scalars) or larger than
-``PACK_LIMIT`` travels as Dask serializes task results (numpy buffers out of band). The
-handler counts what it sends (``sent_bytes``, ``sent_parts``) for the scale benchmark.
+serving a part only sends it. The buffer is a numpy array, not a byte string, because of the
+block's standby copy (pickled by Dask for the worker that keeps it): pickle protocol 5 sends
+an array out of band, without copying it, while a byte string is copied into the pickle and
+then searched end to end by Dask for a reference to ``__main__`` (about 7 ms of the sending
+worker's event loop for a 4 MB block, against 1.2 ms out of band). The buffer is read-only
+where it is held; the fetcher unpacks a part (:func:`unpack_part`) into arrays that view one
+writable copy of it. A part holding anything else (object arrays, numpy scalars)
+or larger than ``PACK_LIMIT`` travels as Dask serializes task results (numpy buffers out of
+band). The handler counts what it sends (``sent_bytes``, ``sent_parts``) for the scale
+benchmark.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, cast
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -56,6 +60,7 @@ __all__ = [
     "pack_part",
     "packed",
     "unpack_part",
+    "wire_part",
 ]
 
 PART_HANDLER = "omniload_parts"
@@ -135,7 +140,7 @@ class PartServer(WorkerPlugin):
             # packed by its construction (:func:`packed`), unless it would not pack
             self.sent_bytes += sizeof(value)
             self.sent_parts += 1
-            out.append(value if is_packed(value) else _dask.wire(value))
+            out.append(wire_part(value))
         return out
 
 
@@ -148,6 +153,15 @@ def packed(batch: Any) -> Any:
     return out if out is not None else batch
 
 
+def wire_part(value: Any) -> Any:
+    """A part held by a worker as the part handler sends it: a packed part with its buffer
+    in a frame of its own (not copied into the msgpack frame), anything else as Dask
+    serializes task results."""
+    if is_packed(value):
+        return {**value, "buffer": _dask.wire(value["buffer"])}
+    return _dask.wire(value)
+
+
 def is_packed(value: Any) -> bool:
     """Whether ``value`` is a packed part (what :func:`pack_part` returns)."""
     return isinstance(value, dict) and "buffer" in value and "micro" in value
@@ -158,7 +172,7 @@ def pack_part(batch: Any) -> dict[str, Any] | None:
     None where it holds a value that would not come back the same."""
     if not isinstance(batch, GroupBatch):
         return None
-    chunks: list[Any] = []
+    arrays: list[tuple[int, np.ndarray]] = []
     offset = 0
     micro = []
     for mb in batch.micro_batches:
@@ -167,37 +181,37 @@ def pack_part(batch: Any) -> dict[str, Any] | None:
             if isinstance(value, np.ndarray):
                 if value.dtype.hasobject:
                     return None
-                pad = -offset % _ALIGN
-                if pad:
-                    chunks.append(bytes(pad))
-                    offset += pad
+                offset += -offset % _ALIGN
                 fields.append([name, value.dtype.str, list(value.shape), offset])
-                flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
-                if flat.size:  # (a memoryview cannot cast an empty many-dimensional array)
-                    chunks.append(memoryview(cast(Any, flat)))
+                arrays.append((offset, value))
                 offset += value.nbytes
             elif type(value) in _PLAIN:
                 fields.append([name, None, value, 0])
             else:
                 return None
         micro.append(fields)
+    buffer = np.zeros(offset, np.uint8)
+    for start, value in arrays:
+        if value.size:  # (a memoryview cannot cast an empty many-dimensional array)
+            flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+            buffer[start : start + flat.size] = flat
+    # Read-only: a fetcher in the worker's own process (Dask's inproc comms pass objects as
+    # they are) must not get a view it could write into; the fetcher copies it once.
+    buffer.flags.writeable = False
     # The fields go as one msgpack string: Dask sizes every reply before it writes it (its
     # sizeof walks nested lists item by item: five times the cost of packing the part).
     fields_packed = msgpack.packb(micro, use_bin_type=True)
-    return {
-        "step": batch.step,
-        "group": batch.group,
-        "micro": fields_packed,
-        "buffer": b"".join(chunks),
-    }
+    return {"step": batch.step, "group": batch.group, "micro": fields_packed, "buffer": buffer}
 
 
 def unpack_part(packed: Any) -> Any:
     """The :class:`GroupBatch` of a packed part (anything else is returned as is). Its arrays
-    view one writable copy of the buffer."""
+    view one writable copy of the buffer (none where it came writable)."""
     if not isinstance(packed, dict):
         return packed
-    buffer = bytearray(packed["buffer"])  # msgpack's bytes are read-only: one copy, writable
+    buffer = packed["buffer"]
+    if not (isinstance(buffer, np.ndarray) and buffer.flags.writeable):
+        buffer = bytearray(buffer)  # read-only (bytes, a read-only frame): one copy, writable
     described = packed["micro"]
     if isinstance(described, bytes):
         described = msgpack.unpackb(described, raw=False)

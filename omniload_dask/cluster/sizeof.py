@@ -39,5 +39,5 @@ def sizeof_batch(batch: GroupBatch) -> int:
 @sizeof.register(BatchBlock)
 def sizeof_block(block: BatchBlock) -> int:
     """Bytes of every part of a block (a :class:`GroupBatch`, or packed as workers serve it:
-    Dask sizes its dict of two byte strings and two numbers)."""
+    Dask sizes its dict of a byte string, a buffer and two numbers)."""
     return sum(sizeof(b) for b in block.parts.values()) + 64 * len(block.parts)
