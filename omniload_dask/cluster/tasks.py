@@ -391,8 +391,8 @@ def construct_block(
 
     Each part is packed here, on the task thread, as the workers serve it
     (:func:`~omniload_dask.cluster.serving.packed`): serving it then only sends it, and the
-    block's standby copy pickles two byte strings a part instead of every array of every
-    micro-batch (a block at DP 8 has 64 parts of 6 arrays each: 385 frames to Dask).
+    block's standby copy pickles a few fields a part and sends its buffer out of band, instead
+    of every array of every micro-batch (a block at DP 8 has 64 parts of 6 arrays each).
     """
     parts: dict[int, Any] = {}
     for i, table in enumerate(recipes):
