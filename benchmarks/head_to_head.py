@@ -81,6 +81,7 @@ import contextlib
 import json
 import os
 import queue
+import select
 import shutil
 import subprocess
 import sys
@@ -96,6 +97,7 @@ if str(HERE) not in sys.path:
 sys.path.insert(1, str(HERE.parent))
 
 TAG = "H2H"
+FILE_KEY = "$file"  # a payload too large for one atomic write, in this file (_emit)
 SYSTEMS = ("raw", "omniload_ext", "omniload_emb", "per_source", "per_rank", "mosaic")
 NAMES = {"omniload_ext": "omniload-dask, README cluster", "omniload_emb": "omniload-dask, embedded",
          "per_source": "(b) DataLoader per source per rank", "per_rank": "(a) DataLoader per rank",
@@ -128,8 +130,17 @@ def make_plan(corpus: dict[str, Any], mix: tuple[list[str], list[float]], tokeni
 
 # ------------------------------------------------------------------ child processes
 def _emit(kind: str, payload: dict[str, Any] | None = None) -> None:
-    sys.stdout.write(f"{TAG} {kind} {json.dumps(payload or {})}\n")
+    """One protocol line on stdout, in one write of at most ``select.PIPE_BUF`` bytes (atomic on
+    a pipe: a DataLoader worker the rank forked may write to the same pipe, and a longer line
+    was once cut in two by such a write). A larger payload goes through a file the line names."""
     sys.stdout.flush()
+    line = f"{TAG} {kind} {json.dumps(payload or {})}\n".encode()
+    if len(line) > select.PIPE_BUF:
+        fd, path = tempfile.mkstemp(prefix="h2h-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f)
+        line = f"{TAG} {kind} {json.dumps({FILE_KEY: path})}\n".encode()
+    os.write(sys.stdout.fileno(), line)
 
 
 class Commands:
@@ -374,7 +385,16 @@ class Child:
         for line in self.proc.stdout:
             if line.startswith(TAG + " "):
                 kind, _, payload = line[len(TAG) + 1 :].strip().partition(" ")
-                self.messages.put((kind, json.loads(payload)))
+                try:
+                    message = json.loads(payload)
+                except ValueError as exc:
+                    self.messages.put(("BAD", {"error": str(exc), "line": line[:200]}))
+                    continue
+                if isinstance(message, dict) and FILE_KEY in message:  # a large one (_emit)
+                    path = Path(message[FILE_KEY])
+                    message = json.loads(path.read_text())
+                    path.unlink()
+                self.messages.put((kind, message))
         self.messages.put(("EXIT", {}))
 
     def expect(self, kind: str, timeout: float) -> dict[str, Any]:
@@ -389,6 +409,8 @@ class Child:
                 continue
             if got == kind:
                 return payload
+            if got == "BAD":
+                raise RuntimeError(f"pid {self.pid}: a line that does not parse: {payload}")
             if got == "NOTE":
                 print(f"  note from pid {self.pid}: {payload}", flush=True)
             if got == "EXIT":
