@@ -124,7 +124,7 @@ def make_plan(corpus: dict[str, Any], mix: tuple[list[str], list[float]], tokeni
         "cost": cost,
         "on_error": "skip",
         "loader": {"workers": args.workers, **args.loader},
-        "sources": source_specs(corpus, *mix),
+        "sources": [{**s, **args.source} for s in source_specs(corpus, *mix)],
     }
 
 
@@ -1000,6 +1000,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="loader workers (each system)")
     parser.add_argument("--loader", type=json.loads, default={},
                         help='omniload plan loader settings, JSON (e.g. \'{"standby": false}\')')  # fmt: skip
+    parser.add_argument("--source", type=json.loads, default={},
+                        help='JSON fields for every source of the plan, e.g. {"merge_bytes": 0}')  # fmt: skip
     parser.add_argument("--seconds", type=float, help="measured window per run")
     parser.add_argument("--warmup", type=float, help="seconds after every rank's first batch")
     parser.add_argument("--rounds", type=int, help="passes over the systems (order reversed "

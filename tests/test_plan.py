@@ -70,6 +70,8 @@ def test_resolved_plan_round_trips_through_to_dict():
             {"sources": [{**SRC, "format": "parquet", "unit_bytes": "lots"}]},
             "sources[0].unit_bytes: must be a byte",
         ),
+        ({"sources": [{**SRC, "merge_bytes": -1}]}, "sources[0].merge_bytes: must not be negative"),
+        ({"sources": [{**SRC, "merge_bytes": "1 lot"}]}, "sources[0].merge_bytes: must be a byte"),
         ({"batch": {"seq_len": 4}}, "batch.seq_len: must be >= 8, got 4"),
         (
             {"batch": {"global_documents": 8}},

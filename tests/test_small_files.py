@@ -126,6 +126,29 @@ def test_a_unit_of_small_files_holds_their_records_in_order_under_their_own_ids(
         assert texts_in_order == every  # all of them, once, in file order
 
 
+def test_merge_bytes_caps_the_files_a_unit_holds_and_zero_reads_each_file_alone(small_files):
+    """Small files merge up to the smaller of unit_bytes and merge_bytes (1 MiB by default)."""
+    file_bytes = sorted(p.stat().st_size for p in (small_files / "j").iterdir())
+    by_cap = {}
+    two = file_bytes[-1] * 2  # any two files fit, no three
+    assert file_bytes[0] * 3 > two
+    for extra in ({"unit_bytes": MIB}, {"unit_bytes": MIB, "merge_bytes": two},
+                  {"unit_bytes": MIB, "merge_bytes": 0}):  # fmt: skip
+        spec = _plan(small_files, source_extra=extra).sources[0]
+        cat = discover_source(spec)
+        cap = min(spec.unit_bytes, spec.merge_bytes)
+        by_cap[cap] = cat.num_units
+        if cap == 0:
+            assert cat.groups is None and cat.num_units == len(cat.files)
+            continue
+        sizes = [sum((small_files / "j" / Path(cat.files[f]).name).stat().st_size
+                     for f, _, _ in cat.reads(u, 1)[0])
+                 for u in range(cat.num_units)]  # fmt: skip
+        assert all(size <= cap for size in sizes if size > file_bytes[-1])  # merged: in the cap
+    assert by_cap[MIB] == 1 and by_cap[two] == 5 and by_cap[0] == 9  # 9 files
+    assert _plan(small_files, source_extra={"unit_bytes": 4 * MIB}).sources[0].merge_bytes == MIB
+
+
 def test_a_unit_of_small_files_splits_between_files_into_runs_of_about_equal_size(small_files):
     cat = discover_source(_plan(small_files).sources[0])
     for u in range(cat.num_units):

@@ -93,7 +93,9 @@ def check_catalogs(state: dict[str, Any], catalogs: list[Any]) -> list[Any]:
                 raise CheckpointError(
                     f"source {src['spec']['name']!r}: its files or read units changed since "
                     f"the checkpoint ({len(catalog.files)} files now); the saved cursors would "
-                    "not point at the same records"
+                    "not point at the same records (a checkpoint saved when small files were "
+                    "merged up to unit_bytes resumes with sources[].merge_bytes set to the "
+                    "source's unit_bytes, 4MiB by default)"
                 )
             catalog = single
         out.append(catalog)

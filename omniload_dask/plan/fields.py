@@ -164,7 +164,7 @@ class Fields:
         value = self.raw(key, default)
         size = parse_size(self.at(key), value)
         if size < min:
-            fail(self.at(key), f"must be at least {min} bytes", value)
+            fail(self.at(key), f"must be at least {min} byte{'s' if min != 1 else ''}", value)
         if max is not None and size > max:
             fail(self.at(key), f"must be at most {max} bytes", value)
         return size
@@ -258,8 +258,8 @@ def parse_size(path: str, value: Any) -> int:
         size = int(scaled)
     else:
         fail(path, "must be a byte size such as 4MiB", value)
-    if size < 1:
-        fail(path, "must be at least 1 byte", value)
+    if size < 0:
+        fail(path, "must not be negative", value)
     return size
 
 

@@ -76,9 +76,10 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
         fail(f.at("unit_records"), "only applies to parquet and webdataset", unit_records)
     if fmt == "webdataset" and unit_records is None:
         unit_records = 64
-    # JSON Lines: the byte ranges a file is cut into; every format: up to how many bytes of
-    # small whole files one read unit holds (sources.catalog.merge_small_files)
+    # JSON Lines: the byte ranges a file is cut into; every format: with merge_bytes, up to how
+    # many bytes of small whole files one read unit holds (sources.catalog.merge_small_files)
     unit_bytes = f.size("unit_bytes", 4 * 2**20, min=MIN_UNIT_BYTES, max=MAX_UNIT_BYTES)
+    merge_bytes = f.size("merge_bytes", 2**20, min=0, max=MAX_UNIT_BYTES)
     opts = f.storage_options()
     epochs = f.optional_int("epochs", min=1, max=MAX_EPOCHS)
     f.done()
@@ -90,6 +91,7 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
         weight=weight,
         text=text,
         unit_bytes=unit_bytes,
+        merge_bytes=merge_bytes,
         storage_options=opts,
         image=image,
         unit_records=unit_records,

@@ -53,6 +53,8 @@ class SourceSpec:
     weight: float
     text: str = "text"
     unit_bytes: int = 4 * 2**20
+    # small whole files are read several to a unit up to min(unit_bytes, merge_bytes); 0: never
+    merge_bytes: int = 2**20
     storage_options: Mapping[str, Any] = field(default_factory=StorageOptions)
     epochs: int | None = None  # stop after this many passes; None: a new epoch, reshuffled
     # Image-text sources: the image column (Parquet) or file extensions (WebDataset); () = text.
@@ -72,6 +74,8 @@ def source_dict(spec: SourceSpec) -> dict[str, Any]:
     data["storage_options"] = dict(spec.storage_options)
     if spec.format != "jsonl" and spec.unit_bytes == SourceSpec.unit_bytes:
         data.pop("unit_bytes")  # (other formats use it only to merge small files)
+    if spec.merge_bytes == SourceSpec.merge_bytes:
+        data.pop("merge_bytes")
     if spec.epochs is None:
         data.pop("epochs")
     if not spec.image:

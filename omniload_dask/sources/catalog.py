@@ -5,9 +5,13 @@ units, sizes their reads and cuts costly ones into parts (:meth:`Catalog.reads`)
 (:func:`~omniload_dask.sources.registry.discover_source`) builds it on a worker.
 
 Small files are read several at a time (:func:`merge_small_files`): a read unit holds
-consecutive whole files up to the source's ``unit_bytes``, where each of them is a unit of its
-own. Every read task costs the scheduler and the workers a few ms of CPU whatever its size, so
-a corpus of files of a few hundred KB would otherwise pay it for every file.
+consecutive whole files up to the smaller of the source's ``unit_bytes`` and ``merge_bytes``
+(1 MiB by default), where each of them is a unit of its own. Every read task costs the
+scheduler and the workers a few ms of CPU whatever its size, so a corpus of files of a few KB
+would otherwise pay it for every file. The cap is low because a unit is read whole before the
+first draw from it and held until its last record is drawn: with a costly tokenizer (WordPiece,
+about 0.4 s of CPU a MiB of text) units of 4 MiB made the first batch five times as late and
+the read-ahead twice as large in memory (BENCHMARKS.md, session 40).
 """
 
 from __future__ import annotations

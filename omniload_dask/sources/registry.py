@@ -61,10 +61,9 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
             f"{type(exc).__name__}: {exc}"
         ) from None
     groups = None
-    if not spec.has_images:  # image records are large: their files are read one by one
-        groups = merge_small_files(
-            found.table, found.rows, sizes, spec.unit_bytes, spec.unit_records
-        )
+    merge = min(spec.unit_bytes, spec.merge_bytes)
+    if merge > 0 and not spec.has_images:  # image records are large: read file by file
+        groups = merge_small_files(found.table, found.rows, sizes, merge, spec.unit_records)
     return Catalog(
         source=spec.name,
         files=tuple(files),
