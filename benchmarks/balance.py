@@ -450,7 +450,7 @@ def _measured_steps(
     save_timings: str | None = None,
 ) -> dict[str, Any]:
     """``steps`` steps of :func:`measured_balance` at one DP size and budget fill."""
-    from stepcompute import (
+    from support.stepcompute import (
         baseline_micro_batches,
         efficiency,
         efficiency_bound,

@@ -16,7 +16,7 @@ documents::
 The mixes are the length distributions of the other benchmarks: ``balance`` is
 ``benchmarks/balance.py``'s (web-like lognormal, code-like lognormal, 8k-64k log-uniform long
 documents; token weights 0.5 / 0.3 / 0.2) with every length scaled by 0.886 so that the mean
-document is 1,024 tokens; ``manysources`` is ``benchmarks/manysources.py``'s 16 sources (web,
+document is 1,024 tokens; ``manysources`` is ``benchmarks/support/manysources.py``'s 16 sources (web,
 code and book word counts, each source with its own length scale; code counts a third more
 tokens than words for its punctuation); ``h2h`` is the shape of ``benchmarks/head_to_head.py``'s
 steps (short texts of about 100 tokens, code of about 1.6k, long documents of 8k-32k; token
