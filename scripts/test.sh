@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup-browser.sh || echo "test.sh: no Chromium; the dashboard's browser test will skip" >&2
-.venv/bin/ruff check omniload_dask tests benchmarks examples
-.venv/bin/ruff format --check omniload_dask tests benchmarks examples
+.venv/bin/ruff check omniload_dask tests benchmarks examples scripts
+.venv/bin/ruff format --check omniload_dask tests benchmarks examples scripts
 .venv/bin/mypy omniload_dask
 .venv/bin/python -m pytest "$@"
