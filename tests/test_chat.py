@@ -299,3 +299,78 @@ def test_chat_plan_fields_are_checked() -> None:
     assert plan.sources[0].chat == ChatSpec(max_tokens=256)
     again = parse_plan(plan.to_dict())
     assert again.sources[0].chat == plan.sources[0].chat
+
+
+# -- every path, by property: whole/cut/continued pieces, cp slices, wire and full forms --
+
+
+@pytest.fixture(scope="module")
+def chat_corpus(
+    tmp_path_factory: pytest.TempPathFactory, chat_tokenizers: dict[str, Path]
+) -> tuple[Path, Path, dict[Any, Any]]:
+    root = tmp_path_factory.mktemp("corpus")
+    tok = chat_tokenizers["generation"]
+    convs = _write_chat_sources(root, 60)
+    return root, tok, reference_documents(root, tok, convs)
+
+
+def test_labels_equal_the_unpacked_reference_on_every_path(
+    chat_corpus: tuple[Path, Path, dict[Any, Any]],
+) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from omniload_dask.batching.context_parallel import zigzag_index
+
+    root, tok, docs = chat_corpus
+
+    @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        seq_len=st.sampled_from([48, 96, 300]),
+        truncate=st.booleans(),
+        dp=st.integers(1, 2),
+        cp=st.integers(1, 2),
+        micro=st.integers(1, 2),
+        seed=st.integers(0, 50),
+    )
+    def check(seq_len: int, truncate: bool, dp: int, cp: int, micro: int, seed: int) -> None:
+        if truncate and seq_len < 300:
+            seq_len = 300  # (whole conversations: shorter ones would all be skipped)
+        batch = {"seq_len": seq_len, "micro_batches": micro, "global_tokens": seq_len * micro * dp}
+        if truncate:
+            batch["long_documents"] = "truncate"
+        plan = _chat_plan(root, tok, batch=batch, layout={"dp": dp, "cp": cp}, seed=seed,
+                          on_error="skip")  # fmt: skip
+        plane = InlineDataPlane(plan)
+        for step in range(3):
+            refs = plane.fetch(step)
+            for rank, ref in refs.items():
+                group = plan.layout.coords(rank)["dp"]
+                whole = plane.wholes[(ref.rsplit(":", 1)[0], step, group)]
+                part = plane.batches[ref]
+                for mb, got in zip(whole.micro_batches, part.micro_batches, strict=True):
+                    full = expand(mb)
+                    want = reference_labels(full, docs)
+                    assert np.array_equal(full["labels"], want)
+                    if cp > 1:  # the slice holds the labels of its own positions
+                        index, _ = zigzag_index(full["cu_seqlens"], cp, got["cp_rank"])
+                        n = len(index)
+                        assert np.array_equal(got["labels"][:n], want[index])
+                        assert got["num_loss_tokens"] == int((want[index] != -100).sum())
+                    else:
+                        assert np.array_equal(expand(got)["labels"], want)
+
+    check()
+
+
+def test_resume_gives_the_same_labels(tmp_path: Path, chat_tokenizers: dict[str, Path]) -> None:
+    from omniload_dask.testing import check_resume_equivalence
+
+    _write_chat_sources(tmp_path)
+    plan = _chat_plan(
+        tmp_path,
+        chat_tokenizers["generation"],
+        batch={"seq_len": 64, "global_tokens": 256},
+        checkpoint={"url": str(tmp_path / "ckpt"), "compact_every": 3},
+    )
+    assert check_resume_equivalence(plan, 6, [2, 4]) > 0
