@@ -374,3 +374,18 @@ def test_resume_gives_the_same_labels(tmp_path: Path, chat_tokenizers: dict[str,
         checkpoint={"url": str(tmp_path / "ckpt"), "compact_every": 3},
     )
     assert check_resume_equivalence(plan, 6, [2, 4]) > 0
+
+
+def test_the_sft_plan_mixes_chat_pairs_and_text() -> None:
+    from omniload_dask.plan import load_plan
+    from omniload_dask.preprocess.chat_encode import target_notes
+
+    plan = load_plan(Path(__file__).parent.parent / "plans" / "sft.yaml")
+    notes = target_notes(plan.sources, plan.tokenizer, load=True)
+    assert [n.split(" trains on ")[1].split(":")[0] for n in notes] == [
+        "assistant",
+        "completion",
+        "plain text",
+    ]
+    chat = plan.sources[0].chat
+    assert chat is not None and chat.max_tokens == plan.batch.seq_len

@@ -33,7 +33,7 @@ from omniload_dask.plan.credentials import resolve
 from omniload_dask.preprocess.chat import MARKS, ChatError, Template, compile_template
 from omniload_dask.preprocess.tokenize import load_tokenizer
 
-__all__ = ["ChatTokens", "describe_rule", "encode_chats", "template_of"]
+__all__ = ["ChatTokens", "describe_rule", "encode_chats", "target_notes", "template_of"]
 
 _SPECIALS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
              "mask_token")  # fmt: skip
@@ -152,6 +152,23 @@ def describe_rule(chat: ChatSpec | None, template: Template | None) -> str:
         else "rendering each turn's prefix"
     )
     return f"{chat.train_on}: {how}"
+
+
+def target_notes(sources: Any, tokenizer: TokenizerSpec, load: bool) -> list[str]:
+    """One line per source: which of its tokens are targets and how they are found
+    (``omniload validate``); with ``load``, chat templates are loaded to say whether they have
+    generation blocks, and one that cannot be loaded is named."""
+    notes = []
+    for i, spec in enumerate(sources):
+        template = None
+        if spec.chat is not None and load:
+            try:
+                template = template_of(spec.chat, tokenizer, spec.name)[0]
+            except SourceError as exc:
+                notes.append(f"sources[{i}] ({spec.name}): chat template not loaded: {exc}")
+                continue
+        notes.append(f"sources[{i}] ({spec.name}) trains on {describe_rule(spec.chat, template)}")
+    return notes
 
 
 def encode_chats(
