@@ -244,7 +244,7 @@ def part_ref(key: str, part: int) -> str:
 
 
 def batch_digest(batch: GroupBatch) -> list[tuple[int, ...]]:
-    """A comparable summary: every micro-batch's tokens and provenance as tuples (with images,
+    """A comparable summary: every micro-batch's tokens, labels and provenance as tuples (with images,
     also a hash of its image fields: patches, grids and where their tokens sit)."""
     out = []
     for mb in batch.micro_batches:
@@ -258,6 +258,7 @@ def batch_digest(batch: GroupBatch) -> list[tuple[int, ...]]:
             tuple(np.asarray(mb["input_ids"]).tolist())
             + tuple(np.asarray(mb["doc_id"]).tolist())
             + tuple(np.asarray(mb["cu_seqlens"]).tolist())
+            + tuple(np.asarray(expand(mb)["labels"]).tolist())  # (the masks travel too)
             + images
         )
     return out

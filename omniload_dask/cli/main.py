@@ -68,6 +68,10 @@ def _validate(args: argparse.Namespace) -> int:
     )
     for note in [] if args.no_files else _tokenizer_notes(plan):
         print(f"# {note}", file=sys.stderr)
+    from omniload_dask.preprocess.chat_encode import target_notes
+
+    for note in target_notes(plan.sources, plan.tokenizer, load=not args.no_files):
+        print(f"# {note}", file=sys.stderr)
     weights = [s.weight for s in plan.sources]
     print(f"# {mix_guarantee(plan.batch, plan.mixing_by, weights)}", file=sys.stderr)
     return 0

@@ -35,6 +35,7 @@ from omniload_dask.cluster.retry import with_retries
 from omniload_dask.cluster.serving import packed
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.plan import READS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
+from omniload_dask.preprocess.chat_encode import encode_chats
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
@@ -149,15 +150,19 @@ def _read_records(
         records = read_unit_records(spec, url, lo, hi)
         return records, np.full(len(records.offsets), f, np.int64), [url] * len(records.bad)
     texts: list[str] = []
+    chats: list[Any] = []
     offsets, files, bad, urls = [], [], [], []
     for f, url, lo, hi in reads:
         one = read_unit_records(spec, url, lo, hi)
         texts += one.texts
+        chats += one.chats or []
         offsets.append(np.asarray(one.offsets, np.int64))
         files.append(np.full(len(one.offsets), f, np.int64))
         bad += one.bad
         urls += [url] * len(one.bad)
-    records = RawRecords(texts, np.concatenate(offsets), bad)
+    records = RawRecords(
+        texts, np.concatenate(offsets), bad, chats=chats if spec.chat is not None else None
+    )
     return records, np.concatenate(files), urls
 
 
@@ -188,13 +193,26 @@ def _read_unit(
         bad_urls += [file_url] * bad_images  # (an image source's unit is one read)
         files = np.full(len(records.offsets), file_index, np.int64)
     t2 = time.perf_counter()
+    chats = None
+    if spec.chat is not None:  # render, tokenize and mask now: failures are bad records
+        chats = encode_chats(spec.chat, tokenizer, spec.name, records.chats or [])
+        url_of = {file_index: file_url, **{f: url for f, url, _, _ in more}}
+        for i, reason in chats.bad:
+            records.bad.append((int(records.offsets[i]), reason))
+            bad_urls.append(url_of[int(files[i])])
+        records.offsets, files = records.offsets[chats.kept], files[chats.kept]
+        records.texts, records.chats = [""] * len(chats.kept), None
     bad = [
         f"source {spec.name!r}: file {url!r}: record at offset {offset}: {reason}"
         for (offset, reason), url in zip(records.bad, bad_urls, strict=True)
     ]
     if bad and on_error == "raise":
         raise RecordError(bad[0] + " (set on_error: skip to skip and count such records)")
-    tokens, offsets = tokenize(tokenizer, records.texts)
+    target = None
+    if chats is not None:
+        tokens, offsets, target = chats.tokens, chats.offsets, chats.target
+    else:
+        tokens, offsets = tokenize(tokenizer, records.texts)
     if spec.has_images:
         placeholder = image_token_id(tokenizer, image_spec.placeholder)
         tokens, offsets, table = _place(tokens, offsets, pixels, image_spec, placeholder, tokenizer)
@@ -225,6 +243,7 @@ def _read_unit(
         skipped=skipped,
         bad=bad[:MAX_REASONS],
         images=table,
+        target=target,
     )
     meta: dict[str, Any] = {
         "lengths": lengths.astype(np.int32).tobytes(),

@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from omniload_dask.errors import PlanError
+from omniload_dask.plan.chat import ChatSpec
 from omniload_dask.plan.credentials import StorageOptions
 
 __all__ = [
@@ -60,6 +61,7 @@ class SourceSpec:
     # Image-text sources: the image column (Parquet) or file extensions (WebDataset); () = text.
     image: tuple[str, ...] = ()
     unit_records: int | None = None  # records per read unit (Parquet: cuts row groups; tar)
+    chat: ChatSpec | None = None  # conversations and their targets; None: plain text
 
     @property
     def has_images(self) -> bool:
@@ -86,6 +88,13 @@ def source_dict(spec: SourceSpec) -> dict[str, Any]:
         data["image"] = list(spec.image)
     if spec.unit_records is None:
         data.pop("unit_records")
+    if spec.chat is None:
+        data.pop("chat")
+    else:
+        data.pop("text")  # (the chat section names its fields)
+        data["chat"] = {k: v for k, v in data["chat"].items() if v is not None}
+        if spec.chat.layout != "prompt_completion":
+            data["chat"].pop("completion")
     return data
 
 

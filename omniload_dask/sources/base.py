@@ -43,13 +43,16 @@ class Units:
 class RawRecords:
     """Records of one read unit in file order: texts, offsets, and the records that failed.
 
-    ``images`` (image-text sources) holds each record's encoded images, in order.
+    ``images`` (image-text sources) holds each record's encoded images, in order; ``chats``
+    (chat sources) each record's conversation (:func:`~omniload_dask.sources.chat.conversation`),
+    its text then empty.
     """
 
     texts: list[str]
     offsets: np.ndarray
     bad: list[tuple[int, str]] = field(default_factory=list)
     images: list[list[bytes]] | None = None
+    chats: list[Any] | None = None
 
 
 class SourceFormat(Protocol):

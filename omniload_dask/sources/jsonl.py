@@ -36,6 +36,7 @@ from fsspec.utils import infer_compression
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.chat import conversation
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 
@@ -247,6 +248,7 @@ def _parse(spec: SourceSpec, url: str, data: bytes, base: int, starts: np.ndarra
     texts: list[str] = []
     offsets: list[int] = []
     bad: list[tuple[int, str]] = []
+    chats: list[Any] = []
     ends = np.empty_like(starts)
     if len(starts):
         ends[:-1] = starts[1:]
@@ -270,6 +272,15 @@ def _parse(spec: SourceSpec, url: str, data: bytes, base: int, starts: np.ndarra
         if not isinstance(record, dict):
             bad.append((offset, f"expected a JSON object, got {type(record).__name__}"))
             continue
+        if spec.chat is not None:  # a chat source keeps the record's conversation
+            chat = conversation(spec.chat, record)
+            if isinstance(chat, str):
+                bad.append((offset, chat))
+                continue
+            chats.append(chat)
+            texts.append("")
+            offsets.append(offset)
+            continue
         text = record.get(spec.text)
         if text is None:
             bad.append((offset, f"no field {spec.text!r}"))
@@ -279,7 +290,12 @@ def _parse(spec: SourceSpec, url: str, data: bytes, base: int, starts: np.ndarra
             continue
         texts.append(text)
         offsets.append(offset)
-    return RawRecords(texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad)
+    return RawRecords(
+        texts=texts,
+        offsets=np.asarray(offsets, dtype=np.int64),
+        bad=bad,
+        chats=chats if spec.chat is not None else None,
+    )
 
 
 FORMAT = JsonLines()

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.chat import conversation
 from omniload_dask.sources.decoding import WatchedFile
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
@@ -103,7 +104,7 @@ class Parquet:
         records, one per row, so skipping them never depends on how the rows are split.
         """
         url = fs.unstrip_protocol(path)
-        columns = [spec.text, *spec.image]
+        columns = [*spec.chat.columns] if spec.chat is not None else [spec.text, *spec.image]
         with open_file(fs, path) as raw:
             f = WatchedFile(raw)
             try:
@@ -136,6 +137,8 @@ class Parquet:
                     start, stop, f"{where} cannot be decoded ({type(exc).__name__}: {exc})"
                 )
         table = table.slice(start - int(bounds[first_group]), stop - start)
+        if spec.chat is not None:
+            return _chats(spec, table, start)
         texts, offsets, bad, keep = _texts(spec, table.column(0), start)
         if not spec.has_images:
             return RawRecords(texts=texts, offsets=offsets, bad=bad)
@@ -216,7 +219,32 @@ def _images(
     return images, np.asarray(rows, dtype=np.int64), out_texts, bad
 
 
-def _text_field(spec: SourceSpec, url: str, schema: pa.Schema) -> pa.Field:
+def _chats(spec: SourceSpec, table: pa.Table, first_row: int) -> RawRecords:
+    """A chat source's rows as conversations (:mod:`omniload_dask.sources.chat`)."""
+    assert spec.chat is not None
+    chats: list[Any] = []
+    rows: list[int] = []
+    bad: list[tuple[int, str]] = []
+    for row, record in enumerate(table.to_pylist(), start=first_row):
+        chat = conversation(spec.chat, record)
+        if isinstance(chat, str):
+            bad.append((row, chat))
+        else:
+            chats.append(chat)
+            rows.append(row)
+    offsets = np.asarray(rows, dtype=np.int64)
+    return RawRecords(texts=[""] * len(chats), offsets=offsets, bad=bad, chats=chats)
+
+
+def _text_field(spec: SourceSpec, url: str, schema: pa.Schema) -> pa.Field | None:
+    if spec.chat is not None:  # conversations: lists of structs or strings, checked per record
+        for name in spec.chat.columns:
+            if name not in schema.names:
+                raise SourceError(
+                    f"source {spec.name!r}: file {url!r} has no column {name!r} "
+                    f"(columns: {', '.join(schema.names)}); set sources[].chat.field"
+                )
+        return None
     if spec.text not in schema.names:
         raise SourceError(
             f"source {spec.name!r}: file {url!r} has no column {spec.text!r} "
