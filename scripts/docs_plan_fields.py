@@ -274,6 +274,18 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
             ),
             _source("img", "parquet", image="jpeg", text="caption", unit_records=16),
             _source("tar", "webdataset", image=["jpg"]),
+            _source(
+                "chat",
+                "jsonl",
+                chat={"layout": "messages", "field": "messages", "train_on": "assistant",
+                      "template": "{{ messages }}", "max_tokens": 64},
+            ),
+            _source(
+                "qa",
+                "parquet",
+                chat={"layout": "prompt_completion", "completion": "answer",
+                      "template_file": "chat.jinja"},
+            ),
         ],
     }
     buckets = {

@@ -92,6 +92,29 @@ MEANINGS: dict[str, Any] = {
         "default": "none (text only); `[jpg, jpeg, png, webp]` for `webdataset`",
         "meaning": "where a record's images are; makes it an image-text source",
     },
+    "sources[].chat": "makes the source's records conversations rendered with a chat "
+    "template (see the chat data guide); unset: plain text, every token a target",
+    "sources[].chat.layout": "`messages` (OpenAI `{role, content}` list), `sharegpt` "
+    "(`{from, value}` list) or `prompt_completion` (two string fields)",
+    "sources[].chat.field": {
+        "default": "`messages`; `conversations` for `sharegpt`; `prompt` for `prompt_completion`",
+        "meaning": "the record field holding the conversation (or the prompt)",
+    },
+    "sources[].chat.completion": "`prompt_completion` only: the record field holding the "
+    "completion",
+    "sources[].chat.train_on": {
+        "default": "`assistant`; `completion` for `prompt_completion`",
+        "meaning": "which tokens are targets: `assistant` turns, `all` turns, "
+        "`last_assistant`, `completion` or `everything`",
+    },
+    "sources[].chat.template": {
+        "type": "string",
+        "meaning": "the chat template's Jinja text; unset with no `template_file`: the "
+        "`chat_template` of the `tokenizer_config.json` beside the tokenizer file",
+    },
+    "sources[].chat.template_file": "a file (path or URL) holding the chat template",
+    "sources[].chat.max_tokens": "the longest conversation kept, in tokens; a longer one is a "
+    "bad record (never cut); unset: the batch's document cap",
     "sources[].unit_records": {
         "default": "unset; `64` for `webdataset`",
         "meaning": "records per read unit (Parquet: cuts row groups; tar: records per shard "

@@ -389,3 +389,22 @@ def test_the_sft_plan_mixes_chat_pairs_and_text() -> None:
     ]
     chat = plan.sources[0].chat
     assert chat is not None and chat.max_tokens == plan.batch.seq_len
+
+
+def test_the_sft_plan_runs_from_the_command_line_as_the_docs_show() -> None:
+    import json
+    import subprocess
+    import sys
+
+    plan = Path(__file__).parent.parent / "plans" / "sft.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "omniload_dask.cli", "run", str(plan), "--make-demo-data",
+         "--steps", "3", "--workers", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["steps"] == 3 and report["tokens"] > 0
+    assert [s["name"] for s in report["sources"]] == ["chat", "qa", "web"]

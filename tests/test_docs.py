@@ -101,6 +101,12 @@ COMMANDS: dict[str, str | tuple[str, ...]] = {
     "omniload demo-data plans/demo-data": HERE,
     "omniload validate plans/quickstart.yaml": HERE,
     "omniload run plans/quickstart.yaml": ("tests/test_cli.py", '"run"', "quickstart.yaml"),
+    "omniload run plans/sft.yaml --make-demo-data": (
+        "tests/test_chat.py",
+        '"run"',
+        '"sft.yaml"',
+        '"--make-demo-data"',
+    ),
     "omniload calibrate '{hidden: 64, layers: 2, heads: 4, ffn: 256, vocab: 256, gated: true}' "
     "--seq-len 2048 --out calibration.yaml": (
         "tests/test_calibrate.py",
