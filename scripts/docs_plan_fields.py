@@ -277,14 +277,22 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
             _source(
                 "chat",
                 "jsonl",
-                chat={"layout": "messages", "field": "messages", "train_on": "assistant",
-                      "template": "{{ messages }}", "max_tokens": 64},
+                chat={
+                    "layout": "messages",
+                    "field": "messages",
+                    "train_on": "assistant",
+                    "template": "{{ messages }}",
+                    "max_tokens": 64,
+                },
             ),
             _source(
                 "qa",
                 "parquet",
-                chat={"layout": "prompt_completion", "completion": "answer",
-                      "template_file": "chat.jinja"},
+                chat={
+                    "layout": "prompt_completion",
+                    "completion": "answer",
+                    "template_file": "chat.jinja",
+                },
             ),
         ],
     }
