@@ -185,6 +185,7 @@ class OmniloadCallback(TrainerCallback):
         self.data = data
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Refuse a train loader that ``accelerate`` wrapped in its own sharding."""
         loader = kwargs.get("train_dataloader")
         inner = getattr(loader, "dataset", None)
         if inner is not self.data and getattr(inner, "dataset", None) is self.data:
@@ -195,6 +196,7 @@ class OmniloadCallback(TrainerCallback):
             )
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Write this rank's feeder position into the checkpoint folder just saved."""
         folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         os.makedirs(folder, exist_ok=True)
         path = state_file(folder, args.process_index)

@@ -107,6 +107,7 @@ class OmniloadDataModule(pl.LightningDataModule):
         return self.shared
 
     def train_dataloader(self) -> DataLoader:
+        """This rank's micro-batches, from the restored position (starts the job: a collective)."""
         shared = self.start()
         if self.feeder is None:
             self.feeder = shared.feeder(max_steps=self.max_steps)
@@ -114,7 +115,8 @@ class OmniloadDataModule(pl.LightningDataModule):
         return DataLoader(_Stream(self.feeder), batch_size=None, num_workers=0)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        self._position = after(batch)  # this batch goes to a training step now
+        """Note the position after ``batch``: it goes to a training step now."""
+        self._position = after(batch)
         return batch
 
     def state_dict(self) -> dict[str, Any]:
@@ -122,12 +124,14 @@ class OmniloadDataModule(pl.LightningDataModule):
         return feeder_state(*self._position)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume at the checkpoint's position (the job starts there in ``train_dataloader``)."""
         for key in ("step", "micro_step"):
             if key not in state_dict:
                 raise JobError(f"OmniloadDataModule: checkpoint state has no {key!r}")
         self._position = (int(state_dict["step"]), int(state_dict["micro_step"]))
 
     def teardown(self, stage: str) -> None:
+        """Close the feeder, then (a collective) stop the job on rank 0."""
         if self.feeder is not None:
             self.feeder.close()
             self.feeder = None
