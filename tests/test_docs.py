@@ -101,6 +101,29 @@ COMMANDS: dict[str, str | tuple[str, ...]] = {
     "omniload demo-data plans/demo-data": HERE,
     "omniload validate plans/quickstart.yaml": HERE,
     "omniload run plans/quickstart.yaml": ("tests/test_cli.py", '"run"', "quickstart.yaml"),
+    "torchrun --nproc-per-node 2 examples/train_hf.py --out runs/hf --steps 8": (
+        "tests/test_integrations_hf.py",
+        '"train_hf.py"',
+        '"--out"',
+        '"--steps"',
+    ),
+    "torchrun --nproc-per-node 2 examples/train_hf.py --out runs/hf --steps 8 --resume": (
+        "tests/test_integrations_hf.py",
+        '"train_hf.py"',
+        '"--resume"',
+    ),
+    "torchrun --nproc-per-node 2 examples/train_lightning.py --out runs/lightning --steps 8": (
+        "tests/test_integrations_lightning.py",
+        '"train_lightning.py"',
+        '"--out"',
+        '"--steps"',
+    ),
+    "torchrun --nproc-per-node 2 examples/train_lightning.py --out runs/lightning --steps 8 "
+    "--resume": (
+        "tests/test_integrations_lightning.py",
+        '"train_lightning.py"',
+        '"--resume"',
+    ),
     "omniload run plans/sft.yaml --make-demo-data": (
         "tests/test_chat.py",
         '"run"',
