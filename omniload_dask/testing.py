@@ -53,9 +53,11 @@ class InlineDataPlane:
         resume: bool | int | None = None,
         timing: Callable[[Any, Shard], float] | None = None,
         together: int = 1,
+        resume_unverified: bool = False,
     ) -> None:
         """``together``: steps drawn before they are planned, side by side, and committed
-        (the scheduler plugin plans up to ``planner.STEPS_AT_ONCE``; 1: one by one)."""
+        (the scheduler plugin plans up to ``planner.STEPS_AT_ONCE``; 1: one by one).
+        ``resume_unverified``: as ``Job.start``'s (a manifest without its own digest)."""
         self.plan = plan
         self.together = together
         self.build = build
@@ -63,7 +65,7 @@ class InlineDataPlane:
         saved = state = None
         sources = plan
         if resume is not None and resume is not False:
-            saved, state = load_for_resume(plan, resume)
+            saved, state = load_for_resume(plan, resume, resume_unverified)
             sources = registry_plan(plan, state)
         catalogs = [tasks.discover(spec, plan.on_error) for spec in sources.sources]
         if state is not None:

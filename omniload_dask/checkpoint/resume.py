@@ -39,10 +39,16 @@ __all__ = [
 ]
 
 
-def load_for_resume(plan: Plan, resume: bool | int) -> tuple[Checkpoint, dict[str, Any]]:
-    """Read and check the plan's checkpoint; the state to resume at (runs in a thread)."""
+def load_for_resume(
+    plan: Plan, resume: bool | int, unverified: bool = False
+) -> tuple[Checkpoint, dict[str, Any]]:
+    """Read and check the plan's checkpoint; the state to resume at (runs in a thread).
+
+    ``unverified``: accept a manifest without its own digest (see :class:`Checkpoint`)."""
     assert plan.checkpoint is not None
-    saved = Checkpoint(plan.checkpoint.url, dict(plan.checkpoint.storage_options))
+    saved = Checkpoint(
+        plan.checkpoint.url, dict(plan.checkpoint.storage_options), unverified=unverified
+    )
     problems = compare_resume_keys(saved.plan, plan)
     if problems:
         raise CheckpointError(

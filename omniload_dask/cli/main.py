@@ -49,8 +49,11 @@ def _validate(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         print(yaml.safe_dump(data, sort_keys=False).rstrip())
+    notes: list[str] = []
     if not args.no_files:
-        problems = _file_problems(plan)
+        from omniload_dask.sources.preview import check_sources
+
+        problems, notes = check_sources(plan)
         for problem in problems:
             print(f"omniload: error: {problem}", file=sys.stderr)
         if problems:
@@ -66,7 +69,7 @@ def _validate(args: argparse.Namespace) -> int:
         f"stream fingerprint {plan.stream_fingerprint()}",
         file=sys.stderr,
     )
-    for note in [] if args.no_files else _tokenizer_notes(plan):
+    for note in notes + ([] if args.no_files else _tokenizer_notes(plan)):
         print(f"# {note}", file=sys.stderr)
     from omniload_dask.preprocess.chat_encode import target_notes
 
@@ -75,19 +78,6 @@ def _validate(args: argparse.Namespace) -> int:
     weights = [s.weight for s in plan.sources]
     print(f"# {mix_guarantee(plan.batch, plan.mixing_by, weights)}", file=sys.stderr)
     return 0
-
-
-def _file_problems(plan: Any) -> list[str]:
-    """Each source whose paths find no files, by field (``validate``: found before a job)."""
-    from omniload_dask.sources.registry import list_source
-
-    problems = []
-    for i, spec in enumerate(plan.sources):
-        try:
-            list_source(spec)
-        except OmniloadError as exc:
-            problems.append(f"sources[{i}].path: {exc}")
-    return problems
 
 
 def _tokenizer_notes(plan: Any) -> list[str]:

@@ -24,6 +24,8 @@ import logging
 import time
 from typing import Any
 
+from omniload_dask.cluster.arguments import check_sendable
+
 logger = logging.getLogger(__name__)
 
 METADATA_FIELD = "omniload"
@@ -320,6 +322,7 @@ def call(client: Any, handler: str, /, *, call_timeout: float | None = None, **k
 
     The reply comes back as plain data with lists (msgpack turns lists into tuples).
     """
+    check_sendable(handler, kwargs)  # (msgpack would raise a bare OverflowError)
     method = getattr(client.scheduler, "omniload_" + handler)
     return _lists(client.sync(method, callback_timeout=call_timeout, **kwargs))
 

@@ -160,6 +160,7 @@ class Job:
         workers: int | None = None,
         start_step: int = 0,
         resume: bool | int | None = None,
+        resume_unverified: bool = False,
         dashboard_address: str | None = ":0",
         scheduler_port: int = 0,
         security: Any = None,
@@ -174,7 +175,9 @@ class Job:
 
         ``resume=True`` continues from the plan's checkpoint where the slowest rank was;
         ``resume=STEP`` continues from that step (e.g. the smallest ``step`` of the ranks'
-        ``Feeder.state_dict()`` in the trainer's checkpoint). The global stream continues
+        ``Feeder.state_dict()`` in the trainer's checkpoint). A checkpoint whose manifest
+        carries no digest of its own (an old format, or one edited by hand) is refused unless
+        ``resume_unverified=True``, which the scheduler logs. The global stream continues
         exactly, also with another DP size or worker count; a changed plan (weights, sources
         added or removed) applies from the resumed step. Without a checkpoint,
         ``start_step=STEP`` gives the same batches by drawing again from step 0 (slower).
@@ -210,8 +213,14 @@ class Job:
             owns = True
         try:
             client.register_plugin(OmniloadPlugin())
+            unverified = {"resume_unverified": True} if resume_unverified else {}
             info = _dask.call(
-                client, "start", plan=plan.to_dict(), start_step=start_step, resume=resume
+                client,
+                "start",
+                plan=plan.to_dict(),
+                start_step=start_step,
+                resume=resume,
+                **unverified,
             )
         except BaseException:
             if owns:

@@ -159,9 +159,14 @@ class Prepared:
 
 
 async def prepare(
-    data_client: DataPlaneClient, plan: Plan, run_id: str, resume: bool | int | None
+    data_client: DataPlaneClient,
+    plan: Plan,
+    run_id: str,
+    resume: bool | int | None,
+    unverified: bool = False,
 ) -> Prepared:
-    """Load the checkpoint to resume from (if ``resume``), then discover the sources."""
+    """Load the checkpoint to resume from (if ``resume``; ``unverified``: accept a manifest
+    without its own digest, logged), then discover the sources."""
     resuming = resume is not None and resume is not False
     if resuming and plan.checkpoint is None:
         raise CheckpointError(f"job {plan.name!r}: resume needs checkpoint.url in the plan")
@@ -172,7 +177,7 @@ async def prepare(
     if resuming:
         assert resume is not None
         loop = asyncio.get_running_loop()
-        saved, state = await loop.run_in_executor(None, load_for_resume, plan, resume)
+        saved, state = await loop.run_in_executor(None, load_for_resume, plan, resume, unverified)
         sources = registry_plan(plan, state)
     catalogs, tokenizer = await _discover(client, sources, run_id)
     return Prepared(plan, run_id, sources, catalogs, tokenizer, saved, state)

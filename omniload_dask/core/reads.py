@@ -257,7 +257,7 @@ class ReadAhead:
                 "retired": s.retired,
                 "documents": s.docs,
                 "tokens": s.tokens,
-                "skipped": s.skipped,
+                "skipped": s.skipped + s.skipped_ahead(),
                 "truncated_tokens": s.truncated_tokens,
                 "units_in_flight": len(s.units),
                 "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
