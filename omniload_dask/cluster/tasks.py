@@ -291,7 +291,8 @@ class ReadReport:
 
 
 def report_of(shard: Shard) -> dict[str, Any]:
-    """The image figures of a shard as :meth:`Coordinator.on_report` takes them (inline runs)."""
+    """The image figures of a shard as :class:`~omniload_dask.core.events.ReadReported` takes
+    them (inline runs)."""
     if shard.images is None:
         return {}
     p_sum, p_sq = patch_sums(shard.images, len(shard))
