@@ -64,7 +64,7 @@ def drawn_steps(plan: Any, steps: int) -> list[Any]:
     from omniload_dask.testing import InlineDataPlane
 
     plane = InlineDataPlane(plan, build=False)
-    planner = plane.coord.planner
+    planner = plane.coord.parts.planner
     kept: list[Any] = []
     plan_step = planner.plan
 

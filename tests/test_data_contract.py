@@ -110,7 +110,7 @@ def test_a_source_whose_only_file_cannot_be_read_counts_it_in_skipped(tmp_path):
     bad = unreadable_files(tmp_path)
     plane = InlineDataPlane(contract_plan(tmp_path, bad, layout={"dp": 1}))
     plane.draw(30)
-    stats = {s["name"]: s for s in plane.coord.stats()["sources"]}
+    stats = {s["name"]: s for s in plane.coord.view.stats()["sources"]}
     for name in bad:
         assert stats[name]["documents"] == 0
         assert stats[name]["skipped"] == 1, (name, stats[name])  # its one file, once
@@ -178,7 +178,7 @@ def test_a_malformed_first_line_is_skipped_and_counted_like_any_other(tmp_path):
     first_line_bad(tmp_path)
     plane = InlineDataPlane(one_source(tmp_path, "skip"))
     plane.draw(200)
-    (web,) = plane.coord.stats()["sources"]
+    (web,) = plane.coord.view.stats()["sources"]
     assert web["documents"] == 2 * 48 and web["skipped"] == 2 * 2  # two epochs
 
 

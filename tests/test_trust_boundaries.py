@@ -60,7 +60,7 @@ def test_resume_unverified_takes_it_on_trust_and_logs_it(tmp_path, caplog):
     data = edit_manifest(tmp_path, 1)
     with caplog.at_level(logging.WARNING, logger="omniload_dask.checkpoint.store"):
         again = InlineDataPlane(plan, resume=True, resume_unverified=True)
-    assert again.coord.next_step == min(data["positions"].values())  # as the manifest says
+    assert again.coord.view.next_step == min(data["positions"].values())  # as the manifest says
     assert "without its manifest_sha256" in caplog.text and "resume_unverified" in caplog.text
 
 

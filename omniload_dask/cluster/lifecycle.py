@@ -28,7 +28,6 @@ from distributed import Client
 
 from omniload_dask.checkpoint import (
     Checkpoint,
-    apply_new_plan,
     check_catalogs,
     load_for_resume,
     registry_plan,
@@ -41,6 +40,7 @@ from omniload_dask.cluster.running import RunningJob
 from omniload_dask.cluster.serving import PartServer
 from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.core.coordinator import Coordinator
+from omniload_dask.core.events import WorkersChanged
 from omniload_dask.core.live import PlanChange
 from omniload_dask.errors import CheckpointError, JobError
 from omniload_dask.plan import Plan, SourceSpec
@@ -205,7 +205,7 @@ async def open_job(
         assert prepared.saved is not None
         coord.load_state_dict(state)
         if prepared.saved.plan.stream_fingerprint() != plan.stream_fingerprint():
-            apply_new_plan(coord, plan, catalogs)
+            coord.adopt_plan(plan, catalogs)
     writer = None
     if plan.checkpoint is not None:
         writer = await open_writer(plan, coord, prepared.saved)
@@ -213,21 +213,19 @@ async def open_job(
         "name": plan.name,
         "run_id": prepared.run_id,
         "plan": plan.redacted(),  # feeders get no credentials
-        "sources": coord.names,
+        "sources": coord.view.names,
         "files": [len(c.files) for c in catalogs],
         "units": [c.num_units for c in catalogs],
         "bytes": [c.total_bytes for c in catalogs],
         "tokenizer": prepared.tokenizer,
-        "start_step": coord.next_step if state is not None else start_step,
+        "start_step": coord.view.next_step if state is not None else start_step,
         "resumed": state is not None,
     }
-    executor = ActionExecutor(
-        client, plan, lambda i: coord.streams[i].spec, standby, read_resources
-    )
+    executor = ActionExecutor(client, plan, coord.view.spec_of, standby, read_resources)
     job = RunningJob(plan, coord, info, executor, writer)
     count, threads = workers()
     if threads:
-        coord.on_workers(count, threads)
+        coord.handle(WorkersChanged(count, threads))
     return job
 
 
@@ -275,7 +273,7 @@ def with_known_credentials(run: RunningJob, new: Plan) -> Plan:
     for credentials; updating the job with it keeps the credentials the job already has.
     """
     old = {s.name: s for s in run.plan.sources}
-    old.update((s.spec.name, s.spec) for s in run.coord.streams)
+    old.update((s.spec.name, s.spec) for s in run.coord.view.streams)
 
     def known(options: Any, mine: Any) -> Any:
         shown = redact({"storage_options": dict(mine)})["storage_options"]
@@ -308,8 +306,7 @@ def plan_change(run: RunningJob, new: Plan, at_step: int | None = None) -> PlanC
             )
     if new.mixing.by != old.mixing.by:
         raise JobError("update_plan: mixing.by cannot change while the job runs")
-    coord = run.coord
-    return coord.sources.plan_change(new.sources, at_step, coord.next_step)[1]
+    return run.coord.view.plan_change(new.sources, at_step)
 
 
 async def discover_added(
@@ -324,7 +321,7 @@ async def discover_added(
             spec,
             new.on_error,
             new.loader.read_retries,
-            key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.log)}",
+            key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.view.log)}",
             priority=DISCOVERY_PRIORITY,
         )
         for spec in added
@@ -342,7 +339,4 @@ def apply_change(
 ) -> int:
     """Apply ``change`` from ``at_step`` (default: the first step not drawn); returns the step
     it takes effect at."""
-    coord = run.coord
-    return coord.sources.apply_change(
-        change, catalogs, at_step, coord.next_step, coord.figures.tokens
-    )
+    return run.coord.apply_change(change, catalogs, at_step)

@@ -224,7 +224,7 @@ class OmniloadPlugin(SchedulerPlugin):
         """What :meth:`start_job` returned (resolved plan, files, tokenizer), with the sources
         as they are now (live changes add sources at the end)."""
         run = self._job(job)
-        return {**run.info, "sources": run.coord.names}
+        return {**run.info, "sources": run.coord.view.names}
 
     def list_jobs(self) -> list[str]:
         """The names of the running jobs."""
@@ -289,9 +289,9 @@ class OmniloadPlugin(SchedulerPlugin):
     ) -> dict[str, Any]:
         """Change source weights live from ``at_step`` (default: the first undrawn step)."""
         run = self._job(job)
-        step = run.coord.set_weights(_weights(weights), optional_step("at_step", at_step))
+        scheduled = run.coord.set_weights(_weights(weights), optional_step("at_step", at_step))
         run.poke()
-        return {"step": step, "weights": run.coord.log[-1]["weights"]}
+        return {"step": scheduled.step, "weights": scheduled.weights}
 
     async def update_plan(
         self, job: str, plan: dict[str, Any], at_step: int | None = None
@@ -380,7 +380,7 @@ def _agent(
     checked = [_integer("rank", r) for r in ranks]
     layout = run.plan.layout
     if parts is None:
-        run.coord.delivery.check_ranks(checked)
+        run.coord.view.check_ranks(checked)
         coords = [layout.coords(r) for r in checked]
         return checked, list(dict.fromkeys((c["dp"], c["cp"]) for c in coords))
     if not isinstance(parts, (list, tuple)) or not parts:

@@ -310,7 +310,8 @@ class ReadReport:
 
 
 def report_of(shard: Shard) -> dict[str, Any]:
-    """The image figures of a shard as :meth:`Coordinator.on_report` takes them (inline runs)."""
+    """The image figures of a shard as :class:`~omniload_dask.core.events.ReadReported` takes
+    them (inline runs)."""
     if shard.images is None:
         return {}
     p_sum, p_sq = patch_sums(shard.images, len(shard))
@@ -320,6 +321,8 @@ def report_of(shard: Shard) -> dict[str, Any]:
 def patch_sums(table: ImageTable, records: int) -> tuple[np.ndarray, np.ndarray]:
     """Per record: its images' patches, and the sum of their squares (int64 each)."""
     p = np.diff(table.cu_patches).astype(np.int64)
+    # bincount with weights sums per record in one pass (float64: exact below 2**53 patches);
+    # minlength keeps records without images, at 0, so the arrays line up with the lengths.
     p_sum = np.bincount(table.record, weights=p, minlength=records).astype(np.int64)
     p_sq = np.bincount(table.record, weights=p * p, minlength=records).astype(np.int64)
     return p_sum, p_sq
@@ -390,7 +393,7 @@ def _place(
 
 
 def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:
-    """Build one DP group's micro-batches for one step, in wire form (``batches.expand``)."""
+    """Build one DP group's micro-batches for one step, in wire form (``formats.expand``)."""
     return build(recipe, list(shards), wire=True)
 
 

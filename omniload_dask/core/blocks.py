@@ -46,9 +46,9 @@ BLOCKS_PER_STEP = 8  # with loader.groups_per_task 0 (auto): at most about this 
 BLOCK_TOKENS = 1 << 19
 # Where one block holds a whole step, an auto block holds steps of about this many tokens, at
 # most MAX_BLOCK_STEPS (the ranks' prefetch follows it): 16 steps at dp 8 with one 8,192-token
-# micro-batch a group. Against blocks of 8 steps there, 14 % less scheduler CPU a step and
-# 6-7 % more tokens/s (BENCHMARKS.md, session 35): half the construction tasks, their standby
-# copies and the ranks' requests, and twice the steps planned side by side.
+# micro-batch a group. Larger blocks mean fewer construction tasks, standby copies and ranks'
+# requests a step (each costs the scheduler the same whatever its size) and more steps planned
+# side by side; the cap bounds what a rank prefetches and a worker holds.
 STEP_BLOCK_TOKENS = 1 << 20
 MAX_BLOCK_STEPS = 16
 

@@ -73,7 +73,7 @@ class ReadAhead:
         seconds: float | None,
         records: int | None,
     ) -> None:
-        """A read task reported its records' lengths (see ``Coordinator.on_report``)."""
+        """A read task reported its records' lengths (see :class:`.events.ReadReported`)."""
         where = self._unit_of.get(key)
         if where is None:
             return

@@ -39,8 +39,8 @@ BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256,
 NO_CAP = 2**62  # the document cap of a plan that sets none (split): longer than any document
 # A worker runs this many reads for each tokenizing thread it has: while one read tokenizes,
 # the next reads and decodes its records, and the tokenizer never waits for a read to start
-# (``omniload-read=2`` with one tokenizer thread left 1 % of two cores idle, against 4 %
-# with one read a thread; BENCHMARKS.md, session 34).
+# (with one read a thread, the tokenizer idles while each next read opens its file and
+# decodes; a second one in flight hides that).
 READS_PER_THREAD = 2
 
 
