@@ -49,6 +49,40 @@ def test_validate_lists_the_files_so_a_glob_that_matches_nothing_is_found_before
     assert main(["validate", "--no-files", str(tmp_path / "p.yaml")]) == 0
 
 
+def test_validate_fails_on_a_missing_local_tokenizer_file_as_on_an_empty_glob(tmp_path, capsys):
+    write_jsonl(tmp_path / "a.jsonl", texts(5))
+    sources = [{"name": "a", "format": "jsonl", "path": str(tmp_path / "a.jsonl")}]
+    tokenizer = {"kind": "huggingface", "path": "nowhere/tokenizer.json", "bos": "<s>"}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan_dict(sources, tokenizer=tokenizer)))
+    assert main(["validate", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    missing = tmp_path / "nowhere" / "tokenizer.json"
+    assert f"omniload: error: tokenizer.path: file '{missing}' does not exist" in err
+    assert "is valid" not in err
+    assert main(["validate", "--no-files", str(tmp_path / "p.yaml")]) == 0
+    assert "# files not checked (--no-files)" in capsys.readouterr().err
+
+
+def test_validate_says_which_remote_files_it_did_not_check(tmp_path, capsys):
+    write_jsonl(tmp_path / "a.jsonl", texts(5))
+    sources = [
+        {"name": "a", "format": "jsonl", "path": str(tmp_path / "a.jsonl")},
+        {"name": "b", "format": "jsonl", "path": "s3://no-such-bucket/b/*.jsonl"},
+    ]
+    tokenizer = {"kind": "huggingface", "path": "s3://no-such-bucket/tokenizer.json"}
+    plan = plan_dict(sources, tokenizer={**tokenizer, "add_bos": False, "add_eos": False})
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(plan))
+    assert main(["validate", str(tmp_path / "p.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "is valid" in err
+    assert (
+        "# sources[1].path: s3://no-such-bucket/b/*.jsonl not checked here (remote: the workers "
+        "list it when the job starts)"
+    ) in err
+    assert "# tokenizer.path: s3://no-such-bucket/tokenizer.json not checked here" in err
+    assert "sources[0].path" not in err  # a local one that is there: checked, nothing to say
+
+
 def test_run_prints_a_report_as_json(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", texts(200))
     plan = plan_dict([{"name": "a", "format": "jsonl", "path": str(tmp_path / "a.jsonl")}])

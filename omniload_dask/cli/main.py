@@ -35,73 +35,11 @@ from typing import Any
 import yaml
 
 from omniload_dask.cli.tls import add_tls_options, security_of
+from omniload_dask.cli.validate import validate
 from omniload_dask.errors import OmniloadError
 from omniload_dask.plan import load_plan
 
 __all__ = ["build_parser", "main"]
-
-
-def _validate(args: argparse.Namespace) -> int:
-    """``omniload validate``: the resolved plan on stdout, the verdict on stderr."""
-    plan = load_plan(args.plan)
-    data = plan.redacted()  # credentials never printed (references as written)
-    if args.json:
-        print(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        print(yaml.safe_dump(data, sort_keys=False).rstrip())
-    if not args.no_files:
-        problems = _file_problems(plan)
-        for problem in problems:
-            print(f"omniload: error: {problem}", file=sys.stderr)
-        if problems:
-            print(
-                "# (the files are listed from this machine; --no-files skips that)",
-                file=sys.stderr,
-            )
-            return 2
-    from omniload_dask.batching.mixing import mix_guarantee
-
-    print(
-        f"# plan {plan.name!r} is valid: {len(plan.sources)} sources, "
-        f"stream fingerprint {plan.stream_fingerprint()}",
-        file=sys.stderr,
-    )
-    for note in [] if args.no_files else _tokenizer_notes(plan):
-        print(f"# {note}", file=sys.stderr)
-    weights = [s.weight for s in plan.sources]
-    print(f"# {mix_guarantee(plan.batch, plan.mixing_by, weights)}", file=sys.stderr)
-    return 0
-
-
-def _file_problems(plan: Any) -> list[str]:
-    """Each source whose paths find no files, by field (``validate``: found before a job)."""
-    from omniload_dask.sources.registry import list_source
-
-    problems = []
-    for i, spec in enumerate(plan.sources):
-        try:
-            list_source(spec)
-        except OmniloadError as exc:
-            problems.append(f"sources[{i}].path: {exc}")
-    return problems
-
-
-def _tokenizer_notes(plan: Any) -> list[str]:
-    """What ``validate`` says of the plan's tokenizer file: settings of it that are turned off."""
-    if plan.tokenizer.kind == "byte":
-        return []
-    from omniload_dask.preprocess.tokenize import describe
-
-    try:
-        info = describe(plan.tokenizer)
-    except OmniloadError as exc:
-        return [f"tokenizer not loaded here: {exc}"]
-    return [
-        f"tokenizer.path: the file's {what} is turned off (documents are tokenized whole and "
-        "packed here; batch.long_documents and batch.max_document_tokens say how long ones are "
-        "cut, and count it)"
-        for what in info.get("turned_off", ())
-    ]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -373,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check the plan only: list no source files, load no tokenizer (files elsewhere)",
     )
-    p.set_defaults(func=_validate)
+    p.set_defaults(func=validate)
     p = sub.add_parser("run", help="run a plan with simulated trainer ranks")
     p.add_argument("plan")
     p.add_argument("--steps", type=int, default=200)
@@ -477,7 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except OmniloadError as exc:
-        print(f"omniload: error: {exc}", file=sys.stderr)
+        from omniload_dask.fixes import with_fix
+
+        print(f"omniload: error: {with_fix(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -35,9 +35,10 @@ import dask
 from distributed import Client, LocalCluster
 
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.cluster import settings
+from omniload_dask.cluster import quiet, settings
 from omniload_dask.cluster.plugin import OmniloadPlugin
-from omniload_dask.errors import JobError
+from omniload_dask.errors import JobError, OmniloadError
+from omniload_dask.fixes import own_error
 from omniload_dask.plan import READS_PER_THREAD, Plan, load_plan, parse_plan
 from omniload_dask.trainer.feeder import Feeder
 
@@ -209,15 +210,20 @@ class Job:
             client = Client(address, security=security, set_as_default=False)
             owns = True
         try:
+            if cluster is not None:  # our errors reach the user once, in our words
+                quiet.install()
+                client.register_plugin(quiet.QuietTaskErrors())
             client.register_plugin(OmniloadPlugin())
             info = _dask.call(
                 client, "start", plan=plan.to_dict(), start_step=start_step, resume=resume
             )
-        except BaseException:
+        except BaseException as exc:
             if owns:
                 client.close()
             if cluster is not None:
                 cluster.close()
+            if isinstance(exc, OmniloadError):
+                raise own_error(exc) from None
             raise
         return cls(client, info, cluster=cluster, owns_client=owns)
 
