@@ -311,7 +311,14 @@ class Job:
         return getattr(self.client, "dashboard_link", None)
 
     def stop(self) -> None:
-        """Stop the job on the scheduler (its batches and shards are released)."""
+        """Stop the job on the scheduler, whoever started it.
+
+        A job on a cluster of your own runs until it is stopped (closing the handle that
+        started it does not stop it): ``Job.attach(name, address=...).stop()``, or
+        ``omniload stop NAME --address ADDR``. Its checkpoint (if any) gets a last flush, its
+        batches and shards are released, and its feeders' next fetch raises JobError. The
+        embedded cluster's job stops with :meth:`close`.
+        """
         for feeder in self._feeders:
             feeder.close()
         self._feeders.clear()
