@@ -38,7 +38,7 @@ def test_a_jobs_life_on_a_cluster_from_the_command_line(tmp_path, capsys):
 
         assert main(["jobs", "--address", addr]) == 0
         header, row = capsys.readouterr().out.splitlines()
-        assert header.split() == ["job", "state", "step", "ranks", "age"]
+        assert header.split() == ["job", "state", "step", "drawn", "ranks", "age"]
         assert row.split()[0] == "life" and row.split()[1] in ("running", "idle")
         assert "/2 fetching" in row
         assert main(["jobs", "--address", addr, "--json"]) == 0

@@ -141,6 +141,6 @@ def test_status_and_jobs_mark_feeders_that_stopped_asking_as_idle():
     assert job_state(s) == "waiting for ranks"
     assert job_state({**s, "error": "boom"}) == "failed"
     header, row = format_jobs([stats(ranks=2, uptime=300.0)]).splitlines()
-    assert header.split() == ["job", "state", "step", "ranks", "age"]
-    assert row.split() == ["j", "waiting", "for", "ranks", "7", "0/2", "fetching", "5", "min"]
+    assert header.split() == ["job", "state", "step", "drawn", "ranks", "age"]
+    assert row.split() == ["j", "waiting", "for", "ranks", "7", "9", "0/2", "fetching", "5", "min"]
     assert format_jobs([]) == "no omniload job runs on this scheduler"

@@ -104,6 +104,7 @@ def _jobs(args: argparse.Namespace) -> int:
                 "name": s["name"],
                 "state": job_state(s),
                 "step": s["start_step"] + s["steps_fetched"],
+                "drawn": s["steps_drawn"],
                 "ranks": len(s["ranks"]),
                 "age_seconds": s["uptime"],
                 "error": s.get("error"),

@@ -18,8 +18,8 @@ A rank whose feeder has not asked for a batch for :data:`IDLE_AFTER` seconds is 
 feeder finished (``max_steps``), was closed, or its trainer pauses; a rank that never asked is
 *not started*. ``omniload jobs`` prints one line per job (:func:`format_jobs`)::
 
-    job         state      step  ranks               age
-    quickstart  running     228  4/4 fetching        41 s
+    job         state      step    drawn  ranks               age
+    quickstart  running     228      236  4/4 fetching        41 s
 """
 
 from __future__ import annotations
@@ -192,17 +192,20 @@ def job_state(stats: dict[str, Any]) -> str:
 
 
 def format_jobs(stats: list[dict[str, Any]]) -> str:
-    """One line per job: its state, the step every rank reached, its ranks, its age."""
+    """One line per job: its state, the step every rank had reached at its last request (a
+    feeder asks ahead of its trainer, so this lags), the steps the data plane drew, how many
+    ranks fetch, the job's age."""
     if not stats:
         return "no omniload job runs on this scheduler"
     width = max(3, *(len(str(s["name"])) for s in stats))
-    lines = [f"{'job':<{width}}  {'state':<17} {'step':>8}  {'ranks':<18} age"]
+    lines = [f"{'job':<{width}}  {'state':<17} {'step':>8} {'drawn':>8}  {'ranks':<18} age"]
     for s in stats:
         counts = rank_states(s)
         ranks = f"{counts['fetching']}/{len(s['ranks'])} fetching"
         step = s["start_step"] + s["steps_fetched"]
         lines.append(
-            f"{s['name']:<{width}}  {job_state(s):<17} {step:>8}  {ranks:<18} {_age(s['uptime'])}"
+            f"{s['name']:<{width}}  {job_state(s):<17} {step:>8} {s['steps_drawn']:>8}  "
+            f"{ranks:<18} {_age(s['uptime'])}"
         )
         if s.get("error"):
             lines.append(f"{'':<{width}}  {s['error']}")
