@@ -5,9 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from omniload_dask.cli import main
+from omniload_dask.cli import build_parser, main
 
 from .datagen import plan_dict, texts, write_jsonl
 
@@ -127,3 +128,21 @@ def test_run_of_the_quickstart_plan_shuts_down_cleanly():
     assert json.loads(proc.stdout)["steps"] == 20
     assert "CancelledError" not in proc.stderr, proc.stderr[-2000:]
     assert "still alive after" not in proc.stderr, proc.stderr[-2000:]  # no worker killed
+
+
+def test_help_is_plain_text_and_shows_the_defaults(capsys):
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for argv in (["--help"], *([name, "--help"] for name in commands)):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        assert "``" not in out and ":class:" not in out and ":mod:" not in out, argv
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "steps to deliver to every rank (default: 200)" in out
+    assert "--json" in out and "(default: False)" not in out
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    assert "seconds between refreshes (default: 2.0)" in capsys.readouterr().out
