@@ -7,12 +7,15 @@ ran the task logs a "Compute Failed" block with the task's traceback, and the sc
 traceback ("Exception while handling op omniload_start") when a handler raises. A new user then
 reads the same error up to five times, in Dask's words, before omniload's line.
 
-:func:`install` puts a filter on those two loggers that drops these records when the error is
-an :class:`~omniload_dask.errors.OmniloadError` of an omniload task or handler, and logs them
-again at DEBUG on ``omniload_dask.cluster.quiet`` (with the traceback), so nothing is lost to
-whoever turns debug logging on. Any other error (a bug, another library's task) stays as Dask
-logs it. The embedded cluster installs it in its scheduler (this process) and, through
-:class:`QuietTaskErrors`, in its workers; a cluster given by address keeps Dask's logs.
+:func:`install` keeps these records, when the error is an
+:class:`~omniload_dask.errors.OmniloadError` of an omniload task or handler, off the terminal:
+a filter on the stream handlers those two loggers write through (stderr) drops them. They stay
+in Dask's own logs (``client.get_worker_logs()``, the dashboard's logs page) and in any file a
+user logs to, and are logged again at DEBUG on ``omniload_dask.cluster.quiet`` (with the
+traceback), so whoever turns debug logging on sees them. Any other error (a bug, another
+library's task) stays as Dask prints it. The embedded cluster installs it in its scheduler
+(this process) and, through :class:`QuietTaskErrors`, in its workers; a cluster given by
+address keeps Dask's output.
 """
 
 from __future__ import annotations
@@ -33,14 +36,20 @@ logger = logging.getLogger(__name__)
 LOGGERS = ("distributed.worker", "distributed.core")
 
 
-class _OwnErrors(logging.Filter):
-    """Drops (and logs again at DEBUG) Dask's records of omniload's own errors."""
+class _Echo(logging.Filter):
+    """On Dask's logger: logs Dask's record of one of omniload's errors again at DEBUG."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not _is_own_error(record):
-            return True
-        logger.debug("%s", record.getMessage(), exc_info=record.exc_info)
-        return False
+        if _is_own_error(record):
+            logger.debug("%s", record.getMessage(), exc_info=record.exc_info)
+        return True
+
+
+class _OffTerminal(logging.Filter):
+    """On a stream handler: drops Dask's records of omniload's own errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _is_own_error(record)
 
 
 def _is_own_error(record: logging.LogRecord) -> bool:
@@ -57,11 +66,31 @@ def _is_own_error(record: logging.LogRecord) -> bool:
 
 
 def install() -> None:
-    """Filter Dask's records of omniload's own errors in this process (idempotent)."""
+    """Keep Dask's records of omniload's own errors off this process's terminal (idempotent)."""
     for name in LOGGERS:
         target = logging.getLogger(name)
-        if not any(isinstance(f, _OwnErrors) for f in target.filters):
-            target.addFilter(_OwnErrors())
+        _add(target, _Echo)
+        for handler in _terminal_handlers(target):
+            _add(handler, _OffTerminal)
+
+
+def _add(where: logging.Filterer, kind: type[logging.Filter]) -> None:
+    if not any(isinstance(f, kind) for f in where.filters):
+        where.addFilter(kind())
+
+
+def _terminal_handlers(log: logging.Logger) -> list[logging.Handler]:
+    """The stream handlers (not files, not Dask's in-memory log) a record of ``log`` reaches."""
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = log
+    while current is not None:
+        found += [
+            h
+            for h in current.handlers
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        ]
+        current = current.parent if current.propagate else None
+    return found
 
 
 class QuietTaskErrors(WorkerPlugin):
