@@ -118,3 +118,27 @@ def test_the_demo_data_fix_names_the_missing_folder_as_typed_and_only_when_missi
     assert demo_data_fix(missing) is None  # there: something else is wrong
     assert demo_data_fix("glob 's3://b/demo-data/*.jsonl' matched no files") is None
     assert with_fix("sources[0].weight: must be >= 0, got -1").endswith("got -1")
+
+
+def test_dask_records_of_our_errors_leave_the_terminal_for_the_debug_log(caplog):
+    import logging
+
+    from omniload_dask.cluster import quiet
+
+    def compute_failed(key: str, exception_text: str) -> logging.LogRecord:
+        return logging.LogRecord(
+            "distributed.worker", logging.ERROR, __file__, 1,
+            "Compute Failed\nKey:       %s\nState:     %s\nTask:  %s\nException: %r\nTraceback: %r\n",
+            (key, "executing", "<Task ...>", exception_text, "  File ..."), None,
+        )  # fmt: skip
+
+    ours = compute_failed("omniload-read-1a2b-0-0-0", "RecordError(\"source 'web': bad\")")
+    a_bug = compute_failed("omniload-read-1a2b-0-0-0", "TypeError('unsupported operand')")
+    theirs = compute_failed("inc-123", "SourceError('not ours')")
+    terminal, echo = quiet._OffTerminal(), quiet._Echo()
+    assert not terminal.filter(ours)
+    assert terminal.filter(a_bug) and terminal.filter(theirs)  # stays as Dask prints it
+    with caplog.at_level(logging.DEBUG, logger="omniload_dask.cluster.quiet"):
+        assert echo.filter(ours) and echo.filter(a_bug)
+    (echoed,) = caplog.records
+    assert echoed.levelno == logging.DEBUG and "RecordError" in echoed.getMessage()
