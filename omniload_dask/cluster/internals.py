@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from omniload_dask.cluster.arguments import check_sendable
+from omniload_dask.fixes import own_message
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def failure_text(scheduler: Any, key: str, kwargs: dict[str, Any]) -> str:
         ts = scheduler.tasks.get(key)
         if ts is not None and ts.state == "erred":
             text = getattr(ts, "exception_text", "") or "task failed"
-    return str(text or "failed")
+    return own_message(str(text or "failed"))  # not a repr of one of our errors
 
 
 def worker_count(scheduler: Any) -> int:

@@ -35,9 +35,10 @@ import dask
 from distributed import Client, LocalCluster
 
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.cluster import settings
+from omniload_dask.cluster import quiet, settings
 from omniload_dask.cluster.plugin import OmniloadPlugin
-from omniload_dask.errors import JobError
+from omniload_dask.errors import JobError, OmniloadError
+from omniload_dask.fixes import own_error
 from omniload_dask.plan import READS_PER_THREAD, Plan, load_plan, parse_plan
 from omniload_dask.trainer.feeder import Feeder
 
@@ -212,6 +213,9 @@ class Job:
             client = Client(address, security=security, set_as_default=False)
             owns = True
         try:
+            if cluster is not None:  # our errors reach the user once, in our words
+                quiet.install()
+                client.register_plugin(quiet.QuietTaskErrors())
             client.register_plugin(OmniloadPlugin())
             unverified = {"resume_unverified": True} if resume_unverified else {}
             info = _dask.call(
@@ -222,11 +226,13 @@ class Job:
                 resume=resume,
                 **unverified,
             )
-        except BaseException:
+        except BaseException as exc:
             if owns:
                 client.close()
             if cluster is not None:
                 cluster.close()
+            if isinstance(exc, OmniloadError):
+                raise own_error(exc) from None
             raise
         return cls(client, info, cluster=cluster, owns_client=owns)
 
@@ -314,7 +320,14 @@ class Job:
         return getattr(self.client, "dashboard_link", None)
 
     def stop(self) -> None:
-        """Stop the job on the scheduler (its batches and shards are released)."""
+        """Stop the job on the scheduler, whoever started it.
+
+        A job on a cluster of your own runs until it is stopped (closing the handle that
+        started it does not stop it): ``Job.attach(name, address=...).stop()``, or
+        ``omniload stop NAME --address ADDR``. Its checkpoint (if any) gets a last flush, its
+        batches and shards are released, and its feeders' next fetch raises JobError. The
+        embedded cluster's job stops with :meth:`close`.
+        """
         for feeder in self._feeders:
             feeder.close()
         self._feeders.clear()

@@ -140,8 +140,9 @@ def check_same_job(running: RunningJob, plan: Plan) -> None:
         or running.plan.layout != plan.layout
     ):
         raise JobError(
-            f"job {plan.name!r} already runs with another plan or layout; "
-            "stop it first or give the plan another name"
+            f"a job named {plan.name!r} already runs with another plan or layout: stop it "
+            f"(`omniload stop {plan.name} --address ADDR`, or Job.attach(...).stop()), attach "
+            "to it (Job.attach), or give the plan another name (its `name:` field)"
         )
 
 

@@ -333,8 +333,10 @@ class Delivery:
         if record is None:
             raise JobError(
                 f"step {step} is no longer held for DP group {group}: the data plane keeps "
-                f"the last {self._loader.retain_steps} steps (loader.retain_steps); resume from "
-                "a data-plane checkpoint to go further back"
+                f"the last {self._loader.retain_steps} steps (loader.retain_steps). A job of "
+                "this name that runs on from an earlier start is past it: stop that job "
+                "(`omniload stop NAME --address ADDR`) to start again from step 0, or resume "
+                "from a data-plane checkpoint to go back"
             )
         record.rebuilds += 1
         key = self._keys.rebuild(step, group, record.rebuilds)
