@@ -89,14 +89,14 @@ def test_the_plan_field_table_is_current() -> None:
     )
 
 
-# Every shell command the guides show, and where it runs. A command is run here (HERE), by a
-# test that holds its words (a file and the words it must contain), by a test that runs the
-# README's copy of it (VIA_README: the same text must be in README.md, which that test reads),
-# or it is named with the reason it cannot run in the test suite. The benchmark pages are
-# checked apart: each page's commands name a script of benchmarks/ (their history records
-# commands as they were run that day).
+# Every shell command README.md and the guides show, and where it runs. A command is run here
+# (HERE), by a test that holds its words (a file and the words it must contain), by a test that
+# runs a page's copy of it as written (a file and the page: the command must be on that page,
+# and the test must read it), or it is named with the reason it cannot run in the test suite.
+# The benchmark pages are checked apart: each page's commands name a script of benchmarks/
+# (their history records commands as they were run that day).
 HERE = "run by tests/test_docs.py"
-VIA_README = "README.md"
+SECURITY_PAGE = "docs/guides/security.md"
 COMMANDS: dict[str, str | tuple[str, ...]] = {
     "omniload demo-data plans/demo-data": HERE,
     "omniload validate plans/quickstart.yaml": HERE,
@@ -137,6 +137,28 @@ COMMANDS: dict[str, str | tuple[str, ...]] = {
         '"--seq-len"',
         '"--out"',
     ),
+    "omniload run plans/quickstart.yaml --address tcp://scheduler:8786 --steps 50": (
+        "tests/test_cli_jobs.py",
+        '"run", plan, "--address"',
+        '"--steps"',
+    ),
+    "omniload jobs --address tcp://scheduler:8786": (
+        "tests/test_cli_jobs.py",
+        '"jobs", "--address"',
+    ),
+    "omniload status --address tcp://scheduler:8786 --once": (
+        "tests/test_cli_jobs.py",
+        '"status", "--address"',
+        '"--once"',
+    ),
+    "omniload set-weights --address tcp://scheduler:8786 web=2 books=1": (
+        "tests/test_cli_jobs.py",
+        '"set-weights", "--address"',
+    ),
+    "omniload stop quickstart --address tcp://scheduler:8786": (
+        "tests/test_cli_jobs.py",
+        '"stop", "life", "--address"',
+    ),
     "omniload status --address tcp://127.0.0.1:8786 --once": (
         "tests/test_dashboard.py",
         '"status", "--address"',
@@ -163,19 +185,21 @@ COMMANDS: dict[str, str | tuple[str, ...]] = {
     "dask scheduler --protocol tls --port 8786 --dashboard-address 127.0.0.1:8787 --tls-ca-file "
     "ca.pem --tls-cert scheduler.pem --tls-key scheduler.key --preload omniload_dask.preload": (
         "tests/test_security.py",
-        VIA_README,
+        SECURITY_PAGE,
     ),
     "dask worker tls://scheduler:8786 --tls-ca-file ca.pem --tls-cert worker.pem --tls-key "
     "worker.key --nthreads 3 --resources omniload-read=2 --no-dashboard --preload "
-    "omniload_dask.preload": ("tests/test_security.py", VIA_README),
+    "omniload_dask.preload": ("tests/test_security.py", SECURITY_PAGE),
     "omniload status --address tls://scheduler:8786 --tls-ca-file ca.pem --tls-cert trainer.pem "
-    "--tls-key trainer.key --once": ("tests/test_security.py", VIA_README),
+    "--tls-key trainer.key --once": ("tests/test_security.py", SECURITY_PAGE),
     "python -c \"from omniload_dask import Job; Job.start('plan.yaml', address="
     "'tcp://scheduler:8786', resume=True)\"": "needs a scheduler at tcp://scheduler:8786; "
     "tests/test_faults.py makes the same Job.start(..., resume=True) call after a scheduler kill",
     "scripts/quickstart.sh": "creates .venv and installs the package; its steps are the "
     "demo-data, validate and run commands beside it, which run here",
     "scripts/test.sh": "the test command itself",
+    "source .venv/bin/activate": "changes the calling shell only; scripts/quickstart.sh makes "
+    ".venv and prints this line, and the test command runs in that environment",
     "torchrun --nnodes 512 --nproc-per-node 8 train.py": "needs 512 trainer nodes",
 }
 
@@ -210,25 +234,31 @@ def shell_commands(markdown: str) -> list[str]:
 
 
 def _guide_pages() -> list[Path]:
-    return [p for p in sorted(DOCS.rglob("*.md")) if "benchmarks" not in p.parts]
+    """README.md and every page of docs/ but the benchmark pages."""
+    pages = [p for p in sorted(DOCS.rglob("*.md")) if "benchmarks" not in p.parts]
+    return [REPO / "README.md", *pages]
 
 
-def test_every_command_of_the_guides_is_run_or_said_not_runnable() -> None:
+def test_every_command_of_the_readme_and_the_guides_is_run_or_said_not_runnable() -> None:
     shown = {cmd for page in _guide_pages() for cmd in shell_commands(page.read_text())}
     assert shown, "no commands found: the extraction is broken"
     unlisted = sorted(shown - set(COMMANDS))
-    assert not unlisted, f"commands shown in docs/ with no entry in COMMANDS: {unlisted}"
+    assert not unlisted, (
+        f"commands shown in README.md or docs/ with no entry in COMMANDS: {unlisted}"
+    )
     stale = sorted(set(COMMANDS) - shown)
     assert not stale, f"COMMANDS lists commands no page shows: {stale}"
-    readme = (REPO / "README.md").read_text()
     for command, where in COMMANDS.items():
         if isinstance(where, tuple):
             test_file, *evidence = where
             text = (REPO / test_file).read_text()
-            if evidence == [VIA_README]:
-                assert command in re.sub(r"\s+", " ", readme), f"{command!r}: not in README.md"
-                assert "README" in text, f"{test_file} does not read README.md"
-            for words in evidence if evidence != [VIA_README] else []:
+            if len(evidence) == 1 and evidence[0].endswith(".md"):  # run from that page's copy
+                page = evidence[0]
+                shown_there = shell_commands((REPO / page).read_text())
+                assert command in shown_there, f"{command!r}: not in {page}"
+                assert Path(page).name in text, f"{test_file} does not read {page}"
+                continue
+            for words in evidence:
                 assert words in text, f"{command!r}: {test_file} does not hold {words}"
 
 
@@ -272,3 +302,49 @@ def test_the_training_script_of_the_docs_is_the_one_the_tests_run() -> None:
         r"^```python\n(.*?)^```", (DOCS / "getting-started.md").read_text(), re.M | re.S
     )[0]
     assert script in (REPO / "README.md").read_text()
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The ids of a page's headings as MkDocs' ``toc`` and GitHub make them."""
+    out = set()
+    for heading in re.findall(
+        r"^#{1,6} (.+)$", re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S), re.M
+    ):
+        text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+        out.add(re.sub(r"\s+", "-", re.sub(r"[^\w\s-]", "", text)))
+    return out
+
+
+def test_the_readme_is_a_front_door_whose_links_lead_somewhere() -> None:
+    """README.md stays short (the manual is the site), and each relative link names a file of
+    the repository and, where it has one, a heading of that file."""
+    readme = (REPO / "README.md").read_text()
+    lines = len(readme.splitlines())
+    assert lines <= 250, f"README.md has {lines} lines: move the detail into a page of docs/"
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert links
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        target, _, anchor = link.partition("#")
+        path = REPO / target if target else REPO / "README.md"
+        assert path.exists(), f"README.md links to {link}: no {target}"
+        if anchor:
+            assert anchor in _anchors(path.read_text()), f"README.md links to {link}: no heading"
+
+
+def test_the_readmes_figures_are_todays_of_the_benchmarks_table() -> None:
+    """The README's table names the date and code of the head to head it quotes; that run is
+    the one BENCHMARKS.md gives as today's."""
+    readme = (REPO / "README.md").read_text()
+    found = re.search(r"`benchmarks/head_to_head\.py` on (\d{4}-\d\d-\d\d) \(code `(\w+)`", readme)
+    assert found, "README.md: the figures' date and code are not named"
+    date, commit = found.groups()
+    rows = [
+        line
+        for line in (REPO / "BENCHMARKS.md").read_text().splitlines()
+        if line.startswith("| [head to head]")
+    ]
+    assert rows and all(f"| {date} | `{commit}` |" in row for row in rows), (
+        f"README.md quotes the head to head of {date} ({commit}); BENCHMARKS.md has another"
+    )

@@ -394,7 +394,7 @@ class LoaderSpec:
     task_seconds: float = 0.5
     quotas: bool = True
     reads_per_thread: int = 2
-    # Scale (see README "Thousands of ranks"): DP groups whose batches one construction task
+    # Scale (docs/guides/scale.md): DP groups whose batches one construction task
     # builds (0: enough for about 8 tasks a step); how ranks share a fetch: "none" (each rank
     # fetches), "broadcast" (one rank of each DP group fetches and broadcasts over
     # torch.distributed) or "node" (a node-local agent fetches for the node's ranks and hands
