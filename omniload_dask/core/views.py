@@ -7,6 +7,8 @@ is being planned in another thread: what it reads is written only on the adapter
 
     view = coord.view
     view.next_step, view.planned_step, view.end_step     where the stream is
+    view.earliest_change, view.delivered_step             where a live change can land,
+                                                          where the ranks are
     view.failure                                          None, or why the job stopped
     view.stats(), view.mixture(100), view.step_figures()  figures, as plain data
 
@@ -26,6 +28,7 @@ from omniload_dask.core.events import Failure
 from omniload_dask.core.figures import Figures, StepFigures
 from omniload_dask.core.live import LiveSources, PlanChange
 from omniload_dask.core.reads import ReadAhead
+from omniload_dask.core.rewind import Rewinds
 from omniload_dask.core.stepping import StepCycle
 from omniload_dask.core.streams import SourceStream
 from omniload_dask.plan import Plan, SourceSpec
@@ -44,8 +47,10 @@ class PlaneView:
         delivery: Delivery,
         figures: Figures,
         reads: ReadAhead,
+        rewinds: Rewinds,
     ) -> None:
         self._plan = plan
+        self._rewinds = rewinds
         self._sources = sources
         self._cycle = cycle
         self._delivery = delivery
@@ -70,6 +75,17 @@ class PlaneView:
         first = self._delivery.offered_step
         planned = self._cycle.planned_step
         return planned if first is None else min(planned, first)
+
+    @property
+    def earliest_change(self) -> int:
+        """The first step a live change can take effect at: the first step not built where
+        the steps drawn past it can be drawn again (:mod:`.rewind`), else :attr:`next_step`."""
+        return self._rewinds.floor(self.planned_step, self._cycle.next_step)
+
+    @property
+    def delivered_step(self) -> int:
+        """Every rank has fetched every step below this one (the slowest rank's position)."""
+        return self._delivery.slowest()
 
     @property
     def end_step(self) -> int | None:
@@ -177,14 +193,18 @@ class PlaneView:
         return self._figures.step_figures(start)
 
     def mixture(self, window: int = 100) -> list[dict[str, Any]]:
-        """Per source: target and realised share, over the last ``window`` steps and overall.
+        """Per source: target and realised share, over the last ``window`` steps delivered
+        (every rank has fetched them: below :attr:`delivered_step`) and over every step
+        delivered; ``target_now`` is the weights the data plane draws with now.
 
         Shares are of tokens or of documents, as the plan's ``mixing.by`` says; the target of a
         window is the mean of its steps' normalised target weights.
         """
         now = self.weights_at(self.next_step)
         by_tokens = self._plan.mixing_by == "tokens"
-        return self._figures.mixture(window, self._sources.streams, now, by_tokens)
+        return self._figures.mixture(
+            window, self._sources.streams, now, by_tokens, before=self.delivered_step
+        )
 
     def work_per_step(self) -> float | None:
         """Measured worker seconds one step costs (reads of every source and constructions)."""
