@@ -138,9 +138,10 @@ class PlaneView:
 
     def plan_change(self, sources: Sequence[SourceSpec], at_step: int | None) -> PlanChange:
         """What a plan version with ``sources`` changes from ``at_step`` (default: the first
-        undrawn step), compared with the plan due then (JobError if a source changed its files
-        or format). Nothing changes until :class:`.ApplyPlanChange` is handed in."""
-        return self._sources.plan_change(sources, at_step, self._cycle.next_step)[1]
+        step not built, :attr:`earliest_change`), compared with the plan due then (JobError if
+        a source changed its files or format). Nothing changes until
+        :meth:`.Coordinator.apply_change`."""
+        return self._sources.plan_change(sources, at_step, self.earliest_change)[1]
 
     # -- ranks -------------------------------------------------------------------------------
     def slowest(self) -> int:
@@ -175,6 +176,8 @@ class PlaneView:
         weights = self.weights_at(self.next_step)
         return {
             "next_step": self.next_step,
+            "earliest_change": self.earliest_change,
+            "delivered_step": self.delivered_step,
             "end_step": self.end_step,
             "log": list(self._sources.log),
             "error": self.error,
