@@ -64,7 +64,6 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.mixing import WeightSchedule
 from omniload_dask.core.actions import Action, ReadSpec, Release, SubmitConstruct, SubmitRead
 from omniload_dask.core.delivery import Delivery, Part
 from omniload_dask.core.draw import Drawer
@@ -82,10 +81,10 @@ from omniload_dask.core.events import (
 )
 from omniload_dask.core.figures import Figures, StepFigures
 from omniload_dask.core.keys import PREFIX, Keys
-from omniload_dask.core.live import LiveSources, PlanChange
+from omniload_dask.core.live import LiveSources, PlanChange, adopt_plan
 from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
 from omniload_dask.core.reads import ReadAhead
-from omniload_dask.core.rewind import Rewinds
+from omniload_dask.core.rewind import Rewinds, redraw
 from omniload_dask.core.state import StateRecorder, restore, snapshot
 from omniload_dask.core.stepping import StepCycle
 from omniload_dask.core.views import PlaneView
@@ -147,16 +146,8 @@ class Coordinator:
             self._sources, self._drawer, self._planner, self._reads, self._delivery, self._figures
         )
         self._rewinds = Rewinds(self._sources, self._drawer, self._figures, self._keys)
-        self._view = PlaneView(
-            plan,
-            self._sources,
-            self._cycle,
-            self._delivery,
-            self._figures,
-            self._reads,
-            self._rewinds,
-        )
-        self._dropped: list[DrawnStep] = []  # steps in flight that a redraw dropped
+        parts = (self._sources, self._cycle, self._delivery, self._figures, self._reads)
+        self._view = PlaneView(plan, *parts, self._rewinds)
         self._drawn_deltas: dict[int, dict[str, Any]] = {}  # steps in flight: their draws'
         self._recording = True  # per-step deltas for a checkpoint (off: none pile up)
         self._actions: list[Action] = []
@@ -211,24 +202,21 @@ class Coordinator:
 
     # -- live changes ------------------------------------------------------------------------
     def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> Scheduled:
-        """Change source weights from ``at_step`` (default: the first step not yet built).
-
-        Batches already built never change; steps drawn from ``at_step`` on are drawn again
-        (:mod:`.rewind`); the change is logged so a replay reproduces it.
-        """
-        floor = self._floor()
+        """Change source weights from ``at_step`` (default: the first step not built; steps
+        drawn from there are drawn again, :mod:`.rewind`); logged, so a replay reproduces it."""
+        floor = self._view.earliest_change
         step = self._sources.set_weights(weights, at_step, floor, self._cycle.drawn_tokens)
         self._redraw(floor, step)
         return Scheduled(step, dict(self._sources.log[-1]["weights"]))
 
     def add_source(self, spec: SourceSpec, catalog: Catalog, at_step: int | None = None) -> int:
         """Add (or bring back) a source from ``at_step`` on; returns that step."""
-        floor = self._floor()
+        floor = self._view.earliest_change
         return self._redraw(floor, self._sources.add_source(spec, catalog, at_step, floor))
 
     def remove_source(self, name: str, at_step: int | None = None) -> int:
         """Stop drawing from ``name`` from ``at_step`` on (its cursor is kept); returns it."""
-        floor = self._floor()
+        floor = self._view.earliest_change
         return self._redraw(floor, self._sources.remove_source(name, at_step, floor))
 
     def apply_change(
@@ -237,27 +225,14 @@ class Coordinator:
         """Queue a plan version's ``change`` (:meth:`.PlaneView.plan_change`; ``catalogs`` of
         its added sources) from ``at_step`` (default: the first step not built); returns the
         step it takes effect at."""
-        floor = self._floor()
+        floor = self._view.earliest_change
         step = self._sources.apply_change(change, catalogs, at_step, floor, self._figures.tokens)
         return self._redraw(floor, step)
 
     def adopt_plan(self, plan: Plan, catalogs: Sequence[Catalog]) -> None:
         """Resuming with a changed plan (after :meth:`load_state_dict`): its weights, schedule
         and sources rule from the restored step on; ``catalogs`` are the sources', in order."""
-        sources, step = self._sources, self._cycle.next_step
-        live = set(sources.live_at(step))
-        by_name = {s.spec.name: c for s, c in zip(sources.streams, catalogs, strict=False)}
-        sources.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
-        sources.schedule.reset_at(step)
-        for entry in sources.log:
-            if entry["kind"] == "weights":
-                sources.schedule.change(int(entry["step"]), entry["weights"])
-        # (changes logged for later steps stay queued: they go after these)
-        for spec in plan.sources:
-            if spec.name not in live:
-                sources.add_source(spec, by_name[spec.name], step, step, ordered=False)
-        for name in sorted(live - set(plan.source_names)):
-            sources.remove_source(name, step, step, ordered=False)
+        adopt_plan(self._sources, plan, catalogs, self._cycle.next_step)
 
     # -- the step cycle ----------------------------------------------------------------------
     def advance(self, max_steps: int | None = None, together: int = 1) -> list[Action]:
@@ -290,9 +265,8 @@ class Coordinator:
             return None
         if cycle.next_step >= self._delivery.draw_target(cycle.next_step):
             return None
-        step = cycle.next_step
-        if step == 0 or self._delivery.block_end(step - 1) == step:
-            self._rewinds.mark(step)  # a block begins: it may be drawn again from here
+        if cycle.next_step == 0 or self._delivery.block_end(cycle.next_step - 1) == cycle.next_step:
+            self._rewinds.mark(cycle.next_step)  # a block begins: it may be drawn again from here
         try:
             drawn, actions = cycle.draw()
         except JobError as exc:
@@ -318,9 +292,10 @@ class Coordinator:
         together cost less than in several batches. With ``hold`` False (a checkpoint
         snapshot waits for the steps in flight) every step drawn goes."""
         delivery = self._delivery
-        drawn = [d for d in drawn if any(d is f for f in self._cycle.in_flight)]
-        drawn = drawn or self._draw_steps(1)  # (a redraw dropped those drawn before)
-        if not drawn:
+        drawn = [
+            d for d in drawn if any(d is f for f in self._cycle.in_flight)
+        ] or self._draw_steps(1)
+        if not drawn:  # (a redraw dropped those drawn, and nothing can be drawn now)
             return [], []
         first = drawn[0].step
         end = delivery.batch_end(first, most)
@@ -343,10 +318,8 @@ class Coordinator:
             return None
 
     def commit_step(self, planned: PlannedStep) -> None:
-        """Submit a planned step's constructions, count it, and let ranks fetch it (a step
-        that a redraw dropped while it was planned is ignored)."""
-        if any(planned.drawn is d for d in self._dropped):
-            self._dropped = [d for d in self._dropped if d is not planned.drawn]
+        """Submit a planned step's constructions, count it, and let ranks fetch it."""
+        if self._rewinds.was_dropped(planned.drawn):
             return
         self._rewinds.committing(planned.drawn.step)
         self._actions += self._cycle.commit(planned)
@@ -386,17 +359,13 @@ class Coordinator:
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The full data-plane state at the first step a change can still reach (plain data;
-        see :mod:`.state`): the first step not built, where steps drawn past it can be drawn
-        again (:mod:`.rewind`), else the first step not drawn.
-
-        Not while a step is in flight (``view.busy``): its figures are not counted yet.
-        """
+        """The full data-plane state (plain data, :mod:`.state`) at ``view.earliest_change``;
+        not while a step is in flight (``view.busy``: its figures are not counted yet)."""
         if self._view.busy:
             raise InternalError("internal error: state_dict() while a step is being planned")
         cycle = self._cycle
         now = snapshot(cycle.next_step, cycle.end_step, self._sources, self._drawer, self._figures)
-        floor = self._floor()
+        floor = self._view.earliest_change
         return now if floor == cycle.next_step else self._rewinds.snapshot_at(floor, now)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -412,13 +381,9 @@ class Coordinator:
         self._rewinds.reset()
 
     def take_deltas(self) -> list[dict[str, Any]]:
-        """Deltas of the steps drawn and committed since the last call, below the first step
-        a change can still reach (the rest wait: they may be drawn again), and the changes
-        logged."""
-        floor = self._floor()
-        pending = self._recorder.take()
-        self._recorder.pending = [d for d in pending if d.get("step", -1) >= floor]
-        return [d for d in pending if d.get("step", -1) < floor]
+        """Deltas of the steps committed since the last call below ``view.earliest_change``
+        (the rest may be drawn again), and the changes logged."""
+        return self._recorder.take(below=self._view.earliest_change)
 
     def stop_recording(self) -> None:
         """Record no more deltas and drop those pending (a job without a checkpoint: they
@@ -430,26 +395,12 @@ class Coordinator:
     def _logged(self, entry: dict[str, Any]) -> None:
         self._recorder.log(entry)
 
-    def _floor(self) -> int:
-        """The first step a change can take effect at (:meth:`.Rewinds.floor`)."""
-        return self._view.earliest_change
-
     def _redraw(self, floor: int, step: int) -> int:
         """A change was accepted at ``step``: where that is drawn, draw again from ``floor``
         (:mod:`.rewind`); returns ``step``."""
-        cycle = self._cycle
-        if step >= cycle.next_step or cycle.end_step is not None:
-            return step
-        given = {k for u in self._rewinds.rewind(floor) for k in u.keys}
-        self._dropped = [*self._dropped, *cycle.rewind(floor)][-4 * 64 :]
-        for release in self._delivery.unoffer(floor):  # (its units are the sources' again)
-            keys = tuple(k for k in release.keys if k not in given)
-            if keys:
-                self._actions.append(Release(keys))
-        pending = [d for d in self._recorder.pending if d.get("step", -1) < floor]
-        self._recorder = StateRecorder(self._sources, self._drawer, self._figures)
-        self._recorder.pending = pending
-        self._drawn_deltas = {}
+        if step < self._cycle.next_step and self._cycle.end_step is None:
+            self._actions += redraw(self._rewinds, self._cycle, self._delivery, floor)
+            self._recorder, self._drawn_deltas = self._recorder.restart(floor), {}
         return step
 
     def _draw_steps(self, most: int) -> list[DrawnStep]:

@@ -41,7 +41,14 @@ from omniload_dask.plan import Plan, SourceSpec, check_weights, source_dict
 from omniload_dask.plan.fields import check_number
 from omniload_dask.sources.catalog import Catalog, catalog_fingerprint
 
-__all__ = ["MAX_SOURCES_PER_JOB", "Applied", "LiveSources", "PlanChange", "token_shares"]
+__all__ = [
+    "MAX_SOURCES_PER_JOB",
+    "Applied",
+    "LiveSources",
+    "PlanChange",
+    "adopt_plan",
+    "token_shares",
+]
 
 MAX_SOURCES_PER_JOB = 1024  # the sample id has 10 bits for the source
 
@@ -354,6 +361,24 @@ class LiveSources:
             self.caps.append(self._batch.document_cap_for(spec.name))
         self.schedule.add_source(spec.name, spec.weight)
         return joined
+
+
+def adopt_plan(sources: LiveSources, plan: Plan, catalogs: Sequence[Catalog], step: int) -> None:
+    """Resuming at ``step`` with a changed plan: its weights, schedule and sources rule
+    from ``step`` on; ``catalogs`` are the sources', in order."""
+    live = set(sources.live_at(step))
+    by_name = {s.spec.name: c for s, c in zip(sources.streams, catalogs, strict=False)}
+    sources.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
+    sources.schedule.reset_at(step)
+    for entry in sources.log:
+        if entry["kind"] == "weights":
+            sources.schedule.change(int(entry["step"]), entry["weights"])
+    # (changes logged for later steps stay queued: they go after these)
+    for spec in plan.sources:
+        if spec.name not in live:
+            sources.add_source(spec, by_name[spec.name], step, step, ordered=False)
+    for name in sorted(live - set(plan.source_names)):
+        sources.remove_source(name, step, step, ordered=False)
 
 
 def _future_step(at_step: int | None, next_step: int, what: str) -> int:

@@ -34,14 +34,18 @@ from typing import Any
 
 import numpy as np
 
+from omniload_dask.core.actions import Release
+from omniload_dask.core.delivery import Delivery
 from omniload_dask.core.draw import Drawer
 from omniload_dask.core.figures import Figures
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import LiveSources
+from omniload_dask.core.planning import DrawnStep
+from omniload_dask.core.stepping import StepCycle
 from omniload_dask.core.streams import SourceStream, Unit
 from omniload_dask.errors import InternalError
 
-__all__ = ["Mark", "Rewinds"]
+__all__ = ["Mark", "Rewinds", "redraw"]
 
 
 @dataclass
@@ -68,6 +72,14 @@ class Rewinds:
         self._figures = figures
         self._keys = keys
         self._marks: dict[int, Mark] = {}
+        self._dropped: list[DrawnStep] = []  # steps in flight that a redraw dropped
+
+    def was_dropped(self, drawn: DrawnStep) -> bool:
+        """Whether a redraw dropped ``drawn`` while it was planned (its plan is void)."""
+        if not any(drawn is d for d in self._dropped):
+            return False
+        self._dropped = [d for d in self._dropped if d is not drawn]
+        return True
 
     def reset(self) -> None:
         """Forget every mark (a resume: nothing is drawn past the restored step)."""
@@ -161,6 +173,20 @@ class Rewinds:
             if self._keys.read(i, (unit.epoch, unit.position)) == unit.key:
                 return stream
         raise InternalError(f"internal error: no source of read unit {unit.key}")
+
+
+def redraw(rewinds: Rewinds, cycle: StepCycle, delivery: Delivery, step: int) -> list[Release]:
+    """Draw again from ``step`` (the floor): the parts back to its mark, the steps in flight
+    dropped, the block being drawn forgotten. Returns the releases that block held back of
+    units not given back to their sources."""
+    given = {k for u in rewinds.rewind(step) for k in u.keys}
+    rewinds._dropped = [*rewinds._dropped, *cycle.rewind(step)][-256:]
+    releases = []
+    for release in delivery.unoffer(step):
+        keys = tuple(k for k in release.keys if k not in given)
+        if keys:
+            releases.append(Release(keys))
+    return releases
 
 
 def _cursor(stream: SourceStream) -> list[int]:
