@@ -237,6 +237,7 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
             "reads_per_thread": 2,
             "groups_per_task": 0,
             "steps_per_task": 0,
+            "live_lead": 0,
             "fanout": "none",
             "tls": False,
         },

@@ -298,6 +298,9 @@ MEANINGS: dict[str, Any] = {
     "step, each of at least 0.5 M tokens)",
     "loader.steps_per_task": "steps one construction task builds when a block holds a whole "
     "step (`0`: about 1 M tokens a task, at most 16)",
+    "loader.live_lead": "for a job that expects live changes: draw at most this many steps "
+    "past the slowest rank, so that a change takes effect that soon (`0`: no bound; see "
+    "[Mixing](mixing.md#how-soon-a-change-takes-effect))",
     "loader.fanout": "who fetches: every rank, one rank per DP group (`broadcast`) or one "
     "agent per node (`node`); see [Scale](scale.md#fan-out)",
     "loader.tls": "run the embedded cluster on TLS with temporary certificates",

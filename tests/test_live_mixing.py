@@ -114,7 +114,7 @@ def test_bad_weights_are_rejected_and_the_job_carries_on(corpus, weights, messag
     plane.draw(3)
     with pytest.raises((JobError, PlanError), match=message):
         plane.coord.set_weights(weights)
-    with pytest.raises(JobError, match="already drawn"):
+    with pytest.raises(JobError, match="already built"):
         plane.coord.set_weights({"a": 1}, at_step=0)
     assert plane.coord.view.error is None
     plane.draw(3)  # carries on

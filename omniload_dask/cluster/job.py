@@ -275,7 +275,8 @@ class Job:
 
     def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> int:
         """Change source weights live, from ``at_step`` (default: the first step not yet
-        drawn); sources not named keep following the plan. Returns the effective step."""
+        built: steps drawn past it are drawn again); sources not named keep following the
+        plan. Returns the effective step."""
         reply = _dask.call(
             self.client, "set_weights", job=self.name, weights=dict(weights), at_step=at_step
         )

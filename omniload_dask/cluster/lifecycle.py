@@ -295,7 +295,7 @@ def with_known_credentials(run: RunningJob, new: Plan) -> Plan:
 
 def plan_change(run: RunningJob, new: Plan, at_step: int | None = None) -> PlanChange:
     """Check ``new`` against the running job and say what it changes at ``at_step`` (default:
-    the first step not drawn), compared with the plan due at that step.
+    the first step not built), compared with the plan due at that step.
 
     Sources keep their names (and cursors); other fields must stay as they are.
     """
@@ -338,6 +338,6 @@ async def discover_added(
 def apply_change(
     run: RunningJob, change: PlanChange, catalogs: list[Catalog], at_step: int | None
 ) -> int:
-    """Apply ``change`` from ``at_step`` (default: the first step not drawn); returns the step
+    """Apply ``change`` from ``at_step`` (default: the first step not built); returns the step
     it takes effect at."""
     return run.coord.apply_change(change, catalogs, at_step)

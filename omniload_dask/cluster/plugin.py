@@ -287,7 +287,7 @@ class OmniloadPlugin(SchedulerPlugin):
     def set_weights(
         self, job: str, weights: dict[str, float], at_step: int | None = None
     ) -> dict[str, Any]:
-        """Change source weights live from ``at_step`` (default: the first undrawn step)."""
+        """Change source weights live from ``at_step`` (default: the first step not built)."""
         run = self._job(job)
         scheduled = run.coord.set_weights(_weights(weights), optional_step("at_step", at_step))
         run.poke()

@@ -24,7 +24,9 @@ rank c fetches slice c, so no rank loads what a peer already loaded.
                                    ranks asked for steps, a task or the job failed (:mod:`.events`)
     set_weights / add_source /     live changes, checked against the stream; each answers the
     remove_source / apply_change / step it takes effect at (a weight change also the weights
-    adopt_plan                     as checked: :class:`.events.Scheduled`)
+    adopt_plan                     as checked: :class:`.events.Scheduled`): by default the
+                                   first step not built; steps drawn and not built are drawn
+                                   again (:mod:`.rewind`)
     draw_step / draw_batch /       the step cycle, phase by phase (below), or all of it inline
     plan_steps / commit_step /
     advance
@@ -62,7 +64,6 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.mixing import WeightSchedule
 from omniload_dask.core.actions import Action, ReadSpec, Release, SubmitConstruct, SubmitRead
 from omniload_dask.core.delivery import Delivery, Part
 from omniload_dask.core.draw import Drawer
@@ -80,9 +81,10 @@ from omniload_dask.core.events import (
 )
 from omniload_dask.core.figures import Figures, StepFigures
 from omniload_dask.core.keys import PREFIX, Keys
-from omniload_dask.core.live import LiveSources, PlanChange
+from omniload_dask.core.live import LiveSources, PlanChange, adopt_plan
 from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
 from omniload_dask.core.reads import ReadAhead
+from omniload_dask.core.rewind import Rewinds, redraw
 from omniload_dask.core.state import StateRecorder, restore, snapshot
 from omniload_dask.core.stepping import StepCycle
 from omniload_dask.core.views import PlaneView
@@ -143,9 +145,9 @@ class Coordinator:
         self._cycle = StepCycle(
             self._sources, self._drawer, self._planner, self._reads, self._delivery, self._figures
         )
-        self._view = PlaneView(
-            plan, self._sources, self._cycle, self._delivery, self._figures, self._reads
-        )
+        self._rewinds = Rewinds(self._sources, self._drawer, self._figures, self._keys)
+        parts = (self._sources, self._cycle, self._delivery, self._figures, self._reads)
+        self._view = PlaneView(plan, *parts, self._rewinds)
         self._drawn_deltas: dict[int, dict[str, Any]] = {}  # steps in flight: their draws'
         self._recording = True  # per-step deltas for a checkpoint (off: none pile up)
         self._actions: list[Action] = []
@@ -200,49 +202,37 @@ class Coordinator:
 
     # -- live changes ------------------------------------------------------------------------
     def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> Scheduled:
-        """Change source weights from ``at_step`` (default: the first step not yet drawn).
-
-        Batches already drawn never change; the change is logged so a replay reproduces it.
-        """
-        step = self._sources.set_weights(
-            weights, at_step, self._cycle.next_step, self._cycle.drawn_tokens
-        )
+        """Change source weights from ``at_step`` (default: the first step not built; steps
+        drawn from there are drawn again, :mod:`.rewind`); logged, so a replay reproduces it."""
+        floor = self._view.earliest_change
+        step = self._sources.set_weights(weights, at_step, floor, self._cycle.drawn_tokens)
+        self._redraw(floor, step)
         return Scheduled(step, dict(self._sources.log[-1]["weights"]))
 
     def add_source(self, spec: SourceSpec, catalog: Catalog, at_step: int | None = None) -> int:
         """Add (or bring back) a source from ``at_step`` on; returns that step."""
-        return self._sources.add_source(spec, catalog, at_step, self._cycle.next_step)
+        floor = self._view.earliest_change
+        return self._redraw(floor, self._sources.add_source(spec, catalog, at_step, floor))
 
     def remove_source(self, name: str, at_step: int | None = None) -> int:
         """Stop drawing from ``name`` from ``at_step`` on (its cursor is kept); returns it."""
-        return self._sources.remove_source(name, at_step, self._cycle.next_step)
+        floor = self._view.earliest_change
+        return self._redraw(floor, self._sources.remove_source(name, at_step, floor))
 
     def apply_change(
         self, change: PlanChange, catalogs: Sequence[Catalog], at_step: int | None = None
     ) -> int:
         """Queue a plan version's ``change`` (:meth:`.PlaneView.plan_change`; ``catalogs`` of
-        its added sources) from ``at_step`` (default: the first step not drawn); returns the
+        its added sources) from ``at_step`` (default: the first step not built); returns the
         step it takes effect at."""
-        step = self._cycle.next_step
-        return self._sources.apply_change(change, catalogs, at_step, step, self._figures.tokens)
+        floor = self._view.earliest_change
+        step = self._sources.apply_change(change, catalogs, at_step, floor, self._figures.tokens)
+        return self._redraw(floor, step)
 
     def adopt_plan(self, plan: Plan, catalogs: Sequence[Catalog]) -> None:
         """Resuming with a changed plan (after :meth:`load_state_dict`): its weights, schedule
         and sources rule from the restored step on; ``catalogs`` are the sources', in order."""
-        sources, step = self._sources, self._cycle.next_step
-        live = set(sources.live_at(step))
-        by_name = {s.spec.name: c for s, c in zip(sources.streams, catalogs, strict=False)}
-        sources.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
-        sources.schedule.reset_at(step)
-        for entry in sources.log:
-            if entry["kind"] == "weights":
-                sources.schedule.change(int(entry["step"]), entry["weights"])
-        # (changes logged for later steps stay queued: they go after these)
-        for spec in plan.sources:
-            if spec.name not in live:
-                sources.add_source(spec, by_name[spec.name], step, step, ordered=False)
-        for name in sorted(live - set(plan.source_names)):
-            sources.remove_source(name, step, step, ordered=False)
+        adopt_plan(self._sources, plan, catalogs, self._cycle.next_step)
 
     # -- the step cycle ----------------------------------------------------------------------
     def advance(self, max_steps: int | None = None, together: int = 1) -> list[Action]:
@@ -275,14 +265,18 @@ class Coordinator:
             return None
         if cycle.next_step >= self._delivery.draw_target(cycle.next_step):
             return None
+        if cycle.next_step == 0 or self._delivery.block_end(cycle.next_step - 1) == cycle.next_step:
+            self._rewinds.mark(cycle.next_step)  # a block begins: it may be drawn again from here
         try:
             drawn, actions = cycle.draw()
         except JobError as exc:
             cycle.fail(Failure(str(exc), Cause.DATA_PLANE))
             return None
         self._actions += actions
-        if drawn is not None and self._recording:
-            self._drawn_deltas[drawn.step] = self._recorder.drawn(drawn.step)
+        if drawn is not None:
+            self._rewinds.drawn(drawn.step, drawn.docs.finished)
+            if self._recording:
+                self._drawn_deltas[drawn.step] = self._recorder.drawn(drawn.step)
         return drawn
 
     def draw_batch(
@@ -298,6 +292,11 @@ class Coordinator:
         together cost less than in several batches. With ``hold`` False (a checkpoint
         snapshot waits for the steps in flight) every step drawn goes."""
         delivery = self._delivery
+        drawn = [
+            d for d in drawn if any(d is f for f in self._cycle.in_flight)
+        ] or self._draw_steps(1)
+        if not drawn:  # (a redraw dropped those drawn, and nothing can be drawn now)
+            return [], []
         first = drawn[0].step
         end = delivery.batch_end(first, most)
         drawn = drawn + self._draw_steps(end - first - len(drawn))
@@ -320,7 +319,11 @@ class Coordinator:
 
     def commit_step(self, planned: PlannedStep) -> None:
         """Submit a planned step's constructions, count it, and let ranks fetch it."""
+        if self._rewinds.was_dropped(planned.drawn):
+            return
+        self._rewinds.committing(planned.drawn.step)
         self._actions += self._cycle.commit(planned)
+        self._rewinds.prune(self._view.planned_step)
         delta = self._drawn_deltas.pop(planned.drawn.step, None)
         if self._recording:  # (no delta: recording began after its draw)
             recorder = self._recorder
@@ -356,14 +359,14 @@ class Coordinator:
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The full data-plane state at the first undrawn step (plain data; see :mod:`.state`).
-
-        Not while a step is in flight (``view.busy``): its figures are not counted yet.
-        """
+        """The full data-plane state (plain data, :mod:`.state`) at ``view.earliest_change``;
+        not while a step is in flight (``view.busy``: its figures are not counted yet)."""
         if self._view.busy:
             raise InternalError("internal error: state_dict() while a step is being planned")
         cycle = self._cycle
-        return snapshot(cycle.next_step, cycle.end_step, self._sources, self._drawer, self._figures)
+        now = snapshot(cycle.next_step, cycle.end_step, self._sources, self._drawer, self._figures)
+        floor = self._view.earliest_change
+        return now if floor == cycle.next_step else self._rewinds.snapshot_at(floor, now)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a snapshot: this coordinator's sources must be the snapshot's, in order.
@@ -375,10 +378,12 @@ class Coordinator:
         self._delivery.restart_at(step)
         self._recorder = StateRecorder(self._sources, self._drawer, self._figures)
         self._drawn_deltas = {}
+        self._rewinds.reset()
 
     def take_deltas(self) -> list[dict[str, Any]]:
-        """Deltas of the steps drawn (and changes logged) since the last call."""
-        return self._recorder.take()
+        """Deltas of the steps committed since the last call below ``view.earliest_change``
+        (the rest may be drawn again), and the changes logged."""
+        return self._recorder.take(below=self._view.earliest_change)
 
     def stop_recording(self) -> None:
         """Record no more deltas and drop those pending (a job without a checkpoint: they
@@ -389,6 +394,14 @@ class Coordinator:
     # -- internals ---------------------------------------------------------------------------
     def _logged(self, entry: dict[str, Any]) -> None:
         self._recorder.log(entry)
+
+    def _redraw(self, floor: int, step: int) -> int:
+        """A change was accepted at ``step``: where that is drawn, draw again from ``floor``
+        (:mod:`.rewind`); returns ``step``."""
+        if step < self._cycle.next_step and self._cycle.end_step is None:
+            self._actions += redraw(self._rewinds, self._cycle, self._delivery, floor)
+            self._recorder, self._drawn_deltas = self._recorder.restart(floor), {}
+        return step
 
     def _draw_steps(self, most: int) -> list[DrawnStep]:
         """Draw up to ``most`` steps more, in flight together, until one cannot be drawn."""

@@ -145,6 +145,17 @@ class StepCycle:
         figures.planned((time.perf_counter() - drawn.started) * 1e3)
         return actions
 
+    def rewind(self, step: int) -> list[DrawnStep]:
+        """Draw ``step`` next (the parts are back where they were before it was drawn,
+        :mod:`.rewind`); returns the steps in flight, dropped (all from ``step`` on)."""
+        dropped, self.in_flight = self.in_flight, []
+        if any(d.step < step for d in dropped) or self.end_step is not None:
+            raise InternalError(f"internal error: cannot draw step {step} again")
+        self._flight_tokens = 0
+        self.next_step = step
+        self.waits_for_reads = False
+        return dropped
+
     def _end(self, actions: list[Action]) -> list[Action]:
         """The stream ends at ``next_step``: the block being drawn is built as it is."""
         self.end_step = self.next_step

@@ -7,6 +7,8 @@ is being planned in another thread: what it reads is written only on the adapter
 
     view = coord.view
     view.next_step, view.planned_step, view.end_step     where the stream is
+    view.earliest_change, view.delivered_step             where a live change can land,
+                                                          where the ranks are
     view.failure                                          None, or why the job stopped
     view.stats(), view.mixture(100), view.step_figures()  figures, as plain data
 
@@ -26,6 +28,7 @@ from omniload_dask.core.events import Failure
 from omniload_dask.core.figures import Figures, StepFigures
 from omniload_dask.core.live import LiveSources, PlanChange
 from omniload_dask.core.reads import ReadAhead
+from omniload_dask.core.rewind import Rewinds
 from omniload_dask.core.stepping import StepCycle
 from omniload_dask.core.streams import SourceStream
 from omniload_dask.plan import Plan, SourceSpec
@@ -44,8 +47,10 @@ class PlaneView:
         delivery: Delivery,
         figures: Figures,
         reads: ReadAhead,
+        rewinds: Rewinds,
     ) -> None:
         self._plan = plan
+        self._rewinds = rewinds
         self._sources = sources
         self._cycle = cycle
         self._delivery = delivery
@@ -70,6 +75,17 @@ class PlaneView:
         first = self._delivery.offered_step
         planned = self._cycle.planned_step
         return planned if first is None else min(planned, first)
+
+    @property
+    def earliest_change(self) -> int:
+        """The first step a live change can take effect at: the first step not built where
+        the steps drawn past it can be drawn again (:mod:`.rewind`), else :attr:`next_step`."""
+        return self._rewinds.floor(self.planned_step, self._cycle.next_step)
+
+    @property
+    def delivered_step(self) -> int:
+        """Every rank has fetched every step below this one (the slowest rank's position)."""
+        return self._delivery.slowest()
 
     @property
     def end_step(self) -> int | None:
@@ -122,9 +138,10 @@ class PlaneView:
 
     def plan_change(self, sources: Sequence[SourceSpec], at_step: int | None) -> PlanChange:
         """What a plan version with ``sources`` changes from ``at_step`` (default: the first
-        undrawn step), compared with the plan due then (JobError if a source changed its files
-        or format). Nothing changes until :class:`.ApplyPlanChange` is handed in."""
-        return self._sources.plan_change(sources, at_step, self._cycle.next_step)[1]
+        step not built, :attr:`earliest_change`), compared with the plan due then (JobError if
+        a source changed its files or format). Nothing changes until
+        :meth:`.Coordinator.apply_change`."""
+        return self._sources.plan_change(sources, at_step, self.earliest_change)[1]
 
     # -- ranks -------------------------------------------------------------------------------
     def slowest(self) -> int:
@@ -159,6 +176,8 @@ class PlaneView:
         weights = self.weights_at(self.next_step)
         return {
             "next_step": self.next_step,
+            "earliest_change": self.earliest_change,
+            "delivered_step": self.delivered_step,
             "end_step": self.end_step,
             "log": list(self._sources.log),
             "error": self.error,
@@ -177,14 +196,18 @@ class PlaneView:
         return self._figures.step_figures(start)
 
     def mixture(self, window: int = 100) -> list[dict[str, Any]]:
-        """Per source: target and realised share, over the last ``window`` steps and overall.
+        """Per source: target and realised share, over the last ``window`` steps delivered
+        (every rank has fetched them: below :attr:`delivered_step`) and over every step
+        delivered; ``target_now`` is the weights the data plane draws with now.
 
         Shares are of tokens or of documents, as the plan's ``mixing.by`` says; the target of a
         window is the mean of its steps' normalised target weights.
         """
         now = self.weights_at(self.next_step)
         by_tokens = self._plan.mixing_by == "tokens"
-        return self._figures.mixture(window, self._sources.streams, now, by_tokens)
+        return self._figures.mixture(
+            window, self._sources.streams, now, by_tokens, before=self.delivered_step
+        )
 
     def work_per_step(self) -> float | None:
         """Measured worker seconds one step costs (reads of every source and constructions)."""

@@ -158,6 +158,7 @@ def _loader(f: Fields) -> LoaderSpec:
         reads_per_thread=f.integer("reads_per_thread", d.reads_per_thread, min=1, max=1024),
         groups_per_task=f.integer("groups_per_task", d.groups_per_task, min=0, max=1 << 20),
         steps_per_task=f.integer("steps_per_task", d.steps_per_task, min=0, max=64),
+        live_lead=f.integer("live_lead", d.live_lead, min=0, max=1 << 20),
         fanout=f.text("fanout", d.fanout, choices=FANOUTS),
         tls=f.flag("tls", d.tls),
     )

@@ -403,6 +403,9 @@ class LoaderSpec:
     # tokens a task, at most 16).
     groups_per_task: int = 0
     steps_per_task: int = 0
+    # A job that expects live changes: draw at most ``live_lead`` steps past the slowest rank
+    # (0: no bound), so that a change takes effect that soon (see core.rewind).
+    live_lead: int = 0
     fanout: str = "none"
     # The embedded cluster on TLS, with temporary certificates (Job.start(security=True)).
     tls: bool = False
