@@ -11,3 +11,6 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[test]"
+# MosaicML Streaming (its MDSWriter writes the MDS test corpora) pins old numpy and torch:
+# installed without its dependencies beside the benchmarks, as they use it
+PYTHON=.venv/bin/python benchmarks/setup-thirdparty.sh

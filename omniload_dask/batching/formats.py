@@ -148,6 +148,7 @@ class Shard:
     skipped: int = 0
     bad: list[str] = field(default_factory=list)  # the first few reasons, for messages
     images: ImageTable | None = None
+    filtered: int = 0  # records the source's filter or transform dropped
 
     @property
     def lengths(self) -> np.ndarray:

@@ -320,6 +320,7 @@ class RunningJob:
             records=report.records,
             patches=report.patches,
             patches_sq=report.patches_sq,
+            filtered=report.filtered,
         )
         source = int(key.split("-")[3])
         if source < len(coord.streams):

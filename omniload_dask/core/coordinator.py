@@ -216,19 +216,19 @@ class Coordinator:
         records: int | None = None,
         patches: np.ndarray | None = None,
         patches_sq: np.ndarray | None = None,
+        filtered: int = 0,
     ) -> None:
         """A read task finished: its records' token counts (file order) and skipped count.
 
-        Image sources also report each record's patches (sum, and sum of squares over its
-        images) for the encoder cost. ``seconds`` (the task's compute time) and ``records``
-        (read, bad ones included) feed the cost meters that size reads; they never change the
-        stream.
+        Image sources also report each record's patches (sum and sum of squares over its
+        images) for the encoder cost; ``seconds`` (compute time) and ``records`` (read, bad
+        ones included) feed the cost meters that size reads, never the stream.
         """
         extra = None
         if patches is not None and self.planner.cost.has_encoder:
             sq = patches_sq if patches_sq is not None else np.zeros(len(patches))
             extra = self.planner.cost.encoder_of(patches, sq)
-        self.reads.on_report(key, lengths, skipped, extra, seconds, records)
+        self.reads.on_report(key, lengths, skipped, extra, seconds, records, filtered)
 
     def on_construct(self, seconds: float, batches: int = 1) -> None:
         """A block construction of ``batches`` group batches finished after ``seconds`` of
