@@ -68,6 +68,13 @@ def _validate(args: argparse.Namespace) -> int:
     )
     for note in [] if args.no_files else _tokenizer_notes(plan):
         print(f"# {note}", file=sys.stderr)
+    from omniload_dask.preprocess.tokens import validate_notes  # token sources, user code
+
+    notes, problems = validate_notes(plan, files=not args.no_files)
+    for line in [*(f"# {n}" for n in notes), *(f"omniload: error: {p}" for p in problems)]:
+        print(line, file=sys.stderr)
+    if problems:
+        return 2
     weights = [s.weight for s in plan.sources]
     print(f"# {mix_guarantee(plan.batch, plan.mixing_by, weights)}", file=sys.stderr)
     return 0

@@ -138,6 +138,7 @@ def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> R
                 "target_share": float(target[i]),
                 "realised_share": float(got[i]),
                 "skipped": s["skipped"],
+                "filtered": s.get("filtered", 0),
                 "truncated_tokens": s["truncated_tokens"],
                 "epoch": s["epoch"],
                 "bad_examples": list(s.get("bad_examples") or [])[:2],
@@ -183,12 +184,13 @@ def format_report(r: RunReport) -> str:
         + " ".join(f"{e:.3f}" for e in r.efficiency[:12])
         + (" ..." if len(r.efficiency) > 12 else ""),
         "",
-        f"  {'source':<16}{'target':>8}{'realised':>10}{'skipped':>9}{'truncated':>11}{'epoch':>7}",
+        f"  {'source':<16}{'target':>8}{'realised':>10}{'skipped':>9}{'filtered':>10}"
+        f"{'truncated':>11}{'epoch':>7}",
     ]
     for s in r.sources:
         lines.append(
             f"  {s['name']:<16}{s['target_share']:>8.1%}{s['realised_share']:>10.1%}"
-            f"{s['skipped']:>9}{s['truncated_tokens']:>11}{s['epoch']:>7}"
+            f"{s['skipped']:>9}{s['filtered']:>10}{s['truncated_tokens']:>11}{s['epoch']:>7}"
         )
     for s in r.sources:
         for example in s["bad_examples"]:

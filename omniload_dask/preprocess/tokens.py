@@ -21,7 +21,13 @@ from typing import Any
 from omniload_dask.errors import PlanError
 from omniload_dask.plan import Plan, SourceSpec
 
-__all__ = ["check_user_code", "check_vocabularies", "describe_token_source"]
+__all__ = [
+    "check_user_code",
+    "check_user_code_of",
+    "check_vocabularies",
+    "describe_token_source",
+    "validate_notes",
+]
 
 
 def check_vocabularies(plan: Plan, tokenizer: Mapping[str, Any]) -> None:
@@ -51,21 +57,21 @@ def check_vocabularies(plan: Plan, tokenizer: Mapping[str, Any]) -> None:
 def check_user_code(plan: Plan) -> None:
     """Import every source's transform and filter: a PlanError naming the one that does not
     resolve (at start-up, before a worker meets it)."""
-    from omniload_dask.preprocess.transforms import resolve
-
     for i, spec in enumerate(plan.sources):
         for key in ("transform", "filter"):
-            name = getattr(spec, key)
-            if name is not None:
-                resolve(name, f"sources[{i}].{key}")
+            if getattr(spec, key) is not None:
+                check_user_code_of(spec, key, f"sources[{i}].{key}")
 
 
 def describe_token_source(spec: SourceSpec) -> dict[str, Any]:
     """What a token source holds, as discovery finds it: vocabulary, dtype, documents and
     tokens (None where only reading every record would tell)."""
+    from dataclasses import replace
+
     from omniload_dask.sources.registry import discover_source
 
-    catalog = discover_source(spec, "raise")
+    # (the index's lengths, which a job with user code does not plan with, are still there)
+    catalog = discover_source(replace(spec, transform=None, filter=None), "raise")
     rows = catalog.rows
     documents = int(rows.sum()) if len(rows) and (rows >= 0).all() else None
     tokens = int(catalog.lengths.sum()) if catalog.lengths is not None else None
@@ -91,3 +97,50 @@ def _dtype(spec: SourceSpec, url: str) -> str | None:
         fs, _ = filesystem(spec, url)
         return str(read_index(spec, fs, url)[0])
     return None
+
+
+def validate_notes(plan: Plan, files: bool = True) -> tuple[list[str], list[str]]:
+    """What ``omniload validate`` says of token sources and user code: notes (each token
+    source's vocabulary, dtype, documents and tokens; each function imported) and problems
+    (a vocabulary that differs from the tokenizer's, a function that does not import, a token
+    source whose files cannot be read). ``files=False``: nothing is opened."""
+    import json
+
+    from omniload_dask.errors import OmniloadError
+
+    notes: list[str] = []
+    problems: list[str] = []
+    for i, spec in enumerate(plan.sources):
+        for key in ("transform", "filter"):
+            name = getattr(spec, key)
+            if name is None:
+                continue
+            try:
+                check_user_code_of(spec, key, f"sources[{i}].{key}")
+                notes.append(f"sources[{i}].{key}: {name} imports")
+            except OmniloadError as exc:
+                problems.append(str(exc))
+    tokens = [(i, s) for i, s in enumerate(plan.sources) if s.has_tokens]
+    if not tokens or not files:
+        return notes, problems
+    from omniload_dask.preprocess.tokenize import describe
+
+    try:
+        check_vocabularies(plan, describe(plan.tokenizer))
+    except OmniloadError as exc:
+        problems.append(str(exc))
+    for i, spec in tokens:
+        try:
+            info = describe_token_source(spec)
+        except OmniloadError as exc:
+            problems.append(f"sources[{i}]: {exc}")
+            continue
+        notes.append(f"token source {spec.name!r}: {json.dumps(info)}")
+    return notes, problems
+
+
+def check_user_code_of(spec: SourceSpec, key: str, field: str) -> None:
+    """Import one source's ``transform`` or ``filter`` (a PlanError naming ``field``)."""
+    from omniload_dask.preprocess.transforms import resolve
+
+    resolve(getattr(spec, key), field)
