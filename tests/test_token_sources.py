@@ -312,3 +312,20 @@ def test_plan_vocabulary_must_match_the_tokenizer(tmp_path):
         InlineDataPlane(parse_plan(plan_dict([{"name": "m", "format": "megatron",
                                                "path": str(tmp_path / "d"), "vocabulary": VOCAB}]))
                         ).step(0)  # fmt: skip
+
+
+def test_index_lengths_of_every_part_of_a_unit_match_what_its_reads_give(tmp_path):
+    docs = documents(300, seed=17)
+    write_megatron(tmp_path / "m" / "c", docs[:200])
+    write_megatron(tmp_path / "m" / "d", docs[200:])
+    sp = parse_source({"name": "m", "format": "megatron", "path": str(tmp_path / "m"),
+                       "vocabulary": VOCAB, "unit_bytes": 4096})  # fmt: skip
+    cat = discover_source(sp)
+    for u in range(cat.num_units):
+        for count in (1, 2, 5):
+            known = cat.known_lengths(u, count)
+            reads = cat.reads(u, count)
+            assert len(known) == len(reads)
+            for lengths, pieces in zip(known, reads, strict=True):
+                got = [read_unit_records(sp, cat.files[f], a, b).lengths for f, a, b in pieces]
+                assert np.concatenate(got).tolist() == lengths.tolist()
