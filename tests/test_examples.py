@@ -75,3 +75,5 @@ def test_the_readme_training_script_runs_as_written(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(re.findall(r"^step \d: loss \d+\.\d+", proc.stdout, flags=re.MULTILINE)) == 5
+    assert "done: {" in proc.stdout  # its progress, and where a resume would continue

@@ -216,7 +216,7 @@ def test_a_checkpoint_of_a_plan_with_credentials_holds_none(small_sources, tmp_p
     assert_no_leak(checkpoint_text(ckpt), "the checkpoint")
     # resuming takes the options from the plan it resumes with
     again = InlineDataPlane(plan, resume=True)
-    assert dict(again.coord.streams[0].spec.storage_options)["secret"] == SECRET
+    assert dict(again.coord.view.streams[0].spec.storage_options)["secret"] == SECRET
 
 
 # ---------------------------------------------------------------------- a TLS cluster
@@ -567,7 +567,7 @@ def test_the_embedded_cluster_on_tls_serves_its_dashboard_on_loopback(small_sour
 
         def secret_now(dask_scheduler):
             run = dask_scheduler.plugins["omniload"].jobs["embedded"]
-            return dict(run.coord.streams[0].spec.storage_options)["secret"]
+            return dict(run.coord.view.streams[0].spec.storage_options)["secret"]
 
         assert job.client.run_on_scheduler(secret_now) == SECRET
         with job.feeder(dp_rank=0, start_step=1, max_steps=3, output="numpy") as feeder:

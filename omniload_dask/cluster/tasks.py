@@ -35,6 +35,7 @@ from omniload_dask.cluster.retry import with_retries
 from omniload_dask.cluster.serving import packed
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.plan import READS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
+from omniload_dask.preprocess.chat_encode import encode_chats
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
@@ -164,12 +165,14 @@ def _read_records(
         records = read_unit_records(spec, url, lo, hi)
         return records, np.full(len(records.offsets), f, np.int64), [url] * len(records.bad)
     texts: list[str] = []
+    chats: list[Any] = []
     offsets, files, bad, urls = [], [], [], []
     tokens: list[np.ndarray] = []
     lengths: list[np.ndarray] = []
     for f, url, lo, hi in reads:
         one = read_unit_records(spec, url, lo, hi)
         texts += one.texts
+        chats += one.chats or []
         offsets.append(np.asarray(one.offsets, np.int64))
         files.append(np.full(len(one.offsets), f, np.int64))
         bad += one.bad
@@ -177,7 +180,9 @@ def _read_records(
         if one.tokens is not None and one.lengths is not None:
             tokens.append(one.tokens)
             lengths.append(one.lengths)
-    records = RawRecords(texts, np.concatenate(offsets), bad)
+    records = RawRecords(
+        texts, np.concatenate(offsets), bad, chats=chats if spec.chat is not None else None
+    )
     if tokens:
         records.tokens = np.concatenate(tokens)
         records.lengths = np.concatenate(lengths)
@@ -220,13 +225,25 @@ def _read_unit(
         bad_urls += [file_url] * bad_images  # (an image source's unit is one read)
         files = np.full(len(records.offsets), file_index, np.int64)
     t2 = time.perf_counter()
+    chats = None
+    if spec.chat is not None:  # render, tokenize and mask now: failures are bad records
+        chats = encode_chats(spec.chat, tokenizer, spec.name, records.chats or [])
+        url_of = {file_index: file_url, **{f: url for f, url, _, _ in more}}
+        for i, reason in chats.bad:
+            records.bad.append((int(records.offsets[i]), reason))
+            bad_urls.append(url_of[int(files[i])])
+        records.offsets, files = records.offsets[chats.kept], files[chats.kept]
+        records.texts, records.chats = [""] * len(chats.kept), None
     bad = [
         f"source {spec.name!r}: file {url!r}: record at offset {offset}: {reason}"
         for (offset, reason), url in zip(records.bad, bad_urls, strict=True)
     ]
     if bad and on_error == "raise":
         raise RecordError(bad[0] + " (set on_error: skip to skip and count such records)")
-    if records.tokens is not None:  # a token source: its ids as they are
+    target = None
+    if chats is not None:
+        tokens, offsets, target = chats.tokens, chats.offsets, chats.target
+    elif records.tokens is not None:  # a token source: its ids as they are
         assert records.lengths is not None
         tokens = records.tokens
         offsets = np.zeros(len(records.lengths) + 1, np.int64)
@@ -263,6 +280,7 @@ def _read_unit(
         skipped=skipped,
         bad=bad[:MAX_REASONS],
         images=table,
+        target=target,
         filtered=filtered,
     )
     meta: dict[str, Any] = {
@@ -333,8 +351,8 @@ class ReadReport:
 
 
 def report_of(shard: Shard) -> dict[str, Any]:
-    """The image figures (and records filtered) of a shard as :meth:`Coordinator.on_report`
-    takes them (inline runs)."""
+    """The image figures (and records filtered) of a shard as
+    :class:`~omniload_dask.core.events.ReadReported` takes them (inline runs)."""
     if shard.images is None:
         return {"filtered": shard.filtered} if shard.filtered else {}
     p_sum, p_sq = patch_sums(shard.images, len(shard))
@@ -344,6 +362,8 @@ def report_of(shard: Shard) -> dict[str, Any]:
 def patch_sums(table: ImageTable, records: int) -> tuple[np.ndarray, np.ndarray]:
     """Per record: its images' patches, and the sum of their squares (int64 each)."""
     p = np.diff(table.cu_patches).astype(np.int64)
+    # bincount with weights sums per record in one pass (float64: exact below 2**53 patches);
+    # minlength keeps records without images, at 0, so the arrays line up with the lengths.
     p_sum = np.bincount(table.record, weights=p, minlength=records).astype(np.int64)
     p_sq = np.bincount(table.record, weights=p * p, minlength=records).astype(np.int64)
     return p_sum, p_sq
@@ -414,7 +434,7 @@ def _place(
 
 
 def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:
-    """Build one DP group's micro-batches for one step, in wire form (``batches.expand``)."""
+    """Build one DP group's micro-batches for one step, in wire form (``formats.expand``)."""
     return build(recipe, list(shards), wire=True)
 
 

@@ -143,6 +143,8 @@ class StepPlanner:
         # shard slots number its reads in order of first use.
         pair_of = group * nu + docs.slot[doc]
         pair, number = first_use(pair_of)
+        # pair_bounds[g]: the first pair of group g; a piece's shard slot is its pair's number
+        # less that, so every group's slots count from 0 (a group's task reads only its own).
         pair_bounds = np.searchsorted(pair // nu, np.arange(groups + 1))
         table = np.empty((len(order), 5), dtype=np.int64)
         table[:, 0] = plan.micro[order]

@@ -74,7 +74,7 @@ class ReadAhead:
         records: int | None,
         filtered: int = 0,
     ) -> None:
-        """A read task reported its records' lengths (see ``Coordinator.on_report``);
+        """A read task reported its records' lengths (see :class:`.events.ReadReported`);
         ``filtered``: records its source's filter or transform dropped."""
         where = self._unit_of.get(key)
         if where is None:
@@ -261,7 +261,7 @@ class ReadAhead:
                 "retired": s.retired,
                 "documents": s.docs,
                 "tokens": s.tokens,
-                "skipped": s.skipped,
+                "skipped": s.skipped + s.skipped_ahead(),
                 "filtered": s.filtered,
                 "truncated_tokens": s.truncated_tokens,
                 "units_in_flight": len(s.units),

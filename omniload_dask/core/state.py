@@ -299,7 +299,19 @@ class StateRecorder:
             delta["end"] = end_step
         self.pending.append(delta)
 
-    def take(self) -> list[dict[str, Any]]:
-        """The deltas and log entries since the last call, in order."""
+    def restart(self, step: int) -> StateRecorder:
+        """The parts were put back to ``step`` (:mod:`.rewind`): a recorder of deltas from
+        their state now, with this one's pending entries, less the deltas of steps from
+        ``step`` on."""
+        fresh = StateRecorder(self._sources, self._drawer, self._figures)
+        fresh.pending = [d for d in self.pending if d.get("step", -1) < step]
+        return fresh
+
+    def take(self, below: int | None = None) -> list[dict[str, Any]]:
+        """The deltas and log entries since the last call, in order; with ``below``, the
+        deltas of steps from ``below`` on stay (they may be drawn again, :mod:`.rewind`)."""
         out, self.pending = self.pending, []
+        if below is not None:
+            self.pending = [d for d in out if d.get("step", -1) >= below]
+            out = [d for d in out if d.get("step", -1) < below]
         return out

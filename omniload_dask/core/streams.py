@@ -319,7 +319,16 @@ class SourceStream:
             else:
                 empty_run += 1
                 if empty_run >= 2 * self.catalog.num_units:  # a whole epoch lies inside
-                    raise JobError(f"source {self.spec.name!r}: a whole epoch held no records")
+                    once = {  # one epoch's: each empty unit's file once
+                        u.catalog_index: u.skipped
+                        for u in units
+                        if u.lengths is not None and not len(u.lengths)
+                    }
+                    raise JobError(
+                        f"source {self.spec.name!r}: a whole epoch held no records "
+                        f"({sum(once.values())} bad records skipped in it: see the "
+                        "source's bad_examples); every file of it is unreadable or empty"
+                    )
             units.append(unit)
             ref, row = self.successor(ref), 0
         if not parts:
@@ -339,6 +348,19 @@ class SourceStream:
             waiting,
             complete,
             offset=self.offset,  # offset > 0: the cursor's row has tokens left, it comes first
+        )
+
+    def skipped_ahead(self) -> int:
+        """Records skipped in units read ahead of the cursor that hold none to draw (a file
+        that cannot be read, or none of whose records could).
+
+        ``skipped`` counts a unit's bad records once its cursor has passed it (once per epoch,
+        also across a resume); such a unit in a source's last epoch is never passed, so what
+        is shown (``stats``, the dashboard, the metric) adds these at once: when the cursor
+        passes one, its count moves into ``skipped`` and the sum stays the same.
+        """
+        return sum(
+            u.skipped for u in self.units.values() if u.lengths is not None and not len(u.lengths)
         )
 
     def first_unknown(self) -> UnitRef:

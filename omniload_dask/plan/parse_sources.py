@@ -13,6 +13,7 @@ import os
 import re
 from typing import Any
 
+from omniload_dask.plan.chat import read_chat
 from omniload_dask.plan.fields import Fields, fail, resolve_path
 from omniload_dask.plan.limits import (
     MAX_EPOCHS,
@@ -70,8 +71,17 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
     if fmt == "megatron":  # a Megatron prefix (``.../web_text_document``) names its .idx
         paths = tuple(_megatron_index(p) for p in paths)
     weight = f.number("weight", 1.0, min=0, max=MAX_WEIGHT)
-    text = f.text("text", "txt" if fmt == "webdataset" else "text")
+    chat = read_chat(f.mapping("chat"), base_dir) if f.has("chat") else None
+    if chat is not None and fmt not in ("jsonl", "parquet"):
+        fail(f.at("chat"), "conversations come from jsonl or parquet sources", f.raw("chat"))
+    text = (
+        chat.field if chat is not None else f.text("text", "txt" if fmt == "webdataset" else "text")
+    )
+    if chat is not None and f.has("text"):
+        fail(f.at("text"), "a chat source names its fields in chat (chat.field)", f.raw("text"))
     image = _image_field(f, fmt)
+    if chat is not None and image:
+        fail(f.at("chat"), "a source with images cannot be a chat source (not yet)", f.raw("chat"))
     if fmt == "parquet" and image and image[0] == text:
         fail(f.at("image"), "must be another column than sources[].text", image[0])
     unit_records = f.optional_int("unit_records", min=1, max=MAX_UNIT_RECORDS)
@@ -92,6 +102,8 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
     token_fields = read_token_fields(f, fmt)
     if image and token_fields.get("tokens"):
         fail(f.at("tokens"), "a token source has no images", token_fields["tokens"])
+    if chat is not None and token_fields.get("tokens"):
+        fail(f.at("chat"), "a token source's records are token ids, not conversations")
     f.done()
     return SourceSpec(
         name=name,
@@ -106,6 +118,7 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
         image=image,
         unit_records=unit_records,
         **token_fields,
+        chat=chat,
     )
 
 

@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from omniload_dask.errors import PlanError
+from omniload_dask.plan.chat import ChatSpec
 from omniload_dask.plan.credentials import StorageOptions
 
 __all__ = [
@@ -39,8 +40,8 @@ BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256,
 NO_CAP = 2**62  # the document cap of a plan that sets none (split): longer than any document
 # A worker runs this many reads for each tokenizing thread it has: while one read tokenizes,
 # the next reads and decodes its records, and the tokenizer never waits for a read to start
-# (``omniload-read=2`` with one tokenizer thread left 1 % of two cores idle, against 4 %
-# with one read a thread; BENCHMARKS.md, session 34).
+# (with one read a thread, the tokenizer idles while each next read opens its file and
+# decodes; a second one in flight hides that).
 READS_PER_THREAD = 2
 TOKEN_FORMATS = ("megatron", "flat")  # formats whose records are always token ids
 
@@ -73,6 +74,7 @@ class SourceSpec:
     # User code run on the workers: ``package.module:function`` (preprocess.transforms).
     transform: str | None = None
     filter: str | None = None
+    chat: ChatSpec | None = None  # conversations and their targets; None: plain text
 
     @property
     def has_images(self) -> bool:
@@ -111,6 +113,13 @@ def source_dict(spec: SourceSpec) -> dict[str, Any]:
     for key in ("tokens", "dtype", "eod", "transform", "filter"):
         if data[key] is None:
             data.pop(key)  # (absent: the plan data, and so the stream fingerprint, as before)
+    if spec.chat is None:
+        data.pop("chat")
+    else:
+        data.pop("text")  # (the chat section names its fields)
+        data["chat"] = {k: v for k, v in data["chat"].items() if v is not None}
+        if spec.chat.layout != "prompt_completion":
+            data["chat"].pop("completion")
     return data
 
 
@@ -419,6 +428,9 @@ class LoaderSpec:
     # tokens a task, at most 16).
     groups_per_task: int = 0
     steps_per_task: int = 0
+    # A job that expects live changes: draw at most ``live_lead`` steps past the slowest rank
+    # (0: no bound), so that a change takes effect that soon (see core.rewind).
+    live_lead: int = 0
     fanout: str = "none"
     # The embedded cluster on TLS, with temporary certificates (Job.start(security=True)).
     tls: bool = False

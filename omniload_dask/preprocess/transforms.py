@@ -100,11 +100,14 @@ def apply_user_code(
     filt = resolve(spec.filter, "filter") if spec.filter else None
     trans = resolve(spec.transform, "transform") if spec.transform else None
     is_tokens = records.tokens is not None
+    is_chat = records.chats is not None
     ids = encode_sample_ids(source_index, files, records.offsets).tolist()
     if is_tokens:
         assert records.tokens is not None and records.lengths is not None
         ends = np.cumsum(records.lengths)
         items: list[Any] = np.split(records.tokens, ends[:-1]) if len(ends) else []
+    elif is_chat:  # a chat source's conversations, rendered after the user code
+        items = list(records.chats or [])
     else:
         items = list(records.texts)
     kept: list[Any] = []
@@ -113,7 +116,7 @@ def apply_user_code(
     bad_files: list[int] = []
     vocab = spec.vocab_size or 2**32
     dropped = 0
-    field = "tokens" if is_tokens else "text"
+    field = "tokens" if is_tokens else "chat" if is_chat else "text"
     for row, (value, sample_id) in enumerate(zip(items, ids, strict=True)):
         offset = int(records.offsets[row])
         record: Any = {field: value, "source": spec.name, "id": sample_id}
@@ -151,6 +154,8 @@ def apply_user_code(
         lengths = np.asarray([len(t) for t in kept], np.int64)
         flat = np.concatenate(kept) if kept else np.zeros(0, np.int64)
         out_records = RawRecords.of_tokens(flat, lengths, offsets, bad)
+    elif is_chat:
+        out_records = RawRecords([""] * len(kept), offsets, bad, chats=kept)
     else:
         out_records = RawRecords(kept, offsets, bad)
     return out_records, files[at] if len(at) else files[:0], dropped, bad_files
@@ -169,6 +174,8 @@ def _checked(record: Any, field: str, trans: UserCode | None, vocab: int) -> Any
             f"{field!r}) or None"
         )
     value = record[field]
+    if field == "chat":  # checked where it is rendered: a bad one is a bad record there
+        return value
     if field == "text":
         if not isinstance(value, str):
             raise _Wrong(f"{name} returned {field!r} of type {type(value).__name__}, not str")

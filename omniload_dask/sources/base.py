@@ -50,16 +50,19 @@ class Units:
 class RawRecords:
     """Records of one read unit in file order: texts, offsets, and the records that failed.
 
-    ``images`` (image-text sources) holds each record's encoded images, in order. A token
-    source's records are token ids already: ``tokens`` holds them all, flat, and ``lengths``
-    each record's count (``texts`` is then empty). A per-token column beside the ids (a loss
-    mask) would travel the same way, one flat array as long as ``tokens``.
+    ``images`` (image-text sources) holds each record's encoded images, in order; ``chats``
+    (chat sources) each record's conversation (:func:`~omniload_dask.sources.chat.conversation`),
+    its text then empty. A token source's records are token ids already: ``tokens`` holds them
+    all, flat, and ``lengths`` each record's count (``texts`` is then empty). A per-token column
+    beside the ids (a loss mask) would travel the same way, one flat array as long as
+    ``tokens``, into the shard's ``target`` mask.
     """
 
     texts: list[str]
     offsets: np.ndarray
     bad: list[tuple[int, str]] = field(default_factory=list)
     images: list[list[bytes]] | None = None
+    chats: list[Any] | None = None
     tokens: np.ndarray | None = None
     lengths: np.ndarray | None = None
 
@@ -69,8 +72,8 @@ class RawRecords:
         bad: list[tuple[int, str]] | None = None,
     ) -> RawRecords:  # fmt: skip
         """Token records: ``tokens`` flat, ``lengths`` per record, at ``offsets``."""
-        return cls([], np.asarray(offsets, np.int64), bad or [], None, tokens,
-                   np.asarray(lengths, np.int64))  # fmt: skip
+        return cls([], np.asarray(offsets, np.int64), bad or [], tokens=tokens,
+                   lengths=np.asarray(lengths, np.int64))  # fmt: skip
 
     @property
     def count(self) -> int:

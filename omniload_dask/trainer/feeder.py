@@ -39,7 +39,8 @@ import numpy as np
 from omniload_dask.batching.formats import GroupBatch, expand
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.core.blocks import fetch_depth
-from omniload_dask.errors import JobError
+from omniload_dask.errors import JobError, OmniloadError
+from omniload_dask.fixes import own_error
 from omniload_dask.plan import Plan, parse_plan
 from omniload_dask.trainer.fanout import BroadcastSteps, DirectSteps, Steps
 from omniload_dask.trainer.fetch import wait_report
@@ -227,7 +228,7 @@ class Feeder:
             raise StopIteration
         t0 = time.perf_counter()
         if self._current is None:
-            self._current = self._source.take(self._step)
+            self._current = _take(self._source, self._step)
         batch = self._current
         waited = time.perf_counter() - t0
         self.waits.append(waited)
@@ -378,3 +379,11 @@ def _output(mb: dict[str, Any], source_names: list[str], output: str) -> dict[st
             if isinstance(value, np.ndarray):
                 out[key] = torch.from_numpy(value)
     return out
+
+
+def _take(source: Steps, step: int) -> GroupBatch:
+    """``source.take(step)``; the job's own error raised from here, with its message only."""
+    try:
+        return source.take(step)
+    except OmniloadError as exc:  # it came with the frames of the fetch loop and the scheduler
+        raise own_error(exc) from None
