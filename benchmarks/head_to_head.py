@@ -179,6 +179,10 @@ class Commands:
 
 def _loader(spec: dict[str, Any], plan: Any, go: dict[str, Any]) -> Any:
     system, rank, world = spec["system"], spec["rank"], plan.layout.dp
+    if spec.get("loader"):  # another benchmark's loaders (tokens.py: token_loaders)
+        import importlib
+
+        return importlib.import_module(spec["loader"]).make_loader(spec, plan, go)
     if system == "per_source":
         from support.rank_local import RankLocalLoader
 
@@ -208,6 +212,8 @@ def _import_loader(system: str) -> None:
         "per_rank": "support.baselines",
         "mosaic": "support.baselines",
     }
+    if system.startswith("loader:"):
+        module[system] = system[len("loader:") :]
     loaded = importlib.import_module(module.get(system, "omniload_dask.trainer.feeder"))
     if system == "mosaic":
         loaded.import_streaming()  # MosaicML Streaming itself (and the stubs it needs here)
@@ -219,7 +225,7 @@ def role_rank(spec: dict[str, Any]) -> None:
     import torch  # the trainer's own import: part of the "before" figure
 
     torch.set_num_threads(1)
-    _import_loader(spec["system"])
+    _import_loader(f"loader:{spec['loader']}" if spec.get("loader") else spec["system"])
     _emit("READY", {"pid": os.getpid()})
     commands = Commands()
     kind, go = commands.read()
@@ -507,13 +513,14 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
             port = _free_port()
             for r in range(ranks):
                 spec = {"system": system, "plan": plan, "rank": r, "workers": args.workers,
-                        "mds": extra.get("mds")}  # fmt: skip
+                        "mds": extra.get("mds"), **extra.get("rank_spec", {})}  # fmt: skip
                 env = quiet if system != "omniload_ext" else dict(os.environ)
-                if system.startswith("omniload") or system == "mosaic":
+                torchrun = system == "mosaic" or system in extra.get("torchrun", ())
+                if system.startswith("omniload") or torchrun:
                     # what torchrun sets (fanout "node" and Streaming read it)
                     env = {**env, "RANK": str(r), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r),
                            "LOCAL_WORLD_SIZE": str(ranks)}  # fmt: skip
-                if system == "mosaic":
+                if torchrun:
                     env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                            "PYTHONPATH": extra["mosaic_path"]}  # fmt: skip
                 children.append(Child("rank", spec, logs / f"{name}-rank{r}.log", env))

@@ -136,6 +136,8 @@ class InlineDataPlane:
             read.stop,
             images=self.plan.images,
             more=read.more,
+            seed=self.plan.seed,
+            epoch=read.epoch,
         )
         self.reads += 1
         self.shards[read.key] = shard

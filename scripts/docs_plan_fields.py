@@ -276,6 +276,16 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
             _source("img", "parquet", image="jpeg", text="caption", unit_records=16),
             _source("tar", "webdataset", image=["jpg"]),
             _source(
+                "meg",
+                "megatron",
+                vocabulary={"size": 320, "bos_id": 300, "eos_id": 301},
+                transform="omniload_dask.preprocess.fim:fill_in_the_middle",
+                filter="omniload_dask.preprocess.fim:fill_in_the_middle",
+            ),
+            _source("nano", "flat", dtype="uint16", eod=301, vocabulary={"size": 320}),
+            _source("mds", "mds", tokens="tokens", dtype="uint32", vocabulary={"size": 320}),
+            _source("tok", "parquet", tokens="input_ids", vocabulary={"size": 320}),
+            _source(
                 "chat",
                 "jsonl",
                 chat={

@@ -73,7 +73,8 @@ MEANINGS: dict[str, Any] = {
     "`skip` skips it and counts it per source",
     "sources": "the list of sources (at most 1,024; at least one with a weight > 0)",
     "sources[].name": "the source's name, unique in the plan (batches and figures carry it)",
-    "sources[].format": "`jsonl` (plain, `.gz`, `.zst`), `parquet` or `webdataset` tar shards",
+    "sources[].format": "`jsonl` (plain, `.gz`, `.zst`), `parquet`, `webdataset` tar shards; "
+    "token sources: `megatron` (`.bin`/`.idx`), `arrow` (`save_to_disk` folders), `mds`, `flat`",
     "sources[].path": {
         "type": "string or list of strings",
         "values": "paths or fsspec URLs, globs allowed",
@@ -115,6 +116,35 @@ MEANINGS: dict[str, Any] = {
     "sources[].chat.template_file": "a file (path or URL) holding the chat template",
     "sources[].chat.max_tokens": "the longest conversation kept, in tokens; a longer one is a "
     "bad record (never cut); unset: the batch's document cap",
+    "sources[].tokens": "token sources: the column of token ids (Arrow, Parquet, MDS); setting "
+    "it on a Parquet source makes it a token source",
+    "sources[].vocabulary": {
+        "type": "section",
+        "default": "unset: the plan tokenizer's vocabulary is not checked against the files",
+        "meaning": "token sources: the vocabulary the tokens were written with; a size or "
+        "special id other than the plan tokenizer's is an error at start and in validate",
+    },
+    "sources[].vocabulary.size": "the vocabulary size: an id at or above it is a bad record",
+    "sources[].vocabulary.bos_id": "the beginning-of-document id the tokens were written with",
+    "sources[].vocabulary.eos_id": "the end-of-document id the tokens were written with",
+    "sources[].dtype": {
+        "default": "`uint16` for `flat`; for `mds`, the column's own type",
+        "values": "`uint16`, `uint32`, `int32`; also `int64` for `mds`",
+        "meaning": "`flat`: the array's integer type; `mds`: the type of a `bytes` token column",
+    },
+    "sources[].eod": "`flat` only: the end-of-document id that cuts the array into documents "
+    "(kept as each document's last token)",
+    "sources[].transform": {
+        "type": "string `package.module:function`",
+        "meaning": "user code run on each record on the workers: returns the record (changed "
+        "or not) or `None` to drop it (counted as `filtered`); see the token sources and user "
+        "code guide",
+    },
+    "sources[].filter": {
+        "type": "string `package.module:function`",
+        "meaning": "user code run on each record on the workers before `transform`: true keeps "
+        "the record, false drops it (counted as `filtered`)",
+    },
     "sources[].unit_records": {
         "default": "unset; `64` for `webdataset`",
         "meaning": "records per read unit (Parquet: cuts row groups; tar: records per shard "

@@ -158,6 +158,7 @@ class Shard:
     bad: list[str] = field(default_factory=list)  # the first few reasons, for messages
     images: ImageTable | None = None
     target: np.ndarray | None = None  # bool per token (chat sources); None: every token
+    filtered: int = 0  # records the source's filter or transform dropped
 
     @property
     def lengths(self) -> np.ndarray:

@@ -249,9 +249,10 @@ class Checkpoint:
                                     "truncated_tokens",
                                     "retired",
                                     "offset",
+                                    "filtered",
                                 ),
                                 s["state"],
-                                strict=True,
+                                strict=False,  # (a state written before "filtered": 9 values)
                             )
                         )
                         if s["state"] is not None

@@ -139,6 +139,7 @@ def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> R
                 "target_share": float(target[i]),
                 "realised_share": float(got[i]),
                 "skipped": s["skipped"],
+                "filtered": s.get("filtered", 0),
                 "truncated_tokens": s["truncated_tokens"],
                 "epoch": s["epoch"],
                 "bad_examples": list(s.get("bad_examples") or [])[:2],
@@ -187,7 +188,8 @@ def format_report(r: RunReport) -> str:
         f"  documents cut       {r.documents_cut} (split to fill micro-batches or even out ranks; "
         "pieces go on, same doc_id)",
         "",
-        f"  {'source':<16}{'target':>8}{'realised':>10}{'skipped':>9}{'truncated':>11}{'epoch':>7}",
+        f"  {'source':<16}{'target':>8}{'realised':>10}{'skipped':>9}{'filtered':>10}"
+        f"{'truncated':>11}{'epoch':>7}",
     ]
     legend = (
         "  (target, realised: shares of the mix; skipped: bad records, on_error: skip;\n"
@@ -196,7 +198,7 @@ def format_report(r: RunReport) -> str:
     for s in r.sources:
         lines.append(
             f"  {s['name']:<16}{s['target_share']:>8.1%}{s['realised_share']:>10.1%}"
-            f"{s['skipped']:>9}{s['truncated_tokens']:>11}{s['epoch']:>7}"
+            f"{s['skipped']:>9}{s['filtered']:>10}{s['truncated_tokens']:>11}{s['epoch']:>7}"
         )
     lines.append(legend)
     for s in r.sources:

@@ -55,6 +55,13 @@ def validate(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    from omniload_dask.preprocess.tokens import validate_notes  # token sources, user code
+
+    token_notes, token_problems = validate_notes(plan, files=not args.no_files)
+    if token_problems:
+        for problem in token_problems:
+            print(f"omniload: error: {problem}", file=sys.stderr)
+        return 2
     from omniload_dask.batching.mixing import mix_guarantee
 
     print(
@@ -67,6 +74,7 @@ def validate(args: argparse.Namespace) -> int:
     from omniload_dask.preprocess.chat_encode import target_notes
 
     notes += target_notes(plan.sources, plan.tokenizer, load=not args.no_files)
+    notes += token_notes
     for note in notes:
         print(f"# {note}", file=sys.stderr)
     weights = [s.weight for s in plan.sources]

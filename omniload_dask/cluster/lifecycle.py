@@ -45,6 +45,7 @@ from omniload_dask.core.live import PlanChange
 from omniload_dask.errors import CheckpointError, JobError
 from omniload_dask.plan import Plan, SourceSpec
 from omniload_dask.plan.credentials import redact
+from omniload_dask.preprocess.tokens import check_vocabularies
 from omniload_dask.sources import Catalog
 
 __all__ = [
@@ -181,6 +182,7 @@ async def prepare(
         saved, state = await loop.run_in_executor(None, load_for_resume, plan, resume, unverified)
         sources = registry_plan(plan, state)
     catalogs, tokenizer = await _discover(client, sources, run_id)
+    check_vocabularies(sources, tokenizer)  # token sources: the plan's vocabulary, or fail
     return Prepared(plan, run_id, sources, catalogs, tokenizer, saved, state)
 
 

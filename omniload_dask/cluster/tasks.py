@@ -39,6 +39,7 @@ from omniload_dask.preprocess.chat_encode import encode_chats
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
+from omniload_dask.preprocess.transforms import apply_user_code, resolve
 from omniload_dask.sources import Catalog, RawRecords, encode_sample_ids
 from omniload_dask.sources.registry import discover_source, read_unit_records
 
@@ -61,7 +62,12 @@ def discover(spec: SourceSpec, on_error: str = "raise", retries: int = 0) -> Cat
     """List one source's files and read units (start-up); ``on_error`` is the plan's.
 
     Transient errors are tried again ``retries`` times, others raised at once (:mod:`.retry`).
+    The source's transform and filter are imported here, where reads will run them.
     """
+    for key in ("transform", "filter"):
+        name = getattr(spec, key)
+        if name is not None:
+            resolve(name, f"source {spec.name!r}: {key}")
     return with_retries(discover_source, retries, spec, on_error)
 
 
@@ -110,8 +116,15 @@ def read_unit(
     images: ImageSpec | None = None,
     retries: int = 0,
     more: Sequence[tuple[int, str, int, int]] = (),
+    seed: int = 0,
+    epoch: int = 0,
 ) -> Shard:
     """Read, decode and tokenize one unit; bad records raise or are skipped and counted.
+
+    A token source's records are token ids already: no tokenizer runs. The source's filter
+    and transform (if any) run on each record first, with generators seeded from ``seed``,
+    the source, the record's sample id and ``epoch`` (:mod:`~omniload_dask.preprocess.
+    transforms`); the records they drop are counted as ``filtered``.
 
     ``more``: further ``(file index, file url, start, stop)`` reads of a unit of several small
     files (:func:`~omniload_dask.sources.catalog.merge_small_files`), after the first; the
@@ -137,6 +150,8 @@ def read_unit(
         stop,
         images,
         tuple(more),
+        seed,
+        epoch,
     )
 
 
@@ -152,6 +167,8 @@ def _read_records(
     texts: list[str] = []
     chats: list[Any] = []
     offsets, files, bad, urls = [], [], [], []
+    tokens: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
     for f, url, lo, hi in reads:
         one = read_unit_records(spec, url, lo, hi)
         texts += one.texts
@@ -160,9 +177,15 @@ def _read_records(
         files.append(np.full(len(one.offsets), f, np.int64))
         bad += one.bad
         urls += [url] * len(one.bad)
+        if one.tokens is not None and one.lengths is not None:
+            tokens.append(one.tokens)
+            lengths.append(one.lengths)
     records = RawRecords(
         texts, np.concatenate(offsets), bad, chats=chats if spec.chat is not None else None
     )
+    if tokens:
+        records.tokens = np.concatenate(tokens)
+        records.lengths = np.concatenate(lengths)
     return records, np.concatenate(files), urls
 
 
@@ -177,10 +200,19 @@ def _read_unit(
     stop: int,
     images: ImageSpec | None,
     more: tuple[tuple[int, str, int, int], ...] = (),
+    seed: int = 0,
+    epoch: int = 0,
 ) -> Shard:
     _tokenizer_threads()  # before the tokenizer's first use in this process
     t0 = time.perf_counter()
     records, files, bad_urls = _read_records(spec, [(file_index, file_url, start, stop), *more])
+    filtered = 0
+    if spec.transform or spec.filter:
+        records, files, filtered, bad_files = apply_user_code(
+            spec, source_index, records, files, seed, epoch
+        )
+        url_of = {file_index: file_url, **{f: url for f, url, _, _ in more}}
+        bad_urls += [url_of[f] for f in bad_files]
     t1 = time.perf_counter()
     table = None
     bad_images = 0
@@ -211,6 +243,11 @@ def _read_unit(
     target = None
     if chats is not None:
         tokens, offsets, target = chats.tokens, chats.offsets, chats.target
+    elif records.tokens is not None:  # a token source: its ids as they are
+        assert records.lengths is not None
+        tokens = records.tokens
+        offsets = np.zeros(len(records.lengths) + 1, np.int64)
+        np.cumsum(records.lengths, out=offsets[1:])
     else:
         tokens, offsets = tokenize(tokenizer, records.texts)
     if spec.has_images:
@@ -244,13 +281,15 @@ def _read_unit(
         bad=bad[:MAX_REASONS],
         images=table,
         target=target,
+        filtered=filtered,
     )
     meta: dict[str, Any] = {
         "lengths": lengths.astype(np.int32).tobytes(),
         "skipped": skipped,
         "bad": bad[:MAX_REASONS],
         "tokens": len(tokens),
-        "records": len(records.texts) + len(records.bad),
+        "records": len(records.offsets) + len(records.bad) + filtered,
+        "filtered": filtered,
         "read_seconds": t1 - t0,  # for monitoring: read+decode vs tokenize throughput
         "tokenize_seconds": t3 - t2,
     }
@@ -287,6 +326,7 @@ class ReadReport:
     patches_sq: np.ndarray | None = None
     images: int = 0
     bad_images: int = 0
+    filtered: int = 0  # records the source's filter or transform dropped
 
     @classmethod
     def decode(cls, meta: Mapping[str, Any]) -> ReadReport:
@@ -306,16 +346,17 @@ class ReadReport:
             ),
             images=int(meta.get("images", 0)),
             bad_images=int(meta.get("bad_images", 0)),
+            filtered=int(meta.get("filtered", 0)),
         )
 
 
 def report_of(shard: Shard) -> dict[str, Any]:
-    """The image figures of a shard as :class:`~omniload_dask.core.events.ReadReported` takes
-    them (inline runs)."""
+    """The image figures (and records filtered) of a shard as
+    :class:`~omniload_dask.core.events.ReadReported` takes them (inline runs)."""
     if shard.images is None:
-        return {}
+        return {"filtered": shard.filtered} if shard.filtered else {}
     p_sum, p_sq = patch_sums(shard.images, len(shard))
-    return {"patches": p_sum, "patches_sq": p_sq}
+    return {"patches": p_sum, "patches_sq": p_sq, "filtered": shard.filtered}
 
 
 def patch_sums(table: ImageTable, records: int) -> tuple[np.ndarray, np.ndarray]:

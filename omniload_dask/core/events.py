@@ -78,6 +78,7 @@ class ReadReported:
     records: int | None = None
     patches: np.ndarray | None = None
     patches_sq: np.ndarray | None = None
+    filtered: int = 0  # records the source's filter or transform dropped
 
 
 @dataclass(frozen=True)

@@ -72,14 +72,17 @@ class ReadAhead:
         extra: np.ndarray | None,
         seconds: float | None,
         records: int | None,
+        filtered: int = 0,
     ) -> None:
-        """A read task reported its records' lengths (see :class:`.events.ReadReported`)."""
+        """A read task reported its records' lengths (see :class:`.events.ReadReported`);
+        ``filtered``: records its source's filter or transform dropped."""
         where = self._unit_of.get(key)
         if where is None:
             return
         part, size = self._part_of.get(key, (0, -1))
         stream = self._sources.streams[where[0]]
-        if stream.report(where[1], lengths, skipped, part, extra) and seconds is not None:
+        reported = stream.report(where[1], lengths, skipped, part, extra, filtered)
+        if reported and seconds is not None:
             if size < 0:
                 size = stream.catalog.size(stream.units[where[1]].catalog_index)
             count = len(lengths) + skipped if records is None else records
@@ -113,7 +116,7 @@ class ReadAhead:
                 unit.keys, catalog.reads(unit.catalog_index, unit.parts), strict=True
             ):
                 more = tuple((g, catalog.files[g], a, b) for g, a, b in rest)
-                specs.append(ReadSpec(key, source, f, catalog.files[f], lo, hi, more))
+                specs.append(ReadSpec(key, source, f, catalog.files[f], lo, hi, more, unit.epoch))
             unit.specs = tuple(specs)
         return unit.specs[part]
 
@@ -170,6 +173,7 @@ class ReadAhead:
                 unit = Unit(self._keys.read(i, ref), ref[0], ref[1], catalog_index)
                 self._split(i, unit)
                 stream.units[ref] = unit
+                stream.know_up_front(ref)
                 for p, key in enumerate(unit.keys):
                     self._unit_of[key] = (i, ref)
                     if unit.parts > 1:
@@ -258,6 +262,7 @@ class ReadAhead:
                 "documents": s.docs,
                 "tokens": s.tokens,
                 "skipped": s.skipped + s.skipped_ahead(),
+                "filtered": s.filtered,
                 "truncated_tokens": s.truncated_tokens,
                 "units_in_flight": len(s.units),
                 "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),

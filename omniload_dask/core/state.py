@@ -48,10 +48,11 @@ __all__ = [
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 # A source's state vector (SourceStream.STATE_KEYS): epoch, position, row, docs, tokens,
-# skipped, truncated_tokens, retired, offset.
+# skipped, truncated_tokens, retired, offset, filtered.
 ROW, DOCS, TOKENS, OFFSET = 2, 3, 4, 8
 RARE = slice(5, 8)  # skipped, truncated, retired: sent whole (under "x") when they change
-FRESH = [0] * 9  # the state of a stream that has not drawn yet
+LATER = slice(9, None)  # filtered (and keys added after it): sent whole too
+FRESH = [0] * 10  # the state of a stream that has not drawn yet
 
 
 def _vector(sources: LiveSources, i: int) -> list[int]:
@@ -257,7 +258,7 @@ class StateRecorder:
                 if size and expected is not None and weights[i] > 0:
                     expected = expected + size / weights[i]
                     vtime = max(vtime, expected)
-                if vec[RARE] != old[RARE]:
+                if vec[RARE] != old[RARE] or vec[LATER] != old[LATER]:
                     whole[str(i)] = vec
                 else:
                     if vec[OFFSET] != old[OFFSET]:

@@ -258,6 +258,7 @@ class JobPage:
             "in_flight": [s["units_in_flight"] for s in sources],
             "limit": [limit(s) for s in sources],
             "skipped": [s["skipped"] for s in sources],
+            "filtered": [s.get("filtered", 0) for s in sources],
             "truncated": [s["truncated_tokens"] for s in sources],
             "last_bad": [(s.get("bad_examples") or [""])[-1] for s in sources],
         }

@@ -163,6 +163,12 @@ def source_identity(spec: SourceSpec) -> dict[str, Any]:
         "epochs": spec.epochs,
         "image": list(spec.image),
         "unit_records": spec.unit_records,
+        # token sources only (absent elsewhere: identities stored before them still match)
+        **{
+            key: getattr(spec, key)
+            for key in ("tokens", "dtype", "eod")
+            if getattr(spec, key) is not None
+        },
     }
 
 

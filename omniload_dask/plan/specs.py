@@ -20,6 +20,7 @@ __all__ = [
     "BYTE_IMAGE_TOKEN",
     "NO_CAP",
     "READS_PER_THREAD",
+    "TOKEN_FORMATS",
     "BatchSpec",
     "BucketSpec",
     "CheckpointSpec",
@@ -42,6 +43,7 @@ NO_CAP = 2**62  # the document cap of a plan that sets none (split): longer than
 # (with one read a thread, the tokenizer idles while each next read opens its file and
 # decodes; a second one in flight hides that).
 READS_PER_THREAD = 2
+TOKEN_FORMATS = ("megatron", "flat")  # formats whose records are always token ids
 
 
 @dataclass(frozen=True)
@@ -61,12 +63,28 @@ class SourceSpec:
     # Image-text sources: the image column (Parquet) or file extensions (WebDataset); () = text.
     image: tuple[str, ...] = ()
     unit_records: int | None = None  # records per read unit (Parquet: cuts row groups; tar)
+    # Token sources (plan.parse_tokens): the token-id column, the vocabulary the tokens were
+    # written with, a flat array's dtype and end-of-document id.
+    tokens: str | None = None
+    vocab_size: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+    dtype: str | None = None
+    eod: int | None = None
+    # User code run on the workers: ``package.module:function`` (preprocess.transforms).
+    transform: str | None = None
+    filter: str | None = None
     chat: ChatSpec | None = None  # conversations and their targets; None: plain text
 
     @property
     def has_images(self) -> bool:
         """Whether the source's records carry images (an image column or image files)."""
         return bool(self.image)
+
+    @property
+    def has_tokens(self) -> bool:
+        """Whether the source's records are token ids already (no tokenizer runs on them)."""
+        return self.format in TOKEN_FORMATS or self.tokens is not None
 
 
 def source_dict(spec: SourceSpec) -> dict[str, Any]:
@@ -88,6 +106,13 @@ def source_dict(spec: SourceSpec) -> dict[str, Any]:
         data["image"] = list(spec.image)
     if spec.unit_records is None:
         data.pop("unit_records")
+    vocabulary = {"size": data.pop("vocab_size"), "bos_id": data.pop("bos_id")}
+    vocabulary["eos_id"] = data.pop("eos_id")
+    if vocabulary["size"] is not None:
+        data["vocabulary"] = {k: v for k, v in vocabulary.items() if v is not None}
+    for key in ("tokens", "dtype", "eod", "transform", "filter"):
+        if data[key] is None:
+            data.pop(key)  # (absent: the plan data, and so the stream fingerprint, as before)
     if spec.chat is None:
         data.pop("chat")
     else:
