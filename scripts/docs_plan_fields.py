@@ -76,6 +76,9 @@ class Row:
 def normalise(path: str) -> str:
     """``sources[2].weight`` -> ``sources[].weight``; a calibration file's fields get its name."""
     path = re.sub(r" \([^)]*\)", "", path)
+    # A stream's sources and batch are read as the plan's own: one row each, not two.
+    path = re.sub(r"^streams\.\w+\.(sources|batch)", r"\1", path)
+    path = re.sub(r"^streams\.\w+", "streams.<name>", path)
     return re.sub(r"\[\d+\]", "[]", path)
 
 
@@ -313,6 +316,14 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
         "batch": {"global_documents": 8, "buckets": [{"seq_len": 64, "micro_batches": 2}]},
         "cost": {"function": "numpy:sqrt"},
         "sources": [_source("web", "jsonl")],
+        "streams": {
+            "validation": {
+                "sources": [_source("held", "jsonl")],
+                "batch": {"seq_len": 64},
+                "steps": 4,
+                "rotation": 2,
+            }
+        },
     }
     calibrated = {
         "batch": {"seq_len": 64},
