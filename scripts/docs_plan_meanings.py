@@ -214,6 +214,16 @@ MEANINGS: dict[str, Any] = {
         "values": "one distinct entry per rank",
         "meaning": "the coordinates of each global rank, instead of `order`",
     },
+    "batch.stages": {
+        "type": "list of stages",
+        "default": "none (one shape for the whole run)",
+        "values": "starting in order, each after the one before",
+        "meaning": "training stages: from a step on, another budget, `seq_len`, "
+        "`micro_batches` or `buckets` (the rest as the batch gives it); see [Stages](stages.md)",
+    },
+    "batch.stages[].at_step": "the step the stage starts at (give it or `at_tokens`)",
+    "batch.stages[].at_tokens": "the stage starts at the first step with this many tokens "
+    "drawn before it (needs `global_tokens` and `split` up to there)",
     "streams": {
         "type": "mapping of stream name -> stream",
         "default": "none",

@@ -25,6 +25,7 @@ from omniload_dask.plan.parse_sources import (
     read_source,
     read_tokenizer,
 )
+from omniload_dask.plan.parse_stages import read_stages
 from omniload_dask.plan.plan import PLAN_VERSION, Plan
 from omniload_dask.plan.specs import NO_CAP, BatchSpec, CheckpointSpec, LoaderSpec, SourceSpec
 from omniload_dask.plan.streams import read_streams
@@ -65,7 +66,8 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     seed = top.integer("seed", 0, min=0, max=2**63 - 1)
     on_error = top.text("on_error", "raise", choices=("raise", "skip"))
     layout = read_layout(top.mapping("layout"))
-    batch = read_batch(top.mapping("batch"), layout)
+    batch_fields = top.mapping("batch")
+    batch = read_stages(batch_fields, read_batch(batch_fields, layout), layout)
     tokenizer = read_tokenizer(top.mapping("tokenizer"), base_dir)
     cost = read_cost(top.mapping("cost"), base_dir)
     loader = _loader(top.mapping("loader"))

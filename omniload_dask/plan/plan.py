@@ -108,6 +108,9 @@ class Plan:
             batch["buckets"] = [b.to_dict() for b in self.batch.buckets]
         else:
             batch.pop("buckets")
+        batch.pop("stages")
+        if self.batch.stages:
+            batch["stages"] = [stage.to_dict() for stage in self.batch.stages]
         data["cost"] = self.cost.to_dict()
         if data["images"] is None:
             del data["images"]

@@ -92,6 +92,7 @@ def batch_dict(batch: BatchSpec) -> dict[str, Any]:
         data["buckets"] = [b.to_dict() for b in batch.buckets]
     else:
         data.pop("buckets")
+    data.pop("stages")  # (a stream's batch has none)
     return data
 
 
@@ -151,6 +152,8 @@ def _stream(
         fail(f.at("sources"), "at least one source needs a weight > 0", [s.weight for s in sources])
     given = f.has("batch")
     fields = f.mapping("batch")
+    if fields.has("stages"):
+        fail(fields.at("stages"), "a stream's batch has no stages", fields.raw("stages"))
     batch = read_batch(fields, layout) if given else main_batch
     if batch is main_batch and batch.buckets:
         try:

@@ -33,6 +33,12 @@ training stream's batches and position do not change::
 
     for mb in job.feeder(dp_rank=0, stream="validation", pass_index=evals):
         ...
+
+With training stages (``batch.stages``: a batch ramp-up, a long-context stage) the budget,
+``seq_len`` and micro-batch count change at declared steps. Each micro-batch says its step's
+``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already carries), and
+``feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
+a change before the step it rules.
 """
 
 from __future__ import annotations
@@ -49,14 +55,14 @@ from omniload_dask.batching.formats import GroupBatch, expand
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.core.blocks import fetch_depth
 from omniload_dask.errors import JobError
-from omniload_dask.plan import Plan, parse_plan
+from omniload_dask.plan import BatchSpec, Plan, parse_plan
 from omniload_dask.plan.streams import TRAIN
 from omniload_dask.trainer.fanout import BroadcastSteps, DirectSteps, Steps
 from omniload_dask.trainer.fetch import wait_report
 from omniload_dask.trainer.link import Link
 from omniload_dask.trainer.ranks import resolve_rank, torch_available
 
-__all__ = ["Feeder", "resolve_rank"]
+__all__ = ["Feeder", "resolve_rank", "stage_of"]
 
 STATE_VERSION = 1
 REPORT_WAITS = 1024  # recent waits behind the p50/p99 a feeder reports to the data plane
@@ -77,9 +83,8 @@ class Feeder:
     each DP group (torch.distributed must be initialised; ``group``: this rank's gloo group,
     made if not given) or ``"node"`` through a node agent (``node_ranks``: the ranks of this
     node, default from ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``). Every rank of a group (or node)
-    must then use the same ``fanout``, ``max_steps`` and states.
-
-    ``stream``/``pass_index``: a pass over a further stream (see the module docstring).
+    must then use the same ``fanout``, ``max_steps`` and states. ``stream``/``pass_index``:
+    a pass over a further stream; :attr:`stage`: the batch's shape now (module docstring).
     """
 
     def __init__(
@@ -315,6 +320,11 @@ class Feeder:
         self._source.reset(step)
         self._step, self._micro, self._current = step, micro, None
 
+    @property
+    def stage(self) -> dict[str, Any]:
+        """The training stage of the next step this rank yields (:func:`stage_of`)."""
+        return stage_of(self.plan.batch, self._step)
+
     # ------------------------------------------------------------------ figures
     @property
     def calls(self) -> int:
@@ -359,7 +369,7 @@ class Feeder:
         sources = mb["doc_source"]
         if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined
             self.source_names = list(self._source.info()["sources"])
-        return _output(mb, self.source_names, self.output)
+        return _output(mb, self.source_names, self.output, self.plan.batch)
 
 
 def _stats(feeder: Feeder, step: int, job: dict[str, Any]) -> dict[str, Any]:
@@ -413,10 +423,30 @@ def _start_of(info: dict[str, Any]) -> int:
     return int(info.get("start_step") or 0)
 
 
-def _output(mb: dict[str, Any], source_names: list[str], output: str) -> dict[str, Any]:
-    """``mb`` with each document's source name, its arrays as torch tensors for "torch"."""
+def stage_of(batch: BatchSpec, step: int) -> dict[str, Any]:
+    """The training stage that rules ``step`` (``batch.stages``): its number (0: the plan's
+    batch, i: from stage i-1's start), the step it began at, and the batch shape and budget
+    it gives: what a trainer watches to re-plan its micro-batches or learning rate."""
+    index, shape = batch.stage_index(step), batch.at(step)
+    return {
+        "stage": index,
+        "at_step": batch.stages[index - 1].at_step if index else 0,
+        "seq_len": shape.seq_len,
+        "micro_batches": shape.micro_batches,
+        "global_tokens": shape.global_tokens,
+        "global_documents": shape.global_documents,
+        "buckets": [b.to_dict() for b in shape.buckets],
+    }
+
+
+def _output(
+    mb: dict[str, Any], source_names: list[str], output: str, batch: BatchSpec
+) -> dict[str, Any]:
+    """``mb`` with each document's source name and its step's ``stage`` (see
+    :func:`stage_of`), its arrays as torch tensors for "torch"."""
     out = dict(mb)
     out["doc_source_name"] = [source_names[int(s)] for s in mb["doc_source"]]
+    out["stage"] = batch.stage_index(int(mb["step"]))
     if output == "torch":
         import torch
 
