@@ -76,6 +76,26 @@ def test_a_checkpoint_resumes_across_a_stage_change_exactly(tmp_path):
     assert check_resume_equivalence(plan, 9, [2, 3, 4, 7]) > 0
 
 
+def test_a_checkpoint_of_a_plan_without_stages_resumes_with_stages_added_later(tmp_path):
+    from omniload_dask.errors import CheckpointError
+    from omniload_dask.testing import batch_digest
+
+    staged = _plan(tmp_path, checkpoint=True, stages=[{"at_step": 6, "global_tokens": 1024}])
+    data = staged.to_dict()
+    plain = parse_plan({**data, "batch": {**data["batch"], "stages": None}})
+    run = InlineDataPlane(plain)
+    list(run.stream(4))
+    run.checkpoint()
+    reference = dict(InlineDataPlane(parse_plan({**data, "checkpoint": None})).stream(9))
+    for t, batches in InlineDataPlane(staged, resume=4).stream(5, start=4):
+        assert {g: batch_digest(b) for g, b in batches.items()} == {
+            g: batch_digest(b) for g, b in reference[t].items()
+        }, t
+    other = parse_plan({**data, "batch": {**data["batch"], "global_tokens": 768, "stages": None}})
+    with pytest.raises(CheckpointError, match="add a batch.stages entry"):
+        InlineDataPlane(other, resume=4)
+
+
 def test_without_stages_the_stream_is_as_before(tmp_path):
     plan = _plan(tmp_path)
     plain = parse_plan({**plan.to_dict(), "batch": {**plan.to_dict()["batch"], "stages": None}})
