@@ -35,8 +35,8 @@ training stream's batches and position do not change::
         ...
 
 With training stages (``batch.stages``: a batch ramp-up, a long-context stage) the budget,
-``seq_len`` and micro-batch count change at declared steps. Each micro-batch says its step's
-``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already carries), and
+``seq_len`` and micro-batch count change at declared steps. Each micro-batch then says its
+step's ``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already carries), and
 ``feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
 a change before the step it rules.
 """
@@ -442,11 +442,12 @@ def stage_of(batch: BatchSpec, step: int) -> dict[str, Any]:
 def _output(
     mb: dict[str, Any], source_names: list[str], output: str, batch: BatchSpec
 ) -> dict[str, Any]:
-    """``mb`` with each document's source name and its step's ``stage`` (see
-    :func:`stage_of`), its arrays as torch tensors for "torch"."""
+    """``mb`` with each document's source name and, where the plan has stages, its step's
+    ``stage`` (see :func:`stage_of`), its arrays as torch tensors for "torch"."""
     out = dict(mb)
     out["doc_source_name"] = [source_names[int(s)] for s in mb["doc_source"]]
-    out["stage"] = batch.stage_index(int(mb["step"]))
+    if batch.stages:  # (a plan without stages keeps the micro-batch as it was)
+        out["stage"] = batch.stage_index(int(mb["step"]))
     if output == "torch":
         import torch
 
