@@ -76,6 +76,11 @@ class Row:
 def normalise(path: str) -> str:
     """``sources[2].weight`` -> ``sources[].weight``; a calibration file's fields get its name."""
     path = re.sub(r" \([^)]*\)", "", path)
+    # A stream's sources and batch are read as the plan's own: one row each, not two.
+    path = re.sub(r"^streams\.\w+\.(sources|batch)", r"\1", path)
+    path = re.sub(r"^streams\.\w+", "streams.<name>", path)
+    # A stage is read as a whole batch section: its fields are the batch's (but where it starts).
+    path = re.sub(r"^batch\.stages\[\d+\]\.(?!at_)", "batch.", path)
     return re.sub(r"\[\d+\]", "[]", path)
 
 
@@ -321,9 +326,25 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
         "sources": [_source("web", "jsonl"), _source("img", "parquet", image="jpeg")],
     }
     micro = {
-        "batch": {"global_documents": 8, "buckets": [{"seq_len": 64, "micro_batches": 2}]},
+        "batch": {
+            "global_documents": 8,
+            "buckets": [{"seq_len": 64, "micro_batches": 2}],
+            "stages": [
+                {"at_step": 10, "global_documents": 16},
+                {"at_step": 20, "global_tokens": 512, "seq_len": 128, "micro_batches": 2},
+                {"at_tokens": 10000, "buckets": [{"seq_len": 256, "micro_batches": 1}]},
+            ],
+        },
         "cost": {"function": "numpy:sqrt"},
         "sources": [_source("web", "jsonl")],
+        "streams": {
+            "validation": {
+                "sources": [_source("held", "jsonl")],
+                "batch": {"seq_len": 64},
+                "steps": 4,
+                "rotation": 2,
+            }
+        },
     }
     calibrated = {
         "batch": {"seq_len": 64},

@@ -45,6 +45,11 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "checkpoint",
         "The data plane's differential checkpoint; see [Checkpoints](checkpoints.md).",
     ),
+    "streams": (
+        "streams",
+        "Further named streams (validation) served beside training; a stream's `sources` and "
+        "`batch` take the fields of the plan's own. See [Streams](streams.md).",
+    ),
 }
 
 _COEF = "a cost coefficient (time units are yours: only ratios matter)"
@@ -239,6 +244,28 @@ MEANINGS: dict[str, Any] = {
         "values": "one distinct entry per rank",
         "meaning": "the coordinates of each global rank, instead of `order`",
     },
+    "batch.stages": {
+        "type": "list of stages",
+        "default": "none (one shape for the whole run)",
+        "values": "starting in order, each after the one before",
+        "meaning": "training stages: from a step on, another budget, `seq_len`, "
+        "`micro_batches` or `buckets` (the rest as the batch gives it); see [Stages](stages.md)",
+    },
+    "batch.stages[].at_step": "the step the stage starts at (give it or `at_tokens`)",
+    "batch.stages[].at_tokens": "the stage starts at the first step with this many tokens "
+    "drawn before it (needs `global_tokens` and `split` up to there)",
+    "streams": {
+        "type": "mapping of stream name -> stream",
+        "default": "none",
+        "meaning": "further streams by name (letters, digits, `_`; not `train`)",
+    },
+    "streams.<name>": "one further stream: its own sources, batch and passes",
+    "streams.<name>.steps": {
+        "default": "until every source ends (each needs `epochs`)",
+        "meaning": "steps of one pass over the stream",
+    },
+    "streams.<name>.rotation": "passes before the batches repeat: pass k gives the "
+    "(k mod rotation)-th slice of `steps` steps",
     "mixing": "the mixing section",
     "mixing.by": "weights are shares of tokens or of documents",
     "mixing.over": "a schedule's `at` counts steps or consumed tokens",

@@ -82,3 +82,58 @@ def test_an_unsupported_framework_version_is_a_clear_error_naming_the_range():
         require("transformers", "4.56", "6", version="3.9.0")
     with pytest.raises(JobError, match="not installed"):
         require("no-such-framework-xyz", "1", "2")
+
+
+def test_trainer_evaluate_reads_a_validation_pass_and_two_evaluations_agree(tmp_path):
+    from distributed import Client
+    from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
+
+    from omniload_dask import Job, local_cluster
+    from omniload_dask.integrations.hf import (
+        OmniloadEvalIterable,
+        OmniloadIterable,
+        OmniloadTrainer,
+    )
+    from omniload_dask.plan import parse_plan
+    from tests.datagen import plan_dict, texts, write_jsonl
+
+    write_jsonl(tmp_path / "train.jsonl", texts(100, seed=1, prefix="tr"))
+    write_jsonl(tmp_path / "val.jsonl", texts(40, seed=2, prefix="va"))
+    held = {"name": "held", "format": "jsonl", "path": str(tmp_path / "val.jsonl")}
+    sources = [{"name": "web", "format": "jsonl", "path": str(tmp_path / "train.jsonl")}]
+    plan = parse_plan(
+        plan_dict(
+            sources,
+            name="hf-eval",
+            layout={"dp": 1},
+            batch={"seq_len": 128, "micro_batches": 1, "global_tokens": 128},
+            streams={"validation": {"sources": [held], "steps": 2}},
+        )
+    )
+    seen: list[int] = []
+    with local_cluster(1, dashboard_address=None) as cluster, Client(cluster) as client:
+        job = Job.start(plan, client=client)
+
+        def make(k):
+            seen.append(k)
+            return job.feeder(rank=0, stream="validation", pass_index=k)
+
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(
+            LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+        )  # fmt: skip
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], disable_tqdm=True,
+            per_device_eval_batch_size=1, max_steps=1,
+        )  # fmt: skip
+        trainer = OmniloadTrainer(
+            model=model,
+            args=args,
+            train_dataset=OmniloadIterable(job.feeder(rank=0, max_steps=1)),
+            eval_dataset=OmniloadEvalIterable(make),
+        )
+        first, second = trainer.evaluate(), trainer.evaluate()
+        job.stop()
+    assert seen == [0, 1]
+    assert first["eval_loss"] == second["eval_loss"] and first["eval_loss"] > 0

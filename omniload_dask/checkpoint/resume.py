@@ -118,6 +118,11 @@ def compare_resume_keys(saved: Plan, new: Plan) -> list[str]:
     a, b = saved.resume_key(), new.resume_key()
     problems = [
         f"{k}: {a[k]!r} in the checkpoint, {b[k]!r} now"
+        + (
+            " (to change it from a later step on, add a batch.stages entry)"
+            if k[:6] == "batch."
+            else ""
+        )
         for k in a
         if k != "sources" and a[k] != b[k]
     ]

@@ -17,6 +17,8 @@ Who does what behind the handlers::
     _workers_wanted
     omniload_info, _jobs, _stop,       job control                             this module,
     _flush_checkpoint                                                          RunningJob
+    omniload_stream_pass               a pass over a further stream (its own   streams
+                                       job: started, joined, old ones stopped)
     transition / add_worker / ...      tasks done or failed, workers changed   RunningJob
 
 A watchdog checks the data plane's own client every second: one that lost its connection is
@@ -47,6 +49,7 @@ from omniload_dask.cluster.arguments import number as _number
 from omniload_dask.cluster.arguments import weights as _weights
 from omniload_dask.cluster.running import RunningJob
 from omniload_dask.cluster.standby import StandbyCopies
+from omniload_dask.cluster.streams import StreamPasses
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.watchdog import watch_client
 from omniload_dask.errors import JobError, MissingJobError
@@ -75,6 +78,7 @@ class OmniloadPlugin(SchedulerPlugin):
         self.scheduler: Any = None
         self.jobs: dict[str, RunningJob] = {}
         self._runs: dict[str, str] = {}  # run id -> job name
+        self._passes = StreamPasses(self)  # passes over further streams, as jobs of their own
         self._client: lifecycle.DataPlaneClient | None = None
         self._standby: StandbyCopies | None = None
         # Resources every read task asks for (None: the workers lack the read resource);
@@ -104,6 +108,7 @@ class OmniloadPlugin(SchedulerPlugin):
                 "jobs": self.list_jobs,
                 "stop": self.stop_job,
                 "flush_checkpoint": self.flush_checkpoint,
+                "stream_pass": self._passes.handle,
             },
         )
         self._standby = StandbyCopies(scheduler)
@@ -221,13 +226,12 @@ class OmniloadPlugin(SchedulerPlugin):
         return job.info
 
     def job_info(self, job: str) -> dict[str, Any]:
-        """What :meth:`start_job` returned (resolved plan, files, tokenizer), with the sources
-        as they are now (live changes add sources at the end)."""
+        """What :meth:`start_job` returned, with the sources as they are now (live changes)."""
         run = self._job(job)
         return {**run.info, "sources": run.coord.view.names}
 
     def list_jobs(self) -> list[str]:
-        """The names of the running jobs."""
+        """The names of the running jobs (a further stream's pass is one of its own)."""
         return sorted(self.jobs)
 
     async def stop_job(self, job: str) -> bool:
@@ -237,6 +241,7 @@ class OmniloadPlugin(SchedulerPlugin):
             return False
         await run.final_flush()
         self._drop(run)
+        await self._passes.stop_all(job)  # its streams' passes go with it
         return True
 
     async def flush_checkpoint(self, job: str) -> dict[str, Any] | None:
@@ -328,8 +333,7 @@ class OmniloadPlugin(SchedulerPlugin):
 
     def steps(self, job: str, start: int = 0) -> list[dict[str, Any]]:
         """Figures of the recent steps (efficiency, tokens per source, micro-steps)."""
-        run = self._job(job)
-        return stats.steps(run, _integer("start", start))
+        return stats.steps(self._job(job), _integer("start", start))
 
     def workers_wanted(self, job: str | None = None) -> dict[str, Any]:
         """Workers that keep the job's trainers fed (every job's if none is named): what
@@ -343,9 +347,7 @@ class OmniloadPlugin(SchedulerPlugin):
         run = self.jobs.get(name)
         if run is None:
             have = ", ".join(sorted(self.jobs)) or "none"
-            raise MissingJobError(
-                f"no omniload job named {name!r} on this scheduler (running: {have})"
-            )
+            raise MissingJobError(f"no omniload job named {name!r} here (running: {have})")
         return run
 
     def _job_of_key(self, key: str) -> RunningJob | None:

@@ -84,10 +84,8 @@ class Drawer:
     def __init__(self, sources: LiveSources, plan: Plan, with_extra: bool) -> None:
         """A mixer over ``sources``; ``with_extra``: documents carry an encoder cost."""
         self._sources = sources
-        self._budget = (plan.batch.global_tokens, plan.batch.global_documents)
-        # split: a token budget is filled exactly, the document that does not fit is cut
-        self._cut = plan.batch.long_documents == "split" and plan.batch.global_tokens is not None
-        self._chunk = plan.batch.seq_len  # long documents are tagged (and flow) in such pieces
+        self._batch = plan.batch
+        self._at(0)
         self._with_extra = with_extra
         n = len(sources.streams)
         self.mixer = Mixer(n, plan.mixing_by)
@@ -113,6 +111,7 @@ class Drawer:
         Returns None if a source must report first, else the batch's documents: none when
         every source with weight ran out (the stream ends there).
         """
+        self._at(step)
         tokens, docs = self._budget
         streams, caps = self._sources.streams, self._sources.caps
         # The last draw of this step waited for reads: until a source it waited for reports
@@ -158,6 +157,14 @@ class Drawer:
             self.weights = weights
             self.mixer.commit(result)
         return _locate(result, cands, streams, self._with_extra)
+
+    def _at(self, step: int) -> None:
+        """Take the budget and piece size of the batch that rules ``step`` (its stage)."""
+        batch = self._batch.at(step)
+        self._budget = (batch.global_tokens, batch.global_documents)
+        # split: a token budget is filled exactly, the document that does not fit is cut
+        self._cut = batch.long_documents == "split" and batch.global_tokens is not None
+        self._chunk = batch.seq_len  # long documents are tagged (and flow) in such pieces
 
     def _seen(self, step: int, weights: np.ndarray, sources: set[int]) -> tuple[Any, ...]:
         """What a draw that waited for ``sources`` depends on: the step, the weights, the

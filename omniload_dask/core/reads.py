@@ -27,7 +27,7 @@ from omniload_dask.core.autoscale import Meter
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import LiveSources, token_shares
 from omniload_dask.core.streams import Unit, UnitRef
-from omniload_dask.plan import READS_PER_THREAD, Plan
+from omniload_dask.plan import READS_PER_THREAD, BatchSpec, Plan
 
 __all__ = ["IN_FLIGHT_STEPS", "MAX_UNITS_AHEAD", "ReadAhead"]
 
@@ -46,7 +46,7 @@ class ReadAhead:
         cluster's) until :meth:`on_workers` says otherwise."""
         self._sources = sources
         self._loader = plan.loader
-        self._budget = (plan.batch.global_tokens, plan.batch.global_documents)
+        self._budget = _largest_budget(plan.batch)
         self._by_documents = plan.mixing_by == "documents"
         self._keys = keys
         self.workers = plan.loader.workers
@@ -323,3 +323,11 @@ class ReadAhead:
             return loader.read_ahead
         steps_ahead = loader.lookahead + loader.prefetch
         return loader.read_ahead + math.ceil(steps_ahead / steps_per_unit)
+
+
+def _largest_budget(batch: BatchSpec) -> tuple[int | None, int | None]:
+    """The largest step budget of ``batch`` and its stages, of the plan's kind (tokens or
+    documents): read-ahead sized for it covers every stage (more never changes the stream)."""
+    if batch.global_tokens is not None:
+        return max(b.global_tokens or 0 for b in batch.every_stage), None
+    return None, max(b.global_documents or 0 for b in batch.every_stage)

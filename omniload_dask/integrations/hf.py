@@ -26,13 +26,16 @@ Three traps of that stack are closed here:
     data = OmniloadIterable(feeder)
     trainer = OmniloadTrainer(model=model, args=args, train_dataset=data)
     trainer.train(resume_from_checkpoint=ckpt_or_None)
+
+An ``eval_dataset=OmniloadEvalIterable(make)`` evaluates on passes over a validation stream
+(the Trainer's own evaluation loop, loaded without a second sharding).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -52,6 +55,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 
 __all__ = [
     "OmniloadCallback",
+    "OmniloadEvalIterable",
     "OmniloadIterable",
     "OmniloadTrainer",
     "hf_batch",
@@ -148,6 +152,30 @@ class OmniloadIterable(IterableDataset):
         self._position = (int(state["step"]), int(state["micro_step"]))
 
 
+class OmniloadEvalIterable(IterableDataset):
+    """Passes over a plan's further stream (``streams.validation``) as an ``eval_dataset``:
+    each iteration (one ``Trainer.evaluate``) is the next pass, ``make(pass_index)`` the
+    feeder for it (e.g. ``lambda k: shared.feeder(stream="validation", pass_index=k)``).
+
+    Every rank evaluates as often as the others, so their pass numbers agree; a pass gives the
+    same batches whenever it runs (or the plan's rotation), this rank's share of each step.
+    """
+
+    def __init__(self, make: Callable[[int], Any]) -> None:
+        super().__init__()
+        self.make = make
+        self.passes = 0  # evaluations so far: the next pass's number
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        index, self.passes = self.passes, self.passes + 1
+        feeder = self.make(index)
+        try:
+            for mb in feeder:
+                yield hf_batch(mb)
+        finally:
+            feeder.close()
+
+
 def state_file(checkpoint: str | os.PathLike[str], rank: int) -> str:
     """Where rank ``rank``'s feeder state lies in a Trainer checkpoint folder."""
     return os.path.join(os.fspath(checkpoint), f"omniload-rank{rank}.json")
@@ -232,6 +260,14 @@ class OmniloadTrainer(Trainer):
     def get_train_dataloader(self) -> DataLoader:
         """A plain loader: each item is already this rank's packed micro-batch."""
         return DataLoader(self.train_dataset, batch_size=None, num_workers=0)  # type: ignore[arg-type]
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
+        """A plain loader over an :class:`OmniloadEvalIterable` (each rank's share already);
+        any other evaluation set as the Trainer loads it."""
+        data = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(data, OmniloadEvalIterable):
+            return DataLoader(data, batch_size=None, num_workers=0)
+        return super().get_eval_dataloader(eval_dataset)
 
     def train(
         self,

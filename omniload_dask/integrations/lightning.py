@@ -54,6 +54,20 @@ class _Stream(IterableDataset):
         return iter(self.feeder)
 
 
+class _Passes(IterableDataset):
+    """Passes over a further stream: each iteration (one validation run) is the next pass."""
+
+    def __init__(self, shared: SharedJob, stream: str) -> None:
+        super().__init__()
+        self.shared, self.stream = shared, stream
+        self.passes = 0  # validation runs so far (the same on every rank): the next pass
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        index, self.passes = self.passes, self.passes + 1
+        with self.shared.feeder(stream=self.stream, pass_index=index) as feeder:
+            yield from feeder
+
+
 class OmniloadDataModule(pl.LightningDataModule):
     """The job's training stream for this rank, resumable from a Lightning checkpoint.
 
@@ -114,9 +128,21 @@ class OmniloadDataModule(pl.LightningDataModule):
             self.feeder.load_state_dict(feeder_state(*self._position))
         return DataLoader(_Stream(self.feeder), batch_size=None, num_workers=0)
 
+    def val_dataloader(self) -> DataLoader:
+        """Passes over the plan's ``validation`` stream (``streams``), one per validation run:
+        the same batches every run, this rank's share (starts the job: a collective)."""
+        if "validation" not in self.plan.stream_names:
+            raise JobError(
+                "OmniloadDataModule.val_dataloader: the plan has no streams.validation "
+                "(add one, or give no validation loop)"
+            )
+        return DataLoader(_Passes(self.start(), "validation"), batch_size=None, num_workers=0)
+
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Note the position after ``batch``: it goes to a training step now."""
-        self._position = after(batch)
+        """Note the position after ``batch`` when it goes to a training step."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.training:
+            self._position = after(batch)
         return batch
 
     def state_dict(self) -> dict[str, Any]:

@@ -25,8 +25,10 @@ from omniload_dask.plan.parse_sources import (
     read_source,
     read_tokenizer,
 )
+from omniload_dask.plan.parse_stages import read_stages
 from omniload_dask.plan.plan import PLAN_VERSION, Plan
 from omniload_dask.plan.specs import NO_CAP, BatchSpec, CheckpointSpec, LoaderSpec, SourceSpec
+from omniload_dask.plan.streams import read_streams
 
 __all__ = ["load_plan", "parse_plan"]
 
@@ -64,7 +66,8 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     seed = top.integer("seed", 0, min=0, max=2**63 - 1)
     on_error = top.text("on_error", "raise", choices=("raise", "skip"))
     layout = read_layout(top.mapping("layout"))
-    batch = read_batch(top.mapping("batch"), layout)
+    batch_fields = top.mapping("batch")
+    batch = read_stages(batch_fields, read_batch(batch_fields, layout), layout)
     tokenizer = read_tokenizer(top.mapping("tokenizer"), base_dir)
     cost = read_cost(top.mapping("cost"), base_dir)
     loader = _loader(top.mapping("loader"))
@@ -86,8 +89,13 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
         fail("sources", "at least one source needs a weight > 0", [s.weight for s in sources])
     check_bucket_sources(batch, [s.name for s in sources])
     sources = tuple(_chat_cap(s, batch) for s in sources)
+    streams = tuple(
+        replace(s, sources=tuple(_chat_cap(x, s.batch) for x in s.sources))
+        for s in read_streams(top.mapping("streams"), name, layout, batch, base_dir)
+    )
     images = None
-    if top.has("images") or any(s.has_images for s in sources):
+    every = [*sources, *(x for s in streams for x in s.sources)]
+    if top.has("images") or any(s.has_images for s in every):
         images = read_images(top.mapping("images"), tokenizer)
     top.done()
     return Plan(
@@ -104,6 +112,7 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
         on_error=on_error,
         version=version,
         images=images,
+        streams=streams,
     )
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "MixingSpec",
     "SchedulePoint",
     "SourceSpec",
+    "StageSpec",
     "TokenizerSpec",
     "source_dict",
     "tokenizer_dict",
@@ -242,6 +243,23 @@ class BatchSpec:
     max_document_tokens: int | None = None
     pad_to_seq_len: bool = False
     buckets: tuple[BucketSpec, ...] = ()
+    stages: tuple[StageSpec, ...] = ()  # later budgets and shapes, by step (see StageSpec)
+
+    def at(self, step: int) -> BatchSpec:
+        """The batch that rules step ``step``: the last stage begun by then, else this one."""
+        for stage in reversed(self.stages):
+            if stage.at_step <= step:
+                return stage.batch
+        return self
+
+    def stage_index(self, step: int) -> int:
+        """0 before the first stage, else 1 + the index of the last stage begun by ``step``."""
+        return sum(1 for stage in self.stages if stage.at_step <= step)
+
+    @property
+    def every_stage(self) -> tuple[BatchSpec, ...]:
+        """This batch and each stage's, in order."""
+        return (self, *(stage.batch for stage in self.stages))
 
     @property
     def context_buckets(self) -> tuple[BucketSpec, ...]:
@@ -264,6 +282,38 @@ class BatchSpec:
         if pinned:
             return pinned[0]
         return max(b.seq_len for b in self.context_buckets if not b.sources)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A training stage: from step ``at_step`` on, global batches are cut as ``batch`` says
+    (its budget, ``seq_len`` and micro-batches or buckets; the rest as the plan's batch).
+
+    ``at_tokens``, when the plan gave the stage's start in tokens, is kept as given; the parser
+    turns it into ``at_step``, the first step that starts with at least that many tokens drawn
+    (a token budget with ``long_documents: split`` fills every step exactly, so that step
+    follows from the plan alone).
+    """
+
+    at_step: int
+    batch: BatchSpec
+    at_tokens: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stage as the plan gives it: its start and the batch fields it may change."""
+        out: dict[str, Any] = (
+            {"at_tokens": self.at_tokens}
+            if self.at_tokens is not None
+            else {"at_step": self.at_step}
+        )
+        batch = self.batch
+        out["global_tokens"] = batch.global_tokens
+        out["global_documents"] = batch.global_documents
+        if batch.buckets:
+            out["buckets"] = [b.to_dict() for b in batch.buckets]
+        else:
+            out["seq_len"], out["micro_batches"] = batch.seq_len, batch.micro_batches
+        return out
 
 
 @dataclass(frozen=True)
