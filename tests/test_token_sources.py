@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from omniload_dask import SourceError
+from omniload_dask.core.events import StepsRequested
 from omniload_dask.errors import JobError, PlanError
 from omniload_dask.plan import parse_plan, parse_source
 from omniload_dask.sources import decode_sample_id
@@ -269,7 +270,7 @@ def test_one_epoch_of_four_token_formats_exactly_once_token_for_token(tmp_path):
                 ids = np.asarray(mb["input_ids"])
                 for k, doc_id in enumerate(np.asarray(mb["doc_id"]).tolist()):
                     seen.setdefault(doc_id, []).append(ids[cu[k] : cu[k + 1]])
-        if run.coord.end_step is not None and t + 1 >= run.coord.end_step:
+        if run.coord.view.end_step is not None and t + 1 >= run.coord.view.end_step:
             break  # (every source has served its one epoch)
     assert all(len(p) == 1 for p in seen.values())  # exactly once
     got = {decode_sample_id(i): p[0] for i, p in seen.items()}
@@ -283,13 +284,15 @@ def test_index_lengths_let_the_data_plane_draw_before_any_read_reports(tmp_path)
            "vocabulary": VOCAB, "unit_bytes": 1024}  # fmt: skip
     plan = parse_plan(plan_dict([src]))
     run = InlineDataPlane(plan, build=False)  # (building would read the units it names)
-    run.coord.on_request(0, 0, 1)
-    run.coord.on_request(1, 0, 1)
+    run.coord.handle(StepsRequested(0, 0, 1))
+    run.coord.handle(StepsRequested(1, 0, 1))
     run._run(run.coord.advance())  # submits the first reads
     run._run(run.coord.advance())
-    assert run.coord.next_step >= 1 and run.reads == 0  # drawn and built from the index alone
+    assert run.coord.view.next_step >= 1 and run.reads == 0  # drawn and built from the index alone
     skip = parse_plan(plan_dict([src], on_error="skip"))
-    assert InlineDataPlane(skip).coord.streams[0].catalog.lengths is None  # reads decide
+    assert (
+        InlineDataPlane(skip).coord.parts.sources.streams[0].catalog.lengths is None
+    )  # reads decide
 
 
 def test_plan_vocabulary_must_match_the_tokenizer(tmp_path):

@@ -36,7 +36,7 @@ def drain(run: InlineDataPlane, steps: int = 200) -> list:
     out = []
     for t, batches in run.stream(steps):
         out.append({g: batch_digest(b) for g, b in batches.items()})
-        if run.coord.end_step is not None and t + 1 >= run.coord.end_step:
+        if run.coord.view.end_step is not None and t + 1 >= run.coord.view.end_step:
             break
     return out
 
@@ -45,7 +45,7 @@ def test_a_filter_drops_records_and_counts_them_per_source(tmp_path):
     src = text_source(tmp_path, filter="tests.user_code:keep_long")
     run = InlineDataPlane(parse_plan(plan_dict([src])))
     drain(run)
-    stats = run.coord.stats()["sources"][0]
+    stats = run.coord.view.stats()["sources"][0]
     short = sum(len(t) < 140 for t in texts(150, seed=21, prefix="c"))
     assert short > 0
     assert stats["filtered"] == short and stats["documents"] == 150 - short
@@ -96,7 +96,7 @@ def test_an_exception_in_a_transform_is_a_bad_record_under_on_error(tmp_path):
         drain(InlineDataPlane(parse_plan(plan_dict([src]))))
     run = InlineDataPlane(parse_plan(plan_dict([src], on_error="skip")))
     drain(run)
-    stats = run.coord.stats()["sources"][0]
+    stats = run.coord.view.stats()["sources"][0]
     assert stats["skipped"] == 1 and stats["documents"] == 2
 
 

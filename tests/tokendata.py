@@ -87,9 +87,9 @@ def import_streaming():  # type: ignore[no-untyped-def]
         if str(where) not in sys.path:
             sys.path.insert(0, str(where))
     try:
-        from baselines import import_streaming as load
+        from support.baselines import import_streaming as load
     except ImportError as exc:  # pragma: no cover - the bench helpers are in the repository
-        pytest.skip(f"benchmarks/baselines.py: {exc}")
+        pytest.skip(f"benchmarks/support/baselines.py: {exc}")
     try:
         return load()[0]
     except ImportError as exc:

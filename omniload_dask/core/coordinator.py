@@ -182,14 +182,9 @@ class Coordinator:
                 sq = event.patches_sq
                 sq = sq if sq is not None else np.zeros(len(event.patches))
                 extra = self._planner.cost.encoder_of(event.patches, sq)
+            r = event
             self._reads.on_report(
-                event.key,
-                event.lengths,
-                event.skipped,
-                extra,
-                event.seconds,
-                event.records,
-                event.filtered,
+                r.key, r.lengths, r.skipped, extra, r.seconds, r.records, r.filtered
             )
         elif isinstance(event, StepsRequested):
             return list(self._delivery.request(event.ranks, event.start, event.count, event.now))

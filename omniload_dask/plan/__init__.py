@@ -62,6 +62,7 @@ from omniload_dask.plan.parse import load_plan, parse_plan
 from omniload_dask.plan.parse_mixing import check_weights
 from omniload_dask.plan.parse_sources import parse_source
 from omniload_dask.plan.plan import Plan
+from omniload_dask.plan.spec_data import source_dict, tokenizer_dict
 from omniload_dask.plan.specs import (
     BYTE_IMAGE_TOKEN,
     NO_CAP,
@@ -78,8 +79,6 @@ from omniload_dask.plan.specs import (
     SourceSpec,
     StageSpec,
     TokenizerSpec,
-    source_dict,
-    tokenizer_dict,
 )
 
 __all__ = [

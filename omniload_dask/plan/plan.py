@@ -20,6 +20,7 @@ from omniload_dask.plan.credentials import (
     secret_values,
     without_credentials,
 )
+from omniload_dask.plan.spec_data import source_dict, tokenizer_dict
 from omniload_dask.plan.specs import (
     BatchSpec,
     CheckpointSpec,
@@ -30,8 +31,6 @@ from omniload_dask.plan.specs import (
     MixingSpec,
     SourceSpec,
     TokenizerSpec,
-    source_dict,
-    tokenizer_dict,
 )
 from omniload_dask.plan.streams import StreamSpec
 

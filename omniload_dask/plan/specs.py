@@ -8,7 +8,7 @@ specs know nothing about parsing: defaults live here, checks live in the parsers
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -33,8 +33,6 @@ __all__ = [
     "SourceSpec",
     "StageSpec",
     "TokenizerSpec",
-    "source_dict",
-    "tokenizer_dict",
 ]
 
 BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256, EOS 257)
@@ -88,42 +86,6 @@ class SourceSpec:
         return self.format in TOKEN_FORMATS or self.tokens is not None
 
 
-def source_dict(spec: SourceSpec) -> dict[str, Any]:
-    """A source spec as plan data (``parse_source`` reads it back)."""
-    data = asdict(spec)
-    data["path"] = list(data.pop("paths"))
-    data["storage_options"] = dict(spec.storage_options)
-    if spec.format != "jsonl" and spec.unit_bytes == SourceSpec.unit_bytes:
-        data.pop("unit_bytes")  # (other formats use it only to merge small files)
-    if spec.merge_bytes == SourceSpec.merge_bytes:
-        data.pop("merge_bytes")
-    if spec.epochs is None:
-        data.pop("epochs")
-    if not spec.image:
-        data.pop("image")
-    elif spec.format == "parquet":
-        data["image"] = spec.image[0]
-    else:
-        data["image"] = list(spec.image)
-    if spec.unit_records is None:
-        data.pop("unit_records")
-    vocabulary = {"size": data.pop("vocab_size"), "bos_id": data.pop("bos_id")}
-    vocabulary["eos_id"] = data.pop("eos_id")
-    if vocabulary["size"] is not None:
-        data["vocabulary"] = {k: v for k, v in vocabulary.items() if v is not None}
-    for key in ("tokens", "dtype", "eod", "transform", "filter"):
-        if data[key] is None:
-            data.pop(key)  # (absent: the plan data, and so the stream fingerprint, as before)
-    if spec.chat is None:
-        data.pop("chat")
-    else:
-        data.pop("text")  # (the chat section names its fields)
-        data["chat"] = {k: v for k, v in data["chat"].items() if v is not None}
-        if spec.chat.layout != "prompt_completion":
-            data["chat"].pop("completion")
-    return data
-
-
 @dataclass(frozen=True)
 class TokenizerSpec:
     """``byte`` (built in: UTF-8 bytes, BOS 256, EOS 257), ``huggingface`` (a tokenizer.json) or
@@ -142,18 +104,6 @@ class TokenizerSpec:
     storage_options: Mapping[str, Any] = field(default_factory=StorageOptions)
     pattern: str | None = None  # tiktoken only
     special_tokens: Mapping[str, int] = field(default_factory=dict)  # tiktoken only
-
-
-def tokenizer_dict(spec: TokenizerSpec) -> dict[str, Any]:
-    """``spec`` as plan data; the tiktoken-only fields only for that kind (``parse_plan`` reads
-    it back to the same spec)."""
-    data = asdict(spec)
-    data["storage_options"] = dict(spec.storage_options)
-    data["special_tokens"] = dict(spec.special_tokens)
-    if spec.kind != "tiktoken":
-        data.pop("pattern")
-        data.pop("special_tokens")
-    return data
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from omniload_dask.errors import PlanError
 from omniload_dask.plan.fields import Fields, fail
 from omniload_dask.plan.parse_batch import check_bucket_sources, read_batch
 from omniload_dask.plan.parse_sources import read_source
-from omniload_dask.plan.specs import BatchSpec, LayoutSpec, SourceSpec, source_dict
+from omniload_dask.plan.spec_data import source_dict
+from omniload_dask.plan.specs import BatchSpec, LayoutSpec, SourceSpec
 
 __all__ = [
     "MAX_PASS_DIGITS",
