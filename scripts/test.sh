@@ -5,7 +5,7 @@
 # arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+OMNILOAD_EXTRAS=test scripts/setup.sh
 scripts/setup-browser.sh || echo "test.sh: no Chromium; the dashboard's browser test will skip" >&2
 if [ ! -d benchmarks/.thirdparty/mistral_common ] || [ ! -d benchmarks/.thirdparty/streaming ]; then
   PYTHON="$PWD/.venv/bin/python" benchmarks/setup-thirdparty.sh
