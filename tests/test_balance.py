@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omniload_dask.batching.balance import Assignment, Bucket, balance, route, split_documents
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.balance.refine import refine_groups
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.batching.placement import Bins, Pieces
-from omniload_dask.batching.refine import refine_groups
 
 SEQ = 64
 COST = CostModel(1.0, 1.0 / 16)  # attention matters: a full piece costs 5x its tokens
@@ -278,7 +278,7 @@ def test_fewer_documents_than_groups_still_give_every_group_work_when_cutting_is
 )
 def test_pieces_go_by_decreasing_cost_whatever_the_cost_function(cost):
     # The radix sort by length is a shortcut taken only where it gives the same order.
-    from omniload_dask.batching.placement import by_cost
+    from omniload_dask.batching.balance.pieces import by_cost
 
     rng = np.random.default_rng(3)
     length = rng.integers(1, 300, 500)
@@ -342,7 +342,7 @@ def test_first_use_numbers_values_in_order_of_first_use_with_or_without_a_sort()
 
 
 def test_a_probe_scores_its_pairs_on_their_own_groups_as_in_the_whole_step():
-    from omniload_dask.batching.refine import _probed, _whole_round
+    from omniload_dask.batching.balance.refine import _probed, _whole_round
 
     rng = np.random.default_rng(2)
     groups = 40
@@ -367,7 +367,7 @@ def test_a_probe_scores_its_pairs_on_their_own_groups_as_in_the_whole_step():
         assert np.array_equal(whole, alone)
     # Below PROBE_ALONE_FROM pairs a round reads its probe from its own scores: the same
     # answer as weighing the probe alone first, whether the probe finds a change or not.
-    from omniload_dask.batching import refine
+    from omniload_dask.batching.balance import refine
 
     for count in (12, 20):
         heavy, light = order[:count], order[::-1][:count]

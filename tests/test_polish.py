@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omniload_dask.batching import polish
-from omniload_dask.batching.balance import Bucket, balance
+from omniload_dask.batching.balance import Bucket, balance, polish
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.balance.polish import POLISH_UP_TO, polish_groups
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.batching.placement import Bins, Pieces
-from omniload_dask.batching.polish import POLISH_UP_TO, polish_groups
 
 from .test_balance import check_assignment
 

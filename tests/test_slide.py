@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from omniload_dask.batching import slide
-from omniload_dask.batching.balance import Bucket, balance
+from omniload_dask.batching.balance import Bucket, balance, slide
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.balance.slide import SLIDE_UP_TO, slide_cuts
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.batching.placement import Bins, Pieces
-from omniload_dask.batching.slide import SLIDE_UP_TO, slide_cuts
 
 from .test_balance import check_assignment
 

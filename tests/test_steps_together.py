@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omniload_dask.batching.balance import Assignment, Bucket, balance, balance_steps
+from omniload_dask.batching.balance.refine import STEPS_UP_TO
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.batching.refine import STEPS_UP_TO
 from omniload_dask.plan import parse_plan
 from omniload_dask.testing import InlineDataPlane, batch_digest
 
@@ -84,9 +84,9 @@ def test_steps_side_by_side_split_exactly_as_each_alone(seed, groups, micro, ste
 def test_pass_2_side_by_side_places_every_piece_as_each_step_alone(micro, groups):
     # Full steps: rounds whose pieces miss their group (and retry the round's empty groups),
     # rounds cut short by the LPT rule, and steps that stop with pieces left for best fit.
-    from omniload_dask.batching.placement import Bins, Pieces, by_cost
-    from omniload_dask.batching.placement import _group_rounds as one_step
-    from omniload_dask.batching.placement_steps import group_rounds_steps
+    from omniload_dask.batching.balance.pieces import Bins, Pieces, by_cost
+    from omniload_dask.batching.balance.place import _group_rounds as one_step
+    from omniload_dask.batching.balance.rounds import group_rounds_steps
 
     rng = np.random.default_rng(micro * groups)
     cost = CostModel(1.0, 1 / 32)
@@ -175,7 +175,7 @@ def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_
 def test_the_refinement_knobs_apply_to_steps_side_by_side(monkeypatch):
     # Who tunes the balancer through refine's module constants (benchmarks/real_balance.py
     # sets SMALL_CUT_ROUNDS) tunes both ways of planning the same.
-    from omniload_dask.batching import refine
+    from omniload_dask.batching.balance import refine
 
     monkeypatch.setattr(refine, "SMALL_CUT_ROUNDS", 2)
     monkeypatch.setattr(refine, "ROUNDS", 3)

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from omniload_dask.batching.placement import Bins, Pieces, by_cost
+from omniload_dask.batching.balance.pieces import Bins, Pieces, by_cost
 from omniload_dask.batching.sorting import stable_order
 
 __all__ = ["RoundTables", "Runs", "bin_tables", "by_group", "fractions", "rebin", "spread"]

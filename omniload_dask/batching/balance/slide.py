@@ -34,8 +34,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from omniload_dask.batching.balance.pieces import Bins, Pieces, apart, side_by_side
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Bins, Pieces, apart, side_by_side
 from omniload_dask.batching.sorting import stable_order
 
 __all__ = ["SLIDE_UP_TO", "slide_cuts", "slide_steps"]

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omniload_dask.batching.placement import MIN_ROUND, Bins, Pieces, by_cost
+from omniload_dask.batching.balance.pieces import Bins, Pieces, by_cost
+from omniload_dask.batching.balance.place import MIN_ROUND
 
 __all__ = ["group_rounds_steps"]
 

@@ -24,10 +24,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from omniload_dask.batching import refine
-from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Bins, Pieces, apart, side_by_side
-from omniload_dask.batching.refine import (
+import omniload_dask.batching.balance.refine as refine
+from omniload_dask.batching.balance.pieces import Bins, Pieces, apart, side_by_side
+from omniload_dask.batching.balance.refine import (
     StepPairs,
     _cut_round,
     _nothing,
@@ -35,7 +34,8 @@ from omniload_dask.batching.refine import (
     _whole_round,
     refine_groups,
 )  # fmt: skip
-from omniload_dask.batching.weighing import RoundTables
+from omniload_dask.batching.balance.tables import RoundTables
+from omniload_dask.batching.cost import CostFunction
 
 __all__ = ["refine_steps"]
 

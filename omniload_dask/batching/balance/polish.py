@@ -35,8 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omniload_dask.batching.placement import Bins, Pieces, apart, side_by_side
-from omniload_dask.batching.weighing import rebin
+from omniload_dask.batching.balance.pieces import Bins, Pieces, apart, side_by_side
+from omniload_dask.batching.balance.tables import rebin
 
 __all__ = ["POLISH_UP_TO", "polish_groups", "polish_steps"]
 

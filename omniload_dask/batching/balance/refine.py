@@ -43,9 +43,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.balance.tables import RoundTables, Runs, fractions, rebin
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Bins, Pieces
-from omniload_dask.batching.weighing import RoundTables, Runs, fractions, rebin
 
 __all__ = ["CUT_BELOW", "CUT_ROUNDS", "ROUNDS", "SMALL_CUT_ROUNDS", "STEPS_UP_TO", "refine_groups"]
 

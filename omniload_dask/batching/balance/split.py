@@ -69,16 +69,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omniload_dask.batching import refine as refinement
+import omniload_dask.batching.balance.refine as refinement
 from omniload_dask.batching.assignment import Assignment
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.balance.place import DEAL_FROM, fill_room, pack
+from omniload_dask.batching.balance.polish import polish_groups, polish_steps
+from omniload_dask.batching.balance.refine import refine_groups
+from omniload_dask.batching.balance.refine_steps import refine_steps
+from omniload_dask.batching.balance.rounds import group_rounds_steps
+from omniload_dask.batching.balance.route import Bucket, ladder, route, spill, split_documents
+from omniload_dask.batching.balance.slide import slide_cuts, slide_steps
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import DEAL_FROM, Bins, Pieces, fill_room, pack
-from omniload_dask.batching.placement_steps import group_rounds_steps
-from omniload_dask.batching.polish import polish_groups, polish_steps
-from omniload_dask.batching.refine import refine_groups
-from omniload_dask.batching.refine_steps import refine_steps
-from omniload_dask.batching.routing import Bucket, ladder, route, spill, split_documents
-from omniload_dask.batching.slide import slide_cuts, slide_steps
 
 __all__ = [
     "Assignment", "Bucket", "balance", "balance_steps", "route", "split_documents",
