@@ -37,7 +37,7 @@ from dataclasses import replace
 import numpy as np
 
 from omniload_dask.batching.assignment import Assignment
-from omniload_dask.batching.balance.route import Bucket
+from omniload_dask.batching.balance.routing import Bucket
 from omniload_dask.batching.cost import CostFunction
 
 __all__ = ["fill_empty"]

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omniload_dask.batching.balance import Assignment, Bucket, balance_steps, route
+from omniload_dask.batching.balance import (
+    Assignment,
+    Bucket,
+    RoutedDocuments,
+    balance_steps,
+    route,
+)
 from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import RecipeTable
@@ -124,7 +130,9 @@ class StepPlanner:
     ) -> list[Assignment]:
         """:meth:`split` of several steps, ``(src, lengths, extra)`` each: the same splits,
         made side by side where the balancer can (:func:`~.balance.balance_steps`)."""
-        routed = [(n, *route(n, src, self.buckets, self.pinned), x) for src, n, x in steps]
+        routed = [
+            RoutedDocuments(n, *route(n, src, self.buckets, self.pinned), x) for src, n, x in steps
+        ]
         splits = balance_steps(routed, self.buckets, self._groups, self.cost, cut=self._cut)
         return [fill_empty(s, self.buckets, self.cost, self._cut) for s in splits]
 

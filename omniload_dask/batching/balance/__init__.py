@@ -8,7 +8,7 @@ deterministic (ties go to the lower index), one module each::
 
     1 route    each document to a context bucket, an over-full bucket handing its shortest
                documents down; documents cut into pieces; pieces that cost more than a
-               group's fair share cut again (route.py)
+               group's fair share cut again (routing.py)
     2 place    pieces by decreasing cost (LPT) in rounds over the groups, each into its
                group's cheapest micro-batch with room (rounds.py); what no round placed fills
                the room left (best fit), cut where nothing fits whole; with many micro-batches
@@ -42,6 +42,7 @@ The result is an :class:`~omniload_dask.batching.assignment.Assignment`.
 from omniload_dask.batching.balance.split import (
     Assignment,
     Bucket,
+    RoutedDocuments,
     balance,
     balance_steps,
     route,
@@ -50,6 +51,6 @@ from omniload_dask.batching.balance.split import (
 )
 
 __all__ = [
-    "Assignment", "Bucket", "balance", "balance_steps", "route", "split_documents",
+    "Assignment", "Bucket", "RoutedDocuments", "balance", "balance_steps", "route", "split_documents",
     "structural_bound",
 ]  # fmt: skip

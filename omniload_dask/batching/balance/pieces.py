@@ -152,7 +152,7 @@ def by_cost(p: Pieces, ids: np.ndarray) -> np.ndarray:
 def side_by_side(steps: Sequence[tuple[Pieces, Bins]], groups: int) -> tuple[Pieces, Bins]:
     """Several steps' pieces and bins (one bucket, as many bins each) as one step of
     ``len(steps) * groups`` groups: step s has groups ``s * groups`` on and its bins in the
-    s-th block (what the balancer's passes run side by side on: :mod:`.refine_steps`)."""
+    s-th block (what the balancer's passes 3 to 5 run on: :func:`~.split.balance_steps`)."""
     shape = len(steps[0][1].room)
     cat = np.concatenate
     ps, bs = [q for q, _ in steps], [b for _, b in steps]

@@ -23,16 +23,20 @@ step takes about as many as a group (or micro-batch) gets pieces, whatever the D
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
+from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.balance.pieces import Bins, Pieces, by_cost
+from omniload_dask.batching.balance.rounds import group_rounds
+from omniload_dask.batching.balance.routing import Bucket, StepPieces
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.sorting import stable_order, stable_order_of_floats
 
-__all__ = ["DEAL_FROM", "MIN_ROUND", "fill_room", "pack"]
+__all__ = ["DEAL_FROM", "Placed", "fill_room", "pack", "place_steps"]
 
 DEAL_FROM = 8  # micro-batches per group from which a bucket is packed bins first, then dealt
-MIN_ROUND = 0.25  # the shortest round of LPT over groups, as a share of the groups
 
 
 def _rounds(p: Pieces, bins: Bins, queue: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -106,113 +110,6 @@ def _pour(p: Pieces, bins: Bins, left: np.ndarray, lo: int, hi: int, cost: CostF
     bins.add(p, p.cut(owner, bounds - starts, cost), where)
 
 
-def _group_rounds(
-    p: Pieces, bins: Bins, queue: np.ndarray, lo: int, micro: int, load: np.ndarray
-) -> np.ndarray:
-    """LPT in rounds over groups: the next pieces, one per group, to the open groups in
-    increasing order of ``load``, each into its cheapest micro-batch with room (bins
-    ``lo + slot * groups + group``); returns the pieces that fit no group of their round, by
-    decreasing cost."""
-    groups = len(load)
-    length = p.length
-    # Views, slot-major, so that reductions over a group's micro-batches run along axis 0.
-    room = bins.room[lo : lo + groups * micro].reshape(micro, groups)
-    cost = bins.load[lo : lo + groups * micro].reshape(micro, groups)
-    ordered = length[queue]
-    if (ordered[1:] <= ordered[:-1]).all():  # by decreasing length: the last is the shortest
-        least = np.broadcast_to(ordered[-1:], ordered.shape)
-    else:
-        least = np.minimum.accumulate(ordered[::-1])[::-1]  # shortest piece from i on
-    pos, waiting = 0, queue[:0]  # pieces queue[pos:], after the misses ``waiting``
-
-    def place(piece: np.ndarray, target: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """Each piece (of costs ``c``) into its target group's cheapest micro-batch with
-        room (the lowest slot on a tie); returns which had one."""
-        n = length[piece]
-        if micro == 1:
-            ok = room[0, target] >= n
-            where = lo + target
-        elif micro == 2:  # (as below, in fewer passes)
-            fit = np.take(room, target, axis=1) >= n
-            load_of = np.take(cost, target, axis=1)
-            second = fit[1] & (~fit[0] | (load_of[1] < load_of[0]))
-            ok = fit[0] | fit[1]
-            where = target + np.where(second, lo + groups, lo)
-        else:
-            fit = np.take(room, target, axis=1) >= n
-            masked = np.where(fit, np.take(cost, target, axis=1), np.inf)
-            m = np.zeros(len(piece), dtype=np.int64)
-            best = masked[0]
-            for j in range(1, micro):  # the cheapest micro-batch with room (lowest slot first)
-                better = masked[j] < best
-                m[better] = j
-                best = np.minimum(best, masked[j])
-            ok = np.isfinite(best)
-            where = lo + m * groups + target
-        if not ok.all():
-            at = ok.nonzero()[0]  # (one pass over the mask, then takes)
-            piece, target, where, c, n = piece[at], target[at], where[at], c[at], n[at]
-        p.bin[piece] = where  # (Bins.put, with the gathers made once)
-        bins.room[where] -= n
-        bins.load[where] += c
-        load[target] += c
-        return ok
-
-    while pos < len(queue) or len(waiting):
-        shortest = least[pos] if pos < len(queue) else np.iinfo(np.int64).max
-        if len(waiting):
-            shortest = min(shortest, int(length[waiting].min()))
-        if micro <= 2:  # (one pass: cheaper than a reduction over the axis)
-            most = room[0].copy() if micro == 1 else np.maximum(room[0], room[1])
-        else:
-            most = room.max(axis=0)
-        if most.min() >= shortest:  # every group open
-            target = stable_order_of_floats(load)  # the least loaded groups
-        else:
-            open_ = (most >= shortest).nonzero()[0]
-            if not len(open_):
-                break
-            target = open_[stable_order_of_floats(load[open_])]
-        k = min(len(target), len(waiting) + len(queue) - pos)
-        target = target[:k]
-        if len(waiting):
-            head = np.concatenate([waiting, queue[pos : pos + max(0, k - len(waiting))]])[:k]
-        else:
-            head = queue[pos : pos + k]
-        # As exact LPT would: piece j goes to the j-th lightest group only while that group
-        # is no heavier than the lighter ones will be with their pieces (rounds of at least
-        # a quarter of the groups, which stays within a small piece of exact LPT).
-        before = load[target]
-        head_cost = p.cost[head]
-        after = np.minimum.accumulate(before + head_cost)
-        late = (before[1:] > after[:-1]).nonzero()[0]
-        if len(late) and late[0] + 1 >= MIN_ROUND * groups:
-            k = int(late[0]) + 1
-            target, head, head_cost = target[:k], head[:k], head_cost[:k]
-        taken = max(0, k - len(waiting))  # from queue[pos:]
-        rest = waiting[k:]
-        pos += taken
-        ok = place(head, target, head_cost)
-        if ok.all():
-            waiting = rest
-            continue
-        # Misses try the groups of the round that got nothing, by decreasing room (their
-        # rooms are as the round found them: none of them got a piece), unless even the
-        # shortest miss fits none of them, as is usual once the groups fill up.
-        bad = (~ok).nonzero()[0]
-        miss, free = head[bad], target[bad]
-        if int(length[miss].min()) <= int(most[free].max()):
-            room_free = most[free]  # (by decreasing room: a radix sort of 16-bit rooms)
-            free = free[stable_order(int(room_free.max()) - room_free)]
-            again = place(miss, free, head_cost[bad])
-            miss = miss[~again]
-            ok[bad] = again
-        waiting = np.concatenate([miss, rest])  # still by decreasing cost
-        if not ok.any():
-            break
-    return np.concatenate([waiting, queue[pos:]])
-
-
 def pack(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> int | None:
     """Put every piece into a micro-batch of its bucket and give every micro-batch to a group
     (module doc); returns None, or (only when ``cut`` is False) the bucket whose pieces cannot
@@ -231,7 +128,7 @@ def pack(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> i
         if by_bins:
             left = _rounds(p, bins, queue, lo, hi)
         else:
-            left = _group_rounds(p, bins, queue, lo, micro, load)
+            left = group_rounds([p], [bins], [queue], groups, micro, lo, load)[0]
         if not fill_room(p, bins, left, lo, hi, cost, cut):
             return b
         if by_bins:
@@ -267,3 +164,84 @@ def _deal(bins: Bins, lo: int, hi: int, micro: int, load: np.ndarray) -> None:
         bins.group[chunk] = lightest
         bins.slot[chunk] = r
         load[lightest] += bins.load[chunk]
+
+
+@dataclass
+class Placed:
+    """A step after passes 1 and 2: its pieces in their bins, and what its split reports."""
+
+    pieces: Pieces
+    bins: Bins
+    micro: np.ndarray  # micro-batches per group of each bucket
+    spilled: int
+    bound: float
+
+    def assignment(self, buckets: Sequence[Bucket], groups: int) -> Assignment:
+        """The step's split, as the balancer returns it."""
+        pieces, bins, micro = self.pieces, self.bins, self.micro
+        seq = np.asarray([b.seq_len for b in buckets], dtype=np.int64)
+        offsets = np.concatenate([[0], micro.cumsum()])
+        return Assignment(
+            doc=pieces.doc,
+            start=pieces.start,
+            length=pieces.length,
+            cost=pieces.cost,
+            group=bins.group[pieces.bin],
+            micro=offsets[pieces.bucket] + bins.slot[pieces.bin],
+            micro_capacity=seq.repeat(micro),
+            micro_bucket=np.arange(len(buckets)).repeat(micro),
+            groups=groups,
+            cuts=pieces.cuts,
+            spilled=self.spilled,
+            bound=self.bound,
+        )
+
+
+def place_steps(
+    routed: Sequence[StepPieces], buckets: Sequence[Bucket], groups: int, cost: CostFunction,
+    cut: bool, together: bool,
+) -> list[Placed]:  # fmt: skip
+    """Pass 2 of several steps: with ``together`` (one bucket, cuts allowed), the rounds over
+    groups of the steps of as many micro-batches (fewer than ``DEAL_FROM``) side by side
+    (:mod:`.rounds`), then each step's best fit; the other steps one by one (:func:`pack`).
+    Every step's placements are those it gets alone."""
+    placed: list[Placed | None] = [None] * len(routed)
+    kinds: dict[int, list[int]] = {}
+    for i, one in enumerate(routed):
+        if together and cut and len(one.pieces) and int(one.micro[0]) < DEAL_FROM:
+            kinds.setdefault(int(one.micro[0]), []).append(i)
+    seq = np.asarray([buckets[0].seq_len], dtype=np.int64)
+    for micro, kind in kinds.items():
+        if len(kind) < 2:
+            continue
+        pieces = [routed[i].pieces for i in kind]
+        bins = [Bins.new(seq, routed[i].micro, groups) for i in kind]
+        queues = [by_cost(p, np.arange(len(p))) for p in pieces]
+        lefts = group_rounds(pieces, bins, queues, groups, micro)
+        for i, p, b, left in zip(kind, pieces, bins, lefts, strict=True):
+            fill_room(p, b, left, 0, len(b.room), cost, cut)
+            placed[i] = _placed(routed[i], b)
+    return [
+        one if one is not None else _pack_alone(routed[i], buckets, groups, cost, cut)
+        for i, one in enumerate(placed)
+    ]
+
+
+def _placed(step: StepPieces, bins: Bins) -> Placed:
+    return Placed(step.pieces, bins, step.micro, step.spilled, step.bound)
+
+
+def _pack_alone(
+    step: StepPieces, buckets: Sequence[Bucket], groups: int, cost: CostFunction, cut: bool
+) -> Placed:
+    """Pass 2 of one step; where its pieces cannot be packed whole (and may not be cut), its
+    bucket gets one more micro-batch per group and it is packed again."""
+    seq = np.asarray([b.seq_len for b in buckets], dtype=np.int64)
+    pieces, micro = step.pieces, step.micro
+    while True:
+        bins = Bins.new(seq, micro, groups)
+        pieces.bin[:] = -1
+        stuck = pack(pieces, bins, groups, cost, cut)
+        if stuck is None:
+            return _placed(step, bins)
+        micro[stuck] += 1

@@ -31,14 +31,12 @@ at DP 16, for about 0.7 and 1.2 ms a step (BENCHMARKS.md, session 24).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from omniload_dask.batching.balance.pieces import Bins, Pieces, apart, side_by_side
+from omniload_dask.batching.balance.pieces import Bins, Pieces
 from omniload_dask.batching.balance.tables import rebin
 
-__all__ = ["POLISH_UP_TO", "polish_groups", "polish_steps"]
+__all__ = ["POLISH_UP_TO", "polish"]
 
 POLISH_UP_TO = 64  # groups up to which a step is polished
 ROUNDS = 4  # rounds at most per step
@@ -54,11 +52,25 @@ EMPTIES = np.array(
 )
 
 
-def polish_groups(p: Pieces, bins: Bins, groups: int) -> None:
-    """Pass 4 (module doc): changes ``p.bin`` in place (and ``bins``' room and cost)."""
+def polish(p: Pieces, bins: Bins, steps: int, groups: int) -> None:
+    """Pass 4 (module doc) of ``steps`` steps side by side (one step: 1), each with its own
+    rounds, pairs and reasons to stop: changes ``p.bin`` in place (and ``bins``' room and
+    cost)."""
     if groups < 2 or groups > POLISH_UP_TO or not len(p):
         return
-    _polish(p, bins, 1, groups)
+    active = np.ones(steps, dtype=bool)
+    peak = np.full(steps, np.inf)
+    for _ in range(ROUNDS):
+        load = np.bincount(bins.group[p.bin], p.cost, steps * groups)
+        rows = load.reshape(steps, groups)
+        top = rows.max(axis=1)
+        mean = rows.sum(axis=1) / groups  # (= rows.mean(axis=1), to the bit)
+        even = top - mean <= TOLERANCE * top
+        active &= ~((top > peak * (1 - PROGRESS)) | even)
+        peak = np.where(active, top, peak)
+        if not active.any():
+            return
+        active &= _round(p, bins, load, groups, active, mean, top)
 
 
 def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -95,37 +107,6 @@ def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
                            np.full(len(left), 2)])  # fmt: skip
     kind = (size == held[e_bin]) + 2 * (size == 0)
     return e_bin, e_len, e_cost, kind, a, z
-
-
-def polish_steps(steps: Sequence[tuple[Pieces, Bins]], groups: int) -> list[tuple[Pieces, Bins]]:
-    """Pass 4 for several steps side by side (one bucket, as many bins each): the same
-    exchanges as :func:`polish_groups` on each step alone, each step with its own rounds,
-    pairs and reasons to stop. Returns each step's pieces and bins after the pass."""
-    if len(steps) == 1 or groups < 2 or groups > POLISH_UP_TO or not all(len(p) for p, _ in steps):
-        for p, bins in steps:
-            polish_groups(p, bins, groups)
-        return list(steps)
-    p, bins = side_by_side(steps, groups)
-    _polish(p, bins, len(steps), groups)
-    return apart(p, bins, steps, groups)
-
-
-def _polish(p: Pieces, bins: Bins, n: int, groups: int) -> None:
-    """The rounds of ``n`` steps side by side (one step: ``n`` = 1), each step with its own
-    peak and reasons to stop."""
-    active = np.ones(n, dtype=bool)
-    peak = np.full(n, np.inf)
-    for _ in range(ROUNDS):
-        load = np.bincount(bins.group[p.bin], p.cost, n * groups)
-        rows = load.reshape(n, groups)
-        top = rows.max(axis=1)
-        mean = rows.sum(axis=1) / groups  # (= rows.mean(axis=1), to the bit)
-        even = top - mean <= TOLERANCE * top
-        active &= ~((top > peak * (1 - PROGRESS)) | even)
-        peak = np.where(active, top, peak)
-        if not active.any():
-            return
-        active &= _round(p, bins, load, groups, active, mean, top)
 
 
 def _round(

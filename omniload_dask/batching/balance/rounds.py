@@ -1,24 +1,31 @@
-"""Pass 2's rounds over groups for several steps side by side: the same placements, bit for bit.
+"""Pass 2's rounds over groups: pieces by decreasing cost (LPT), one per group a round.
 
-:func:`~.placement.pack` runs the rounds of LPT over groups (``_group_rounds``) step by step:
-about as many rounds a step as a group gets pieces, each a few dozen numpy calls on arrays of a
-few dozen entries, so that at DP 8 and 16 a round costs its calls, not its work. Here the
-steps that the planning thread plans together (one bucket, as many micro-batches each, cuts
-allowed) run their rounds at once: step s's groups are numbered from ``s * groups`` and its
-bins from ``s * groups * micro``, and every step keeps its own queue, rounds and reasons to
-stop::
+A round gives the next pieces of the queue, one each, to the groups in increasing order of
+load, each into the group's cheapest micro-batch with room (which also evens the micro-batches
+of a rank, what pipeline parallelism waits on). As exact LPT would, a round stops before a
+group that is heavier than a lighter one will be with its piece (but never before
+``MIN_ROUND`` of the groups have one). A piece that does not fit its group tries the groups of
+the round that got nothing, by decreasing room; what still misses waits at the front of the
+queue. A step's rounds end when no group has room for its shortest piece left, or when a
+round places nothing; what is left goes to best fit (:mod:`.place`)::
+
+    2 groups x 1 micro-batch of 8 tokens, cost = L, queue 6 5 3 2
+    round 1: 6 -> g0, 5 -> g1           round 2: 3 -> g1 (5), then 2 -> g0 (6 < 5 + 3)
+
+Several steps run side by side (the planning thread's steps of one bucket and as many
+micro-batches): step s's groups are numbered from ``s * groups`` and its bins from
+``s * groups * micro``, and every step keeps its own queue, rounds and reasons to stop::
 
     step 0 queue [6 5 3 2]   step 1 queue [7 4 4]      2 groups each
-    round 1: 6 -> g0, 5 -> g1 | 7 -> g2, 4 -> g3       (one set of calls for both)
+    round 1: 6 -> g0, 5 -> g1 | 7 -> g2, 4 -> g3       (one set of numpy calls for both)
     round 2: 3 -> g1, 2 -> g0 | 4 -> g3                (each step: its own lightest first)
 
-A step's queue is what it has not placed yet, in order: a round takes its first ``k`` pieces
-(as many as it has open groups), and what a round could not place stays at the front, as the
-step-by-step rounds keep their misses first (``waiting``). Ties go as they do there: the
-groups of a round by load, then by number (a stable sort within each step), a miss's retry by
-decreasing room, then by number; every group's load and every bin's room and cost get the
-same additions in the same order, so the floats match too (the tests compare every step's
-split with its own pass, field by field).
+Ties go the same way alone and side by side: the groups of a round by load, then by number, a
+miss's retry by decreasing room, then by number; every group's load and every bin's room and
+cost get the same additions in the same order, so a step's placements are those it gets alone,
+to the last bit. One step is the case of one; its calls take the shortcuts a single segment
+allows (one sort instead of a sort by step and load, a running minimum instead of a
+segmented one), which give the same answers.
 """
 
 from __future__ import annotations
@@ -27,176 +34,347 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omniload_dask.batching.balance.pieces import Bins, Pieces, by_cost
-from omniload_dask.batching.balance.place import MIN_ROUND
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.sorting import stable_order, stable_order_of_floats
 
-__all__ = ["group_rounds_steps"]
+__all__ = ["MIN_ROUND", "group_rounds"]
+
+MIN_ROUND = 0.25  # the shortest round of LPT over groups, as a share of the groups
+_NONE = np.iinfo(np.int64).max  # the shortest piece of an empty queue
 
 
-def group_rounds_steps(
-    steps: Sequence[tuple[Pieces, Bins]], groups: int, micro: int
-) -> list[np.ndarray]:
-    """The rounds of LPT over groups (``placement._group_rounds``) of every step, its pieces
-    by decreasing cost into its bins (one bucket of ``micro`` micro-batches per group, none
-    placed yet), side by side (module doc). Changes each step's pieces' bins and its bins'
-    room and cost in place; returns each step's pieces that fit no group of their round, in
-    the order its own pass returns them."""
-    n = len(steps)
-    shape = groups * micro
-    sizes = np.asarray([len(p) for p, _ in steps], dtype=np.int64)
-    offset = np.zeros(n + 1, dtype=np.int64)
-    sizes.cumsum(out=offset[1:])
-    length = np.concatenate([p.length for p, _ in steps])
-    cost = np.concatenate([p.cost for p, _ in steps])
-    room = np.concatenate([b.room for _, b in steps])
-    load_of_bin = np.concatenate([b.load for _, b in steps])
-    where_of = np.full(len(length), -1, dtype=np.int64)
-    load = np.zeros(n * groups)
-    group_step = np.arange(n).repeat(groups)
-    queue = np.concatenate(
-        [by_cost(p, np.arange(len(p))) + offset[s] for s, (p, _) in enumerate(steps)]
-    )
-    queue_step = np.arange(n).repeat(sizes)
-    left: list[np.ndarray] = []  # (step, its pieces left) of the steps done before the end
-    done_steps: list[int] = []
-    slots = np.arange(micro) * groups
+def group_rounds(
+    pieces: Sequence[Pieces], bins: Sequence[Bins], queues: Sequence[np.ndarray], groups: int,
+    micro: int, lo: int = 0, load: np.ndarray | None = None,
+) -> list[np.ndarray]:  # fmt: skip
+    """The rounds (module doc) of each step's ``queues`` (piece ids by decreasing cost) into
+    its bins ``lo:lo + groups * micro`` (one bucket of ``micro`` micro-batches per group),
+    steps side by side. ``load``: the groups' loads so far (one step; zero if not given),
+    updated in place. Changes the pieces' bins and the bins' room and cost in place;
+    returns each step's pieces that fit no group of their round, in queue order."""
+    rounds = _Rounds(pieces, bins, queues, groups, micro, lo, load)
+    while rounds.live.any() if len(pieces) > 1 else rounds.live[0]:
+        rounds.round()
+    return rounds.finish(pieces, bins)
 
-    def bins_of(target: np.ndarray) -> np.ndarray:
-        """Each target group's bins, one row per slot (slot-major, as ``Bins`` numbers them)."""
-        base = (target // groups) * shape + target % groups
-        return base[None, :] + slots[:, None]
 
-    def place(piece: np.ndarray, target: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """As ``_group_rounds``' ``place``: each piece into its target group's cheapest bin
-        with room (the lowest slot on a tie); which had one."""
-        need = length[piece]
-        cells = bins_of(target)
-        if micro == 1:
-            where = cells[0]
-            ok = room[where] >= need
+class _Rounds:
+    """The state of the rounds of ``n`` steps side by side (module doc): the pieces' lengths
+    and costs, the bins' room and cost, the groups' loads, and per step the position of its
+    queue (``pos`` to ``end``) and its misses waiting in front of it (``waiting``)."""
+
+    def __init__(
+        self, pieces: Sequence[Pieces], bins: Sequence[Bins], queues: Sequence[np.ndarray],
+        groups: int, micro: int, lo: int, load: np.ndarray | None,
+    ) -> None:  # fmt: skip
+        n = self.n = len(pieces)
+        self.groups, self.micro = groups, micro
+        shape = groups * micro
+        if n == 1:  # (views and the step's own arrays: no copies, written in place)
+            p, b = pieces[0], bins[0]
+            self.length, self.cost, self.bin_of, self.base = p.length, p.cost, p.bin, lo
+            self.room, self.bin_load = b.room[lo : lo + shape], b.load[lo : lo + shape]
+            self.queue = queues[0]
+            self.offset = np.zeros(2, np.int64)
         else:
-            fit = room[cells] >= need
-            if micro == 2:
-                load_of = load_of_bin[cells]
-                second = fit[1] & (~fit[0] | (load_of[1] < load_of[0]))
-                ok = fit[0] | fit[1]
-                where = np.where(second, cells[1], cells[0])
+            self.offset = np.concatenate([[0], np.cumsum([len(p) for p in pieces])])
+            self.length = np.concatenate([p.length for p in pieces])
+            self.cost = np.concatenate([p.cost for p in pieces])
+            self.bin_of, self.base = np.full(len(self.length), -1, np.int64), 0
+            self.room = np.concatenate([b.room for b in bins])
+            self.bin_load = np.concatenate([b.load for b in bins])
+            self.queue = np.concatenate([q + self.offset[s] for s, q in enumerate(queues)])
+        self.load = np.zeros(n * groups) if load is None else load
+        self.group_step = np.arange(n).repeat(groups)
+        self.slots = (np.arange(micro) * groups)[:, None]
+        sizes = np.asarray([len(q) for q in queues], np.int64)
+        self.end = sizes.cumsum()
+        self.pos = self.end - sizes
+        self.least = self._least()
+        self._zeros = np.zeros(len(self.queue), np.int64)  # (one step's steps of its pieces)
+        self.waiting = self.queue[:0]
+        self.wait_step = self.waiting
+        self.live = sizes > 0
+
+    def _least(self) -> np.ndarray:
+        """The shortest piece of each step's queue from each position on (one more entry:
+        the shortest of an empty queue)."""
+        ordered = self.length[self.queue]
+        least = np.empty(len(ordered) + 1, np.int64)
+        least[-1] = _NONE
+        for lo, hi in zip(self.pos.tolist(), self.end.tolist(), strict=True):
+            seg = ordered[lo:hi]
+            if (seg[1:] <= seg[:-1]).all():  # by decreasing length: the last is the shortest
+                least[lo:hi] = seg[-1:]
             else:
-                masked = np.where(fit, load_of_bin[cells], np.inf)
-                m = np.zeros(len(piece), dtype=np.int64)
-                best = masked[0]
-                for j in range(1, micro):
-                    better = masked[j] < best
-                    m[better] = j
-                    best = np.minimum(best, masked[j])
-                ok = np.isfinite(best)
-                where = cells[m, np.arange(len(piece))]
+                least[lo:hi] = np.minimum.accumulate(seg[::-1])[::-1]
+        return least
+
+    def _first_bin(self, target: np.ndarray) -> np.ndarray:
+        """Each target group's bin of slot 0 (slot j's is ``groups * j`` on, as ``Bins``
+        numbers them); step s's bins from ``s * groups * micro``."""
+        if self.n == 1:
+            return target
+        return (target // self.groups) * (self.groups * self.micro) + target % self.groups
+
+    def _slots(self, values: np.ndarray, target: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """``values`` of each target group's bins, one row per slot (one step: a take along
+        the slot axis, cheaper than the gather)."""
+        if self.n == 1:
+            return np.take(values.reshape(self.micro, self.groups), target, axis=1)
+        return values[first[None, :] + self.slots]
+
+    def place(self, piece: np.ndarray, target: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Each piece (of costs ``c``) into its target group's cheapest micro-batch with room
+        (the lowest slot on a tie); which had one."""
+        need, room, bin_load = self.length[piece], self.room, self.bin_load
+        first = self._first_bin(target)
+        if self.micro == 1:
+            where = first
+            ok = room[where] >= need
+        elif self.micro == 2:  # (as below, in fewer passes)
+            fit = self._slots(room, target, first) >= need
+            load_of = self._slots(bin_load, target, first)
+            second = fit[1] & (~fit[0] | (load_of[1] < load_of[0]))
+            ok = fit[0] | fit[1]
+            where = first + np.where(second, self.groups, 0)
+        else:
+            fit = self._slots(room, target, first) >= need
+            masked = np.where(fit, self._slots(bin_load, target, first), np.inf)
+            m = np.zeros(len(piece), dtype=np.int64)
+            best = masked[0]
+            for j in range(1, self.micro):  # the cheapest with room (lowest slot first)
+                better = masked[j] < best
+                m[better] = j
+                best = np.minimum(best, masked[j])
+            ok = np.isfinite(best)
+            where = first + m * self.groups
         if not ok.all():
-            at = ok.nonzero()[0]
+            at = ok.nonzero()[0]  # (one pass over the mask, then takes)
             piece, target, where, c, need = piece[at], target[at], where[at], c[at], need[at]
-        where_of[piece] = where
+        self.bin_of[piece] = where + self.base if self.base else where
         room[where] -= need
-        load_of_bin[where] += c
-        load[target] += c
+        bin_load[where] += c
+        self.load[target] += c
         return ok
 
-    def stop(quit_: np.ndarray) -> None:
-        """Steps ``quit_`` (a mask over steps) are done: their queues are what they left."""
-        nonlocal queue, queue_step
-        out = quit_[queue_step]
-        for s in quit_.nonzero()[0]:
-            done_steps.append(int(s))
-        left.append(queue[out])
-        queue, queue_step = queue[~out], queue_step[~out]
+    def round(self) -> None:
+        """One round of every live step (module doc)."""
+        most = self._most_room()
+        target, k = self._targets(most)
+        if not len(target):
+            return
+        head, head_step, rank = self._heads(k)
+        head_cost = self.cost[head]
+        k = _lpt_cut(self.load[target], head_cost, head_step, rank, k, self.groups)
+        if self.n == 1:
+            kk = int(k[0])
+            if kk < len(head):
+                head, head_step, target, head_cost = (
+                    head[:kk],
+                    head_step[:kk],
+                    target[:kk],
+                    head_cost[:kk],
+                )
+        else:
+            keep = rank < k[head_step]
+            if not keep.all():
+                head, head_step, target = head[keep], head_step[keep], target[keep]
+                head_cost = head_cost[keep]
+        ok = self.place(head, target, head_cost)
+        if not ok.all():
+            self._retry(head, head_step, target, head_cost, ok, most)
+        self._requeue(head, head_step, ok, k)
 
-    while len(queue):
-        count = np.bincount(queue_step, minlength=n)
-        has = count > 0
-        first = np.zeros(n, dtype=np.int64)
-        count[:-1].cumsum(out=first[1:])
-        shortest = np.full(n, np.iinfo(np.int64).max)
-        shortest[has] = np.minimum.reduceat(length[queue], first[has])
-        by_slot = room.reshape(n, micro, groups)  # (the largest room of each group)
-        most = by_slot.max(axis=1).reshape(-1) if micro > 1 else room.copy()
-        open_ = ((most >= shortest[group_step]) & has[group_step]).nonzero()[0]
-        opened = np.bincount(group_step[open_], minlength=n)
-        closed = has & (opened == 0)
-        if closed.any():  # no group has room for the step's shortest piece
-            stop(closed)
-            continue
+    def _held(self) -> np.ndarray:
+        """Each step's misses waiting."""
+        if self.n == 1:
+            return np.asarray([len(self.waiting)])
+        return np.bincount(self.wait_step, minlength=self.n)
+
+    def _most_room(self) -> np.ndarray:
+        """The largest room of each group's micro-batches."""
+        if self.micro == 1:
+            return self.room.copy()
+        by_slot = self.room.reshape(self.n, self.micro, self.groups)
+        if self.micro == 2:  # (one pass: cheaper than a reduction over the axis)
+            return np.maximum(by_slot[:, 0], by_slot[:, 1]).reshape(-1)
+        return by_slot.max(axis=1).reshape(-1)
+
+    def _targets(self, most: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The open groups of each live step (room for its shortest piece left), least loaded
+        first, and each step's round size ``k`` (its open groups, at most its pieces left);
+        a live step without an open group is done."""
+        if self.n == 1:
+            pos = int(self.pos[0])
+            least = int(self.least[pos])
+            if len(self.waiting):
+                least = min(least, int(self.length[self.waiting].min()))
+            if most.min() >= least:  # every group open
+                target = stable_order_of_floats(self.load)
+            else:
+                open_ = (most >= least).nonzero()[0]
+                target = open_[stable_order_of_floats(self.load[open_])]
+            if not len(target):
+                self.live[0] = False
+            kk = min(len(target), int(self.end[0]) - pos + len(self.waiting))
+            return target[:kk], np.asarray([kk])
+        left = self.end - self.pos + self._held()
+        shortest = np.where(self.pos < self.end, self.least[self.pos], _NONE)
+        if len(self.waiting):
+            np.minimum.at(shortest, self.wait_step, self.length[self.waiting])
+        step = self.group_step
+        open_ = ((most >= shortest[step]) & self.live[step]).nonzero()[0]
+        opened = np.bincount(step[open_], minlength=self.n)
+        self.live &= opened > 0  # (no group has room for the step's shortest piece)
         # The open groups of each step by load (ties: the lower group), then the first k.
-        open_ = open_[np.lexsort((load[open_], group_step[open_]))]
-        k = np.minimum(opened, count)
-        open_first = np.zeros(n, dtype=np.int64)
-        opened[:-1].cumsum(out=open_first[1:])
-        o_step = group_step[open_]
-        target = open_[np.arange(len(open_)) - open_first[o_step] < k[o_step]]
-        at = np.arange(len(queue)) - first[queue_step]  # position in its step's queue
-        head_at = (at < k[queue_step]).nonzero()[0]
-        head, step_of = queue[head_at], queue_step[head_at]
-        rank = at[head_at]
-        # As exact LPT: the j-th lightest group only while no heavier than the lighter
-        # ones will be with their pieces (rounds of at least MIN_ROUND of the groups).
-        before = load[target]
-        head_cost = cost[head]
-        after = before + head_cost
+        open_ = open_[np.lexsort((self.load[open_], step[open_]))]
+        k = np.minimum(opened, left) * self.live
+        first = opened.cumsum() - opened
+        return open_[np.arange(len(open_)) - first[step[open_]] < k[step[open_]]], k
+
+    def _heads(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each step's next ``k`` pieces (its misses first, then its queue), their steps and
+        their ranks in the step's round."""
+        n = self.n
+        waiting, wait_step = self.waiting, self.wait_step
+        if n == 1:
+            kk = int(k[0])
+            pos = int(self.pos[0])
+            head = self.queue[pos : pos + max(0, kk - len(waiting))]
+            if len(waiting):
+                head = np.concatenate([waiting, head])[:kk]
+            head_step = self._zeros[: len(head)]
+            rank = head_step  # (not read for one step)
+        else:
+            held = np.bincount(wait_step, minlength=n)
+            from_queue = np.maximum(k - held, 0)
+            total = int(from_queue.sum())
+            first = from_queue.cumsum() - from_queue
+            at = self.pos.repeat(from_queue) + np.arange(total) - first.repeat(from_queue)
+            head, head_step = self.queue[at], np.arange(n).repeat(from_queue)
+            if len(waiting):
+                w_rank = np.arange(len(waiting)) - (held.cumsum() - held)[wait_step]
+                w = w_rank < k[wait_step]
+                head = np.concatenate([waiting[w], head])
+                head_step = np.concatenate([wait_step[w], head_step])
+                by_step = head_step.argsort(kind="stable")  # (each step's misses first)
+                head, head_step = head[by_step], head_step[by_step]
+            size = np.bincount(head_step, minlength=n)
+            rank = np.arange(len(head)) - (size.cumsum() - size)[head_step]
+        return head, head_step, rank
+
+    def _retry(
+        self, head: np.ndarray, head_step: np.ndarray, target: np.ndarray, c: np.ndarray,
+        ok: np.ndarray, most: np.ndarray,
+    ) -> None:  # fmt: skip
+        """Misses try the round's groups that got nothing, by decreasing room (as the round
+        found them: none of them got a piece), unless even a step's shortest miss fits none
+        of them, as is usual once the groups fill up. Updates ``ok``."""
+        bad = (~ok).nonzero()[0]
+        free = target[bad]
+        if self.n == 1:
+            if int(self.length[head[bad]].min()) > int(most[free].max()):
+                return
+            room_free = most[free]  # (by decreasing room: a radix sort of 16-bit rooms)
+            free = free[stable_order(int(room_free.max()) - room_free)]
+            ok[bad] = self.place(head[bad], free, c[bad])
+            return
+        bad_step = head_step[bad]
+        roomiest = np.full(self.n, -1, dtype=np.int64)
+        np.maximum.at(roomiest, bad_step, most[free])
+        shortest_miss = np.full(self.n, _NONE)
+        np.minimum.at(shortest_miss, bad_step, self.length[head[bad]])
+        retry = (shortest_miss <= roomiest)[bad_step]
+        if retry.any():
+            again = bad[retry]
+            f = free[retry]
+            f = f[np.lexsort((-most[f], bad_step[retry]))]
+            ok[again] = self.place(head[again], f, c[again])
+
+    def _requeue(
+        self, head: np.ndarray, head_step: np.ndarray, ok: np.ndarray, k: np.ndarray
+    ) -> None:
+        """Move each step past the ``k`` pieces of its round, its misses waiting in front;
+        a step is done when nothing is left or when its round placed nothing."""
+        if self.n == 1:
+            kk, count = int(k[0]), len(self.waiting)
+            self.pos[0] += max(kk - count, 0)
+            rest = self.waiting[kk:]
+            if ok.all():
+                self.waiting = rest
+            else:
+                self.waiting = np.concatenate([head[~ok], rest])
+                if not ok.any():
+                    self.live[0] = False
+            self.wait_step = self._zeros[: len(self.waiting)]
+            if self.pos[0] >= self.end[0] and not len(self.waiting):
+                self.live[0] = False
+            return
+        held = self._held()
+        self.pos += np.maximum(k - held, 0)
+        w_rank = np.arange(len(self.waiting)) - (held.cumsum() - held)[self.wait_step]
+        stay = w_rank >= k[self.wait_step]
+        miss = ~ok
+        waiting = np.concatenate([head[miss], self.waiting[stay]])
+        wait_step = np.concatenate([head_step[miss], self.wait_step[stay]])
+        by_step = wait_step.argsort(kind="stable")  # (each step's misses, then the rest)
+        self.waiting, self.wait_step = waiting[by_step], wait_step[by_step]
+        if not ok.all():  # a round that placed nothing ends its step
+            self.live &= np.bincount(head_step[ok], minlength=self.n) > 0
+        self.live &= (self.end > self.pos) | (self._held() > 0)
+
+    def finish(self, pieces: Sequence[Pieces], bins: Sequence[Bins]) -> list[np.ndarray]:
+        """Each step's pieces left (its misses, then its queue); side by side, the bins and
+        pieces written back to each step's own tables."""
+        out = []
+        for s in range(self.n):
+            mine = self.waiting[self.wait_step == s]
+            left = np.concatenate([mine, self.queue[int(self.pos[s]) : int(self.end[s])]])
+            out.append(left - self.offset[s])
+        if self.n > 1:
+            shape = self.groups * self.micro
+            for s, (p, b) in enumerate(zip(pieces, bins, strict=True)):
+                placed = self.bin_of[int(self.offset[s]) : int(self.offset[s + 1])]
+                p.bin = np.where(placed >= 0, placed - s * shape, p.bin)
+                b.room[:] = self.room[s * shape : (s + 1) * shape]
+                b.load[:] = self.bin_load[s * shape : (s + 1) * shape]
+        return out
+
+
+def _lpt_cut(
+    before: np.ndarray, head_cost: np.ndarray, head_step: np.ndarray, rank: np.ndarray,
+    k: np.ndarray, groups: int,
+) -> np.ndarray:  # fmt: skip
+    """``k`` where exact LPT ends each step's round: piece j goes to the j-th lightest
+    group only while that group is no heavier than the lighter ones will be with their
+    pieces (rounds of at least ``MIN_ROUND`` of the groups, which stays within a small
+    piece of exact LPT)."""
+    after = before + head_cost
+    if len(k) == 1:
+        late_at = (before[1:] > np.minimum.accumulate(after)[:-1]).nonzero()[0]
+        if len(late_at) and late_at[0] + 1 >= MIN_ROUND * groups:
+            return np.asarray([late_at[0] + 1])
+        return k
+    else:  # each step's running minimum: a segmented scan, doubling the reach each pass
         shift = 1
-        while shift < int(k.max()):  # each step's running minimum (a segmented scan)
+        while shift < int(k.max()):
             prev = np.full(len(after), np.inf)
             prev[shift:] = after[:-shift]
             after = np.where(rank >= shift, np.minimum(after, prev), after)
             shift *= 2
-        late = np.zeros(len(head), dtype=bool)
-        late[1:] = (rank[1:] >= 1) & (before[1:] > after[:-1])
-        late_at = late.nonzero()[0]
-        if len(late_at):
-            late_step = step_of[late_at]
-            lead = np.ones(len(late_at), dtype=bool)
-            lead[1:] = late_step[1:] != late_step[:-1]  # each step's first late group
-            late_at, late_step = late_at[lead], late_step[lead]
-            cut_to = rank[late_at]
-            short = cut_to >= MIN_ROUND * groups
-            if short.any():
-                k[late_step[short]] = cut_to[short]
-                keep = rank < k[step_of]
-                head, step_of, rank, target = head[keep], step_of[keep], rank[keep], target[keep]
-                head_cost, head_at = head_cost[keep], head_at[keep]
-        ok = place(head, target, head_cost)
-        if not ok.all():
-            # Misses try the round's groups that got nothing, by decreasing room (as the
-            # round found them), unless even a step's shortest miss fits none of them.
-            bad = (~ok).nonzero()[0]
-            bad_step = step_of[bad]
-            free = target[bad]
-            roomiest = np.full(n, -1, dtype=np.int64)
-            np.maximum.at(roomiest, bad_step, most[free])
-            shortest_miss = np.full(n, np.iinfo(np.int64).max)
-            np.minimum.at(shortest_miss, bad_step, length[head[bad]])
-            retry = (shortest_miss <= roomiest)[bad_step]
-            if retry.any():
-                again_at = bad[retry]
-                f = free[retry]
-                f = f[np.lexsort((-most[f], bad_step[retry]))]
-                again = place(head[again_at], f, head_cost[again_at])
-                ok[again_at] = again
-            stuck = has & (np.bincount(step_of[ok], minlength=n) == 0)
-        else:
-            stuck = None
-        keep = np.ones(len(queue), dtype=bool)
-        keep[head_at[ok]] = False
-        queue, queue_step = queue[keep], queue_step[keep]
-        if stuck is not None and stuck.any():  # a round that placed nothing ends its step
-            stop(stuck)
-    out: list[np.ndarray] = [np.zeros(0, np.int64)] * n
-    if done_steps:
-        rest = np.concatenate(left)
-        rest_step = np.searchsorted(offset, rest, side="right") - 1
-        for s in done_steps:
-            out[s] = rest[rest_step == s] - offset[s]
-    for s, (p, bins) in enumerate(steps):
-        lo, hi = int(offset[s]), int(offset[s + 1])
-        placed = where_of[lo:hi]
-        p.bin = np.where(placed >= 0, placed - s * shape, p.bin)
-        bins.room[:] = room[s * shape : (s + 1) * shape]
-        bins.load[:] = load_of_bin[s * shape : (s + 1) * shape]
-    return out
+    late = np.zeros(len(head_cost), dtype=bool)
+    late[1:] = (rank[1:] >= 1) & (before[1:] > after[:-1])
+    late_at = late.nonzero()[0]
+    if not len(late_at):
+        return k
+    late_step = head_step[late_at]
+    lead = np.ones(len(late_at), dtype=bool)
+    lead[1:] = late_step[1:] != late_step[:-1]  # each step's first late group
+    late_at, late_step = late_at[lead], late_step[lead]
+    cut_to = rank[late_at]
+    short = cut_to >= MIN_ROUND * groups
+    if short.any():
+        k = k.copy()
+        k[late_step[short]] = cut_to[short]
+    return k
