@@ -11,7 +11,9 @@ hands its shortest length-routed documents down to the next shorter bucket::
     then     4k bucket: 3k + 5k + 9k = 17k tokens in pieces of at most 4k, so balance() gives
              it 5 micro-batches per group instead of 2 (the step's tokens need them)
 
-Pieces are at most their bucket's ``seq_len`` tokens (:func:`split_documents`).
+Pieces are at most their bucket's ``seq_len`` tokens (:func:`split_documents`). Where cuts are
+allowed, a piece that costs more than a group's fair share (the mean group cost) is cut into as
+many parts of equal tokens as it takes to cost no more (:func:`pieces_of`: pass 1 of a step).
 """
 
 from __future__ import annotations
