@@ -64,9 +64,9 @@ def refine(p: Pieces, bins: Bins, steps: int, groups: int, cost: CostFunction, c
     if groups < 2 or not len(p):
         return
     fit_by_cut = cut and groups <= CUT_EXCHANGES_UP_TO  # cheap there, and worth it
-    _whole_rounds(p, bins, steps, groups, cost if fit_by_cut else None)
+    load = _whole_rounds(p, bins, steps, groups, cost if fit_by_cut else None)
     if cut:
-        _cut_rounds(p, bins, steps, groups, cost)
+        _cut_rounds(p, bins, steps, groups, cost, load)
 
 
 def _group_loads(p: Pieces, bins: Bins, total: int) -> np.ndarray:
@@ -84,13 +84,14 @@ def _still_falling(active: np.ndarray, peak: np.ndarray, load: np.ndarray) -> No
 
 def _whole_rounds(
     p: Pieces, bins: Bins, steps: int, groups: int, fit_cost: CostFunction | None
-) -> None:
-    """Rounds of whole pieces (module doc); with ``fit_cost``, exchanges may cut to fit."""
+) -> np.ndarray:
+    """Rounds of whole pieces (module doc); with ``fit_cost``, exchanges may cut to fit.
+    Returns the group loads they leave."""
     total = steps * groups
     active = np.ones(steps, dtype=bool)
     peak = np.full(steps, np.inf)
+    load = _group_loads(p, bins, total)
     for _ in range(ROUNDS):
-        load = _group_loads(p, bins, total)
         _still_falling(active, peak, load)
         pairs, has = step_pairs(load, steps, groups, TOLERANCE, active)
         active &= has
@@ -100,20 +101,28 @@ def _whole_rounds(
         score, commit = whole_round(p, bins, load, pairs, fit_cost, tables)
         found = np.isfinite(score)
         active &= np.bincount(pairs.step, found, steps) > 0  # (none found: the step is done)
+        if not found.any():  # (nothing changed: the loads stand, and every step is done)
+            break
         commit(found)
+        load = _group_loads(p, bins, total)
+    return load
 
 
-def _cut_rounds(p: Pieces, bins: Bins, steps: int, groups: int, cost: CostFunction) -> None:
-    """Rounds of cuts and whole pieces, for the steps still below ``CUT_FROM`` (module doc)."""
+def _cut_rounds(
+    p: Pieces, bins: Bins, steps: int, groups: int, cost: CostFunction, load: np.ndarray
+) -> None:
+    """Rounds of cuts and whole pieces, for the steps still below ``CUT_FROM`` (module doc),
+    from the group loads ``load`` that the whole rounds left."""
     total = steps * groups
-    rows = _group_loads(p, bins, total).reshape(steps, groups)
+    rows = load.reshape(steps, groups)
     active = rows.sum(axis=1) / groups < CUT_FROM * rows.max(axis=1)  # (row means, to the bit)
     peak = np.full(steps, np.inf)
     weigh_whole = np.ones(steps, dtype=bool)
-    for _ in range(SMALL_CUT_ROUNDS if groups <= CUT_EXCHANGES_UP_TO else CUT_ROUNDS):
+    for r in range(SMALL_CUT_ROUNDS if groups <= CUT_EXCHANGES_UP_TO else CUT_ROUNDS):
         if not active.any():
             break
-        load = _group_loads(p, bins, total)
+        if r:  # (the first round's are those given)
+            load = _group_loads(p, bins, total)
         _still_falling(active, peak, load)
         pairs, has = step_pairs(load, steps, groups, 1 - CUT_BELOW, active)
         active &= has

@@ -41,6 +41,7 @@ __all__ = ["MIN_ROUND", "group_rounds"]
 
 MIN_ROUND = 0.25  # the shortest round of LPT over groups, as a share of the groups
 _NONE = np.iinfo(np.int64).max  # the shortest piece of an empty queue
+_NOT_READ = np.zeros(0, np.int64)  # one step's round sizes, steps and ranks: not read
 
 
 def group_rounds(
@@ -53,7 +54,7 @@ def group_rounds(
     updated in place. Changes the pieces' bins and the bins' room and cost in place;
     returns each step's pieces that fit no group of their round, in queue order."""
     rounds = _Rounds(pieces, bins, queues, groups, micro, lo, load)
-    while rounds.live.any() if len(pieces) > 1 else rounds.live[0]:
+    while rounds.going():
         rounds.round()
     return rounds.finish(pieces, bins)
 
@@ -61,7 +62,14 @@ def group_rounds(
 class _Rounds:
     """The state of the rounds of ``n`` steps side by side (module doc): the pieces' lengths
     and costs, the bins' room and cost, the groups' loads, and per step the position of its
-    queue (``pos`` to ``end``) and its misses waiting in front of it (``waiting``)."""
+    queue (``pos`` to ``end``), whether it goes on (``live``) and its misses waiting in front
+    of it (``waiting``, of steps ``wait_step``).
+
+    One step keeps its position, end and liveness as Python numbers (``pos0``, ``end0``,
+    ``live0``) and its round's size as the length of its targets: a round's bookkeeping is a
+    few numbers, and numpy scalars and one-entry arrays would cost more than the numbers'
+    arithmetic (a step takes about as many rounds as a group gets pieces).
+    """
 
     def __init__(
         self, pieces: Sequence[Pieces], bins: Sequence[Bins], queues: Sequence[np.ndarray],
@@ -84,6 +92,9 @@ class _Rounds:
             self.room = np.concatenate([b.room for b in bins])
             self.bin_load = np.concatenate([b.load for b in bins])
             self.queue = np.concatenate([q + self.offset[s] for s, q in enumerate(queues)])
+        # Slot-major views of the bins, (step,) slot, group: they follow the tables' changes.
+        rows = (micro, groups) if n == 1 else (n, micro, groups)
+        self.room_rows, self.load_rows = self.room.reshape(rows), self.bin_load.reshape(rows)
         self.load = np.zeros(n * groups) if load is None else load
         self.group_step = np.arange(n).repeat(groups)
         self.slots = (np.arange(micro) * groups)[:, None]
@@ -91,10 +102,14 @@ class _Rounds:
         self.end = sizes.cumsum()
         self.pos = self.end - sizes
         self.least = self._least()
-        self._zeros = np.zeros(len(self.queue), np.int64)  # (one step's steps of its pieces)
         self.waiting = self.queue[:0]
         self.wait_step = self.waiting
         self.live = sizes > 0
+        self.pos0, self.end0, self.live0 = 0, len(self.queue), len(self.queue) > 0
+
+    def going(self) -> bool:
+        """Whether a step has rounds left."""
+        return self.live0 if self.n == 1 else bool(self.live.any())
 
     def _least(self) -> np.ndarray:
         """The shortest piece of each step's queue from each position on (one more entry:
@@ -110,45 +125,34 @@ class _Rounds:
                 least[lo:hi] = np.minimum.accumulate(seg[::-1])[::-1]
         return least
 
-    def _first_bin(self, target: np.ndarray) -> np.ndarray:
-        """Each target group's bin of slot 0 (slot j's is ``groups * j`` on, as ``Bins``
-        numbers them); step s's bins from ``s * groups * micro``."""
-        if self.n == 1:
-            return target
-        return (target // self.groups) * (self.groups * self.micro) + target % self.groups
-
-    def _slots(self, values: np.ndarray, target: np.ndarray, first: np.ndarray) -> np.ndarray:
-        """``values`` of each target group's bins, one row per slot (one step: a take along
-        the slot axis, cheaper than the gather)."""
-        if self.n == 1:
-            return np.take(values.reshape(self.micro, self.groups), target, axis=1)
-        return values[first[None, :] + self.slots]
-
     def place(self, piece: np.ndarray, target: np.ndarray, c: np.ndarray) -> np.ndarray:
         """Each piece (of costs ``c``) into its target group's cheapest micro-batch with room
         (the lowest slot on a tie); which had one."""
         need, room, bin_load = self.length[piece], self.room, self.bin_load
-        first = self._first_bin(target)
+        if self.n == 1:  # (slot 0's bin is the group's; a take along the slot axis)
+            first = target
+        else:  # step s's bins from s * groups * micro (slot j's: groups * j on)
+            first = (target // self.groups) * (self.groups * self.micro) + target % self.groups
         if self.micro == 1:
             where = first
             ok = room[where] >= need
-        elif self.micro == 2:  # (as below, in fewer passes)
-            fit = self._slots(room, target, first) >= need
-            load_of = self._slots(bin_load, target, first)
-            second = fit[1] & (~fit[0] | (load_of[1] < load_of[0]))
-            ok = fit[0] | fit[1]
-            where = first + np.where(second, self.groups, 0)
         else:
-            fit = self._slots(room, target, first) >= need
-            masked = np.where(fit, self._slots(bin_load, target, first), np.inf)
-            m = np.zeros(len(piece), dtype=np.int64)
-            best = masked[0]
-            for j in range(1, self.micro):  # the cheapest with room (lowest slot first)
-                better = masked[j] < best
-                m[better] = j
-                best = np.minimum(best, masked[j])
-            ok = np.isfinite(best)
-            where = first + m * self.groups
+            room_at, load_at = self._slots(target, first)
+            if self.micro == 2:  # (as below, in fewer passes)
+                fit = room_at >= need
+                second = fit[1] & (~fit[0] | (load_at[1] < load_at[0]))
+                ok = fit[0] | fit[1]
+                where = first + np.where(second, self.groups, 0)
+            else:
+                masked = np.where(room_at >= need, load_at, np.inf)
+                m = np.zeros(len(piece), dtype=np.int64)
+                best = masked[0]
+                for j in range(1, self.micro):  # the cheapest with room (lowest slot first)
+                    better = masked[j] < best
+                    m[better] = j
+                    best = np.minimum(best, masked[j])
+                ok = np.isfinite(best)
+                where = first + m * self.groups
         if not ok.all():
             at = ok.nonzero()[0]  # (one pass over the mask, then takes)
             piece, target, where, c, need = piece[at], target[at], where[at], c[at], need[at]
@@ -158,67 +162,71 @@ class _Rounds:
         self.load[target] += c
         return ok
 
+    def _slots(self, target: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The room and cost of each target group's bins, one row per slot (one step: a take
+        along the slot axis, cheaper than the gather)."""
+        if self.n == 1:
+            return self.room_rows.take(target, axis=1), self.load_rows.take(target, axis=1)
+        at = first[None, :] + self.slots
+        return self.room[at], self.bin_load[at]
+
     def round(self) -> None:
         """One round of every live step (module doc)."""
         most = self._most_room()
         target, k = self._targets(most)
         if not len(target):
             return
-        head, head_step, rank = self._heads(k)
+        head, head_step, rank = self._heads(target, k)
         head_cost = self.cost[head]
-        k = _lpt_cut(self.load[target], head_cost, head_step, rank, k, self.groups)
         if self.n == 1:
-            kk = int(k[0])
+            kk = _lpt_end(self.load[target], head_cost, self.groups)
             if kk < len(head):
-                head, head_step, target, head_cost = (
-                    head[:kk],
-                    head_step[:kk],
-                    target[:kk],
-                    head_cost[:kk],
-                )
+                head, target, head_cost = head[:kk], target[:kk], head_cost[:kk]
         else:
+            k = _lpt_cut(self.load[target], head_cost, head_step, rank, k, self.groups)
             keep = rank < k[head_step]
             if not keep.all():
                 head, head_step, target = head[keep], head_step[keep], target[keep]
                 head_cost = head_cost[keep]
         ok = self.place(head, target, head_cost)
-        if not ok.all():
+        missed = not ok.all()
+        if missed:
             self._retry(head, head_step, target, head_cost, ok, most)
-        self._requeue(head, head_step, ok, k)
+        self._requeue(head, head_step, ok, k, missed)
 
     def _held(self) -> np.ndarray:
-        """Each step's misses waiting."""
-        if self.n == 1:
-            return np.asarray([len(self.waiting)])
+        """Each step's misses waiting (steps side by side)."""
         return np.bincount(self.wait_step, minlength=self.n)
 
     def _most_room(self) -> np.ndarray:
         """The largest room of each group's micro-batches."""
         if self.micro == 1:
             return self.room.copy()
-        by_slot = self.room.reshape(self.n, self.micro, self.groups)
+        rows = self.room_rows
         if self.micro == 2:  # (one pass: cheaper than a reduction over the axis)
-            return np.maximum(by_slot[:, 0], by_slot[:, 1]).reshape(-1)
-        return by_slot.max(axis=1).reshape(-1)
+            most = np.maximum(rows[..., 0, :], rows[..., 1, :])
+        else:
+            most = rows.max(axis=-2)
+        return most if self.n == 1 else most.reshape(-1)
 
     def _targets(self, most: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The open groups of each live step (room for its shortest piece left), least loaded
         first, and each step's round size ``k`` (its open groups, at most its pieces left);
-        a live step without an open group is done."""
+        a live step without an open group is done. One step: its targets are its round
+        (``k`` is not read)."""
         if self.n == 1:
-            pos = int(self.pos[0])
+            pos, waiting = self.pos0, self.waiting
             least = int(self.least[pos])
-            if len(self.waiting):
-                least = min(least, int(self.length[self.waiting].min()))
+            if len(waiting):
+                least = min(least, int(self.length[waiting].min()))
             if most.min() >= least:  # every group open
                 target = stable_order_of_floats(self.load)
             else:
                 open_ = (most >= least).nonzero()[0]
                 target = open_[stable_order_of_floats(self.load[open_])]
             if not len(target):
-                self.live[0] = False
-            kk = min(len(target), int(self.end[0]) - pos + len(self.waiting))
-            return target[:kk], np.asarray([kk])
+                self.live0 = False
+            return target[: self.end0 - pos + len(waiting)], _NOT_READ
         left = self.end - self.pos + self._held()
         shortest = np.where(self.pos < self.end, self.least[self.pos], _NONE)
         if len(self.waiting):
@@ -233,35 +241,35 @@ class _Rounds:
         first = opened.cumsum() - opened
         return open_[np.arange(len(open_)) - first[step[open_]] < k[step[open_]]], k
 
-    def _heads(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _heads(
+        self, target: np.ndarray, k: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Each step's next ``k`` pieces (its misses first, then its queue), their steps and
-        their ranks in the step's round."""
+        their ranks in the step's round (one step: as many as its targets; steps and ranks
+        not read)."""
         n = self.n
         waiting, wait_step = self.waiting, self.wait_step
         if n == 1:
-            kk = int(k[0])
-            pos = int(self.pos[0])
+            kk, pos = len(target), self.pos0
             head = self.queue[pos : pos + max(0, kk - len(waiting))]
             if len(waiting):
                 head = np.concatenate([waiting, head])[:kk]
-            head_step = self._zeros[: len(head)]
-            rank = head_step  # (not read for one step)
-        else:
-            held = np.bincount(wait_step, minlength=n)
-            from_queue = np.maximum(k - held, 0)
-            total = int(from_queue.sum())
-            first = from_queue.cumsum() - from_queue
-            at = self.pos.repeat(from_queue) + np.arange(total) - first.repeat(from_queue)
-            head, head_step = self.queue[at], np.arange(n).repeat(from_queue)
-            if len(waiting):
-                w_rank = np.arange(len(waiting)) - (held.cumsum() - held)[wait_step]
-                w = w_rank < k[wait_step]
-                head = np.concatenate([waiting[w], head])
-                head_step = np.concatenate([wait_step[w], head_step])
-                by_step = head_step.argsort(kind="stable")  # (each step's misses first)
-                head, head_step = head[by_step], head_step[by_step]
-            size = np.bincount(head_step, minlength=n)
-            rank = np.arange(len(head)) - (size.cumsum() - size)[head_step]
+            return head, _NOT_READ, _NOT_READ
+        held = np.bincount(wait_step, minlength=n)
+        from_queue = np.maximum(k - held, 0)
+        total = int(from_queue.sum())
+        first = from_queue.cumsum() - from_queue
+        at = self.pos.repeat(from_queue) + np.arange(total) - first.repeat(from_queue)
+        head, head_step = self.queue[at], np.arange(n).repeat(from_queue)
+        if len(waiting):
+            w_rank = np.arange(len(waiting)) - (held.cumsum() - held)[wait_step]
+            w = w_rank < k[wait_step]
+            head = np.concatenate([waiting[w], head])
+            head_step = np.concatenate([wait_step[w], head_step])
+            by_step = head_step.argsort(kind="stable")  # (each step's misses first)
+            head, head_step = head[by_step], head_step[by_step]
+        size = np.bincount(head_step, minlength=n)
+        rank = np.arange(len(head)) - (size.cumsum() - size)[head_step]
         return head, head_step, rank
 
     def _retry(
@@ -293,23 +301,23 @@ class _Rounds:
             ok[again] = self.place(head[again], f, c[again])
 
     def _requeue(
-        self, head: np.ndarray, head_step: np.ndarray, ok: np.ndarray, k: np.ndarray
-    ) -> None:
-        """Move each step past the ``k`` pieces of its round, its misses waiting in front;
-        a step is done when nothing is left or when its round placed nothing."""
+        self, head: np.ndarray, head_step: np.ndarray, ok: np.ndarray, k: np.ndarray,
+        missed: bool,
+    ) -> None:  # fmt: skip
+        """Move each step past the ``k`` pieces of its round (one step: its ``head``), its
+        misses waiting in front (``missed``: the round's first try missed some); a step is
+        done when nothing is left or when its round placed nothing."""
         if self.n == 1:
-            kk, count = int(k[0]), len(self.waiting)
-            self.pos[0] += max(kk - count, 0)
-            rest = self.waiting[kk:]
-            if ok.all():
-                self.waiting = rest
-            else:
-                self.waiting = np.concatenate([head[~ok], rest])
+            kk, waiting = len(head), self.waiting
+            self.pos0 += max(kk - len(waiting), 0)
+            if missed:
+                self.waiting = np.concatenate([head[~ok], waiting[kk:]])
                 if not ok.any():
-                    self.live[0] = False
-            self.wait_step = self._zeros[: len(self.waiting)]
-            if self.pos[0] >= self.end[0] and not len(self.waiting):
-                self.live[0] = False
+                    self.live0 = False
+            else:
+                self.waiting = waiting[kk:]
+            if self.pos0 >= self.end0 and not len(self.waiting):
+                self.live0 = False
             return
         held = self._held()
         self.pos += np.maximum(k - held, 0)
@@ -320,26 +328,36 @@ class _Rounds:
         wait_step = np.concatenate([head_step[miss], self.wait_step[stay]])
         by_step = wait_step.argsort(kind="stable")  # (each step's misses, then the rest)
         self.waiting, self.wait_step = waiting[by_step], wait_step[by_step]
-        if not ok.all():  # a round that placed nothing ends its step
+        if missed:  # a round that placed nothing ends its step
             self.live &= np.bincount(head_step[ok], minlength=self.n) > 0
         self.live &= (self.end > self.pos) | (self._held() > 0)
 
     def finish(self, pieces: Sequence[Pieces], bins: Sequence[Bins]) -> list[np.ndarray]:
         """Each step's pieces left (its misses, then its queue); side by side, the bins and
         pieces written back to each step's own tables."""
+        if self.n == 1:
+            return [np.concatenate([self.waiting, self.queue[self.pos0 : self.end0]])]
         out = []
         for s in range(self.n):
             mine = self.waiting[self.wait_step == s]
             left = np.concatenate([mine, self.queue[int(self.pos[s]) : int(self.end[s])]])
             out.append(left - self.offset[s])
-        if self.n > 1:
-            shape = self.groups * self.micro
-            for s, (p, b) in enumerate(zip(pieces, bins, strict=True)):
-                placed = self.bin_of[int(self.offset[s]) : int(self.offset[s + 1])]
-                p.bin = np.where(placed >= 0, placed - s * shape, p.bin)
-                b.room[:] = self.room[s * shape : (s + 1) * shape]
-                b.load[:] = self.bin_load[s * shape : (s + 1) * shape]
+        shape = self.groups * self.micro
+        for s, (p, b) in enumerate(zip(pieces, bins, strict=True)):
+            placed = self.bin_of[int(self.offset[s]) : int(self.offset[s + 1])]
+            p.bin = np.where(placed >= 0, placed - s * shape, p.bin)
+            b.room[:] = self.room[s * shape : (s + 1) * shape]
+            b.load[:] = self.bin_load[s * shape : (s + 1) * shape]
         return out
+
+
+def _lpt_end(before: np.ndarray, head_cost: np.ndarray, groups: int) -> int:
+    """Where exact LPT ends one step's round (:func:`_lpt_cut`): the length of the round."""
+    after = np.minimum.accumulate(before + head_cost)
+    late_at = (before[1:] > after[:-1]).nonzero()[0]
+    if len(late_at) and late_at[0] + 1 >= MIN_ROUND * groups:
+        return int(late_at[0]) + 1
+    return len(before)
 
 
 def _lpt_cut(
@@ -349,20 +367,16 @@ def _lpt_cut(
     """``k`` where exact LPT ends each step's round: piece j goes to the j-th lightest
     group only while that group is no heavier than the lighter ones will be with their
     pieces (rounds of at least ``MIN_ROUND`` of the groups, which stays within a small
-    piece of exact LPT)."""
+    piece of exact LPT). The lighter groups' lowest cost with their pieces is a running
+    minimum per step: a segmented scan, doubling its reach each pass (one pass per doubling
+    of the longest round, where one step needs a single ``minimum.accumulate``)."""
     after = before + head_cost
-    if len(k) == 1:
-        late_at = (before[1:] > np.minimum.accumulate(after)[:-1]).nonzero()[0]
-        if len(late_at) and late_at[0] + 1 >= MIN_ROUND * groups:
-            return np.asarray([late_at[0] + 1])
-        return k
-    else:  # each step's running minimum: a segmented scan, doubling the reach each pass
-        shift = 1
-        while shift < int(k.max()):
-            prev = np.full(len(after), np.inf)
-            prev[shift:] = after[:-shift]
-            after = np.where(rank >= shift, np.minimum(after, prev), after)
-            shift *= 2
+    shift = 1
+    while shift < int(k.max()):
+        prev = np.full(len(after), np.inf)
+        prev[shift:] = after[:-shift]
+        after = np.where(rank >= shift, np.minimum(after, prev), after)
+        shift *= 2
     late = np.zeros(len(head_cost), dtype=bool)
     late[1:] = (rank[1:] >= 1) & (before[1:] > after[:-1])
     late_at = late.nonzero()[0]
