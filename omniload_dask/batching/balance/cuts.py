@@ -86,10 +86,10 @@ def cut_round(
         kk, g = np.divmod(rest, CUT_GRID)
         r = rows[do]
         piece, tail, to = h[r, a], x[r, a, kk, g], y[r, a, 0]
-        lo_run = runs.first[to]
+        lo_run = runs.first[to]  # (every run's pieces at once, as whole.py commits them)
         run = (lo_run - kk.cumsum() + kk).repeat(kk) + np.arange(int(kk.sum()))
         p.bin[runs.order[run]] = p.bin[piece].repeat(kk)
-        order = piece.argsort(kind="stable")
+        order = piece.argsort(kind="stable")  # (Pieces.cut takes its pieces ascending)
         piece, tail, to = piece[order], tail[order], to[order]
         parts = np.stack([p.length[piece] - tail, tail], axis=1).ravel()
         index = p.cut(piece.repeat(2), parts, cost)

@@ -193,6 +193,8 @@ def _cut_costly(p: Pieces, groups: int, cost: CostFunction) -> None:
 
 def _cut_even(p: Pieces, piece: np.ndarray, parts: np.ndarray, cost: CostFunction) -> None:
     """Cut each of ``piece`` (ascending) into ``parts`` parts of (nearly) equal tokens."""
+    # Every part of every piece at once: its piece and its number within the piece (a
+    # repeat and the offsets of a running sum); the first ``extra`` parts get a token more.
     owner = piece.repeat(parts)
     within = np.arange(len(owner)) - (parts.cumsum() - parts).repeat(parts)
     base, extra = np.divmod(p.length[piece], parts)

@@ -21,11 +21,11 @@ groups' costs most, if it lowers it below the heavy group's cost before. No piec
 no micro-batch changes its tokens, a document's pieces stay contiguous and in order, and the
 peak never rises. Rounds repeat while that finds something, at most ``ROUNDS`` of them.
 
-It runs only where cuts are allowed, without per-document extra costs (image encoder terms sit
-on a document's first piece), and up to ``SLIDE_UP_TO`` groups. On the head-to-head's real
-corpus (DP 8, one full 8,192-token micro-batch a rank, cut pieces of long documents), it lifts
-the mean efficiency from 0.958 to 0.980, against a bound of 0.988 over the new pieces
-(BENCHMARKS.md, session 24).
+It runs only where cuts are allowed (a slide moves a cut), without per-document extra costs
+(image encoder terms sit on a document's first piece, which a slide would have to follow), and
+up to ``SLIDE_UP_TO`` groups: a round evens the heaviest group alone, which lifts a step of a
+few groups but not one of thousands. It pays where long documents are cut across full
+micro-batches, one or few a rank: there whole pieces leave the most unevened.
 """
 
 from __future__ import annotations

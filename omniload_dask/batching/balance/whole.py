@@ -179,6 +179,8 @@ def _exchanges(
         new_l = np.where(whole, new_l, cut_l)
     worst = np.maximum(new_h, new_l)
     valid &= worst < load_h * (1 - PROGRESS)
+    # Each pair's best over its (candidate, bin) grid: one argmin of the flattened grid,
+    # the index taken apart with divmod (ties: the first candidate, then the first bin).
     score = np.where(valid, worst - (load_h + load_l) / 2, np.inf).reshape(P, -1)
     flat = np.argmin(score, axis=1)
     rows = np.arange(P)
@@ -199,6 +201,8 @@ def _commit_exchanges(
     if sel.any():
         order, piece, target = runs.order, ex.piece[sel], ex.target[sel]
         new_bin[piece] = target
+        # Every run's positions in ``order`` in one array: each run's start, repeated over
+        # its length, plus a count within the run (the offsets of a running sum, no loop).
         counts = ex.run_hi[sel] - ex.run_lo[sel]
         taken = (ex.run_lo[sel] - counts.cumsum() + counts).repeat(counts)
         taken += np.arange(int(counts.sum()))
