@@ -230,7 +230,7 @@ def write_source(folder: Path, name: str, lengths: np.ndarray, rng: np.random.Ge
                 out.write(json.dumps({"text": text}) + "\n")
 
 
-PHASES = ("draw_step", "plan_step", "commit_step")
+PHASES = ("draw_step", "plan_steps", "commit_step")
 
 
 def coordinator_timing(dp: int, steps: int, seed: int) -> dict[str, Any]:
@@ -290,11 +290,11 @@ def coordinator_timing(dp: int, steps: int, seed: int) -> dict[str, Any]:
             effs = []
             for t in range(steps):
                 plane.step(t)
-                effs.append(plane.coord.history[-1].efficiency)
+                effs.append(plane.coord.view.history[-1].efficiency)
         finally:
             for name, fn in phases.items():
                 setattr(Coordinator, name, fn)
-        stats = plane.coord.stats()
+        stats = plane.coord.view.stats()
     return {
         "dp": dp,
         "steps": len(times),
@@ -450,7 +450,7 @@ def _measured_steps(
     save_timings: str | None = None,
 ) -> dict[str, Any]:
     """``steps`` steps of :func:`measured_balance` at one DP size and budget fill."""
-    from stepcompute import (
+    from support.stepcompute import (
         baseline_micro_batches,
         efficiency,
         efficiency_bound,

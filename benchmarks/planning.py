@@ -16,7 +16,7 @@ documents::
 The mixes are the length distributions of the other benchmarks: ``balance`` is
 ``benchmarks/balance.py``'s (web-like lognormal, code-like lognormal, 8k-64k log-uniform long
 documents; token weights 0.5 / 0.3 / 0.2) with every length scaled by 0.886 so that the mean
-document is 1,024 tokens; ``manysources`` is ``benchmarks/manysources.py``'s 16 sources (web,
+document is 1,024 tokens; ``manysources`` is ``benchmarks/support/manysources.py``'s 16 sources (web,
 code and book word counts, each source with its own length scale; code counts a third more
 tokens than words for its punctuation); ``h2h`` is the shape of ``benchmarks/head_to_head.py``'s
 steps (short texts of about 100 tokens, code of about 1.6k, long documents of 8k-32k; token
@@ -28,7 +28,7 @@ document (the global batch does not depend on the DP size); the layout follows f
 Per point it reports, as the best of ``--runs`` runs (a fresh coordinator each, so each run
 plans the same steps) of the process's CPU time, the median over the timed steps of:
 
-- ``step``: one drawn step, its three phases ``Coordinator.draw_step``, ``plan_step`` and
+- ``step``: one drawn step, its three phases ``Coordinator.draw_step``, ``plan_steps`` and
   ``commit_step`` (the apply of live changes, the draw,
   the split, the recipes, the construction actions, the figures and the state record);
 - ``draw`` (the mixer's selection and the cursors), ``split`` (routing to buckets, the split
@@ -72,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # (run from elsewhere:
 from head_to_head import balance_bound
 
 from omniload_dask.core.coordinator import Coordinator, SubmitRead
+from omniload_dask.core.events import ReadReported, StepsRequested
 from omniload_dask.plan import parse_plan
 from omniload_dask.sources import Catalog
 
@@ -206,7 +207,7 @@ def _report(coord: Coordinator, mix: Mix, actions: Iterable[Any]) -> None:
             s, u = a.read.source, a.read.start
             rng = np.random.default_rng([zlib.crc32(mix.name.encode()), s, u])
             n = max(8, int(UNIT_TOKENS / mix.source_mean[s]))
-            coord.on_report(a.read.key, mix.draw(rng, s, n).astype(np.int32), 0)
+            coord.handle(ReadReported(a.read.key, mix.draw(rng, s, n).astype(np.int32), 0))
 
 
 def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str, Any]:
@@ -226,33 +227,33 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
         return wrapper
 
     splits: list[Any] = []
-    split = coord.planner.split
+    split = coord.parts.planner.split
 
     def keep_split(*args: Any, **kwargs: Any) -> Any:
         out = split(*args, **kwargs)
         splits.append(out)
         return out
 
-    coord.drawer.draw = timed("draw", coord.drawer.draw)  # type: ignore[method-assign]
-    coord.planner.split = timed("split", keep_split)  # type: ignore[method-assign]
-    coord.planner.recipes = timed("recipes", coord.planner.recipes)  # type: ignore[method-assign]
+    coord.parts.drawer.draw = timed("draw", coord.parts.drawer.draw)  # type: ignore[method-assign]
+    coord.parts.planner.split = timed("split", keep_split)  # type: ignore[method-assign]
+    coord.parts.planner.recipes = timed("recipes", coord.parts.planner.recipes)  # type: ignore[method-assign]
     # One drawn step is its three phases (draw, plan, commit; see core/stepping.py); they
     # add up to "step" whether they ran inline or, in the plugin, in a planning process.
     coord.draw_step = timed("step", coord.draw_step)  # type: ignore[method-assign]
-    coord.plan_step = timed("step", coord.plan_step)  # type: ignore[method-assign]
+    coord.plan_steps = timed("step", coord.plan_steps)  # type: ignore[method-assign]
     coord.commit_step = timed("step", coord.commit_step)  # type: ignore[method-assign]
     rows, step_splits = [], []  # (each step's split: its last)
     ranks = list(range(plan.layout.world_size))
     for rank in ranks:
-        coord.on_request(rank, 0, steps + warmup)
+        coord.handle(StepsRequested(rank, 0, steps + warmup))
     for t in range(steps + warmup):
         if t >= TRAIL:  # the ranks fetch as they go (the draw stops 12 steps past the slowest)
-            coord.on_request(ranks, t - TRAIL, steps + warmup - t + TRAIL)
+            coord.handle(StepsRequested(ranks, t - TRAIL, steps + warmup - t + TRAIL))
         for _ in range(64):  # report the reads it asks for until the step is drawn
-            before = coord.next_step
+            before = coord.view.next_step
             phases.clear()
             _report(coord, mix, coord.advance(max_steps=1))
-            if coord.next_step > before:
+            if coord.view.next_step > before:
                 break
         else:
             raise RuntimeError("a step was not drawn after 64 rounds of reads")
@@ -266,7 +267,7 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
             efficiency=a.efficiency,
             bound=getattr(a, "bound", None),
             cuts=a.cuts,
-            documents=coord.history[-1].documents,
+            documents=coord.view.history[-1].documents,
             pieces=len(a.doc),
         )
         rows.append(step_rows)

@@ -6,7 +6,7 @@ planning time, per DP size and number of cut rounds.
 
 ``planning.py``'s synthetic ``h2h`` mix is easier than the real corpus (session 24: 0.988
 against 0.958 after the polish), so balance work is judged here. The steps are those of
-``head_to_head.py``'s plan: its real corpus (``realcorpus.py``), Tekken, one 8192-token
+``head_to_head.py``'s plan: its real corpus (``support/realcorpus.py``), Tekken, one 8192-token
 micro-batch per rank, the mix 0.6 / 0.3 / 0.1 by documents, and the cost that ``head_to_head``
 fitted on this machine's real compute (its calibration file, when a run left one under
 ``--root``; else the figures of session 24's runs, said so in the output). The data plane runs
@@ -51,7 +51,7 @@ def fitted_cost(root: Path, seq_len: int) -> tuple[dict[str, float], str]:
     saved = root / f"calibration-{seq_len}-torch{torch.__version__}.json"
     if not saved.exists():
         return SESSION24_COST, "session 24's fitted cost (no calibration file under --root)"
-    from realcompute import StepTimer
+    from support.realcompute import StepTimer
 
     timer = StepTimer()
     timer.load(json.loads(saved.read_text()))
@@ -64,7 +64,7 @@ def drawn_steps(plan: Any, steps: int) -> list[Any]:
     from omniload_dask.testing import InlineDataPlane
 
     plane = InlineDataPlane(plan, build=False)
-    planner = plane.coord.planner
+    planner = plane.coord.parts.planner
     kept: list[Any] = []
     plan_step = planner.plan
 
@@ -173,7 +173,7 @@ def main() -> None:
         parser.error("--steps, --runs and --dp take numbers >= 1, --cut-rounds and --together >= 0")
     root = Path(args.root) if args.root else Path(tempfile.gettempdir()) / "omniload-h2h-real"
     from head_to_head import MIX3, make_plan
-    from realcorpus import build_corpus, find_tokenizers
+    from support.realcorpus import build_corpus, find_tokenizers
 
     from omniload_dask.plan import parse_plan
 

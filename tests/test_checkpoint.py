@@ -47,9 +47,9 @@ def test_resume_replays_live_changes_and_sources_that_joined(corpus, tmp_path):
     plan = make(corpus, **ckpt(tmp_path))
     run = InlineDataPlane(plan)
     ref = {t: {g: batch_digest(b) for g, b in bs.items()} for t, bs in run.stream(8)}
-    run.coord.set_weights({"a": 0.1}, at_step=run.coord.next_step + 1)
+    run.coord.set_weights({"a": 0.1}, at_step=run.coord.view.next_step + 1)
     d = SourceSpec(name="d", format="jsonl", paths=(str(corpus / "d.jsonl"),), weight=0.4)
-    joined = run.add_source(d, at_step=run.coord.next_step + 3)
+    joined = run.add_source(d, at_step=run.coord.view.next_step + 3)
     ref.update(
         {t: {g: batch_digest(b) for g, b in bs.items()} for t, bs in run.stream(20, start=8)}
     )
@@ -85,7 +85,7 @@ def test_elastic_resume_with_another_dp_size_continues_the_global_stream(corpus,
     ref = {t: pieces(bs) for t, bs in InlineDataPlane(plan).stream(20)}
     wider = make(corpus, layout={"dp": 4}, **ckpt(tmp_path))
     again = InlineDataPlane(wider, resume=9)
-    assert again.coord.next_step == 9
+    assert again.coord.view.next_step == 9
     for t, bs in again.stream(11, start=9):
         assert len(bs) == 4
         assert pieces(bs) == ref[t]
@@ -96,7 +96,7 @@ def test_changed_weights_and_sources_carry_the_saved_cursors_on(corpus, tmp_path
     first = InlineDataPlane(plan)
     list(first.stream(12))
     first.checkpoint()
-    saved = {s.spec.name: s.state_dict() for s in first.coord.streams}
+    saved = {s.spec.name: s.state_dict() for s in first.coord.view.streams}
     srcs = [s for s in sources(corpus) if s["name"] != "b"]
     srcs[0]["weight"] = 0.9
     srcs.append({"name": "d", "format": "jsonl", "path": str(corpus / "d.jsonl"), "weight": 0.3})
@@ -104,17 +104,17 @@ def test_changed_weights_and_sources_carry_the_saved_cursors_on(corpus, tmp_path
     at = 6
     at_six = Checkpoint(str(tmp_path / "ckpt")).state_at(at)
     again = InlineDataPlane(changed, resume=at)
-    restored = {s.spec.name: s.state_dict() for s in again.coord.streams}
+    restored = {s.spec.name: s.state_dict() for s in again.coord.view.streams}
     for src in at_six["sources"]:  # the saved cursors, as they were at step 6
         assert list(restored[src["spec"]["name"]].values()) == src["state"]
     assert restored["a"]["docs"] < saved["a"]["docs"]  # the cursor of step 6, not of step 12
     again.draw(10)
-    names = again.coord.names
+    names = again.coord.view.names
     assert names[:3] == ["a", "b", "c"] and names[3] == "d"
-    assert again.coord.streams[1].retired
-    assert again.coord.streams[3].docs > 0
+    assert again.coord.view.streams[1].retired
+    assert again.coord.view.streams[3].docs > 0
     assert restored["b"]["docs"] <= saved["b"]["docs"]
-    figs = [f for f in again.coord.history if f.step >= at]
+    figs = [f for f in again.coord.view.history if f.step >= at]
     assert all(f.source_documents[1] == 0 for f in figs)  # b removed from the resumed step
 
 

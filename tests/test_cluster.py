@@ -94,7 +94,7 @@ def test_every_sample_goes_to_exactly_one_rank_once(small_sources, cluster):
         job.stop()
     expected = set()
     plane = InlineDataPlane(plan)
-    for stream in plane.coord.streams:
+    for stream in plane.coord.view.streams:
         from omniload_dask.sources import encode_sample_ids
         from omniload_dask.sources.registry import read_unit_records
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from omniload_dask import JobError
+from omniload_dask.core.events import StepsRequested
 from omniload_dask.plan import parse_plan
 from omniload_dask.sources import decode_sample_id
 from omniload_dask.sources.registry import discover_source, read_unit_records
@@ -53,10 +54,10 @@ def test_every_sample_of_an_epoch_is_delivered_exactly_once(small_sources):
     plane = InlineDataPlane(plan)
     delivered: list[tuple[int, int, int, int]] = []
     step = 0
-    while min(s.epoch for s in plane.coord.streams) < 1:
+    while min(s.epoch for s in plane.coord.view.streams) < 1:
         delivered += pieces_of(plane.step(step))
         step += 1
-    drawn = plane.coord.next_step  # the plane draws a few steps ahead of requests
+    drawn = plane.coord.view.next_step  # the plane draws a few steps ahead of requests
     while step < drawn:
         delivered += pieces_of(plane.step(step))
         step += 1
@@ -117,9 +118,9 @@ def test_released_steps_are_rebuilt_identically_within_retention(small_plan):
     plane = InlineDataPlane(small_plan)
     first = {t: {g: batch_digest(b) for g, b in bs.items()} for t, bs in plane.stream(6)}
     for rank in range(small_plan.layout.world_size):  # every rank moves on past step 5
-        plane.coord.on_request(rank, 6, 1)
+        plane.coord.handle(StepsRequested(rank, 6, 1))
     plane.coord.advance()
-    assert not any(step < 6 for step, _ in plane.coord.delivery.held)
+    assert not any(step < 6 for step, _ in plane.coord.parts.delivery.held)
     again = {g: batch_digest(b) for g, b in plane.step(2).items()}
     assert again == first[2]
 
@@ -129,7 +130,7 @@ def test_steps_older_than_retention_cannot_be_rebuilt(small_sources):
     plane = InlineDataPlane(plan)
     list(plane.stream(6))
     for rank in range(plan.layout.world_size):
-        plane.coord.on_request(rank, 6, 1)
+        plane.coord.handle(StepsRequested(rank, 6, 1))
     with pytest.raises(JobError, match="step 1 is no longer held .* last 2 steps"):
         plane.coord.batch_for(0, 1)
 
@@ -143,19 +144,19 @@ def test_bad_records_raise_or_are_skipped_and_counted(tmp_path):
         raising.step(0)
     plane = InlineDataPlane(parse_plan(plan_dict(src, on_error="skip")))
     step = 0
-    while plane.coord.streams[0].epoch < 2:
+    while plane.coord.view.streams[0].epoch < 2:
         plane.step(step)
         step += 1
-    stats = plane.coord.stats()
+    stats = plane.coord.view.stats()
     assert stats["sources"][0]["skipped"] == 2 * 2  # two bad records, counted in each epoch
 
 
 def test_requests_outside_the_layout_are_rejected(small_plan):
     plane = InlineDataPlane(small_plan)
     with pytest.raises(JobError, match="rank 9 is not in the layout"):
-        plane.coord.on_request(9, 0, 1)
+        plane.coord.handle(StepsRequested(9, 0, 1))
     with pytest.raises(JobError, match="start must be >= 0 and count >= 1"):
-        plane.coord.on_request(0, 0, 0)
+        plane.coord.handle(StepsRequested(0, 0, 0))
 
 
 def bucket_plan(root, **layout):
@@ -202,7 +203,7 @@ def test_long_documents_go_to_long_sequences_and_pinned_sources_to_their_bucket(
                 here.update(mb["doc_id"].tolist())
         earlier |= here
     assert seen == {256, 1024, 2048}
-    stats = plane.coord.stats()
+    stats = plane.coord.view.stats()
     assert stats["documents_spilled"] == 0 and cut_here <= stats["documents_cut"]
 
 
@@ -231,9 +232,9 @@ def test_context_parallel_ranks_fetch_their_slices_and_tensor_parallel_peers_one
                 assert sorted(both.tolist()) == sorted(mb["input_ids"].tolist())
                 assert sum(p["num_tokens"] for p in parts) == mb["num_tokens"]
     for rank in range(layout.world_size):
-        plane.coord.on_request(rank, 3, 1)
+        plane.coord.handle(StepsRequested(rank, 3, 1))
     plane.coord.advance()
-    assert not any(step < 3 for step, _ in plane.coord.delivery.held)
+    assert not any(step < 3 for step, _ in plane.coord.parts.delivery.held)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -247,7 +248,7 @@ def test_units_without_records_do_not_stretch_the_read_ahead(tmp_path, seed):
     source = {"name": "a", "format": "jsonl", "path": str(tmp_path / "*.jsonl"), "unit_bytes": 1024}
     dp = InlineDataPlane(parse_plan(plan_dict([source], seed=1)), shuffle_reports=seed)
     dp.step(0)
-    stats = dp.coord.stats()["sources"][0]
+    stats = dp.coord.view.stats()["sources"][0]
     assert stats["units_in_flight"] <= 4 * stats["read_window"] < 80, stats
 
 
@@ -262,7 +263,7 @@ def test_a_draw_that_waits_is_retried_only_once_a_source_it_waited_for_reports(s
         for _, bs in InlineDataPlane(small_plan).stream(12)
     ]
     plane = InlineDataPlane(small_plan, shuffle_reports=seed)
-    drawer, streams = plane.coord.drawer, plane.coord.streams
+    drawer, streams = plane.coord.parts.drawer, plane.coord.view.streams
     wait: dict[str, Any] = {}  # the last wait: its step, all versions, the awaited ones
     counts: Counter[str] = Counter()
     select, draw = drawer.mixer.select, drawer.draw

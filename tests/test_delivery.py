@@ -13,7 +13,7 @@ import pytest
 from omniload_dask.cluster.waiters import Waiters
 from omniload_dask.core.actions import SubmitConstruct
 from omniload_dask.core.blocks import batch_end, fetch_depth, groups_per_task, steps_per_task
-from omniload_dask.core.coordinator import next_batch
+from omniload_dask.core.events import StepsRequested
 from omniload_dask.core.positions import RankPositions, Tournament
 from omniload_dask.errors import PlanError
 from omniload_dask.plan import LayoutSpec, parse_plan
@@ -57,15 +57,15 @@ def test_an_agent_request_moves_all_its_ranks_and_releases_what_its_groups_fetch
     plan = make_plan(small_sources, layout={"dp": 2, "tp": 2}, loader={"groups_per_task": 1})
     plane = InlineDataPlane(plan)
     list(plane.stream(3))
-    held = dict(plane.coord.delivery.held)
+    held = dict(plane.coord.parts.delivery.held)
     steps = sorted({s for s, _ in held})
     assert steps[0] == 2 and all((s, g) in held for s in steps for g in range(2))
-    plane.coord.on_request([0, 1], steps[-1] + 1, 4)  # one agent for DP group 0's two ranks
-    actions = plane.coord.advance()
+    # one agent for DP group 0's two ranks
+    actions = plane.coord.handle(StepsRequested([0, 1], steps[-1] + 1, 4))
     released = {k for a in actions if hasattr(a, "keys") for k in a.keys}
     assert {held[(s, 0)] for s in steps} <= released
     assert not {held[(s, 1)] for s in steps} & released  # group 1 has not moved
-    assert plane.coord.delivery.where.furthest == steps[-1] + 5
+    assert plane.coord.parts.delivery.where.furthest == steps[-1] + 5
 
 
 def test_blocks_build_several_dp_groups_in_one_task_and_every_rank_gets_its_own_part(
@@ -121,17 +121,17 @@ def test_a_step_drawn_planned_and_committed_in_phases_is_the_step_advance_makes(
     for step in range(5):
         ref = {g: batch_digest(b) for g, b in inline.step(step).items()}
         for rank in range(small_plan.layout.world_size):
-            coord.on_request(rank, step, 1)
-        while coord.planned_step <= step:
+            coord.handle(StepsRequested(rank, step, 1))
+        while coord.view.planned_step <= step:
             phased._settle()
             drawn = coord.draw_step()
             if drawn is None:
                 continue
-            assert coord.busy and coord.next_step == drawn.step + 1
-            assert coord.planned_step == drawn.step  # not fetchable before its commit
+            assert coord.view.busy and coord.view.next_step == drawn.step + 1
+            assert coord.view.planned_step == drawn.step  # not fetchable before its commit
             coord.set_weights({"web": 2.0})  # a change meanwhile counts from the next step
-            assert coord.log[-1]["step"] == drawn.step + 1
-            coord.commit_step(coord.plan_step(drawn))
+            assert coord.view.log[-1]["step"] == drawn.step + 1
+            coord.commit_step(coord.plan_steps([drawn])[0])
             phased._run(coord.take_actions())
         got = {g: batch_digest(b) for g, b in phased.step(step).items()}
         assert got == ref
@@ -292,7 +292,7 @@ def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(sm
     plane = InlineDataPlane(make_plan(small_sources, loader={"steps_per_task": 4}))
     coord = plane.coord
     for rank in range(2):
-        coord.on_request(rank, 0, 4)  # the draw target: step 4 + lookahead 2
+        coord.handle(StepsRequested(rank, 0, 4))  # the draw target: step 4 + lookahead 2
     seen = []
     for _ in range(200):
         drawn = coord.draw_step()
@@ -300,8 +300,8 @@ def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(sm
             plane._run(coord.take_actions())
             plane.read_one()  # a draw waits for a read
             continue
-        coord.commit_step(coord.plan_step(drawn))
-        seen.append((drawn.step, coord.planned_step, coord.batch_for(0, drawn.step)))
+        coord.commit_step(coord.plan_steps([drawn])[0])
+        seen.append((drawn.step, coord.view.planned_step, coord.batch_for(0, drawn.step)))
         plane._run(coord.take_actions())
         if drawn.step == 5:
             break
@@ -309,8 +309,8 @@ def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(sm
     # step 0 alone, then steps 1-4 fetchable once step 4 is in
     assert planned == [1, 1, 1, 1, 5, 5]
     assert [part is None for *_, part in seen] == [False, True, True, True, False, True]
-    assert coord.batch_for(1, 3) == (coord.delivery.held[(3, 1)], 2 * 2 + 1)
-    assert coord.delivery.draw_target() >= 9  # the draw goes on to the block's end
+    assert coord.batch_for(1, 3) == (coord.parts.delivery.held[(3, 1)], 2 * 2 + 1)
+    assert coord.parts.delivery.draw_target() >= 9  # the draw goes on to the block's end
 
 
 @pytest.mark.parametrize(
@@ -333,10 +333,10 @@ def test_whole_blocks_are_planned_together_and_a_block_drawn_in_part_waits(small
     for _ in range(1000):
         if not drawn:
             for rank in range(2):  # the ranks are 8 steps behind the last planned one
-                coord.on_request(rank, max(0, coord.planned_step - 8), 20)
+                coord.handle(StepsRequested(rank, max(0, coord.view.planned_step - 8), 20))
             one = coord.draw_step()
             drawn = [one] if one is not None else []
-        batch, drawn = next_batch(coord, drawn, 8) if drawn else ([], [])
+        batch, drawn = coord.draw_batch(drawn, 8) if drawn else ([], [])
         if not batch:  # the draw waits for a read (steps of a block drawn in part, or none)
             waited += bool(drawn)
             plane._run(coord.take_actions())
@@ -367,7 +367,7 @@ def test_a_stream_that_ends_inside_a_block_builds_the_steps_it_has(small_sources
 
     def drain(plane: InlineDataPlane) -> list[list[tuple[int, ...]]]:
         out, step = [], 0
-        while plane.coord.end_step is None or step < plane.coord.end_step:
+        while plane.coord.view.end_step is None or step < plane.coord.view.end_step:
             out.append([batch_digest(b) for _, b in sorted(plane.step(step).items())])
             step += 1
         return out

@@ -43,16 +43,20 @@ def test_tiny_vlm_example_scatters_image_tokens_from_feeder_batches():
     assert sum(int(n) for _, n in steps) > 0
 
 
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
+
+
 def _readme_python_blocks() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    return _python_blocks(REPO / "README.md")
 
 
-def test_every_python_block_of_the_readme_parses_and_complete_ones_guard_the_cluster():
+def test_every_python_block_of_the_readme_and_the_docs_parses_and_guards_the_cluster():
     import ast
 
-    blocks = _readme_python_blocks()
-    assert len(blocks) >= 3
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    blocks = [block for page in pages for block in _python_blocks(page)]
+    assert len(_readme_python_blocks()) >= 2 and len(blocks) >= 6
     for block in blocks:
         tree = ast.parse(block)  # every snippet is valid Python as printed
         starts = "Job.start(" in block and "address=" not in block
@@ -75,3 +79,5 @@ def test_the_readme_training_script_runs_as_written(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(re.findall(r"^step \d: loss \d+\.\d+", proc.stdout, flags=re.MULTILINE)) == 5
+    assert "done: {" in proc.stdout  # its progress, and where a resume would continue

@@ -25,9 +25,9 @@ torch = pytest.importorskip("torch")
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from baselines import ChunkPacker, PerRankLoader  # noqa: E402
 from head_to_head import _cpu_by_group, balance_bound  # noqa: E402
-from realcorpus import find_tokenizers  # noqa: E402
+from support.baselines import ChunkPacker, PerRankLoader  # noqa: E402
+from support.realcorpus import find_tokenizers  # noqa: E402
 
 from omniload_dask import parse_plan  # noqa: E402
 from omniload_dask.plan import TokenizerSpec  # noqa: E402
@@ -123,7 +123,7 @@ def test_balance_bound_under_a_token_limit_bounds_every_assignment_within_it():
 
 
 def test_real_compute_estimate_follows_the_measured_time():
-    from realcompute import StepTimer
+    from support.realcompute import StepTimer
 
     timer = StepTimer(repeats=1)
     timer.calibrate(up_to=512)
@@ -179,7 +179,7 @@ def _burn_in_a_child(seconds: float, reaped: Any, done: Any) -> None:
 
 
 def test_a_reaped_childs_cpu_reaches_its_parents_figure():
-    from accounting import cpu_with_reaped
+    from support.accounting import cpu_with_reaped
 
     ctx = multiprocessing.get_context("spawn")
     reaped, done = ctx.Event(), ctx.Event()

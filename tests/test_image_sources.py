@@ -248,10 +248,10 @@ def test_bad_images_are_skipped_and_counted_per_source(tmp_path):
     # Through the data plane: counted once per epoch, per source.
     plane = InlineDataPlane(plan)
     step = 0
-    while min(s.epoch for s in plane.coord.streams[:2]) < 1:
+    while min(s.epoch for s in plane.coord.view.streams[:2]) < 1:
         plane.step(step)
         step += 1
-    skipped = {s["name"]: s["skipped"] for s in plane.coord.stats()["sources"]}
+    skipped = {s["name"]: s["skipped"] for s in plane.coord.view.stats()["sources"]}
     assert skipped["cap"] >= 4 and skipped["cap"] % 4 == 0
     assert skipped["wds"] >= 2 and skipped["wds"] % 2 == 0
     assert skipped["txt"] == 0
@@ -388,7 +388,7 @@ def test_stream_with_images_is_the_same_whatever_the_read_order_split_and_quotas
             for a, b in zip(a_step, b_step, strict=True):
                 assert_batches_equal(a, b)
     split = variants[1].coord
-    assert max(s["read_parts"] for s in split.stats()["sources"]) > 1
+    assert max(s["read_parts"] for s in split.view.stats()["sources"]) > 1
     assert (
         any("-p" in key for key in variants[1].shards)
         or variants[1].reads > InlineDataPlane(plan).reads
@@ -412,16 +412,16 @@ def test_the_data_plane_balances_encoder_and_backbone_cost_together(image_root):
     plane = InlineDataPlane(plan)
     for step in range(6):
         plane.step(step)
-    assert plane.coord.planner.cost.has_encoder
+    assert plane.coord.parts.planner.cost.has_encoder
     # The plane's figures include the encoder terms: recompute one step's group costs.
-    record = plane.coord.delivery.steps[5]
-    assert len(record.costs) == 4 and plane.coord.figures.efficiency_min > 0.8
+    record = plane.coord.parts.delivery.steps[5]
+    assert len(record.costs) == 4 and plane.coord.parts.figures.efficiency_min > 0.8
     backbone_only = dataclasses.replace(
         plan, cost=dataclasses.replace(plan.cost, encoder_linear=0.0, encoder_quadratic=0.0)
     )
     other = InlineDataPlane(backbone_only, build=False)
     other.draw(6)
-    assert float(other.coord.delivery.steps[5].costs.sum()) < float(record.costs.sum())
+    assert float(other.coord.parts.delivery.steps[5].costs.sum()) < float(record.costs.sum())
 
 
 def test_placeholder_must_be_in_a_huggingface_vocabulary(image_root, tmp_path):

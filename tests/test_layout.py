@@ -1,7 +1,7 @@
 """The package's shape: a pure core, no import cycles, small modules, documented public names.
 
-These are the rules of the layout (see README "Layout"); each test reads the source, so a rule
-broken anywhere fails here with the module and line that break it.
+These are the rules of the layout (see docs/concepts.md, "Where the code lives"); each test
+reads the source, so a rule broken anywhere fails here with the module and line that break it.
 """
 
 from __future__ import annotations

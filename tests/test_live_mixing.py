@@ -50,8 +50,10 @@ def make(root: Path, **overrides):
 
 def shares(plane: InlineDataPlane, start: int = 0, stop: int | None = None) -> np.ndarray:
     by_tokens = plane.plan.mixing_by == "tokens"
-    figs = [f for f in plane.coord.history if f.step >= start and (stop is None or f.step < stop)]
-    n = len(plane.coord.streams)
+    figs = [
+        f for f in plane.coord.view.history if f.step >= start and (stop is None or f.step < stop)
+    ]
+    n = len(plane.coord.view.streams)
     got = np.zeros(n)
     for f in figs:
         vals = f.source_tokens if by_tokens else f.source_documents
@@ -65,7 +67,7 @@ def test_realised_shares_within_half_a_point_over_1000_steps(corpus, by):
     plane.draw(1000)
     got = shares(plane, stop=1000)
     assert np.abs(got - [0.5, 0.3, 0.2]).max() < 0.005, got
-    mix = plane.coord.mixture(window=200)
+    mix = plane.coord.view.mixture(window=200)
     assert [m["name"] for m in mix] == ["a", "b", "c"]
     assert abs(mix[0]["realised_total"] - 0.5) < 0.01
     assert mix[0]["target_now"] == pytest.approx(0.5)
@@ -77,16 +79,16 @@ def test_weight_change_keeps_earlier_batches_and_rules_later_ones(corpus):
         {g: batch_digest(b) for g, b in bs.items()} for _, bs in InlineDataPlane(plan).stream(30)
     ]
     plane = InlineDataPlane(plan)
-    assert plane.coord.set_weights({"a": 0.0, "b": 0.25, "c": 0.75}, at_step=12) == 12
+    assert plane.coord.set_weights({"a": 0.0, "b": 0.25, "c": 0.75}, at_step=12).step == 12
     got = [{g: batch_digest(b) for g, b in bs.items()} for _, bs in plane.stream(30)]
     assert got[:12] == ref[:12]
     assert got[12] != ref[12]
-    for fig in plane.coord.history:
+    for fig in plane.coord.view.history:
         if fig.step >= 12:
             assert fig.source_documents[0] == 0  # a has weight 0 from step 12 on
     plane.draw(300)
     assert np.abs(shares(plane, start=12)[1:] - [0.25, 0.75]).max() < 0.01
-    assert plane.coord.log == [
+    assert plane.coord.view.log == [
         {"step": 12, "kind": "weights", "weights": {"a": 0.0, "b": 0.25, "c": 0.75}}
     ]
 
@@ -94,7 +96,7 @@ def test_weight_change_keeps_earlier_batches_and_rules_later_ones(corpus):
 def test_partial_change_leaves_other_sources_on_the_plan(corpus):
     plane = InlineDataPlane(make(corpus), build=False)
     plane.coord.set_weights({"c": 0.7})
-    assert plane.coord.weights_at(0).tolist() == [0.5, 0.3, 0.7]
+    assert plane.coord.view.weights_at(0).tolist() == [0.5, 0.3, 0.7]
 
 
 @pytest.mark.parametrize(
@@ -112,11 +114,11 @@ def test_bad_weights_are_rejected_and_the_job_carries_on(corpus, weights, messag
     plane.draw(3)
     with pytest.raises((JobError, PlanError), match=message):
         plane.coord.set_weights(weights)
-    with pytest.raises(JobError, match="already drawn"):
+    with pytest.raises(JobError, match="already built"):
         plane.coord.set_weights({"a": 1}, at_step=0)
-    assert plane.coord.error is None
+    assert plane.coord.view.error is None
     plane.draw(3)  # carries on
-    assert plane.coord.log == []
+    assert plane.coord.view.log == []
 
 
 def test_schedule_points_must_be_in_order_and_name_known_sources(corpus):
@@ -179,18 +181,18 @@ def test_sources_join_and_leave_keeping_their_cursors(corpus):
     list(plane.stream(10))
     new = SourceSpec(name="d", format="jsonl", paths=(str(corpus / "d.jsonl"),), weight=0.4)
     step = plane.add_source(new)
-    assert step == plane.coord.next_step
+    assert step == plane.coord.view.next_step
     removed_at = plane.coord.remove_source("b", at_step=step + 5)
     plane.draw(30)
     figs = {
         f.step: f.source_documents + [0] * (4 - len(f.source_documents))
-        for f in plane.coord.history
+        for f in plane.coord.view.history
     }
     assert all(figs[t][3] == 0 for t in figs if t < step)
     assert sum(figs[t][3] for t in figs if t >= step) > 0
     assert all(figs[t][1] == 0 for t in figs if t >= removed_at)
     # b's cursor stays where it stopped; bringing it back continues from there
-    b = plane.coord.streams[1]
+    b = plane.coord.view.streams[1]
     cursor = (b.epoch, b.position, b.row, b.docs)
     plane.draw(5)
     assert (b.epoch, b.position, b.row, b.docs) == cursor
@@ -198,7 +200,7 @@ def test_sources_join_and_leave_keeping_their_cursors(corpus):
     plane.draw(5)
     assert b.docs > cursor[3] and not b.retired
     with pytest.raises(JobError, match="already in the job"):
-        plane.coord.add_source(plan.sources[0], plane.coord.streams[0].catalog)
+        plane.coord.add_source(plan.sources[0], plane.coord.view.streams[0].catalog)
     with pytest.raises(JobError, match="no source 'zzz'"):
         plane.coord.remove_source("zzz")
 
@@ -207,15 +209,15 @@ def test_a_source_with_limited_epochs_stops_and_the_stream_ends(corpus):
     plan = make(corpus, sources=sources(corpus, c={"epochs": 2}))
     plane = InlineDataPlane(plan, build=False)
     plane.draw(1000)
-    c = plane.coord.streams[2]
+    c = plane.coord.view.streams[2]
     assert c.exhausted and c.docs == 2 * 100
-    assert plane.coord.stats()["sources"][2]["exhausted"]
-    assert plane.coord.streams[0].epoch >= 1  # the others go on
+    assert plane.coord.view.stats()["sources"][2]["exhausted"]
+    assert plane.coord.view.streams[0].epoch >= 1  # the others go on
     every = make(corpus, sources=sources(corpus, a={"epochs": 1}, b={"epochs": 1}, c={"epochs": 1}))
     done = InlineDataPlane(every, build=False)
     done.draw(10_000)  # returns when the stream ends
-    assert done.coord.end_step is not None and done.coord.end_step < 10_000
-    assert [s.docs for s in done.coord.streams] == [300, 200, 100]
+    assert done.coord.view.end_step is not None and done.coord.view.end_step < 10_000
+    assert [s.docs for s in done.coord.view.streams] == [300, 200, 100]
 
 
 # ---------------------------------------------------------------------- on a real cluster

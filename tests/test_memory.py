@@ -22,9 +22,9 @@ def sample(job: Job) -> dict[str, int]:
     return {
         "futures": len(run.futures),
         "tasks": len(sched.tasks),
-        "held": len(run.coord.delivery.held),
-        "retained_steps": len(run.coord.delivery.steps),
-        "units": sum(len(s.units) for s in run.coord.streams),
+        "held": len(run.coord.parts.delivery.held),
+        "retained_steps": len(run.coord.parts.delivery.steps),
+        "units": sum(len(s.units) for s in run.coord.view.streams),
         "managed": sum(ws.nbytes for ws in sched.workers.values()),
         "worker_rss": sum(worker_rss.values()),
         "rss": psutil.Process().memory_info().rss,

@@ -195,7 +195,7 @@ def test_malformed_paths_are_plan_errors_naming_the_field(path, message):
 
 def test_a_plan_file_that_is_not_utf8_is_a_plan_error_naming_the_file(tmp_path):
     text = (PLANS / "quickstart.yaml").read_bytes()
-    (tmp_path / "latin1.yaml").write_bytes(text.replace(b"quickstart: three", b"caf\xe9: three"))
+    (tmp_path / "latin1.yaml").write_bytes(b"# caf\xe9\n" + text)  # a Latin-1 byte
     with pytest.raises(PlanError, match=r"plan file '.*latin1\.yaml': not UTF-8 text \(byte 0xe9"):
         load_plan(tmp_path / "latin1.yaml")
     (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00\x01" * 10)

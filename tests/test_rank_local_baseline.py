@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
-from manysources import bpe_tokenizer, make_sources, source_specs  # noqa: E402
-from rank_local import RankLocalLoader, SourceShard, shard_files, step_cost  # noqa: E402
+from support.manysources import bpe_tokenizer, make_sources, source_specs  # noqa: E402
+from support.rank_local import RankLocalLoader, SourceShard, shard_files, step_cost  # noqa: E402
 
 from omniload_dask import parse_plan  # noqa: E402
 from omniload_dask.batching.cost import CostModel  # noqa: E402

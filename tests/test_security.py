@@ -1,8 +1,9 @@
 """Secure jobs: TLS with client certificates on every way in; credentials that never leak.
 
-The TLS cluster is the README's ("Securing a job"): its `dask scheduler` / `dask worker` /
-`omniload status` commands and trainer code are read from the README and run as written, with
-this machine's host, ports and the certificates this module's test CA makes.
+The TLS cluster is the security guide's (docs/guides/security.md, "A TLS cluster"): its
+`dask scheduler` / `dask worker` / `omniload status` commands and trainer code are read from
+that page and run as written, with this machine's host, ports and the certificates this
+module's test CA makes; so is its credentials example.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from .conftest import make_plan
 from .datagen import plan_dict
 from .pki import Authority
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "security.md"
 KEY = "AKIAOMNILOADLITERALKEY"
 SECRET = "literal-secret-0b1f5e"
 ENV_TOKEN = "token-from-the-env-77c2"
@@ -50,14 +51,9 @@ CONNECT_TIMEOUT = 3.0  # seconds a stranger's connection may take to be refused
 WAIT = 60.0  # upper bound of every wait for the cluster
 
 
-def readme_section() -> str:
-    text = README.read_text()
-    start = text.index("## Securing a job")
-    return text[start : text.index("\n## ", start + 1)]
-
-
-def readme_blocks(kind: str) -> list[str]:
-    return re.findall(rf"```{kind}\n(.*?)```", readme_section(), re.S)
+def guide_blocks(kind: str) -> list[str]:
+    """The page's code blocks of one language, in order."""
+    return re.findall(rf"```{kind}\n(.*?)```", GUIDE.read_text(), re.S)
 
 
 def secret_plan(root: Path, name: str, **overrides: object):
@@ -216,7 +212,7 @@ def test_a_checkpoint_of_a_plan_with_credentials_holds_none(small_sources, tmp_p
     assert_no_leak(checkpoint_text(ckpt), "the checkpoint")
     # resuming takes the options from the plan it resumes with
     again = InlineDataPlane(plan, resume=True)
-    assert dict(again.coord.streams[0].spec.storage_options)["secret"] == SECRET
+    assert dict(again.coord.view.streams[0].spec.storage_options)["secret"] == SECRET
 
 
 # ---------------------------------------------------------------------- a TLS cluster
@@ -255,7 +251,7 @@ def free_port() -> int:
 
 
 def localise(command: str, pki, port: int) -> list[str]:
-    """A README command for this machine: its host, a free port, the test CA's files."""
+    """A command of the guide for this machine: its host, a free port, the test CA's files."""
     files = {**pki.files}
     for name, path in list(files.items()):
         files[name.replace(".pem", ".key")] = path[: -len(".pem")] + ".key"
@@ -280,7 +276,7 @@ def localise(command: str, pki, port: int) -> list[str]:
 def tls_cluster(pki, tmp_path_factory):
     from distributed import Client
 
-    commands = [line for line in readme_blocks("bash")[0].splitlines() if line.strip()]
+    commands = [line for line in guide_blocks("bash")[0].splitlines() if line.strip()]
     scheduler, worker, status = commands
     assert scheduler.startswith("dask scheduler") and worker.startswith("dask worker")
     port = free_port()
@@ -325,15 +321,15 @@ def tls_cluster(pki, tmp_path_factory):
                 proc.wait(30)
 
 
-def run_readme_trainer(tls_cluster, pki, plan_path: Path) -> dict:
-    """The README's trainer code, run here with this machine's files and address."""
-    (code,) = readme_blocks("python")
+def run_guide_trainer(tls_cluster, pki, plan_path: Path) -> dict:
+    """The guide's trainer code, run here with this machine's files and address."""
+    (code,) = guide_blocks("python")
     key = pki.files["trainer.pem"][: -len(".pem")] + ".key"
     for name, path in {**pki.files, "trainer.key": key, "plan.yaml": str(plan_path)}.items():
         code = code.replace(f'"{name}"', repr(path))
     code = code.replace("scheduler:8786", f"127.0.0.1:{tls_cluster.port}")
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "security.md", "exec"), namespace)
     return namespace
 
 
@@ -382,7 +378,7 @@ def strangers(pki, tls_cluster) -> dict[str, tuple[str, dict, object]]:
 
 
 @pytest.mark.slow
-def test_the_readme_tls_cluster_serves_its_trainers_and_refuses_strangers(
+def test_the_guides_tls_cluster_serves_its_trainers_and_refuses_strangers(
     tls_cluster, pki, small_sources, tmp_path, monkeypatch
 ):
     from omniload_dask.trainer import link
@@ -397,7 +393,7 @@ def test_the_readme_tls_cluster_serves_its_trainers_and_refuses_strangers(
     plan_path = tmp_path / "plan.yaml"
     plan_path.write_text(yaml.safe_dump(plan.to_dict()))
     assert "OMNILOAD_TEST_TOKEN" not in os.environ  # resolved on the workers only
-    ns = run_readme_trainer(tls_cluster, pki, plan_path)
+    ns = run_guide_trainer(tls_cluster, pki, plan_path)
     job, feeder = ns["job"], ns["feeder"]
     try:
         first = [next(feeder)["input_ids"].tolist() for _ in range(4)]
@@ -407,7 +403,7 @@ def test_the_readme_tls_cluster_serves_its_trainers_and_refuses_strangers(
         assert_no_leak(json.dumps(job.info), "the info reply")
         assert_no_leak(json.dumps(job.stats()), "job.stats()")
         assert_no_leak(json.dumps(feeder.stats()), "feeder.stats()")
-        # the README's status command, as written
+        # the guide's status command, as written
         proc = subprocess.run(
             localise(tls_cluster.status, pki, tls_cluster.port),
             capture_output=True,
@@ -567,7 +563,7 @@ def test_the_embedded_cluster_on_tls_serves_its_dashboard_on_loopback(small_sour
 
         def secret_now(dask_scheduler):
             run = dask_scheduler.plugins["omniload"].jobs["embedded"]
-            return dict(run.coord.streams[0].spec.storage_options)["secret"]
+            return dict(run.coord.view.streams[0].spec.storage_options)["secret"]
 
         assert job.client.run_on_scheduler(secret_now) == SECRET
         with job.feeder(dp_rank=0, start_step=1, max_steps=3, output="numpy") as feeder:
@@ -663,8 +659,8 @@ def test_error_texts_shown_by_a_job_lose_the_plan_s_credentials(small_sources, m
     assert out["error"] == "read failed: AccessDenied for key *** (token ***)"
 
 
-def test_the_readme_credentials_example_is_a_valid_source_with_references(monkeypatch):
-    (block,) = readme_blocks("yaml")
+def test_the_guides_credentials_example_is_a_valid_source_with_references(monkeypatch):
+    (block,) = guide_blocks("yaml")
     source = yaml.safe_load(block)["sources"][0]
     plan = parse_plan(plan_dict([source]))
     opts = plan.sources[0].storage_options

@@ -169,7 +169,7 @@ def test_small_files_stream_every_record_once_an_epoch_in_parts_or_whole(small_f
         plane = InlineDataPlane(plan, timing=timing)
         split = record_reads(plane)
         out, step = [], 0
-        while plane.coord.end_step is None or step < plane.coord.end_step:
+        while plane.coord.view.end_step is None or step < plane.coord.view.end_step:
             out += delivered_step(plane, step)
             step += 1
         if not slow:
@@ -209,7 +209,7 @@ def test_a_units_reads_are_worked_out_once_however_many_steps_draw_from_it(
     plane = InlineDataPlane(_plan(small_files, source_extra={"epochs": 1}))
     submitted = record_reads(plane)
     step = 0
-    while plane.coord.end_step is None or step < plane.coord.end_step:
+    while plane.coord.view.end_step is None or step < plane.coord.view.end_step:
         delivered_step(plane, step)
         step += 1
     assert any(r.more for r in submitted)  # units of several files
@@ -238,7 +238,7 @@ def test_a_checkpoint_saved_before_files_were_merged_resumes_reading_one_file_a_
     )
 
     def then_merge(run: InlineDataPlane) -> None:
-        assert all(s.catalog.groups is None for s in run.coord.streams)
+        assert all(s.catalog.groups is None for s in run.coord.view.streams)
         old["on"] = False
 
     plan = _plan(small_files, checkpoint={"url": str(tmp_path / "ckpt"), "flush_seconds": 0.05})

@@ -467,7 +467,7 @@ def test_a_json_lines_line_longer_than_hundreds_of_units_is_read_once_and_never_
     assert all(not r.texts and not r.bad for r in inside)
     plane = InlineDataPlane(plan)
     plane.draw(6)  # before: a draw waited for a unit that was never submitted
-    stream = plane.coord.streams[0]
+    stream = plane.coord.view.streams[0]
     # The line is one document of ~300k tokens: with `split` and no cap it continues across
     # steps, so what matters is that the draws went on and the source took its share.
-    assert plane.coord.next_step >= 6 and stream.tokens > 0  # (on to the end of a block)
+    assert plane.coord.view.next_step >= 6 and stream.tokens > 0  # (on to the end of a block)

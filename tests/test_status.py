@@ -114,3 +114,33 @@ def test_metrics_of_a_stats_dict_include_the_figures_that_plug_in_later():
     got = scrape(later)
     assert got["omniload_checkpoint_age_seconds"][(("job", "j"),)] >= 30
     assert got["omniload_source_quota"][(("job", "j"), ("source", "web"))] == 4
+
+
+def test_status_and_jobs_mark_feeders_that_stopped_asking_as_idle():
+    from omniload_dask.observe.status import IDLE_AFTER, format_jobs, job_state
+
+    ranks = {
+        0: {"position": 7, "reported_ago": 0.5},
+        1: {"position": 7, "reported_ago": IDLE_AFTER + 30},
+        2: {"position": 0},
+    }
+    s = stats(ranks=3)
+    s["ranks"] = ranks
+    text = format_status(s, now=100.0)
+    assert (
+        "  ranks: 1 fetching, 1 idle (no request for 10 s: finished or paused), 1 not started"
+        in text
+    )
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("     ")}
+    assert rows["0"].endswith("0.5 s ago") and rows["1"].endswith("40 s ago (idle)")
+    assert rows["2"].endswith("never")
+    assert job_state(s) == "running"
+    s["ranks"] = {r: v for r, v in ranks.items() if r != 0}
+    assert job_state(s) == "idle" and " · idle · " in format_status(s, now=100.0)
+    s["ranks"] = {2: ranks[2]}
+    assert job_state(s) == "waiting for ranks"
+    assert job_state({**s, "error": "boom"}) == "failed"
+    header, row = format_jobs([stats(ranks=2, uptime=300.0)]).splitlines()
+    assert header.split() == ["job", "state", "step", "drawn", "ranks", "age"]
+    assert row.split() == ["j", "waiting", "for", "ranks", "7", "9", "0/2", "fetching", "5", "min"]
+    assert format_jobs([]) == "no omniload job runs on this scheduler"

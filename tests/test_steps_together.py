@@ -126,24 +126,26 @@ def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_
     one = InlineDataPlane(plan)
     many = InlineDataPlane(plan, together=together)
     sizes: list[int] = []
-    plan_steps = many.coord.planner.plan_steps
+    plan_steps = many.coord.parts.planner.plan_steps
 
     def counted(drawn):
         sizes.append(len(drawn))
         return plan_steps(drawn)
 
-    many.coord.planner.plan_steps = counted  # type: ignore[method-assign]
+    many.coord.parts.planner.plan_steps = counted  # type: ignore[method-assign]
     steps = 0
-    while one.coord.end_step is None or steps < one.coord.end_step:
+    while one.coord.view.end_step is None or steps < one.coord.view.end_step:
         a, b = one.step(steps), many.step(steps)
         assert sorted(a) == sorted(b)
         for g in a:
             assert batch_digest(a[g]) == batch_digest(b[g])
         steps += 1
         assert steps < 500
-    assert many.coord.end_step == one.coord.end_step == steps
+    assert many.coord.view.end_step == one.coord.view.end_step == steps
     assert 1 < max(sizes) <= together  # (steps were planned together)
-    assert [f.efficiency for f in many.coord.history] == [f.efficiency for f in one.coord.history]
+    assert [f.efficiency for f in many.coord.view.history] == [
+        f.efficiency for f in one.coord.view.history
+    ]
 
 
 def test_the_refinement_knobs_apply_to_steps_side_by_side(monkeypatch):

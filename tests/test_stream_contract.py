@@ -86,7 +86,7 @@ def test_split_drops_nothing_a_document_longer_than_a_batch_continues_in_the_nex
     plane = InlineDataPlane(plan)
     pieces = []
     step = 0
-    while plane.coord.end_step is None or step < plane.coord.end_step:
+    while plane.coord.view.end_step is None or step < plane.coord.view.end_step:
         pieces += delivered_step(plane, step)
         step += 1
     by_doc: dict[int, list[tuple[int, int, np.ndarray]]] = {}
@@ -108,10 +108,10 @@ def test_split_drops_nothing_a_document_longer_than_a_batch_continues_in_the_nex
             spans += 1
             assert steps[-1] - steps[0] >= len(whole) // plan.batch.global_tokens
     assert spans > 0  # the corpus has documents longer than a global batch
-    stats = plane.coord.stats()
+    stats = plane.coord.view.stats()
     assert all(s["truncated_tokens"] == 0 for s in stats["sources"])
     # a global batch is exactly full, except the last
-    tokens = [f.tokens for f in plane.coord.history]
+    tokens = [f.tokens for f in plane.coord.view.history]
     assert all(n == plan.batch.global_tokens for n in tokens[:-1])
 
 
@@ -139,7 +139,7 @@ def test_max_document_tokens_caps_only_where_the_plan_says_and_may_exceed_the_bu
         got[sid] = max(got.get(sid, 0), off + len(tok))
     finished = [sid for sid in got if got[sid] == min(len(full[sid]), cap)]
     assert any(len(full[sid]) > cap for sid in finished)
-    stats = plane.coord.stats()
+    stats = plane.coord.view.stats()
     expected = sum(
         max(0, len(full[sid]) - cap) for sid in finished if got[sid] == cap
     )  # the cap drops the rest, and counts it (only once a document is finished)
@@ -167,11 +167,11 @@ def test_the_mix_holds_within_half_a_point_over_1000_steps_at_every_budget(
     plan = shaped_plan(shaped, dp=dp, mixing={"by": by}, long_documents=long_documents)
     plane = InlineDataPlane(plan, build=False)
     plane.draw(1000)
-    mix = plane.coord.mixture(window=1000)
+    mix = plane.coord.view.mixture(window=1000)
     realised = np.asarray([m["realised_total"] for m in mix])
     assert np.abs(realised - [0.6, 0.3, 0.1]).max() < 0.005, realised
     if long_documents == "split":
-        assert all(s["truncated_tokens"] == 0 for s in plane.coord.stats()["sources"])
+        assert all(s["truncated_tokens"] == 0 for s in plane.coord.view.stats()["sources"])
 
 
 def test_validate_states_the_mix_bound_of_the_plan(shaped, tmp_path, capsys):
@@ -257,8 +257,8 @@ def version(root: Path, weights: dict[str, float], **extra: object) -> Plan:
 
 
 def shares(plane: InlineDataPlane, start: int, stop: int) -> np.ndarray:
-    figs = [f for f in plane.coord.history if start <= f.step < stop]
-    got = np.zeros(len(plane.coord.streams))
+    figs = [f for f in plane.coord.view.history if start <= f.step < stop]
+    got = np.zeros(len(plane.coord.view.streams))
     for f in figs:
         got[: len(f.source_tokens)] += f.source_tokens
     return got / got.sum()
@@ -278,7 +278,7 @@ def test_two_plan_versions_queued_back_to_back_each_compare_with_the_plan_due_at
     assert np.abs(shares(plane, 0, 20) - [0.4, 0.3, 0.3]).max() < 0.03
     assert np.abs(shares(plane, 20, 40) - [0.5, 0.5, 0.0]).max() < 0.03
     assert np.abs(shares(plane, 40, 60) - [0.4, 0.3, 0.3]).max() < 0.03
-    kinds = [(e["step"], e["kind"]) for e in plane.coord.log]
+    kinds = [(e["step"], e["kind"]) for e in plane.coord.view.log]
     assert kinds == [(20, "remove"), (20, "weights"), (40, "add"), (40, "weights")]
 
 
@@ -291,7 +291,7 @@ def test_source_changes_are_checked_against_the_job_as_it_will_be(three):
     plane.add_source(d, at_step=15)
     with pytest.raises(JobError, match="'d' is already in the job"):
         plane.add_source(d, at_step=16)
-    assert plane.coord.set_weights({"d": 0.5}, at_step=16) == 16  # d takes part by then
+    assert plane.coord.set_weights({"d": 0.5}, at_step=16).step == 16  # d takes part by then
     with pytest.raises(JobError, match="queued for step 15; queue changes in step order"):
         plane.coord.remove_source("a", at_step=12)
 
@@ -320,7 +320,7 @@ def test_a_checkpoint_after_a_source_joined_live_resumes_and_inspects(three, tmp
     # sample still comes once
     again = InlineDataPlane(new, resume=4)
     again.draw(20)
-    assert again.coord.streams[2].docs > 0 and again.coord.error is None
+    assert again.coord.view.streams[2].docs > 0 and again.coord.view.error is None
     summary = Checkpoint(str(tmp_path / "ckpt")).summary()
     assert [s["name"] for s in summary["sources"]] == ["a", "b", "d"]
     json.dumps(summary)

@@ -12,7 +12,8 @@ late chunk carries the same work on every rank::
 A slice keeps its tokens' own ``position_ids`` and ``labels`` (the label of a chunk's last token
 is the first token of the next chunk, taken before slicing), ``cu_seqlens`` over its local
 documents (each document's two chunks together), and the whole micro-batch's boundaries as
-``cu_seqlens_global``, which ring attention needs to know where each document's chunks lie.
+``cu_seqlens_global``, which ring attention needs to know where each document's chunks lie;
+``num_loss_tokens`` counts the slice's own labels that are not -100.
 With images, ``image_token_map`` is sliced like the tokens (each cp rank scatters the encoder
 outputs of the image tokens it holds); the per-image fields (patches, grids, positions) stay
 those of the whole micro-batch.
@@ -78,6 +79,7 @@ def slice_micro_batch(mb: dict[str, Any], cp: int, rank: int) -> dict[str, Any]:
         max_seqlen=int(local.max()) if len(local) else 0,
         max_seqlen_global=mb["max_seqlen"],
         num_tokens=int(local.sum()),
+        num_loss_tokens=int((out["labels"] != IGNORE_INDEX).sum()),
         cp_rank=rank,
         cp_size=cp,
     )

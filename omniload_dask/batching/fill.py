@@ -25,7 +25,7 @@ when there are none (a step without those sources' documents) pieces of buckets 
 pinned sources' documents never leave their bucket. A micro-batch stays empty only when no
 group has anything it may give: fewer pieces than micro-batches with ``long_documents:
 truncate`` (which never cuts), or fewer tokens than micro-batches (the last step of a finite
-stream). Feeders then hand it out with ``num_tokens == 0`` (the README's batch format says how a
+stream). Feeders then hand it out with ``num_tokens == 0`` (docs/getting-started.md says how a
 trainer treats it: run the micro-step, add nothing to the loss).
 """
 

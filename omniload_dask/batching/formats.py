@@ -12,6 +12,14 @@ shards into a :class:`GroupBatch` in the packed ("varlen") layout::
     cu_seqlens   [0 3 5]                 (int32)
     seq_len      the micro-batch's capacity (its context bucket's sequence length)
 
+Chat sources give each shard a per-token ``target`` mask (:mod:`omniload_dask.preprocess.
+chat_encode`): a label counts only where the token it predicts is a target. Two documents, a
+plain one and a chat whose tokens ``8 9 10`` are targets only from 9 on::
+
+    input_ids        [5 6 7 | 8 9 10]          target (chat)  [. . .  F T T]
+    labels           [6 7 -100 9 10 -100]       (plain text: every token after the first)
+    num_loss_tokens  4                          labels that are not -100
+
 With images (plans with image-text sources) a micro-batch also carries the pixel patches of every
 image whose tokens it holds, and where those tokens sit. Patch size 14, merge 2, one 28 x 56
 image (a 2 x 4 grid: 8 patches, 2 tokens) before the text ``a b``::
@@ -39,7 +47,8 @@ cluster side (:mod:`omniload_dask.cluster.sizeof`), so this module stays free of
 
 On the wire. Constructor tasks build micro-batches in *wire form* (``build(..., wire=True)``):
 ``input_ids`` as ``uint32`` (the tokenizer's own id type) and no ``labels`` or ``position_ids``,
-which follow from ``input_ids``, ``cu_seqlens`` and ``image_token_map``. That is 4 bytes per
+which follow from ``input_ids``, ``cu_seqlens``, ``image_token_map`` and, where a document has a
+target mask, ``target_bits`` (the per-token mask, ``np.packbits``: 1 bit a token). That is 4 bytes per
 token held in worker memory and sent to a feeder instead of 24; the feeder restores the full
 layout with :func:`expand` (three vector passes per micro-batch, on the trainer's side).
 Context-parallel slices are built from the full form and stay full.
@@ -52,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from omniload_dask.batching.labels import IGNORE_INDEX, derived, expand, loss_positions
 from omniload_dask.batching.packing import packed_reduce
 from omniload_dask.batching.sorting import first_use, ranges
 
@@ -68,7 +78,6 @@ __all__ = [
     "expand",
 ]
 
-IGNORE_INDEX = -100
 IMAGE_FIELDS = (
     "pixel_patches",
     "image_grid_hw",
@@ -148,6 +157,8 @@ class Shard:
     skipped: int = 0
     bad: list[str] = field(default_factory=list)  # the first few reasons, for messages
     images: ImageTable | None = None
+    target: np.ndarray | None = None  # bool per token (chat sources); None: every token
+    filtered: int = 0  # records the source's filter or transform dropped
 
     @property
     def lengths(self) -> np.ndarray:
@@ -362,41 +373,6 @@ def build(recipe: Recipe, shards: list[Shard], wire: bool = False) -> GroupBatch
     return GroupBatch(step=recipe.step, group=recipe.group, micro_batches=micro_batches)
 
 
-def expand(mb: dict[str, Any]) -> dict[str, Any]:
-    """The full packed layout of a micro-batch in wire form (a full one is returned as is)::
-
-    wire   input_ids [5 6 7 8 9] (uint32)   cu_seqlens [0 3 5]   num_tokens 5
-    full   input_ids [5 6 7 8 9] (int64)    labels [6 7 -100 9 -100]   position_ids [0 1 2 0 1]
-    """
-    if "labels" in mb:
-        return mb
-    out = dict(mb)
-    input_ids = mb["input_ids"].astype(np.int64)
-    out["input_ids"] = input_ids
-    out["position_ids"], out["labels"] = _derived(
-        input_ids, mb["cu_seqlens"], int(mb["num_tokens"]), mb.get("image_token_map")
-    )
-    return out
-
-
-def _derived(
-    input_ids: np.ndarray, cu: np.ndarray, total: int, token_map: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """``position_ids`` and ``labels`` of a packed micro-batch (padding: 0 and -100)."""
-    width = len(input_ids)
-    bounds = cu.astype(np.int64)
-    starts = np.repeat(bounds[:-1], bounds[1:] - bounds[:-1])
-    position_ids = np.zeros(width, dtype=np.int64)
-    position_ids[:total] = np.arange(total, dtype=np.int64) - starts
-    labels = np.full(width, IGNORE_INDEX, dtype=np.int64)
-    if total:
-        labels[: total - 1] = input_ids[1:total]
-        labels[cu[1:] - 1] = IGNORE_INDEX
-        if token_map is not None:  # image placeholders are never targets
-            labels[: total - 1][token_map[1:total] >= 0] = IGNORE_INDEX
-    return position_ids, labels
-
-
 def _micro_batch(
     recipe: Recipe, m: int, rows: np.ndarray, shards: list[Shard], wire: bool
 ) -> dict[str, Any]:
@@ -411,25 +387,33 @@ def _micro_batch(
     doc_source = np.empty(n, dtype=np.int32)
     doc_id = np.empty(n, dtype=np.int64)
     doc_epoch = np.zeros(n, dtype=np.int32)
+    masked = any(shards[slot].target is not None for slot in set(rows[:, 1].tolist()))
+    target = np.ones(width, dtype=bool) if masked else None
     for j, (_, slot, row, lo, hi) in enumerate(rows.tolist()):
         shard = shards[slot]
         base = int(shard.offsets[row])
         input_ids[cu[j] : cu[j + 1]] = shard.tokens[base + lo : base + hi]
+        if target is not None and shard.target is not None:
+            target[cu[j] : cu[j + 1]] = shard.target[base + lo : base + hi]
         doc_source[j] = shard.source
         doc_id[j] = shard.sample_ids[row]
         if recipe.slot_epochs:
             doc_epoch[j] = recipe.slot_epochs[slot]
     images = _images(recipe, rows, shards, cu, width) if recipe.patch_size else {}
-    derived: dict[str, np.ndarray] = {}
+    extra: dict[str, np.ndarray] = {}
+    token_map = images.get("image_token_map")
     if not compact:
-        position_ids, labels = _derived(input_ids, cu, total, images.get("image_token_map"))
-        derived = {"labels": labels, "position_ids": position_ids}
+        position_ids, labels = derived(input_ids, cu, total, token_map, target)
+        extra = {"labels": labels, "position_ids": position_ids}
+    elif target is not None:
+        extra = {"target_bits": np.packbits(target)}
     return {
         "input_ids": input_ids,
-        **derived,
+        **extra,
         "cu_seqlens": cu,
         "max_seqlen": int(lengths.max()) if n else 0,
         "num_tokens": total,
+        "num_loss_tokens": int(loss_positions(cu, total, token_map, target).sum()),
         "doc_source": doc_source,
         "doc_id": doc_id,
         "doc_offset": rows[:, 3].astype(np.int64),

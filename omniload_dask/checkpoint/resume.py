@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from omniload_dask.batching.mixing import WeightSchedule
 from omniload_dask.checkpoint.store import Checkpoint
 from omniload_dask.core.state import catalog_fingerprint
 from omniload_dask.errors import CheckpointError
@@ -39,10 +38,16 @@ __all__ = [
 ]
 
 
-def load_for_resume(plan: Plan, resume: bool | int) -> tuple[Checkpoint, dict[str, Any]]:
-    """Read and check the plan's checkpoint; the state to resume at (runs in a thread)."""
+def load_for_resume(
+    plan: Plan, resume: bool | int, unverified: bool = False
+) -> tuple[Checkpoint, dict[str, Any]]:
+    """Read and check the plan's checkpoint; the state to resume at (runs in a thread).
+
+    ``unverified``: accept a manifest without its own digest (see :class:`Checkpoint`)."""
     assert plan.checkpoint is not None
-    saved = Checkpoint(plan.checkpoint.url, dict(plan.checkpoint.storage_options))
+    saved = Checkpoint(
+        plan.checkpoint.url, dict(plan.checkpoint.storage_options), unverified=unverified
+    )
     problems = compare_resume_keys(saved.plan, plan)
     if problems:
         raise CheckpointError(
@@ -103,21 +108,9 @@ def check_catalogs(state: dict[str, Any], catalogs: list[Any]) -> list[Any]:
 
 
 def apply_new_plan(coord: Coordinator, plan: Plan, catalogs: list[Any]) -> None:
-    """Resuming with a changed plan: its weights, schedule and sources rule from here on."""
-    step = coord.next_step
-    live = set(coord.sources.live_at(step))
-    by_name = {s.spec.name: (s, c) for s, c in zip(coord.streams, catalogs, strict=False)}
-    coord.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
-    coord.schedule.reset_at(step)
-    for entry in coord.log:
-        if entry["kind"] == "weights":
-            coord.schedule.change(int(entry["step"]), entry["weights"])
-    # (changes logged for later steps stay queued: they go after these)
-    for spec in plan.sources:
-        if spec.name not in live:
-            coord.sources.add_source(spec, by_name[spec.name][1], step, step, ordered=False)
-    for name in sorted(live - set(plan.source_names)):
-        coord.sources.remove_source(name, step, step, ordered=False)
+    """Resuming with a changed plan: its weights, schedule and sources rule from here on
+    (:meth:`Coordinator.adopt_plan <omniload_dask.core.coordinator.Coordinator.adopt_plan>`)."""
+    coord.adopt_plan(plan, catalogs)
 
 
 def compare_resume_keys(saved: Plan, new: Plan) -> list[str]:
@@ -125,6 +118,11 @@ def compare_resume_keys(saved: Plan, new: Plan) -> list[str]:
     a, b = saved.resume_key(), new.resume_key()
     problems = [
         f"{k}: {a[k]!r} in the checkpoint, {b[k]!r} now"
+        + (
+            " (to change it from a later step on, add a batch.stages entry)"
+            if k[:6] == "batch."
+            else ""
+        )
         for k in a
         if k != "sources" and a[k] != b[k]
     ]

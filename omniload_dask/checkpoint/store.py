@@ -26,6 +26,7 @@ runs in a thread.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -52,6 +53,8 @@ from omniload_dask.plan.credentials import redact, redact_url, resolve
 
 __all__ = ["FORMAT", "VERSION", "Checkpoint", "CheckpointWriter"]
 
+logger = logging.getLogger(__name__)
+
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
     """The fsspec filesystem and root path of ``url``; a CheckpointError if it cannot be opened."""
@@ -65,7 +68,15 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
 class Checkpoint:
     """A checkpoint read back and verified; :meth:`state_at` rebuilds any kept step."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, url: str, storage_options: dict[str, Any] | None = None, *, unverified: bool = False
+    ) -> None:
+        """Read and verify the checkpoint at ``url``.
+
+        A manifest that carries no digest of its own (format version 1, or one whose digest was
+        taken out) cannot show that it was not edited by hand: it is refused unless
+        ``unverified`` (``Job.start(..., resume_unverified=True)``), which is logged.
+        """
         self.url = url
         self.fs, self.root = _filesystem(url, dict(storage_options or {}))
         path = f"{self.root}/{MANIFEST}"
@@ -99,7 +110,23 @@ class Checkpoint:
                 f"{', '.join(map(str, READABLE_VERSIONS))} (state "
                 f"{', '.join(map(str, STATE_READABLE))})"
             )
-        if data["version"] >= 2 and data.get(SELF_DIGEST) != manifest_digest(data):
+        claimed = data.get(SELF_DIGEST)
+        if claimed is None and not unverified:
+            raise CheckpointError(
+                f"checkpoint {url!r}: {MANIFEST} carries no {SELF_DIGEST} (format version "
+                f"{data['version']}), so nothing shows that it was not edited by hand; if you "
+                "trust it, resume with resume_unverified=True (Job.start), which is logged"
+            )
+        if claimed is None:
+            logger.warning(
+                "checkpoint %r: resuming from a %s without its %s (format version %s), as "
+                "resume_unverified=True asks: its steps and positions are taken on trust",
+                url,
+                MANIFEST,
+                SELF_DIGEST,
+                data["version"],
+            )
+        elif claimed != manifest_digest(data):
             raise CheckpointError(
                 f"checkpoint {url!r}: {MANIFEST} was changed after it was written (its "
                 f"{SELF_DIGEST} does not match its content); it cannot be trusted to say "
@@ -222,9 +249,10 @@ class Checkpoint:
                                     "truncated_tokens",
                                     "retired",
                                     "offset",
+                                    "filtered",
                                 ),
                                 s["state"],
-                                strict=True,
+                                strict=False,  # (a state written before "filtered": 9 values)
                             )
                         )
                         if s["state"] is not None

@@ -5,10 +5,12 @@
     omniload validate PLAN                 print the resolved plan, or what is wrong with it
     omniload run PLAN [--steps N]          run the plan with simulated ranks and print a report
     omniload demo-data FOLDER              write the deterministic demo data
+    omniload jobs --address ADDR           the jobs on a cluster: state, step, ranks, age
     omniload status --address ADDR         watch running jobs (figures of the dashboard page)
     omniload set-weights --address ADDR web=2 books=1 [--at-step N]   re-weight a running job
     omniload update-plan --address ADDR PLAN [--at-step N]   add/remove sources live
     omniload mixture --address ADDR        target vs realised share per source
+    omniload stop NAME --address ADDR      stop a job on a cluster
     omniload checkpoint inspect URL        what a data-plane checkpoint holds
     omniload calibrate MODEL --seq-len N --out FILE   measure the cost terms on this device
 
@@ -17,95 +19,75 @@ Subcommands that connect to a scheduler take ``--tls-ca-file``, ``--tls-cert`` a
 TLS. ``validate`` prints credentials as ``***`` (see :mod:`omniload_dask.plan.credentials`).
 
 Each subcommand parses its arguments, calls the library (plans, :class:`Job` via
-:mod:`.runner`, :mod:`omniload_dask.observe.status`, the data plane's handlers, the checkpoint
-store) and prints the answer; an error of the library prints one line and exits with 2.
+:mod:`.runner`, :mod:`.jobs` for jobs on a cluster, :mod:`.validate`, the checkpoint store) and
+prints the answer; an error of the library prints one line and exits with 2. ``--help`` is
+plain text (:data:`DESCRIPTION`) and shows each option's default.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from omniload_dask.cli.jobs import add_job_commands, name_taken
 from omniload_dask.cli.tls import add_tls_options, security_of
+from omniload_dask.cli.validate import validate
 from omniload_dask.errors import OmniloadError
 from omniload_dask.plan import load_plan
 
-__all__ = ["build_parser", "main"]
+__all__ = ["DESCRIPTION", "build_parser", "main"]
+
+DESCRIPTION = """\
+omniload: a distributed data loader for training on many sources at once, on Dask.
+
+Without --address, `omniload run` starts a Dask cluster in the process (embedded) and stops
+it at the end. A job started on a cluster of your own (--address, or Job.start(plan,
+address=...)) runs until it is stopped: `omniload jobs` lists them, `omniload status` watches
+one, `omniload set-weights` re-weights it, `omniload stop NAME` stops it.
+
+Errors print one line (`omniload: error: ...`) and exit with 2.
+"""
 
 
-def _validate(args: argparse.Namespace) -> int:
-    """``omniload validate``: the resolved plan on stdout, the verdict on stderr."""
-    plan = load_plan(args.plan)
-    data = plan.redacted()  # credentials never printed (references as written)
-    if args.json:
-        print(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        print(yaml.safe_dump(data, sort_keys=False).rstrip())
-    if not args.no_files:
-        problems = _file_problems(plan)
-        for problem in problems:
-            print(f"omniload: error: {problem}", file=sys.stderr)
-        if problems:
-            print(
-                "# (the files are listed from this machine; --no-files skips that)",
-                file=sys.stderr,
-            )
-            return 2
-    from omniload_dask.batching.mixing import mix_guarantee
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; each option's help ends with its default (when it has one)."""
 
-    print(
-        f"# plan {plan.name!r} is valid: {len(plan.sources)} sources, "
-        f"stream fingerprint {plan.stream_fingerprint()}",
-        file=sys.stderr,
-    )
-    for note in [] if args.no_files else _tokenizer_notes(plan):
-        print(f"# {note}", file=sys.stderr)
-    weights = [s.weight for s in plan.sources]
-    print(f"# {mix_guarantee(plan.batch, plan.mixing_by, weights)}", file=sys.stderr)
-    return 0
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and default not in (None, False, argparse.SUPPRESS)
+            and "default" not in text
+        ):
+            text += " (default: %(default)s)"
+        return text
 
 
-def _file_problems(plan: Any) -> list[str]:
-    """Each source whose paths find no files, by field (``validate``: found before a job)."""
-    from omniload_dask.sources.registry import list_source
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose help (and its subcommands') is :class:`_HelpFormatter`'s."""
 
-    problems = []
-    for i, spec in enumerate(plan.sources):
-        try:
-            list_source(spec)
-        except OmniloadError as exc:
-            problems.append(f"sources[{i}].path: {exc}")
-    return problems
-
-
-def _tokenizer_notes(plan: Any) -> list[str]:
-    """What ``validate`` says of the plan's tokenizer file: settings of it that are turned off."""
-    if plan.tokenizer.kind == "byte":
-        return []
-    from omniload_dask.preprocess.tokenize import describe
-
-    try:
-        info = describe(plan.tokenizer)
-    except OmniloadError as exc:
-        return [f"tokenizer not loaded here: {exc}"]
-    return [
-        f"tokenizer.path: the file's {what} is turned off (documents are tokenized whole and "
-        "packed here; batch.long_documents and batch.max_document_tokens say how long ones are "
-        "cut, and count it)"
-        for what in info.get("turned_off", ())
-    ]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        if kwargs.get("help") and not kwargs.get("description"):
+            kwargs["description"] = kwargs["help"]
+        kwargs.pop("help", None)
+        super().__init__(*args, **kwargs)
 
 
 def _run(args: argparse.Namespace) -> int:
-    """``omniload run``: drive every rank of the plan for ``--steps`` steps; print the report."""
+    """``omniload run``: drive every rank of the plan for ``--steps`` steps; print the report.
+
+    On the embedded cluster the job ends with the command. On a cluster (``--address``) it
+    keeps running after the report, and the command says so and how to stop it; a job of the
+    plan's name that runs there already is an error naming the ways on.
+    """
     from omniload_dask.cli.runner import format_report, run_plan
 
     if args.make_demo_data:
@@ -114,20 +96,49 @@ def _run(args: argparse.Namespace) -> int:
         make_demo_data(Path(args.plan).resolve().parent / "demo-data")
     plan = load_plan(args.plan)
     logging.getLogger("distributed").setLevel(logging.CRITICAL)  # our errors say it better
-    report = run_plan(
-        plan,
-        steps=args.steps,
-        address=args.address,
-        workers=args.workers,
-        progress=not args.json,
-        resume=args.resume,
-        security=True if args.tls and not args.address else security_of(args),
-    )
+    if args.address:
+        report = _run_on_cluster(args, plan)
+    else:
+        report = run_plan(
+            plan,
+            steps=args.steps,
+            workers=args.workers,
+            progress=not args.json,
+            resume=args.resume,
+            security=True if args.tls else security_of(args),
+        )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(format_report(report))
+    if args.address:
+        name, address = plan.name, args.address
+        print(
+            f"# job {name!r} keeps running at {address}: its data plane still holds its place, "
+            f"reads and batches ahead. Watch it: `omniload status --address {address}`; stop "
+            f"it: `omniload stop {name} --address {address}`",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _run_on_cluster(args: argparse.Namespace, plan: Any) -> Any:
+    """Start the plan's job on the cluster at ``--address`` (not one that runs already) and
+    drive it; the job is left running."""
+    from omniload_dask.cli.runner import run_plan
+    from omniload_dask.cluster.job import Job
+    from omniload_dask.errors import JobError
+    from omniload_dask.observe.status import connect
+
+    client = connect(args.address, 10.0, security_of(args))
+    try:
+        taken = name_taken(client, plan.name, args.address)
+        if taken:
+            raise JobError(taken)
+        job = Job.start(plan, client=client, resume=args.resume or None)
+        return run_plan(job.plan, steps=args.steps, job=job, progress=not args.json)
+    finally:
+        client.close()
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -135,112 +146,6 @@ def _demo(args: argparse.Namespace) -> int:
     from omniload_dask.demo import make_demo_data
 
     print(make_demo_data(args.folder))
-    return 0
-
-
-def _status(args: argparse.Namespace) -> int:
-    """``omniload status``: the running jobs' figures, once or live."""
-    from omniload_dask.errors import JobError
-    from omniload_dask.observe.status import connect, watch
-
-    if args.interval <= 0:
-        raise JobError(f"--interval must be > 0 seconds, got {args.interval:g}")
-    if args.timeout <= 0:
-        raise JobError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
-    logging.getLogger("distributed").setLevel(logging.CRITICAL)
-    client = connect(args.address, args.timeout, security_of(args))
-    try:
-        return watch(client, args.job, args.address, once=args.once, interval=args.interval)
-    finally:
-        client.close()
-
-
-def _one_job(client: object, job: str | None, address: str) -> str:
-    """The job named, or the only job on the scheduler."""
-    from omniload_dask.errors import JobError
-    from omniload_dask.observe.status import job_stats
-
-    names = [s["name"] for s in job_stats(client, job, address)]
-    if len(names) != 1:
-        raise JobError(
-            f"{len(names)} jobs run at {address!r} ({', '.join(names) or 'none'}); "
-            "name one with --job"
-        )
-    return names[0]
-
-
-def _parse_weights(items: list[str]) -> dict[str, float]:
-    """``["web=2", "books=1"]`` -> ``{"web": 2.0, "books": 1.0}`` (JobError names a bad one)."""
-    from omniload_dask.errors import JobError
-
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep or not name:
-                raise ValueError
-            out[name] = float(value)
-        except ValueError:
-            raise JobError(f"weights: expected SOURCE=WEIGHT, got {item!r}") from None
-    return out
-
-
-@contextlib.contextmanager
-def _running_job(args: argparse.Namespace) -> Iterator[tuple[Any, str]]:
-    """A client of ``--address`` and the job to act on (``--job``, or the only one)."""
-    from omniload_dask.observe.status import connect
-
-    logging.getLogger("distributed").setLevel(logging.CRITICAL)
-    client = connect(args.address, args.timeout, security_of(args))
-    try:
-        yield client, _one_job(client, args.job, args.address)
-    finally:
-        client.close()
-
-
-def _set_weights(args: argparse.Namespace) -> int:
-    """``omniload set-weights``: re-weight sources of a running job."""
-    from omniload_dask.cluster import internals as _dask
-
-    with _running_job(args) as (client, job):
-        weights = _parse_weights(args.weights)
-        reply = _dask.call(client, "set_weights", job=job, weights=weights, at_step=args.at_step)
-        print(f"job {job!r}: weights {reply['weights']} from step {reply['step']}")
-    return 0
-
-
-def _update_plan(args: argparse.Namespace) -> int:
-    """``omniload update-plan``: apply a new version of a running job's plan."""
-    from omniload_dask.cluster import internals as _dask
-
-    with _running_job(args) as (client, job):
-        plan = load_plan(args.plan)
-        reply = _dask.call(
-            client, "update_plan", job=job, plan=plan.to_dict(), at_step=args.at_step
-        )
-        print(
-            f"job {job!r}: from step {reply['step']}: added {reply['added']}, "
-            f"removed {reply['removed']}, weights {reply['weights']}"
-        )
-    return 0
-
-
-def _mixture(args: argparse.Namespace) -> int:
-    """``omniload mixture``: target and realised share per source of a running job."""
-    from omniload_dask.cluster import internals as _dask
-
-    with _running_job(args) as (client, job):
-        rows = _dask.call(client, "mixture", job=job, window=args.window)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"{'source':<16}{'target':>8}{'window':>9}{'total':>9}{'epoch':>7}")
-    for r in rows:
-        state = " (removed)" if r["retired"] else " (done)" if r["exhausted"] else ""
-        print(
-            f"{r['name']:<16}{r['target_now']:>8.1%}{r['realised_window']:>9.1%}"
-            f"{r['realised_total']:>9.1%}{r['epoch']:>7}{state}"
-        )
     return 0
 
 
@@ -363,22 +268,28 @@ def _model_argument(text: str, name: str) -> str | dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``omniload`` argument parser; each subcommand sets ``func``, the function to run."""
-    parser = argparse.ArgumentParser(prog="omniload", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="omniload", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("validate", help="check a plan and print it resolved")
-    p.add_argument("plan")
+    p.add_argument("plan", help="the plan file (YAML)")
     p.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     p.add_argument(
         "--no-files",
         action="store_true",
         help="check the plan only: list no source files, load no tokenizer (files elsewhere)",
     )
-    p.set_defaults(func=_validate)
+    p.set_defaults(func=validate)
     p = sub.add_parser("run", help="run a plan with simulated trainer ranks")
-    p.add_argument("plan")
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--address", help="scheduler address (default: embedded LocalCluster)")
-    p.add_argument("--workers", type=int, help="workers of the embedded cluster")
+    p.add_argument("plan", help="the plan file (YAML)")
+    p.add_argument("--steps", type=int, default=200, help="steps to deliver to every rank")
+    p.add_argument(
+        "--address",
+        help="a Dask scheduler to run on; the job keeps running there after the report "
+        "(default: an embedded cluster, stopped at the end)",
+    )
+    p.add_argument(
+        "--workers", type=int, help="workers of the embedded cluster (default: loader.workers)"
+    )
     p.add_argument(
         "--make-demo-data",
         action="store_true",
@@ -396,16 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_tls_options(p)
     p.set_defaults(func=_run)
     p = sub.add_parser("demo-data", help="write the deterministic demo data")
-    p.add_argument("folder")
+    p.add_argument("folder", help="where to write it, e.g. plans/demo-data")
     p.set_defaults(func=_demo)
-    p = sub.add_parser("status", help="watch running jobs: a compact live view")
-    p.add_argument("--address", required=True, help="scheduler address, e.g. tcp://host:8786")
-    p.add_argument("--job", help="one job by name (default: every job on the scheduler)")
-    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
-    add_tls_options(p)
-    p.set_defaults(func=_status)
+    add_job_commands(sub)
     p = sub.add_parser("checkpoint", help="look at a data-plane checkpoint")
     csub = p.add_subparsers(dest="action", required=True)
     c = csub.add_parser("inspect", help="what a checkpoint holds")
@@ -440,31 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer micro-batches and repeats")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=_calibrate)
-    p = _add_live(sub, "set-weights", "change source weights of a running job", _set_weights)
-    p.add_argument("weights", nargs="+", metavar="SOURCE=WEIGHT")
-    p.add_argument("--at-step", type=int, help="first step to use them (default: next step)")
-    p = _add_live(
-        sub, "update-plan", "apply a new plan version live (sources, weights)", _update_plan
-    )
-    p.add_argument("plan")
-    p.add_argument("--at-step", type=int, help="first step to use it (default: next step)")
-    p = _add_live(sub, "mixture", "target and realised share per source", _mixture)
-    p.add_argument("--window", type=int, default=100, help="steps in the recent window")
-    p.add_argument("--json", action="store_true")
     return parser
-
-
-def _add_live(
-    sub: argparse._SubParsersAction, name: str, help: str, func: Any
-) -> argparse.ArgumentParser:
-    """A subcommand that acts on a running job (``--address``, ``--job``, ``--timeout``)."""
-    p = sub.add_parser(name, help=help)
-    p.add_argument("--address", required=True, help="scheduler address, e.g. tcp://host:8786")
-    p.add_argument("--job", help="the job's name (default: the only job running)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
-    add_tls_options(p)
-    p.set_defaults(func=func)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -477,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except OmniloadError as exc:
-        print(f"omniload: error: {exc}", file=sys.stderr)
+        from omniload_dask.fixes import with_fix
+
+        print(f"omniload: error: {with_fix(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -3,7 +3,8 @@
 Every rank of the plan's layout gets a Feeder on a thread of this process; they consume as fast
 as they can (no model), which measures the loader, not a trainer. The report shows steps,
 delivered tokens/s, the realised share per source against its target, the balance efficiency
-per step (mean/max of the DP groups' costs) and the records skipped.
+per step (mean/max of the DP groups' costs) and the records skipped; each term it uses is
+explained on its line (or in the legend under the sources' table).
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> R
                 "target_share": float(target[i]),
                 "realised_share": float(got[i]),
                 "skipped": s["skipped"],
+                "filtered": s.get("filtered", 0),
                 "truncated_tokens": s["truncated_tokens"],
                 "epoch": s["epoch"],
                 "bad_examples": list(s.get("bad_examples") or [])[:2],
@@ -176,20 +178,29 @@ def format_report(r: RunReport) -> str:
         f"  delivered tokens    {r.tokens:,} ({r.tokens_per_second:,.0f} tokens/s)",
         f"  feeder wait         p50 {r.wait_p50_ms:.3f} ms, p99 {r.wait_p99_ms:.3f} ms",
         f"  balance efficiency  mean {eff.mean():.4f}, min {eff.min():.4f} "
-        "(mean/max of DP-group costs per step)",
-        f"  capacity used       {r.fill:.1%} of dp x micro-batches x seq_len; "
-        f"{r.extra_micro_steps} extra micro-steps, {r.documents_cut} documents cut to fill",
+        "(mean/max of the ranks' step costs; 1 = none waits)",
         "  per step efficiency "
         + " ".join(f"{e:.3f}" for e in r.efficiency[:12])
         + (" ..." if len(r.efficiency) > 12 else ""),
+        f"  capacity used       {r.fill:.1%} of dp x micro-batches x seq_len (the rest: empty room)",
+        f"  extra micro-steps   {r.extra_micro_steps} (micro-batches a step needed beyond the "
+        "plan's micro_batches)",
+        f"  documents cut       {r.documents_cut} (split to fill micro-batches or even out ranks; "
+        "pieces go on, same doc_id)",
         "",
-        f"  {'source':<16}{'target':>8}{'realised':>10}{'skipped':>9}{'truncated':>11}{'epoch':>7}",
+        f"  {'source':<16}{'target':>8}{'realised':>10}{'skipped':>9}{'filtered':>10}"
+        f"{'truncated':>11}{'epoch':>7}",
     ]
+    legend = (
+        "  (target, realised: shares of the mix; skipped: bad records, on_error: skip;\n"
+        "   truncated: tokens cut off, long_documents: truncate; epoch: passes over the source)"
+    )
     for s in r.sources:
         lines.append(
             f"  {s['name']:<16}{s['target_share']:>8.1%}{s['realised_share']:>10.1%}"
-            f"{s['skipped']:>9}{s['truncated_tokens']:>11}{s['epoch']:>7}"
+            f"{s['skipped']:>9}{s['filtered']:>10}{s['truncated_tokens']:>11}{s['epoch']:>7}"
         )
+    lines.append(legend)
     for s in r.sources:
         for example in s["bad_examples"]:
             lines.append(f"  skipped ({s['name']}): {example}")

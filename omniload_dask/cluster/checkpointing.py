@@ -92,19 +92,18 @@ class CheckpointSchedule:
         if deltas:
             writer.add(deltas)
         due = time.monotonic() - self._last_flush >= self._spec.flush_seconds
-        due = due or force or (self.snapshot_waits and not coord.busy)
+        due = due or force or (self.snapshot_waits and not coord.view.busy)
         if not writer.pending() or not due:
             return self._flushing
         if self._flushing is not None and not self._flushing.done():
             return self._flushing
         # The ranks' positions go with each flush (O(ranks): not on every tick).
-        where = coord.delivery.where
-        writer.add([], dict(enumerate(where.position.tolist())))
+        writer.add([], dict(enumerate(coord.view.rank_positions())))
         latest = writer.manifest.bases[-1]["step"] if writer.manifest.bases else 0
         # No snapshot while a step is being planned (its figures are not counted yet): the
         # next flush compacts instead.
-        wanted = coord.next_step - latest >= self._spec.compact_every
-        compact = wanted and not coord.busy
+        wanted = coord.view.next_step - latest >= self._spec.compact_every
+        compact = wanted and not coord.view.busy
         self.snapshot_waits = wanted and not compact
         state = coord.state_dict() if compact else None
         self._last_flush = time.monotonic()

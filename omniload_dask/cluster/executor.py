@@ -147,6 +147,8 @@ class ActionExecutor:
             plan.images,
             plan.loader.read_retries,  # transient errors only, inside the task (not Dask's)
             read.more,
+            plan.seed,
+            read.epoch,
             key=read.key,
             priority=read_priority(lead),
             resources=self._read_resources(),

@@ -24,6 +24,9 @@ import logging
 import time
 from typing import Any
 
+from omniload_dask.cluster.arguments import check_sendable
+from omniload_dask.fixes import own_message
+
 logger = logging.getLogger(__name__)
 
 METADATA_FIELD = "omniload"
@@ -79,7 +82,7 @@ def failure_text(scheduler: Any, key: str, kwargs: dict[str, Any]) -> str:
         ts = scheduler.tasks.get(key)
         if ts is not None and ts.state == "erred":
             text = getattr(ts, "exception_text", "") or "task failed"
-    return str(text or "failed")
+    return own_message(str(text or "failed"))  # not a repr of one of our errors
 
 
 def worker_count(scheduler: Any) -> int:
@@ -320,6 +323,7 @@ def call(client: Any, handler: str, /, *, call_timeout: float | None = None, **k
 
     The reply comes back as plain data with lists (msgpack turns lists into tuples).
     """
+    check_sendable(handler, kwargs)  # (msgpack would raise a bare OverflowError)
     method = getattr(client.scheduler, "omniload_" + handler)
     return _lists(client.sync(method, callback_timeout=call_timeout, **kwargs))
 

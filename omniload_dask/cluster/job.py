@@ -35,9 +35,10 @@ import dask
 from distributed import Client, LocalCluster
 
 from omniload_dask.cluster import internals as _dask
-from omniload_dask.cluster import settings
+from omniload_dask.cluster import quiet, settings
 from omniload_dask.cluster.plugin import OmniloadPlugin
-from omniload_dask.errors import JobError
+from omniload_dask.errors import JobError, OmniloadError
+from omniload_dask.fixes import own_error
 from omniload_dask.plan import READS_PER_THREAD, Plan, load_plan, parse_plan
 from omniload_dask.trainer.feeder import Feeder
 
@@ -160,6 +161,7 @@ class Job:
         workers: int | None = None,
         start_step: int = 0,
         resume: bool | int | None = None,
+        resume_unverified: bool = False,
         dashboard_address: str | None = ":0",
         scheduler_port: int = 0,
         security: Any = None,
@@ -174,7 +176,9 @@ class Job:
 
         ``resume=True`` continues from the plan's checkpoint where the slowest rank was;
         ``resume=STEP`` continues from that step (e.g. the smallest ``step`` of the ranks'
-        ``Feeder.state_dict()`` in the trainer's checkpoint). The global stream continues
+        ``Feeder.state_dict()`` in the trainer's checkpoint). A checkpoint whose manifest
+        carries no digest of its own (an old format, or one edited by hand) is refused unless
+        ``resume_unverified=True``, which the scheduler logs. The global stream continues
         exactly, also with another DP size or worker count; a changed plan (weights, sources
         added or removed) applies from the resumed step. Without a checkpoint,
         ``start_step=STEP`` gives the same batches by drawing again from step 0 (slower).
@@ -209,15 +213,26 @@ class Job:
             client = Client(address, security=security, set_as_default=False)
             owns = True
         try:
+            if cluster is not None:  # our errors reach the user once, in our words
+                quiet.install()
+                client.register_plugin(quiet.QuietTaskErrors())
             client.register_plugin(OmniloadPlugin())
+            unverified = {"resume_unverified": True} if resume_unverified else {}
             info = _dask.call(
-                client, "start", plan=plan.to_dict(), start_step=start_step, resume=resume
+                client,
+                "start",
+                plan=plan.to_dict(),
+                start_step=start_step,
+                resume=resume,
+                **unverified,
             )
-        except BaseException:
+        except BaseException as exc:
             if owns:
                 client.close()
             if cluster is not None:
                 cluster.close()
+            if isinstance(exc, OmniloadError):
+                raise own_error(exc) from None
             raise
         return cls(client, info, cluster=cluster, owns_client=owns)
 
@@ -260,7 +275,8 @@ class Job:
 
     def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> int:
         """Change source weights live, from ``at_step`` (default: the first step not yet
-        drawn); sources not named keep following the plan. Returns the effective step."""
+        built: steps drawn past it are drawn again); sources not named keep following the
+        plan. Returns the effective step."""
         reply = _dask.call(
             self.client, "set_weights", job=self.name, weights=dict(weights), at_step=at_step
         )
@@ -305,7 +321,14 @@ class Job:
         return getattr(self.client, "dashboard_link", None)
 
     def stop(self) -> None:
-        """Stop the job on the scheduler (its batches and shards are released)."""
+        """Stop the job on the scheduler, whoever started it.
+
+        A job on a cluster of your own runs until it is stopped (closing the handle that
+        started it does not stop it): ``Job.attach(name, address=...).stop()``, or
+        ``omniload stop NAME --address ADDR``. Its checkpoint (if any) gets a last flush, its
+        batches and shards are released, and its feeders' next fetch raises JobError. The
+        embedded cluster's job stops with :meth:`close`.
+        """
         for feeder in self._feeders:
             feeder.close()
         self._feeders.clear()

@@ -28,7 +28,6 @@ from distributed import Client
 
 from omniload_dask.checkpoint import (
     Checkpoint,
-    apply_new_plan,
     check_catalogs,
     load_for_resume,
     registry_plan,
@@ -41,10 +40,12 @@ from omniload_dask.cluster.running import RunningJob
 from omniload_dask.cluster.serving import PartServer
 from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.core.coordinator import Coordinator
+from omniload_dask.core.events import WorkersChanged
 from omniload_dask.core.live import PlanChange
 from omniload_dask.errors import CheckpointError, JobError
 from omniload_dask.plan import Plan, SourceSpec
 from omniload_dask.plan.credentials import redact
+from omniload_dask.preprocess.tokens import check_vocabularies
 from omniload_dask.sources import Catalog
 
 __all__ = [
@@ -140,8 +141,9 @@ def check_same_job(running: RunningJob, plan: Plan) -> None:
         or running.plan.layout != plan.layout
     ):
         raise JobError(
-            f"job {plan.name!r} already runs with another plan or layout; "
-            "stop it first or give the plan another name"
+            f"a job named {plan.name!r} already runs with another plan or layout: stop it "
+            f"(`omniload stop {plan.name} --address ADDR`, or Job.attach(...).stop()), attach "
+            "to it (Job.attach), or give the plan another name (its `name:` field)"
         )
 
 
@@ -159,9 +161,14 @@ class Prepared:
 
 
 async def prepare(
-    data_client: DataPlaneClient, plan: Plan, run_id: str, resume: bool | int | None
+    data_client: DataPlaneClient,
+    plan: Plan,
+    run_id: str,
+    resume: bool | int | None,
+    unverified: bool = False,
 ) -> Prepared:
-    """Load the checkpoint to resume from (if ``resume``), then discover the sources."""
+    """Load the checkpoint to resume from (if ``resume``; ``unverified``: accept a manifest
+    without its own digest, logged), then discover the sources."""
     resuming = resume is not None and resume is not False
     if resuming and plan.checkpoint is None:
         raise CheckpointError(f"job {plan.name!r}: resume needs checkpoint.url in the plan")
@@ -172,9 +179,10 @@ async def prepare(
     if resuming:
         assert resume is not None
         loop = asyncio.get_running_loop()
-        saved, state = await loop.run_in_executor(None, load_for_resume, plan, resume)
+        saved, state = await loop.run_in_executor(None, load_for_resume, plan, resume, unverified)
         sources = registry_plan(plan, state)
     catalogs, tokenizer = await _discover(client, sources, run_id)
+    check_vocabularies(sources, tokenizer)  # token sources: the plan's vocabulary, or fail
     return Prepared(plan, run_id, sources, catalogs, tokenizer, saved, state)
 
 
@@ -200,7 +208,7 @@ async def open_job(
         assert prepared.saved is not None
         coord.load_state_dict(state)
         if prepared.saved.plan.stream_fingerprint() != plan.stream_fingerprint():
-            apply_new_plan(coord, plan, catalogs)
+            coord.adopt_plan(plan, catalogs)
     writer = None
     if plan.checkpoint is not None:
         writer = await open_writer(plan, coord, prepared.saved)
@@ -208,21 +216,19 @@ async def open_job(
         "name": plan.name,
         "run_id": prepared.run_id,
         "plan": plan.redacted(),  # feeders get no credentials
-        "sources": coord.names,
+        "sources": coord.view.names,
         "files": [len(c.files) for c in catalogs],
         "units": [c.num_units for c in catalogs],
         "bytes": [c.total_bytes for c in catalogs],
         "tokenizer": prepared.tokenizer,
-        "start_step": coord.next_step if state is not None else start_step,
+        "start_step": coord.view.next_step if state is not None else start_step,
         "resumed": state is not None,
     }
-    executor = ActionExecutor(
-        client, plan, lambda i: coord.streams[i].spec, standby, read_resources
-    )
+    executor = ActionExecutor(client, plan, coord.view.spec_of, standby, read_resources)
     job = RunningJob(plan, coord, info, executor, writer)
     count, threads = workers()
     if threads:
-        coord.on_workers(count, threads)
+        coord.handle(WorkersChanged(count, threads))
     return job
 
 
@@ -270,7 +276,7 @@ def with_known_credentials(run: RunningJob, new: Plan) -> Plan:
     for credentials; updating the job with it keeps the credentials the job already has.
     """
     old = {s.name: s for s in run.plan.sources}
-    old.update((s.spec.name, s.spec) for s in run.coord.streams)
+    old.update((s.spec.name, s.spec) for s in run.coord.view.streams)
 
     def known(options: Any, mine: Any) -> Any:
         shown = redact({"storage_options": dict(mine)})["storage_options"]
@@ -291,7 +297,7 @@ def with_known_credentials(run: RunningJob, new: Plan) -> Plan:
 
 def plan_change(run: RunningJob, new: Plan, at_step: int | None = None) -> PlanChange:
     """Check ``new`` against the running job and say what it changes at ``at_step`` (default:
-    the first step not drawn), compared with the plan due at that step.
+    the first step not built), compared with the plan due at that step.
 
     Sources keep their names (and cursors); other fields must stay as they are.
     """
@@ -303,8 +309,7 @@ def plan_change(run: RunningJob, new: Plan, at_step: int | None = None) -> PlanC
             )
     if new.mixing.by != old.mixing.by:
         raise JobError("update_plan: mixing.by cannot change while the job runs")
-    coord = run.coord
-    return coord.sources.plan_change(new.sources, at_step, coord.next_step)[1]
+    return run.coord.view.plan_change(new.sources, at_step)
 
 
 async def discover_added(
@@ -319,7 +324,7 @@ async def discover_added(
             spec,
             new.on_error,
             new.loader.read_retries,
-            key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.log)}",
+            key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.view.log)}",
             priority=DISCOVERY_PRIORITY,
         )
         for spec in added
@@ -335,9 +340,6 @@ async def discover_added(
 def apply_change(
     run: RunningJob, change: PlanChange, catalogs: list[Catalog], at_step: int | None
 ) -> int:
-    """Apply ``change`` from ``at_step`` (default: the first step not drawn); returns the step
+    """Apply ``change`` from ``at_step`` (default: the first step not built); returns the step
     it takes effect at."""
-    coord = run.coord
-    return coord.sources.apply_change(
-        change, catalogs, at_step, coord.next_step, coord.figures.tokens
-    )
+    return run.coord.apply_change(change, catalogs, at_step)

@@ -15,9 +15,9 @@ still takes the GIL from the loop (every RPC then waits up to a switch interval 
 The result is the same wherever it is computed. A process that fails (it died, or cannot
 start) is replaced by the thread, with a warning. The thread plans the steps drawn since its
 last batch together, up to ``STEPS_AT_ONCE`` of them (:meth:`.StepPlanner.plan_steps`: the
-same planned steps, and at small DP sizes a fraction of the time, see BENCHMARKS.md session
-26); where a construction builds several steps, whole blocks of them
-(:func:`~omniload_dask.core.coordinator.next_batch`, session 32). The process plans one step
+same planned steps, and at small DP sizes much cheaper, since the per-call work is shared);
+where a construction builds several steps, whole blocks of them
+(:meth:`~omniload_dask.core.coordinator.Coordinator.draw_batch`). The process plans one step
 at a time.
 """
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.core.draw import Documents
+from omniload_dask.core.events import Cause, JobFailed
 from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
 from omniload_dask.errors import JobError
 from omniload_dask.plan import Plan, parse_plan
@@ -82,7 +83,7 @@ class StepPlanning:
         process plans its first step there too: at its size that one is not cheap). Steps
         planned together count as their time together: one of them alone costs more than
         its share."""
-        timing = self.coord.figures.timing
+        timing = self.coord.view.timing
         if "split_ms" not in timing and self._process is not None:
             return False
         each = timing.get("split_ms", 0.0) + timing.get("recipes_ms", 0.0)
@@ -93,7 +94,8 @@ class StepPlanning:
         t0 = time.thread_time()
         try:
             self._together = 1
-            return self.coord.plan_step(drawn)
+            planned = self.coord.plan_steps([drawn])
+            return None if planned is None else planned[0]
         finally:
             self.cpu_s += time.thread_time() - t0
 
@@ -145,7 +147,7 @@ class StepPlanning:
                 self._process, _plan_in_process, arrays
             )
         except JobError as exc:
-            self.coord.error = self.coord.error or str(exc)
+            self.coord.handle(JobFailed(str(exc), Cause.DATA_PLANE))
             return None
         except Exception as exc:  # the process died or could not start: plan in the thread
             logger.warning("omniload: planning process failed (%r); planning in a thread", exc)

@@ -17,6 +17,8 @@ Who does what behind the handlers::
     _workers_wanted
     omniload_info, _jobs, _stop,       job control                             this module,
     _flush_checkpoint                                                          RunningJob
+    omniload_stream_pass               a pass over a further stream (its own   streams
+                                       job: started, joined, old ones stopped)
     transition / add_worker / ...      tasks done or failed, workers changed   RunningJob
 
 A watchdog checks the data plane's own client every second: one that lost its connection is
@@ -41,8 +43,13 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from omniload_dask.cluster import forgetting, lifecycle, stats
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
+from omniload_dask.cluster.arguments import MAX_TIMEOUT, optional_step, resume_arguments
+from omniload_dask.cluster.arguments import integer as _integer
+from omniload_dask.cluster.arguments import number as _number
+from omniload_dask.cluster.arguments import weights as _weights
 from omniload_dask.cluster.running import RunningJob
 from omniload_dask.cluster.standby import StandbyCopies
+from omniload_dask.cluster.streams import StreamPasses
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.watchdog import watch_client
 from omniload_dask.errors import JobError, MissingJobError
@@ -71,6 +78,7 @@ class OmniloadPlugin(SchedulerPlugin):
         self.scheduler: Any = None
         self.jobs: dict[str, RunningJob] = {}
         self._runs: dict[str, str] = {}  # run id -> job name
+        self._passes = StreamPasses(self)  # passes over further streams, as jobs of their own
         self._client: lifecycle.DataPlaneClient | None = None
         self._standby: StandbyCopies | None = None
         # Resources every read task asks for (None: the workers lack the read resource);
@@ -100,6 +108,7 @@ class OmniloadPlugin(SchedulerPlugin):
                 "jobs": self.list_jobs,
                 "stop": self.stop_job,
                 "flush_checkpoint": self.flush_checkpoint,
+                "stream_pass": self._passes.handle,
             },
         )
         self._standby = StandbyCopies(scheduler)
@@ -176,25 +185,30 @@ class OmniloadPlugin(SchedulerPlugin):
 
     # ------------------------------------------------------------------ job control
     async def start_job(
-        self, plan: dict[str, Any], start_step: int = 0, resume: bool | int | None = None
+        self,
+        plan: dict[str, Any],
+        start_step: int = 0,
+        resume: bool | int | None = None,
+        resume_unverified: bool = False,
     ) -> dict[str, Any]:
         """Start a job from a resolved plan, or return the running one with the same plan.
 
         ``resume``: True to continue from the plan's checkpoint (at the slowest rank's saved
         position), a step number to continue from that step, None/False for a fresh job (which
-        refuses a checkpoint URL that already holds a checkpoint). ``start_step`` starts the
-        ranks of a fresh job at that step: earlier steps are drawn again but not built.
+        refuses a checkpoint URL that already holds a checkpoint; ``resume_unverified``: one
+        whose manifest lacks its digest, logged). ``start_step`` starts the ranks of a fresh
+        job at that step: earlier steps are drawn again but not built.
         """
         parsed = parse_plan(plan)
         start_step = _integer("start_step", start_step)
-        if resume is not None and not isinstance(resume, bool):
-            resume = _integer("resume", resume)
+        resume, unverified = resume_arguments(resume, resume_unverified)
         running = self.jobs.get(parsed.name)
         if running is not None:
             lifecycle.check_same_job(running, parsed)
             return running.info
         assert self._client is not None and self._standby is not None
-        prepared = await lifecycle.prepare(self._client, parsed, uuid.uuid4().hex[:8], resume)
+        run_id = uuid.uuid4().hex[:8]
+        prepared = await lifecycle.prepare(self._client, parsed, run_id, resume, unverified)
         if parsed.name in self.jobs:  # another caller started it while we discovered
             return self.jobs[parsed.name].info
         job = await lifecycle.open_job(
@@ -212,13 +226,12 @@ class OmniloadPlugin(SchedulerPlugin):
         return job.info
 
     def job_info(self, job: str) -> dict[str, Any]:
-        """What :meth:`start_job` returned (resolved plan, files, tokenizer), with the sources
-        as they are now (live changes add sources at the end)."""
+        """What :meth:`start_job` returned, with the sources as they are now (live changes)."""
         run = self._job(job)
-        return {**run.info, "sources": run.coord.names}
+        return {**run.info, "sources": run.coord.view.names}
 
     def list_jobs(self) -> list[str]:
-        """The names of the running jobs."""
+        """The names of the running jobs (a further stream's pass is one of its own)."""
         return sorted(self.jobs)
 
     async def stop_job(self, job: str) -> bool:
@@ -228,6 +241,7 @@ class OmniloadPlugin(SchedulerPlugin):
             return False
         await run.final_flush()
         self._drop(run)
+        await self._passes.stop_all(job)  # its streams' passes go with it
         return True
 
     async def flush_checkpoint(self, job: str) -> dict[str, Any] | None:
@@ -263,7 +277,7 @@ class OmniloadPlugin(SchedulerPlugin):
         run = self._job(job)
         ranks, needs = _agent(run, rank, ranks, parts)
         start, count = _integer("start", start), _integer("count", count)
-        timeout = _number("timeout", timeout)
+        timeout = _number("timeout", timeout, maximum=MAX_TIMEOUT)
         return await run.batches(
             ranks,
             needs,
@@ -278,15 +292,11 @@ class OmniloadPlugin(SchedulerPlugin):
     def set_weights(
         self, job: str, weights: dict[str, float], at_step: int | None = None
     ) -> dict[str, Any]:
-        """Change source weights live from ``at_step`` (default: the first undrawn step)."""
+        """Change source weights live from ``at_step`` (default: the first step not built)."""
         run = self._job(job)
-        if not isinstance(weights, dict):
-            raise JobError(
-                f"set_weights: weights must be a mapping of source to weight, got {weights!r}"
-            )
-        step = run.coord.set_weights(dict(weights), at_step)
+        scheduled = run.coord.set_weights(_weights(weights), optional_step("at_step", at_step))
         run.poke()
-        return {"step": step, "weights": run.coord.log[-1]["weights"]}
+        return {"step": scheduled.step, "weights": scheduled.weights}
 
     async def update_plan(
         self, job: str, plan: dict[str, Any], at_step: int | None = None
@@ -296,6 +306,7 @@ class OmniloadPlugin(SchedulerPlugin):
         Sources keep their names (and cursors); other fields must stay as they are.
         """
         run = self._job(job)
+        at_step = optional_step("at_step", at_step)
         new = lifecycle.with_known_credentials(run, parse_plan(plan))
         change = lifecycle.plan_change(run, new, at_step)
         run.secrets |= new.secrets()
@@ -318,14 +329,11 @@ class OmniloadPlugin(SchedulerPlugin):
 
     def mixture(self, job: str, window: int = 100) -> list[dict[str, Any]]:
         """Per source: target and realised share, per window and overall."""
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise JobError(f"mixture: window must be an integer >= 1, got {window!r}")
-        return stats.mixture(self._job(job), window)
+        return stats.mixture(self._job(job), _integer("mixture: window", window, minimum=1))
 
     def steps(self, job: str, start: int = 0) -> list[dict[str, Any]]:
         """Figures of the recent steps (efficiency, tokens per source, micro-steps)."""
-        run = self._job(job)
-        return stats.steps(run, _integer("start", start))
+        return stats.steps(self._job(job), _integer("start", start))
 
     def workers_wanted(self, job: str | None = None) -> dict[str, Any]:
         """Workers that keep the job's trainers fed (every job's if none is named): what
@@ -339,9 +347,7 @@ class OmniloadPlugin(SchedulerPlugin):
         run = self.jobs.get(name)
         if run is None:
             have = ", ".join(sorted(self.jobs)) or "none"
-            raise MissingJobError(
-                f"no omniload job named {name!r} on this scheduler (running: {have})"
-            )
+            raise MissingJobError(f"no omniload job named {name!r} here (running: {have})")
         return run
 
     def _job_of_key(self, key: str) -> RunningJob | None:
@@ -376,7 +382,7 @@ def _agent(
     checked = [_integer("rank", r) for r in ranks]
     layout = run.plan.layout
     if parts is None:
-        run.coord.delivery.check_ranks(checked)
+        run.coord.view.check_ranks(checked)
         coords = [layout.coords(r) for r in checked]
         return checked, list(dict.fromkeys((c["dp"], c["cp"]) for c in coords))
     if not isinstance(parts, (list, tuple)) or not parts:
@@ -397,17 +403,3 @@ def _need(value: Any, dp: int, cp: int) -> tuple[int, int]:
             f"got {value!r}"
         )
     return int(value[0]), int(value[1])
-
-
-def _integer(name: str, value: Any) -> int:
-    """An RPC argument that must be a non-negative integer (errors name it)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise JobError(f"{name} must be an integer >= 0, got {value!r}")
-    return value
-
-
-def _number(name: str, value: Any) -> float:
-    """An RPC argument that must be a non-negative number (errors name it)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise JobError(f"{name} must be a number >= 0, got {value!r}")
-    return float(value)

@@ -34,7 +34,16 @@ from omniload_dask.cluster.executor import ActionExecutor
 from omniload_dask.cluster.planner import StepPlanning
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.waiters import Waiters
-from omniload_dask.core.coordinator import Coordinator, DrawnStep, PlannedStep, next_batch
+from omniload_dask.core.coordinator import Coordinator, DrawnStep, PlannedStep
+from omniload_dask.core.events import (
+    Cause,
+    ConstructionDone,
+    JobFailed,
+    ReadReported,
+    StepsRequested,
+    TaskFailed,
+    WorkersChanged,
+)
 from omniload_dask.errors import JobError, MissingJobError, OmniloadError
 from omniload_dask.observe.monitoring import JobMonitor
 from omniload_dask.plan import Plan
@@ -73,8 +82,7 @@ class RunningJob:
             assert plan.checkpoint is not None
             self.checkpoints = CheckpointSchedule(writer, plan.checkpoint, coord, self.poke)
         else:
-            coord.recording = False  # no checkpoint: per-step deltas would pile up for ever
-            coord.take_deltas()
+            coord.stop_recording()  # no checkpoint: per-step deltas would pile up for ever
         self.waiters = Waiters()
         self.stopped = False
         self.scheduler_closing = False  # feeders then wait for a new scheduler, not fail
@@ -114,18 +122,18 @@ class RunningJob:
         self.waiters.key_ready(key)
         self.monitor.on_batch_built()
         if seconds is not None:
-            self.coord.on_construct(seconds, self.executor.batches_in(key))
+            self.coord.handle(ConstructionDone(seconds, self.executor.batches_in(key)))
         self.executor.landed(key, "batch")
         self._keep_copy(key)
 
     def on_task_failed(self, key: str, text: str) -> None:
         """A task of the job failed for good: the job fails with its error."""
-        self.coord.on_failure(key, scrub(text, self.secrets))
+        self.coord.handle(TaskFailed(key, scrub(text, self.secrets)))
         self.waiters.wake_all()
 
     def on_workers(self, workers: int, threads: int) -> None:
         """The cluster's workers changed (read quotas count their threads)."""
-        self.coord.on_workers(workers, threads)
+        self.coord.handle(WorkersChanged(workers, threads))
         self.poke()
 
     def on_client_lost(self, client: Client) -> int:
@@ -159,34 +167,34 @@ class RunningJob:
         each block; the wait ends when at least one step is ready, the stream ended, or
         ``timeout`` seconds passed.
         """
-        coord = self.coord
+        coord, view = self.coord, self.coord.view
         now = time.time()
         self.requests += 1
-        target = coord.delivery.draw_target(coord.next_step)
-        coord.on_request(ranks, start, count, now)
-        self.monitor.on_progress(now, coord.delivery.slowest())
+        target = view.draw_target()
+        self.executor.execute(coord.handle(StepsRequested(ranks, start, count, now)))
+        self.monitor.on_progress(now, view.slowest())
         if report:
             self.monitor.on_agent(ranks, now, report)
-        if coord.has_actions() or coord.delivery.draw_target(coord.next_step) != target:
-            self.poke()  # blocks to release, or further to draw: else nothing can move
+        if coord.has_actions() or view.draw_target() != target:
+            self.poke()  # further to draw, or a rebuild: else nothing can move
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, float(timeout))
         while True:
             if self.scheduler_closing:  # retried by feeders: the job may resume on a new one
                 raise MissingJobError(f"job {self.name!r}: the scheduler is shutting down")
-            if coord.error:
-                raise JobError(f"job {self.name!r} failed: {coord.error}")
+            if view.failure is not None:
+                raise JobError(f"job {self.name!r} failed: {view.failure.message}")
             if self.stopped:
                 raise JobError(f"job {self.name!r} was stopped")
             ready, who_has, blocker = self._ready(needs, start, count, locate)
             remaining = deadline - loop.time()
-            ended = coord.end_step is not None and start + len(ready) >= coord.end_step
+            ended = view.end_step is not None and start + len(ready) >= view.end_step
             if ready or remaining <= 0 or ended:
                 break
             await self.waiters.wait(blocker, remaining)
-        reply = {"start": start, "parts": ready, "who_has": who_has, "end": coord.end_step}
+        reply = {"start": start, "parts": ready, "who_has": who_has, "end": view.end_step}
         if not ready:  # say who holds the job back, if ranks do (feeders warn about it)
-            reply["held_back"] = coord.delivery.held_back()
+            reply["held_back"] = view.held_back()
         return reply
 
     def _ready(
@@ -234,24 +242,25 @@ class RunningJob:
 
     async def _run(self) -> None:
         """The pump: run the data plane while something may have moved."""
-        coord = self.coord
+        coord, view = self.coord, self.coord.view
         while self._dirty and not self.stopped:
             self._dirty = False
             self.pumps += 1
             # (drawn and committed steps count as moves too: a step of a multi-step block
             # being drawn is not fetchable yet, but the draw must go on)
-            before = (coord.planned_step, coord.end_step, coord.error, coord.cycle.planned_step)
+            before = (view.planned_step, view.end_step, view.failure, view.committed_step)
             actions: list[Any] = []
             try:
                 self._step()
                 actions = coord.take_actions()
                 self.executor.execute(actions)
             except OmniloadError as exc:
-                coord.error = coord.error or scrub(str(exc), self.secrets)
+                coord.handle(JobFailed(scrub(str(exc), self.secrets), Cause.ADAPTER))
             except Exception as exc:  # a bug: surface it to feeders instead of stalling them
                 logger.exception("omniload data plane failed")
-                coord.error = coord.error or scrub(f"internal error: {exc!r}", self.secrets)
-            after = (coord.planned_step, coord.end_step, coord.error, coord.cycle.planned_step)
+                text = scrub(f"internal error: {exc!r}", self.secrets)
+                coord.handle(JobFailed(text, Cause.ADAPTER))
+            after = (view.planned_step, view.end_step, view.failure, view.committed_step)
             if after != before or actions:
                 self._dirty = True
             if after[0] != before[0]:
@@ -264,8 +273,8 @@ class RunningJob:
 
     def _step(self) -> None:
         """Commit the steps planned in the thread, or draw the next ones and plan them
-        together (:func:`~omniload_dask.core.coordinator.next_batch`: up to the planner's
-        batch; where blocks hold several steps, whole blocks)."""
+        together (:meth:`~omniload_dask.core.coordinator.Coordinator.draw_batch`: up to the
+        planner's batch; where blocks hold several steps, whole blocks)."""
         coord = self.coord
         if self._planning is not None:
             if not self._planning.done():
@@ -285,7 +294,7 @@ class RunningJob:
                 return
             self._drawn = [drawn]
         hold = self.checkpoints is None or not self.checkpoints.snapshot_waits
-        batch, self._drawn = next_batch(coord, self._drawn, self.planner.batch, hold)
+        batch, self._drawn = coord.draw_batch(self._drawn, self.planner.batch, hold)
         if not batch:
             return  # the rest of a block: a read's report pokes the pump
         # Off the loop; its end pokes the pump, which commits them.
@@ -305,25 +314,27 @@ class RunningJob:
             self._pump = None
         self.planner.close()
         self.executor.release_all()
-        self.coord.error = self.coord.error or "job stopped"
+        self.coord.handle(JobFailed("job stopped", Cause.STOPPED))
+        self.waiters.wake_all()
+
+    def fail(self, message: str, cause: Cause) -> None:
+        """Fail the job (if it has not failed yet) and wake every waiting agent."""
+        self.coord.handle(JobFailed(scrub(message, self.secrets), cause))
         self.waiters.wake_all()
 
     # ------------------------------------------------------------------ helpers
     def _on_report(self, key: str, report: ReadReport, seconds: float | None) -> None:
         """Lengths to the coordinator (they decide the stream); the rest to the monitor."""
-        coord = self.coord
-        coord.on_report(
-            key,
-            report.lengths,
-            report.skipped,
-            seconds=seconds,
-            records=report.records,
-            patches=report.patches,
-            patches_sq=report.patches_sq,
+        lengths, patches = report.lengths, (report.patches, report.patches_sq)
+        self.coord.handle(
+            ReadReported(
+                key, lengths, report.skipped, seconds, report.records, *patches, report.filtered
+            )
         )
         source = int(key.split("-")[3])
-        if source < len(coord.streams):
-            self.monitor.grow(len(coord.streams))
+        sources = len(self.coord.view.names)
+        if source < sources:
+            self.monitor.grow(sources)
             self.monitor.on_read(
                 source,
                 time.time(),

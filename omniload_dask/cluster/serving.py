@@ -14,9 +14,9 @@ standby copy at once, instead of retrying the dead address for Dask's 30 s conne
 
 A part travels packed (:func:`pack_part`): its arrays copied into one buffer, described by a
 few plain fields in the reply's msgpack frame, and the buffer out of band in a frame of its
-own, so that neither side pickles the part or splits it into a frame per array (about 20 us
-to pack against 150-200 us through Dask's pickling of a :class:`GroupBatch`, for an
-8,192-token micro-batch)::
+own, so that neither side pickles the part or splits it into a frame per array (packing is
+one copy per array; pickling a :class:`GroupBatch` walks every array and field, several
+times the cost on both sides)::
 
     {"step": 40, "group": 1,
      "micro": msgpack of [[["input_ids", "<u4", [8192], 0], ["num_tokens", None, 8190, 0],
@@ -27,8 +27,8 @@ The construction task packs every part of its block as it builds it (:func:`pack
 serving a part only sends it. The buffer is a numpy array, not a byte string, because of the
 block's standby copy (pickled by Dask for the worker that keeps it): pickle protocol 5 sends
 an array out of band, without copying it, while a byte string is copied into the pickle and
-then searched end to end by Dask for a reference to ``__main__`` (about 7 ms of the sending
-worker's event loop for a 4 MB block, against 1.2 ms out of band). The buffer is read-only
+then searched end to end by Dask for a reference to ``__main__`` (on the sending worker's
+event loop, in time that grows with the block). The buffer is read-only
 where it is held; the fetcher unpacks a part (:func:`unpack_part`) into arrays that view one
 writable copy of it. A part holding anything else (object arrays, numpy scalars)
 or larger than ``PACK_LIMIT`` travels as Dask serializes task results (numpy buffers out of

@@ -7,10 +7,11 @@ gets the same through the preload, on the scheduler and on every worker::
     dask worker tcp://scheduler:8786 --nthreads 3 --resources omniload-read=2 \\
         --preload omniload_dask.preload
 
-What they change, and why (measured on the real-corpus head-to-head, ``BENCHMARKS.md``):
+What they change, and why (the effects are measured by the head-to-head benchmark; the
+figures live in ``BENCHMARKS.md``, by date and commit):
 
 - ``worker-saturation: inf``: reads and constructions are coarse tasks; with root-task
-  queuing small tasks start about five times later.
+  queuing a small task waits for a slot the scheduler hands out in turns, and starts later.
 - the workers' statistical profiler off (a stack sample of every thread every 10 ms), disk I/O
   counters off, process memory checked every 0.5 s instead of 0.1 s, and the event-loop health
   tick (it only warns) every 0.2 s instead of 20 ms: work that serves nobody in a loader's
@@ -18,12 +19,12 @@ What they change, and why (measured on the real-corpus head-to-head, ``BENCHMARK
 - Dask's developer logs at 100 entries instead of 1,000 (``low-level-log-length``: every
   comm's last sent batches, the scheduler's transitions and events): a job sends a few small
   graphs a step, and the scheduler kept the last 1,000 batches of each comm, serialized graphs
-  and all: about 20 MB, and their turnover kept fragmenting the heap (its free space grew,
-  what was in use did not), 26-33 MB of RSS per 100,000 steps; 7 MB with 100.
+  and all, and their turnover kept fragmenting the heap (its free space grew, what was in use
+  did not): the scheduler's memory crept up with the steps; with 100 it stays small.
 - ``TOKENIZERS_PARALLELISM=false`` in the worker processes: a Hugging Face tokenizer would
   otherwise run each ``encode_batch`` on its own thread pool, one thread per core, inside every
-  one of Dask's task threads; on a small machine those pools fight the task threads (17 % of
-  the workers' CPU with WordPiece) and reads run in parallel anyway.
+  one of Dask's task threads; on a small machine those pools fight the task threads for the
+  cores, and reads run in parallel anyway.
 
 They go in as Dask *defaults* (:func:`dask.config.update_defaults`): a value the user set in
 their own Dask config or in a ``DASK_*`` variable stays as the user set it, and so does a

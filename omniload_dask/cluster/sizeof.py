@@ -22,6 +22,7 @@ __all__ = ["sizeof_batch", "sizeof_block", "sizeof_shard"]
 def sizeof_shard(shard: Shard) -> int:
     """Bytes of a shard's arrays (tokens, offsets, ids, images) plus a small overhead."""
     images = shard.images.nbytes if shard.images is not None else 0
+    images += shard.target.nbytes if shard.target is not None else 0
     return int(shard.tokens.nbytes + shard.offsets.nbytes + shard.sample_ids.nbytes) + images + 256
 
 

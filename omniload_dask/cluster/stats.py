@@ -29,7 +29,7 @@ SHARE_WINDOW = 64  # steps behind a source's realised share in stats()
 def job_stats(run: RunningJob, scheduler: Any) -> dict[str, Any]:
     """The job's counters and figures: the coordinator's ``stats()`` plus, per source, what
     was read and how fast, per rank its feeder's last report, and the job's Dask figures."""
-    out = run.coord.stats()
+    out = run.coord.view.stats()
     now = time.time()
     mon = run.monitor
     mon.grow(len(out["sources"]))
@@ -91,7 +91,7 @@ def _scrubbed(out: dict[str, Any], secrets: set[str]) -> dict[str, Any]:
 def _add_source_figures(run: RunningJob, sources: list[dict[str, Any]], now: float) -> None:
     mon = run.monitor
     records_rate, tokens_rate = mon.rates(now)
-    recent = list(run.coord.history)[-SHARE_WINDOW:]
+    recent = list(run.coord.view.history)[-SHARE_WINDOW:]
     _, _, realised = realised_shares(recent, len(sources), run.plan.mixing_by, SHARE_WINDOW)
     weights = np.asarray([s["weight"] for s in sources], dtype=np.float64)
     shares = weights / weights.sum() if weights.sum() > 0 else weights
@@ -118,7 +118,7 @@ def workers_wanted(runs: Iterable[RunningJob], scheduler: Any) -> dict[str, Any]
     now = time.time()
     out: dict[str, Any] = {"workers": workers, "wanted": 0, "jobs": {}}
     for run in runs:
-        work = run.coord.work_per_step()
+        work = run.coord.view.work_per_step()
         rate = run.monitor.steps_per_second(now)
         waits = [f.wait_p50 for f in run.monitor.feeders.values() if f.wait_p50 is not None]
         wait = max(waits, default=0.0) * run.plan.batch.micro_batches
@@ -135,9 +135,9 @@ def workers_wanted(runs: Iterable[RunningJob], scheduler: Any) -> dict[str, Any]
 
 def mixture(run: RunningJob, window: int) -> list[dict[str, Any]]:
     """Per source: target and realised share, over the last ``window`` steps and overall."""
-    return run.coord.mixture(window)
+    return run.coord.view.mixture(window)
 
 
 def steps(run: RunningJob, start: int) -> list[dict[str, Any]]:
     """Figures of the recent steps from ``start`` on (efficiency, tokens per source, ...)."""
-    return [vars(f) for f in run.coord.step_figures(start)]
+    return [vars(f) for f in run.coord.view.step_figures(start)]

@@ -35,9 +35,11 @@ from omniload_dask.cluster.retry import with_retries
 from omniload_dask.cluster.serving import packed
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.plan import READS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
+from omniload_dask.preprocess.chat_encode import encode_chats
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
+from omniload_dask.preprocess.transforms import apply_user_code, resolve
 from omniload_dask.sources import Catalog, RawRecords, encode_sample_ids
 from omniload_dask.sources.registry import discover_source, read_unit_records
 
@@ -60,7 +62,12 @@ def discover(spec: SourceSpec, on_error: str = "raise", retries: int = 0) -> Cat
     """List one source's files and read units (start-up); ``on_error`` is the plan's.
 
     Transient errors are tried again ``retries`` times, others raised at once (:mod:`.retry`).
+    The source's transform and filter are imported here, where reads will run them.
     """
+    for key in ("transform", "filter"):
+        name = getattr(spec, key)
+        if name is not None:
+            resolve(name, f"source {spec.name!r}: {key}")
     return with_retries(discover_source, retries, spec, on_error)
 
 
@@ -109,8 +116,15 @@ def read_unit(
     images: ImageSpec | None = None,
     retries: int = 0,
     more: Sequence[tuple[int, str, int, int]] = (),
+    seed: int = 0,
+    epoch: int = 0,
 ) -> Shard:
     """Read, decode and tokenize one unit; bad records raise or are skipped and counted.
+
+    A token source's records are token ids already: no tokenizer runs. The source's filter
+    and transform (if any) run on each record first, with generators seeded from ``seed``,
+    the source, the record's sample id and ``epoch`` (:mod:`~omniload_dask.preprocess.
+    transforms`); the records they drop are counted as ``filtered``.
 
     ``more``: further ``(file index, file url, start, stop)`` reads of a unit of several small
     files (:func:`~omniload_dask.sources.catalog.merge_small_files`), after the first; the
@@ -136,6 +150,8 @@ def read_unit(
         stop,
         images,
         tuple(more),
+        seed,
+        epoch,
     )
 
 
@@ -149,15 +165,27 @@ def _read_records(
         records = read_unit_records(spec, url, lo, hi)
         return records, np.full(len(records.offsets), f, np.int64), [url] * len(records.bad)
     texts: list[str] = []
+    chats: list[Any] = []
     offsets, files, bad, urls = [], [], [], []
+    tokens: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
     for f, url, lo, hi in reads:
         one = read_unit_records(spec, url, lo, hi)
         texts += one.texts
+        chats += one.chats or []
         offsets.append(np.asarray(one.offsets, np.int64))
         files.append(np.full(len(one.offsets), f, np.int64))
         bad += one.bad
         urls += [url] * len(one.bad)
-    records = RawRecords(texts, np.concatenate(offsets), bad)
+        if one.tokens is not None and one.lengths is not None:
+            tokens.append(one.tokens)
+            lengths.append(one.lengths)
+    records = RawRecords(
+        texts, np.concatenate(offsets), bad, chats=chats if spec.chat is not None else None
+    )
+    if tokens:
+        records.tokens = np.concatenate(tokens)
+        records.lengths = np.concatenate(lengths)
     return records, np.concatenate(files), urls
 
 
@@ -172,10 +200,19 @@ def _read_unit(
     stop: int,
     images: ImageSpec | None,
     more: tuple[tuple[int, str, int, int], ...] = (),
+    seed: int = 0,
+    epoch: int = 0,
 ) -> Shard:
     _tokenizer_threads()  # before the tokenizer's first use in this process
     t0 = time.perf_counter()
     records, files, bad_urls = _read_records(spec, [(file_index, file_url, start, stop), *more])
+    filtered = 0
+    if spec.transform or spec.filter:
+        records, files, filtered, bad_files = apply_user_code(
+            spec, source_index, records, files, seed, epoch
+        )
+        url_of = {file_index: file_url, **{f: url for f, url, _, _ in more}}
+        bad_urls += [url_of[f] for f in bad_files]
     t1 = time.perf_counter()
     table = None
     bad_images = 0
@@ -188,13 +225,31 @@ def _read_unit(
         bad_urls += [file_url] * bad_images  # (an image source's unit is one read)
         files = np.full(len(records.offsets), file_index, np.int64)
     t2 = time.perf_counter()
+    chats = None
+    if spec.chat is not None:  # render, tokenize and mask now: failures are bad records
+        chats = encode_chats(spec.chat, tokenizer, spec.name, records.chats or [])
+        url_of = {file_index: file_url, **{f: url for f, url, _, _ in more}}
+        for i, reason in chats.bad:
+            records.bad.append((int(records.offsets[i]), reason))
+            bad_urls.append(url_of[int(files[i])])
+        records.offsets, files = records.offsets[chats.kept], files[chats.kept]
+        records.texts, records.chats = [""] * len(chats.kept), None
     bad = [
         f"source {spec.name!r}: file {url!r}: record at offset {offset}: {reason}"
         for (offset, reason), url in zip(records.bad, bad_urls, strict=True)
     ]
     if bad and on_error == "raise":
         raise RecordError(bad[0] + " (set on_error: skip to skip and count such records)")
-    tokens, offsets = tokenize(tokenizer, records.texts)
+    target = None
+    if chats is not None:
+        tokens, offsets, target = chats.tokens, chats.offsets, chats.target
+    elif records.tokens is not None:  # a token source: its ids as they are
+        assert records.lengths is not None
+        tokens = records.tokens
+        offsets = np.zeros(len(records.lengths) + 1, np.int64)
+        np.cumsum(records.lengths, out=offsets[1:])
+    else:
+        tokens, offsets = tokenize(tokenizer, records.texts)
     if spec.has_images:
         placeholder = image_token_id(tokenizer, image_spec.placeholder)
         tokens, offsets, table = _place(tokens, offsets, pixels, image_spec, placeholder, tokenizer)
@@ -225,13 +280,16 @@ def _read_unit(
         skipped=skipped,
         bad=bad[:MAX_REASONS],
         images=table,
+        target=target,
+        filtered=filtered,
     )
     meta: dict[str, Any] = {
         "lengths": lengths.astype(np.int32).tobytes(),
         "skipped": skipped,
         "bad": bad[:MAX_REASONS],
         "tokens": len(tokens),
-        "records": len(records.texts) + len(records.bad),
+        "records": len(records.offsets) + len(records.bad) + filtered,
+        "filtered": filtered,
         "read_seconds": t1 - t0,  # for monitoring: read+decode vs tokenize throughput
         "tokenize_seconds": t3 - t2,
     }
@@ -268,6 +326,7 @@ class ReadReport:
     patches_sq: np.ndarray | None = None
     images: int = 0
     bad_images: int = 0
+    filtered: int = 0  # records the source's filter or transform dropped
 
     @classmethod
     def decode(cls, meta: Mapping[str, Any]) -> ReadReport:
@@ -287,20 +346,24 @@ class ReadReport:
             ),
             images=int(meta.get("images", 0)),
             bad_images=int(meta.get("bad_images", 0)),
+            filtered=int(meta.get("filtered", 0)),
         )
 
 
 def report_of(shard: Shard) -> dict[str, Any]:
-    """The image figures of a shard as :meth:`Coordinator.on_report` takes them (inline runs)."""
+    """The image figures (and records filtered) of a shard as
+    :class:`~omniload_dask.core.events.ReadReported` takes them (inline runs)."""
     if shard.images is None:
-        return {}
+        return {"filtered": shard.filtered} if shard.filtered else {}
     p_sum, p_sq = patch_sums(shard.images, len(shard))
-    return {"patches": p_sum, "patches_sq": p_sq}
+    return {"patches": p_sum, "patches_sq": p_sq, "filtered": shard.filtered}
 
 
 def patch_sums(table: ImageTable, records: int) -> tuple[np.ndarray, np.ndarray]:
     """Per record: its images' patches, and the sum of their squares (int64 each)."""
     p = np.diff(table.cu_patches).astype(np.int64)
+    # bincount with weights sums per record in one pass (float64: exact below 2**53 patches);
+    # minlength keeps records without images, at 0, so the arrays line up with the lengths.
     p_sum = np.bincount(table.record, weights=p, minlength=records).astype(np.int64)
     p_sq = np.bincount(table.record, weights=p * p, minlength=records).astype(np.int64)
     return p_sum, p_sq
@@ -371,7 +434,7 @@ def _place(
 
 
 def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:
-    """Build one DP group's micro-batches for one step, in wire form (``batches.expand``)."""
+    """Build one DP group's micro-batches for one step, in wire form (``formats.expand``)."""
     return build(recipe, list(shards), wire=True)
 
 

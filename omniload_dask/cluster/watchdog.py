@@ -28,6 +28,7 @@ from typing import Any
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster.lifecycle import RECONNECT_TIMEOUT, DataPlaneClient
 from omniload_dask.cluster.running import RunningJob
+from omniload_dask.core.events import Cause
 
 __all__ = ["WATCH_SECONDS", "check_client", "watch_client"]
 
@@ -60,11 +61,11 @@ async def check_client(
             client = await asyncio.wait_for(data_client.replace(), RECONNECT_TIMEOUT)
         except Exception as exc:
             for run in jobs:
-                run.coord.error = run.coord.error or (
+                run.fail(
                     "the data plane lost its connection to the scheduler and could not "
-                    f"connect again: {type(exc).__name__}: {exc}"
+                    f"connect again: {type(exc).__name__}: {exc}",
+                    Cause.CONNECTION,
                 )
-                run.waiters.wake_all()
             return
         for run in jobs:
             run.on_client_lost(client)

@@ -1,9 +1,12 @@
 """The pure data plane: events in, actions out; no I/O, no Dask, no threads.
 
 What each module owns (the scheduler plugin and ``testing.InlineDataPlane`` drive it through
-:class:`~omniload_dask.core.coordinator.Coordinator`, the facade over the parts)::
+:class:`~omniload_dask.core.coordinator.Coordinator`, the one way in; modules outside core
+read it through ``Coordinator.view``)::
 
-    coordinator   the facade: takes events, draws steps, returns actions; composes the parts
+    coordinator   the one way in: takes events, draws steps, returns actions; composes the parts
+    events        what comes in (reads reported, ranks' requests, failures) and the job's failure
+    views         what every module outside core reads: the cycle's place, figures, stats
     live          the sources as they change: streams, caps, weight schedule, change log
     streams       one source's sample stream: unit and row order per epoch, the read cursor
     draw          drawing a global batch from the sources' next documents (the mixer)

@@ -33,7 +33,8 @@ class ReadSpec:
 
     ``more`` are further ``(file index, file url, start, stop)`` reads of the same task, after
     the first (a unit of several small files, :func:`~omniload_dask.sources.catalog.
-    merge_small_files`): its records are theirs in this order.
+    merge_small_files`): its records are theirs in this order. ``epoch`` is the source's epoch
+    the unit is read for (it seeds the generator of a source's transform).
     """
 
     key: str
@@ -43,6 +44,7 @@ class ReadSpec:
     start: int
     stop: int
     more: tuple[tuple[int, str, int, int], ...] = ()
+    epoch: int = 0
 
 
 @dataclass(frozen=True)

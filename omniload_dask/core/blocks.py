@@ -46,9 +46,9 @@ BLOCKS_PER_STEP = 8  # with loader.groups_per_task 0 (auto): at most about this 
 BLOCK_TOKENS = 1 << 19
 # Where one block holds a whole step, an auto block holds steps of about this many tokens, at
 # most MAX_BLOCK_STEPS (the ranks' prefetch follows it): 16 steps at dp 8 with one 8,192-token
-# micro-batch a group. Against blocks of 8 steps there, 14 % less scheduler CPU a step and
-# 6-7 % more tokens/s (BENCHMARKS.md, session 35): half the construction tasks, their standby
-# copies and the ranks' requests, and twice the steps planned side by side.
+# micro-batch a group. Larger blocks mean fewer construction tasks, standby copies and ranks'
+# requests a step (each costs the scheduler the same whatever its size) and more steps planned
+# side by side; the cap bounds what a rank prefetches and a worker holds.
 STEP_BLOCK_TOKENS = 1 << 20
 MAX_BLOCK_STEPS = 16
 
@@ -69,14 +69,16 @@ def steps_per_task(plan: Plan) -> int:
     """Consecutive steps one block task builds: ``loader.steps_per_task``, or (0) enough for
     :data:`STEP_BLOCK_TOKENS` tokens (at most :data:`MAX_BLOCK_STEPS`) where one block holds
     every DP group of a step, else 1 (16 steps at dp 8 and 8 at dp 16 with one 8,192-token
-    micro-batch a group)."""
+    micro-batch a group); with ``loader.live_lead``, at most half the lead."""
     given = plan.loader.steps_per_task
     if given > 0:
         return given
     if groups_per_task(plan) < plan.layout.dp:
         return 1
     step_tokens = max(1, plan.layout.dp * plan.batch.seq_len * plan.batch.micro_batches)
-    return max(1, min(MAX_BLOCK_STEPS, STEP_BLOCK_TOKENS // step_tokens))
+    steps = max(1, min(MAX_BLOCK_STEPS, STEP_BLOCK_TOKENS // step_tokens))
+    # a bounded lead (loader.live_lead) holds two blocks: one built, one being drawn
+    return min(steps, max(1, plan.loader.live_lead // 2)) if plan.loader.live_lead else steps
 
 
 def fetch_depth(plan: Plan) -> int:

@@ -48,7 +48,7 @@ from omniload_dask.core.blocks import (
 )
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.positions import RankPositions
-from omniload_dask.errors import JobError
+from omniload_dask.errors import InternalError, JobError
 from omniload_dask.plan import Plan
 
 __all__ = ["Delivery", "Holds", "Part", "RankState", "StepRecord"]
@@ -133,12 +133,15 @@ class Delivery:
 
     def draw_target(self, drawn_to: int | None = None) -> int:
         """Draw the steps below this one: the furthest request and the lookahead, but never
-        far beyond the slowest rank (held batches take worker memory). A block of several
+        far beyond the slowest rank (held batches take worker memory), nor past
+        ``loader.live_lead`` steps beyond it where the plan sets one. A block of several
         steps that has begun (committed, or drawn: ``drawn_to`` is the first step not drawn)
         is drawn to its end: none of its steps is fetchable before its last one is in."""
         loader = self._loader
         window = 4 * (loader.prefetch + loader.lookahead) + 8
         target = min(self.where.furthest + loader.lookahead, self.where.slowest + window)
+        if loader.live_lead:  # a job that expects live changes bounds how far it draws
+            target = min(target, self.where.slowest + loader.live_lead)
         if self._open is not None:
             target = max(target, self._open.end)
         if drawn_to is not None:
@@ -273,6 +276,20 @@ class Delivery:
             part += (step - self._first.get(key, step)) * self._stride
         return (key, part), rebuild
 
+    def unoffer(self, step: int) -> list[Release]:
+        """Forget the steps from ``step`` on that are offered and not built (they are drawn
+        again, :mod:`.rewind`): the block being drawn, which must begin at ``step`` or later,
+        and their records; returns the releases that block held back."""
+        for t in [t for t in self.steps if t >= step]:
+            del self.steps[t]
+        block = self._open
+        if block is None:
+            return []
+        if block.first < step:
+            raise InternalError(f"internal error: steps {block.first}-{step - 1} are not built")
+        self._open = None
+        return block.deferred
+
     def restart_at(self, step: int) -> None:
         """Every rank at ``step`` (a resume: the steps before it are fetched)."""
         self.where.reset(step)
@@ -333,8 +350,10 @@ class Delivery:
         if record is None:
             raise JobError(
                 f"step {step} is no longer held for DP group {group}: the data plane keeps "
-                f"the last {self._loader.retain_steps} steps (loader.retain_steps); resume from "
-                "a data-plane checkpoint to go further back"
+                f"the last {self._loader.retain_steps} steps (loader.retain_steps). A job of "
+                "this name that runs on from an earlier start is past it: stop that job "
+                "(`omniload stop NAME --address ADDR`) to start again from step 0, or resume "
+                "from a data-plane checkpoint to go back"
             )
         record.rebuilds += 1
         key = self._keys.rebuild(step, group, record.rebuilds)

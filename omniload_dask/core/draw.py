@@ -15,9 +15,8 @@ lengths, the weights and the mixer's tags, never of timing::
 When a source must report a read first, the draw waits (:meth:`Drawer.draw` returns None), and
 it does not try again until one of the sources it waited for reports (or the weights, the caps
 or the budget change). Another source's report cannot end the wait: the mixer needs documents
-of the waiting source that no one has read yet. At 16 ranks in the head to head more than half
-of the draws wait; skipping these retries saves a tenth of the mixer's work there
-(BENCHMARKS.md, session 25).
+of the waiting source that no one has read yet. Where many ranks share the cluster most draws
+wait, so a retry on every report would be mixer work that can only fail.
 """
 
 from __future__ import annotations
@@ -39,11 +38,10 @@ __all__ = ["Documents", "Drawer"]
 
 MAX_SCALE = 1 << 20  # how far a source's wants may double before the batch is unfillable
 FEW_SOURCES = 4  # documents of up to this many sources are found by a scan per source
-# Candidates shown per source, as a multiple of its expected share of the budget. With 1.25,
-# a third of the mixer's calls in the head to head at R = 8 came back short and were made
-# again (a token budget's documents vary with the long ones drawn); with 2, one in sixteen:
-# 0.21 ms of the event loop a step instead of 0.24 (BENCHMARKS.md, session 39). What is
-# shown never changes a draw.
+# Candidates shown per source, as a multiple of its expected share of the budget. A token
+# budget's documents vary with the long ones drawn: shown too few, the mixer often comes back
+# short and is called again, which costs more on the event loop than showing twice the share
+# up front. What is shown never changes a draw.
 SHOW = 2.0
 
 
@@ -86,10 +84,8 @@ class Drawer:
     def __init__(self, sources: LiveSources, plan: Plan, with_extra: bool) -> None:
         """A mixer over ``sources``; ``with_extra``: documents carry an encoder cost."""
         self._sources = sources
-        self._budget = (plan.batch.global_tokens, plan.batch.global_documents)
-        # split: a token budget is filled exactly, the document that does not fit is cut
-        self._cut = plan.batch.long_documents == "split" and plan.batch.global_tokens is not None
-        self._chunk = plan.batch.seq_len  # long documents are tagged (and flow) in such pieces
+        self._batch = plan.batch
+        self._at(0)
         self._with_extra = with_extra
         n = len(sources.streams)
         self.mixer = Mixer(n, plan.mixing_by)
@@ -115,6 +111,7 @@ class Drawer:
         Returns None if a source must report first, else the batch's documents: none when
         every source with weight ran out (the stream ends there).
         """
+        self._at(step)
         tokens, docs = self._budget
         streams, caps = self._sources.streams, self._sources.caps
         # The last draw of this step waited for reads: until a source it waited for reports
@@ -160,6 +157,14 @@ class Drawer:
             self.weights = weights
             self.mixer.commit(result)
         return _locate(result, cands, streams, self._with_extra)
+
+    def _at(self, step: int) -> None:
+        """Take the budget and piece size of the batch that rules ``step`` (its stage)."""
+        batch = self._batch.at(step)
+        self._budget = (batch.global_tokens, batch.global_documents)
+        # split: a token budget is filled exactly, the document that does not fit is cut
+        self._cut = batch.long_documents == "split" and batch.global_tokens is not None
+        self._chunk = batch.seq_len  # long documents are tagged (and flow) in such pieces
 
     def _seen(self, step: int, weights: np.ndarray, sources: set[int]) -> tuple[Any, ...]:
         """What a draw that waited for ``sources`` depends on: the step, the weights, the

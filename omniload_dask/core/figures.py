@@ -157,25 +157,38 @@ class Figures:
         return [f for f in self.history if f.step >= start]
 
     def mixture(
-        self, window: int, streams: Sequence[SourceStream], now: np.ndarray, by_tokens: bool
+        self,
+        window: int,
+        streams: Sequence[SourceStream],
+        now: np.ndarray,
+        by_tokens: bool,
+        before: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Per source: target and realised share, over the last ``window`` steps and overall.
+        """Per source: target and realised share, over the last ``window`` steps and overall,
+        of the steps below ``before`` (the steps delivered; None: every step counted).
 
         Shares are of tokens (``by_tokens``) or of documents; the target of a window is the mean
         of its steps' normalised target weights, ``now`` the weights at the next step.
         """
         n = len(streams)
-        recent = list(self.history)[-window:]
+        kept = [f for f in self.history if before is None or f.step < before]
+        recent = kept[-window:]
+        ahead = [f for f in self.history if before is not None and f.step >= before]
 
         def pad(values: list[Any]) -> np.ndarray:
             return np.asarray(list(values) + [0] * (n - len(values)), dtype=np.float64)
 
+        def realised(f: StepFigures) -> np.ndarray:
+            return pad(f.source_tokens if by_tokens else f.source_documents)
+
         got = np.zeros(n)
         target = np.zeros(n)
         for f in recent:
-            got += pad(f.source_tokens if by_tokens else f.source_documents)
+            got += realised(f)
             target += pad(f.target)
         total = np.asarray([s.tokens if by_tokens else s.docs for s in streams], float)
+        for f in ahead:  # counted, not delivered yet
+            total -= realised(f)
         out = []
         for i, stream in enumerate(streams):
             out.append(
@@ -188,6 +201,7 @@ class Figures:
                     "epoch": stream.epoch,
                     "exhausted": stream.exhausted,
                     "retired": stream.retired,
+                    "delivered_step": before,
                 }
             )
         return out

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Keys"]
+__all__ = ["PREFIX", "Keys"]
+
+PREFIX = "omniload-"  # every task key of the data plane starts with it
 
 
 @dataclass(frozen=True)

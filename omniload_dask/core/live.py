@@ -2,10 +2,10 @@
 
 :class:`LiveSources` owns the source streams, their document caps, the weight schedule and the
 log of live changes. A change is checked when it is asked for and takes effect at a step not
-drawn yet (batches already drawn never change); every change is logged, so a replay or a
-resume reproduces it::
+built yet (the caller says which steps that leaves: steps drawn and not built are drawn
+again, see :mod:`.rewind`); every change is logged, so a replay or a resume reproduces it::
 
-    set_weights({"code": 2.0})            from the next undrawn step; the schedule answers it
+    set_weights({"code": 2.0})            from the first step not built; the schedule answers it
     remove_source("web", at_step=50)      pending until step 50 is drawn: then web stops and
                                           its read units are released (its cursor is kept)
     add_source(spec, catalog, at_step=60) pending until step 60: a new stream, or the old one
@@ -41,7 +41,14 @@ from omniload_dask.plan import Plan, SourceSpec, check_weights, source_dict
 from omniload_dask.plan.fields import check_number
 from omniload_dask.sources.catalog import Catalog, catalog_fingerprint
 
-__all__ = ["MAX_SOURCES_PER_JOB", "Applied", "LiveSources", "PlanChange", "token_shares"]
+__all__ = [
+    "MAX_SOURCES_PER_JOB",
+    "Applied",
+    "LiveSources",
+    "PlanChange",
+    "adopt_plan",
+    "token_shares",
+]
 
 MAX_SOURCES_PER_JOB = 1024  # the sample id has 10 bits for the source
 
@@ -85,6 +92,7 @@ class LiveSources:
         self.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
         self.log: list[dict[str, Any]] = []  # every live change, for replay and resume
         self._pending: list[tuple[int, str, Any]] = []  # source changes not yet in effect
+        self.applied = 0  # source changes put into effect (a redraw cannot go back past one)
         self._on_log = on_log
 
     @property
@@ -287,6 +295,7 @@ class LiveSources:
         if not self._pending or self._pending[0][0] > step:
             return None
         _, kind, payload = self._pending.pop(0)
+        self.applied += 1
         if kind == "add":
             spec, catalog = payload
             return Applied(joined=self._add_stream(spec, catalog))
@@ -354,16 +363,35 @@ class LiveSources:
         return joined
 
 
+def adopt_plan(sources: LiveSources, plan: Plan, catalogs: Sequence[Catalog], step: int) -> None:
+    """Resuming at ``step`` with a changed plan: its weights, schedule and sources rule
+    from ``step`` on; ``catalogs`` are the sources', in order."""
+    live = set(sources.live_at(step))
+    by_name = {s.spec.name: c for s, c in zip(sources.streams, catalogs, strict=False)}
+    sources.schedule = WeightSchedule({s.name: s.weight for s in plan.sources}, plan.mixing)
+    sources.schedule.reset_at(step)
+    for entry in sources.log:
+        if entry["kind"] == "weights":
+            sources.schedule.change(int(entry["step"]), entry["weights"])
+    # (changes logged for later steps stay queued: they go after these)
+    for spec in plan.sources:
+        if spec.name not in live:
+            sources.add_source(spec, by_name[spec.name], step, step, ordered=False)
+    for name in sorted(live - set(plan.source_names)):
+        sources.remove_source(name, step, step, ordered=False)
+
+
 def _future_step(at_step: int | None, next_step: int, what: str) -> int:
-    """The step a change asked for ``at_step`` takes effect at (it must not be drawn yet)."""
+    """The step a change asked for ``at_step`` takes effect at: ``next_step`` is the first
+    step a change may still reach (the first not built, :mod:`.rewind`)."""
     if at_step is None:
         return next_step
     if isinstance(at_step, bool) or not isinstance(at_step, int):
         raise JobError(f"{what}: at_step must be an integer, got {at_step!r}")
     if at_step < next_step:
         raise JobError(
-            f"{what}: step {at_step} is already drawn (the first step not yet "
-            f"drawn is {next_step}); batches already drawn never change"
+            f"{what}: step {at_step} is already built (the first step a change can take "
+            f"effect at is {next_step}); batches already built never change"
         )
     return at_step
 

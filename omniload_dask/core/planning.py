@@ -38,7 +38,7 @@ from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.batching.sorting import first_use
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
-from omniload_dask.plan import Plan
+from omniload_dask.plan import BatchSpec, Plan
 
 __all__ = ["DrawnStep", "PlannedStep", "StepPlanner"]
 
@@ -72,9 +72,9 @@ class StepPlanner:
         """Buckets and pins from ``plan.batch``, the cost model from ``plan.cost``."""
         self.cost = CostModel.from_spec(plan.cost)
         names = plan.source_names
-        specs = plan.batch.context_buckets
-        self.buckets = [Bucket(b.seq_len, b.micro_batches, bool(b.sources)) for b in specs]
-        self.pinned = {names.index(n): b for b, spec in enumerate(specs) for n in spec.sources}
+        # Buckets and pins of the plan's batch and of each stage's (``batch.stages``).
+        self._shapes = [_shape(batch, names) for batch in plan.batch.every_stage]
+        self.buckets, self.pinned = self._shapes[0]
         self._groups = plan.layout.dp
         self._cut = plan.batch.long_documents == "split"
         self._batch = plan.batch
@@ -89,7 +89,7 @@ class StepPlanner:
         """Split a drawn step and write its recipes (pure: safe in another thread)."""
         docs = drawn.docs
         t0 = time.perf_counter()
-        split = self.split(docs.sources, docs.lengths, docs.extra)
+        split = self.split(docs.sources, docs.lengths, docs.extra, drawn.step)
         t1 = time.perf_counter()
         recipes = self.recipes(drawn.step, split, docs, drawn.epochs)
         t2 = time.perf_counter()
@@ -102,7 +102,9 @@ class StepPlanner:
         if len(drawn) == 1:
             return [self.plan(drawn[0])]
         t0 = time.perf_counter()
-        splits = self.split_steps([(d.docs.sources, d.docs.lengths, d.docs.extra) for d in drawn])
+        splits = self.split_steps(
+            [(d.docs.sources, d.docs.lengths, d.docs.extra) for d in drawn], [d.step for d in drawn]
+        )
         t1 = time.perf_counter()
         recipes = [
             self.recipes(d.step, s, d.docs, d.epochs) for d, s in zip(drawn, splits, strict=True)
@@ -115,26 +117,41 @@ class StepPlanner:
         ]
 
     def split(
-        self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None
+        self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None, step: int = 0
     ) -> Assignment:
         """Route a step's documents to buckets and split them among the DP groups; no
         micro-batch is left empty where the step has tokens to give it
         (:mod:`omniload_dask.batching.fill`).
 
-        ``extra`` is each document's encoder cost (images), balanced with the backbone's.
+        ``extra`` is each document's encoder cost (images), balanced with the backbone's;
+        ``step`` picks the stage whose buckets rule.
         """
-        return self.split_steps([(src, lengths, extra)])[0]
+        return self.split_steps([(src, lengths, extra)], [step])[0]
 
     def split_steps(
-        self, steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+        self,
+        steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+        at: Sequence[int] | None = None,
     ) -> list[Assignment]:
-        """:meth:`split` of several steps, ``(src, lengths, extra)`` each: the same splits,
-        made side by side where the balancer can (:func:`~.balance.balance_steps`)."""
-        routed = [
-            RoutedDocuments(n, *route(n, src, self.buckets, self.pinned), x) for src, n, x in steps
-        ]
-        splits = balance_steps(routed, self.buckets, self._groups, self.cost, cut=self._cut)
-        return [fill_empty(s, self.buckets, self.cost, self._cut) for s in splits]
+        """:meth:`split` of several steps, ``(src, lengths, extra)`` each (steps ``at``,
+        default 0): the same splits, made side by side where the balancer can
+        (:func:`~.balance.balance_steps`), the steps of one stage together."""
+        stage = [self._batch.stage_index(t) for t in (at if at is not None else [0] * len(steps))]
+        out: list[Assignment] = []
+        first = 0
+        while first < len(steps):
+            end = first + 1
+            while end < len(steps) and stage[end] == stage[first]:
+                end += 1
+            buckets, pinned = self._shapes[stage[first]]
+            routed = [
+                RoutedDocuments(n, *route(n, src, buckets, pinned), x)
+                for src, n, x in steps[first:end]
+            ]
+            splits = balance_steps(routed, buckets, self._groups, self.cost, cut=self._cut)
+            out += [fill_empty(s, buckets, self.cost, self._cut) for s in splits]
+            first = end
+        return out
 
     def recipes(
         self, step: int, plan: Assignment, docs: Documents, epochs: np.ndarray
@@ -151,6 +168,8 @@ class StepPlanner:
         # shard slots number its reads in order of first use.
         pair_of = group * nu + docs.slot[doc]
         pair, number = first_use(pair_of)
+        # pair_bounds[g]: the first pair of group g; a piece's shard slot is its pair's number
+        # less that, so every group's slots count from 0 (a group's task reads only its own).
         pair_bounds = np.searchsorted(pair // nu, np.arange(groups + 1))
         table = np.empty((len(order), 5), dtype=np.int64)
         table[:, 0] = plan.micro[order]
@@ -162,7 +181,7 @@ class StepPlanner:
             start += docs.starts[doc]
         np.add(start, plan.length[order], out=table[:, 4])
         used = pair % nu
-        batch = self._batch
+        batch = self._batch.at(step)
         return RecipeTable(
             step=step,
             groups=np.arange(groups, dtype=np.int64),
@@ -177,3 +196,10 @@ class StepPlanner:
             micro_seq_lens=tuple(plan.micro_capacity.tolist()),
             patch_size=self._patch_size,
         )
+
+
+def _shape(batch: BatchSpec, names: list[str]) -> tuple[list[Bucket], dict[int, int]]:
+    """The buckets of ``batch`` and the bucket each pinned source (by index) goes to."""
+    specs = batch.context_buckets
+    buckets = [Bucket(b.seq_len, b.micro_batches, bool(b.sources)) for b in specs]
+    return buckets, {names.index(n): b for b, spec in enumerate(specs) for n in spec.sources}

@@ -27,7 +27,7 @@ from omniload_dask.core.autoscale import Meter
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import LiveSources, token_shares
 from omniload_dask.core.streams import Unit, UnitRef
-from omniload_dask.plan import READS_PER_THREAD, Plan
+from omniload_dask.plan import READS_PER_THREAD, BatchSpec, Plan
 
 __all__ = ["IN_FLIGHT_STEPS", "MAX_UNITS_AHEAD", "ReadAhead"]
 
@@ -46,7 +46,7 @@ class ReadAhead:
         cluster's) until :meth:`on_workers` says otherwise."""
         self._sources = sources
         self._loader = plan.loader
-        self._budget = (plan.batch.global_tokens, plan.batch.global_documents)
+        self._budget = _largest_budget(plan.batch)
         self._by_documents = plan.mixing_by == "documents"
         self._keys = keys
         self.workers = plan.loader.workers
@@ -72,14 +72,17 @@ class ReadAhead:
         extra: np.ndarray | None,
         seconds: float | None,
         records: int | None,
+        filtered: int = 0,
     ) -> None:
-        """A read task reported its records' lengths (see ``Coordinator.on_report``)."""
+        """A read task reported its records' lengths (see :class:`.events.ReadReported`);
+        ``filtered``: records its source's filter or transform dropped."""
         where = self._unit_of.get(key)
         if where is None:
             return
         part, size = self._part_of.get(key, (0, -1))
         stream = self._sources.streams[where[0]]
-        if stream.report(where[1], lengths, skipped, part, extra) and seconds is not None:
+        reported = stream.report(where[1], lengths, skipped, part, extra, filtered)
+        if reported and seconds is not None:
             if size < 0:
                 size = stream.catalog.size(stream.units[where[1]].catalog_index)
             count = len(lengths) + skipped if records is None else records
@@ -113,7 +116,7 @@ class ReadAhead:
                 unit.keys, catalog.reads(unit.catalog_index, unit.parts), strict=True
             ):
                 more = tuple((g, catalog.files[g], a, b) for g, a, b in rest)
-                specs.append(ReadSpec(key, source, f, catalog.files[f], lo, hi, more))
+                specs.append(ReadSpec(key, source, f, catalog.files[f], lo, hi, more, unit.epoch))
             unit.specs = tuple(specs)
         return unit.specs[part]
 
@@ -170,6 +173,7 @@ class ReadAhead:
                 unit = Unit(self._keys.read(i, ref), ref[0], ref[1], catalog_index)
                 self._split(i, unit)
                 stream.units[ref] = unit
+                stream.know_up_front(ref)
                 for p, key in enumerate(unit.keys):
                     self._unit_of[key] = (i, ref)
                     if unit.parts > 1:
@@ -257,7 +261,8 @@ class ReadAhead:
                 "retired": s.retired,
                 "documents": s.docs,
                 "tokens": s.tokens,
-                "skipped": s.skipped,
+                "skipped": s.skipped + s.skipped_ahead(),
+                "filtered": s.filtered,
                 "truncated_tokens": s.truncated_tokens,
                 "units_in_flight": len(s.units),
                 "reads_pending": sum(1 for u in s.units.values() if u.lengths is None),
@@ -318,3 +323,11 @@ class ReadAhead:
             return loader.read_ahead
         steps_ahead = loader.lookahead + loader.prefetch
         return loader.read_ahead + math.ceil(steps_ahead / steps_per_unit)
+
+
+def _largest_budget(batch: BatchSpec) -> tuple[int | None, int | None]:
+    """The largest step budget of ``batch`` and its stages, of the plan's kind (tokens or
+    documents): read-ahead sized for it covers every stage (more never changes the stream)."""
+    if batch.global_tokens is not None:
+        return max(b.global_tokens or 0 for b in batch.every_stage), None
+    return None, max(b.global_documents or 0 for b in batch.every_stage)

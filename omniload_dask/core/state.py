@@ -48,10 +48,11 @@ __all__ = [
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 # A source's state vector (SourceStream.STATE_KEYS): epoch, position, row, docs, tokens,
-# skipped, truncated_tokens, retired, offset.
+# skipped, truncated_tokens, retired, offset, filtered.
 ROW, DOCS, TOKENS, OFFSET = 2, 3, 4, 8
 RARE = slice(5, 8)  # skipped, truncated, retired: sent whole (under "x") when they change
-FRESH = [0] * 9  # the state of a stream that has not drawn yet
+LATER = slice(9, None)  # filtered (and keys added after it): sent whole too
+FRESH = [0] * 10  # the state of a stream that has not drawn yet
 
 
 def _vector(sources: LiveSources, i: int) -> list[int]:
@@ -257,7 +258,7 @@ class StateRecorder:
                 if size and expected is not None and weights[i] > 0:
                     expected = expected + size / weights[i]
                     vtime = max(vtime, expected)
-                if vec[RARE] != old[RARE]:
+                if vec[RARE] != old[RARE] or vec[LATER] != old[LATER]:
                     whole[str(i)] = vec
                 else:
                     if vec[OFFSET] != old[OFFSET]:
@@ -298,7 +299,19 @@ class StateRecorder:
             delta["end"] = end_step
         self.pending.append(delta)
 
-    def take(self) -> list[dict[str, Any]]:
-        """The deltas and log entries since the last call, in order."""
+    def restart(self, step: int) -> StateRecorder:
+        """The parts were put back to ``step`` (:mod:`.rewind`): a recorder of deltas from
+        their state now, with this one's pending entries, less the deltas of steps from
+        ``step`` on."""
+        fresh = StateRecorder(self._sources, self._drawer, self._figures)
+        fresh.pending = [d for d in self.pending if d.get("step", -1) < step]
+        return fresh
+
+    def take(self, below: int | None = None) -> list[dict[str, Any]]:
+        """The deltas and log entries since the last call, in order; with ``below``, the
+        deltas of steps from ``below`` on stay (they may be drawn again, :mod:`.rewind`)."""
         out, self.pending = self.pending, []
+        if below is not None:
+            self.pending = [d for d in out if d.get("step", -1) >= below]
+            out = [d for d in out if d.get("step", -1) < below]
         return out

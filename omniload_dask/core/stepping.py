@@ -31,11 +31,12 @@ import numpy as np
 from omniload_dask.core.actions import Action, Release
 from omniload_dask.core.delivery import Delivery, StepRecord
 from omniload_dask.core.draw import Drawer
+from omniload_dask.core.events import Failure
 from omniload_dask.core.figures import Figures
 from omniload_dask.core.live import LiveSources
 from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
 from omniload_dask.core.reads import ReadAhead
-from omniload_dask.errors import JobError
+from omniload_dask.errors import InternalError
 
 __all__ = ["StepCycle"]
 
@@ -64,7 +65,14 @@ class StepCycle:
         self.in_flight: list[DrawnStep] = []  # drawn, not committed, in step order
         self.max_in_flight = 1
         self.waits_for_reads = False  # the last draw found nothing: a source must report first
+        self.failure: Failure | None = None  # the job stopped: nothing more is drawn
         self._flight_tokens = 0  # tokens of the steps in flight
+
+    def fail(self, failure: Failure) -> None:
+        """Stop the cycle with ``failure``, unless it stopped already (the first one stays:
+        later ones describe what it caused)."""
+        if self.failure is None:
+            self.failure = failure
 
     @property
     def planned_step(self) -> int:
@@ -108,7 +116,7 @@ class StepCycle:
         """Hold and build the planned step's blocks, count it, release the units passed."""
         drawn, split = planned.drawn, planned.split
         if not self.in_flight or drawn is not self.in_flight[0]:
-            raise JobError(f"internal error: step {drawn.step} committed out of order")
+            raise InternalError(f"internal error: step {drawn.step} committed out of order")
         del self.in_flight[0]
         self._flight_tokens -= int(drawn.docs.lengths.sum())
         step, docs, figures = drawn.step, drawn.docs, self._figures
@@ -136,6 +144,17 @@ class StepCycle:
         self._delivery.keep(step, record, self.next_step)
         figures.planned((time.perf_counter() - drawn.started) * 1e3)
         return actions
+
+    def rewind(self, step: int) -> list[DrawnStep]:
+        """Draw ``step`` next (the parts are back where they were before it was drawn,
+        :mod:`.rewind`); returns the steps in flight, dropped (all from ``step`` on)."""
+        dropped, self.in_flight = self.in_flight, []
+        if any(d.step < step for d in dropped) or self.end_step is not None:
+            raise InternalError(f"internal error: cannot draw step {step} again")
+        self._flight_tokens = 0
+        self.next_step = step
+        self.waits_for_reads = False
+        return dropped
 
     def _end(self, actions: list[Action]) -> list[Action]:
         """The stream ends at ``next_step``: the block being drawn is built as it is."""

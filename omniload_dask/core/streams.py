@@ -50,12 +50,16 @@ class Unit:
     lengths: np.ndarray | None = None
     order: np.ndarray | None = None
     skipped: int = 0
+    filtered: int = 0  # records the source's filter or transform dropped
     extra: np.ndarray | None = None
     parts: int = 1
     part_sizes: tuple[int, ...] = ()
     bounds: np.ndarray | None = None
     specs: tuple[ReadSpec, ...] = field(default=(), repr=False)  # its parts' ReadSpecs, once made
-    _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None]] = field(
+    # lengths came from the source's index at submission; the parts' reports only feed meters
+    up_front: bool = False
+    _metered: set[int] = field(default_factory=set, repr=False)
+    _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None, int]] = field(
         default_factory=dict, repr=False
     )
 
@@ -69,6 +73,8 @@ class Unit:
     @property
     def pending(self) -> int:
         """Read tasks of this unit that have not reported yet."""
+        if self.up_front:
+            return self.parts - len(self._metered)
         return 0 if self.lengths is not None else self.parts - len(self._reported)
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -158,6 +164,7 @@ class SourceStream:
         self.docs = 0
         self.tokens = 0
         self.skipped = 0
+        self.filtered = 0
         self.truncated_tokens = 0
         self.retired = False  # removed from the job (its cursor is kept)
         self._cache: tuple[int, Candidates] | None = None  # candidates while nothing changes
@@ -213,15 +220,22 @@ class SourceStream:
         skipped: int,
         part: int = 0,
         extra: np.ndarray | None = None,
+        filtered: int = 0,
     ) -> bool:
         """A read task reported; returns False if the unit is no longer tracked.
 
         A unit read in parts is complete (``lengths`` set) once all its parts have reported.
         """
         unit = self.units.get(ref)
+        if unit is not None and unit.up_front:  # known already: the report only counts
+            if part in unit._metered or part >= unit.parts:
+                return False
+            unit._metered.add(part)
+            self.version += 1
+            return True
         if unit is None or unit.lengths is not None or part in unit._reported:
             return False
-        unit._reported[part] = (np.asarray(lengths, dtype=np.int64), int(skipped), extra)
+        unit._reported[part] = (np.asarray(lengths, dtype=np.int64), int(skipped), extra, filtered)
         if len(unit._reported) < unit.parts:
             return True
         got = [unit._reported[p] for p in range(unit.parts)]
@@ -229,6 +243,7 @@ class SourceStream:
         unit.bounds = np.concatenate([[0], np.cumsum([len(g[0]) for g in got])]).astype(np.int64)
         unit.lengths = np.concatenate([g[0] for g in got])
         unit.skipped = sum(g[1] for g in got)
+        unit.filtered = sum(g[3] for g in got)
         if any(g[2] is not None for g in got):
             unit.extra = np.concatenate(
                 [g[2] if g[2] is not None else np.zeros(len(g[0])) for g in got]
@@ -236,6 +251,21 @@ class SourceStream:
         unit.order = self.row_order(unit, len(unit.lengths))
         self._cache = None
         self.version += 1
+        return True
+
+    def know_up_front(self, ref: UnitRef) -> bool:
+        """Give the submitted unit ``ref`` its records' lengths from the source's index, where
+        discovery found them (:meth:`~omniload_dask.sources.catalog.Catalog.known_lengths`):
+        the stream is then known past it before its read reports. Empty records are skipped
+        and counted, as a read skips them."""
+        unit = self.units[ref]
+        known = self.catalog.known_lengths(unit.catalog_index, unit.parts)
+        if known is None:
+            return False
+        for p, lengths in enumerate(known):
+            kept = lengths[lengths > 0]
+            self.report(ref, kept, len(lengths) - len(kept), p)
+        unit.up_front = True
         return True
 
     # -- drawing -----------------------------------------------------------------------------
@@ -289,7 +319,16 @@ class SourceStream:
             else:
                 empty_run += 1
                 if empty_run >= 2 * self.catalog.num_units:  # a whole epoch lies inside
-                    raise JobError(f"source {self.spec.name!r}: a whole epoch held no records")
+                    once = {  # one epoch's: each empty unit's file once
+                        u.catalog_index: u.skipped
+                        for u in units
+                        if u.lengths is not None and not len(u.lengths)
+                    }
+                    raise JobError(
+                        f"source {self.spec.name!r}: a whole epoch held no records "
+                        f"({sum(once.values())} bad records skipped in it: see the "
+                        "source's bad_examples); every file of it is unreadable or empty"
+                    )
             units.append(unit)
             ref, row = self.successor(ref), 0
         if not parts:
@@ -309,6 +348,19 @@ class SourceStream:
             waiting,
             complete,
             offset=self.offset,  # offset > 0: the cursor's row has tokens left, it comes first
+        )
+
+    def skipped_ahead(self) -> int:
+        """Records skipped in units read ahead of the cursor that hold none to draw (a file
+        that cannot be read, or none of whose records could).
+
+        ``skipped`` counts a unit's bad records once its cursor has passed it (once per epoch,
+        also across a resume); such a unit in a source's last epoch is never passed, so what
+        is shown (``stats``, the dashboard, the metric) adds these at once: when the cursor
+        passes one, its count moves into ``skipped`` and the sum stays the same.
+        """
+        return sum(
+            u.skipped for u in self.units.values() if u.lengths is not None and not len(u.lengths)
         )
 
     def first_unknown(self) -> UnitRef:
@@ -359,6 +411,7 @@ class SourceStream:
         self.offset = offset
         # Skipped records count once per epoch, when the cursor has passed their unit.
         self.skipped += sum(u.skipped for u in finished)
+        self.filtered += sum(u.filtered for u in finished)
         return finished
 
     STATE_KEYS = (
@@ -371,6 +424,7 @@ class SourceStream:
         "truncated_tokens",
         "retired",
         "offset",
+        "filtered",
     )
 
     def state_dict(self) -> dict[str, int]:
@@ -380,7 +434,8 @@ class SourceStream:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from :meth:`state_dict`'s output; no unit is in flight afterwards."""
         for key in self.STATE_KEYS:
-            setattr(self, key, bool(state[key]) if key == "retired" else int(state[key]))
+            value = state.get(key, 0)  # (a state from before a key was added: 0)
+            setattr(self, key, bool(value) if key == "retired" else int(value))
         self.units.clear()
         self.next_submit = (self.epoch, self.position)
         self._orders.clear()

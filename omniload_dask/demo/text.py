@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
 
+from omniload_dask.demo.chat import make_chat_demo_data
 from omniload_dask.demo.images import make_image_demo_data
 from omniload_dask.demo.vocabulary import VOCAB_SEED, demo_text, vocabulary, write_tokenizer
 
@@ -71,6 +72,7 @@ def make_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
     """Write the demo sources into ``folder`` (skipped if already complete); return it."""
     folder = Path(folder)
     make_image_demo_data(folder, scale=scale)
+    make_chat_demo_data(folder, scale=scale)
     if (folder / MARKER).exists():
         return folder
     rng = np.random.default_rng(VOCAB_SEED)

@@ -194,7 +194,7 @@ class JobPage:
     def _refresh_steps(self, run: Any, stats: dict[str, Any]) -> None:
         """Per step: the realised vs target mix and the balance efficiency, from the
         coordinator's recent step figures (only when a new step was drawn)."""
-        figures = list(run.coord.history)[-(STEPS_SHOWN + MIX_WINDOW) :]
+        figures = list(run.coord.view.history)[-(STEPS_SHOWN + MIX_WINDOW) :]
         steps, target, realised = realised_shares(
             figures, len(self.names), stats.get("mixing_by", "tokens"), MIX_WINDOW
         )
@@ -258,6 +258,7 @@ class JobPage:
             "in_flight": [s["units_in_flight"] for s in sources],
             "limit": [limit(s) for s in sources],
             "skipped": [s["skipped"] for s in sources],
+            "filtered": [s.get("filtered", 0) for s in sources],
             "truncated": [s["truncated_tokens"] for s in sources],
             "last_bad": [(s.get("bad_examples") or [""])[-1] for s in sources],
         }

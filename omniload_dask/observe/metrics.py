@@ -54,6 +54,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "source_read_seconds": ("counter", "Task seconds spent reading and decoding the source"),
     "source_tokenize_seconds": ("counter", "Task seconds spent tokenizing the source"),
     "source_records_skipped": ("counter", "Bad or empty records of the source skipped"),
+    "source_records_filtered": ("counter", "Records the source's filter or transform dropped"),
     "source_truncated_tokens": ("counter", "Tokens cut off long documents of the source"),
     "source_epoch": ("gauge", "Epoch the source's cursor is in"),
     "source_units_in_flight": ("gauge", "Read units of the source submitted and not released"),
@@ -181,6 +182,7 @@ def _add_job(families: dict[str, Any], job: str, stats: dict[str, Any]) -> None:
         put("source_read_seconds", src.get("decode_seconds"), name)
         put("source_tokenize_seconds", src.get("tokenize_seconds"), name)
         put("source_records_skipped", src.get("skipped"), name)
+        put("source_records_filtered", src.get("filtered"), name)
         put("source_truncated_tokens", src.get("truncated_tokens"), name)
         put("source_epoch", src.get("epoch"), name)
         put("source_units_in_flight", src.get("units_in_flight"), name)

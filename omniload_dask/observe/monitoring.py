@@ -78,6 +78,11 @@ class FeederReport:
                 ) from None
             if not number >= 0:
                 raise JobError(f"feeder report of rank {rank}: {name} must be >= 0, got {value!r}")
+            if not number < 2**63:  # inf too: int() of it raises OverflowError
+                raise JobError(
+                    f"feeder report of rank {rank}: {name} must be a finite number below "
+                    f"2**63, got {value!r}"
+                )
             values[name] = number if name.startswith("wait") else int(number)
         return cls(rank=rank, time=now, **values)
 

@@ -197,6 +197,7 @@ def _source_table(data: PageSources, rows: int, limit: str) -> Any:
         TableColumn(field="in_flight", title="units in flight"),
         TableColumn(field="limit", title=limit),
         TableColumn(field="skipped", title="skipped", formatter=num),
+        TableColumn(field="filtered", title="filtered", formatter=num),
         TableColumn(field="truncated", title="truncated tokens", formatter=num),
         TableColumn(field="last_bad", title="last skipped record", width=400),
     ]

@@ -9,10 +9,17 @@ It asks the data plane for ``stats()`` (one RPC per job and refresh) and prints:
       source    target realised epoch  documents     tokens  records/s  tokens/s  reading/held  window  skipped
       web        50.0%    49.8%     0      1,234    951,032      126.8     20.8k           0/3       3        0
 
-      rank   step  buffered  wait p50  wait p99
-         0    228       1/2   0.02 ms   1.90 ms
+      ranks: 1 fetching, 0 idle, 0 not started
+      rank   step  buffered  wait p50  wait p99  last request
+         0    228       1/2   0.02 ms   1.90 ms  0.1 s ago
 
 Rates are the data plane's own, over its last 10 s of events, so ``--once`` shows them too.
+A rank whose feeder has not asked for a batch for :data:`IDLE_AFTER` seconds is *idle*: its
+feeder finished (``max_steps``), was closed, or its trainer pauses; a rank that never asked is
+*not started*. ``omniload jobs`` prints one line per job (:func:`format_jobs`)::
+
+    job         state      step    drawn  ranks               age
+    quickstart  running     228      236  4/4 fetching        41 s
 """
 
 from __future__ import annotations
@@ -32,9 +39,19 @@ from omniload_dask.observe.formatting import (
     milliseconds,
 )
 
-__all__ = ["connect", "format_status", "job_stats", "watch"]
+__all__ = [
+    "IDLE_AFTER",
+    "connect",
+    "format_jobs",
+    "format_status",
+    "job_state",
+    "job_stats",
+    "rank_states",
+    "watch",
+]
 
 MAX_RANK_ROWS = 8
+IDLE_AFTER = 10.0  # seconds without a request after which a rank's feeder counts as idle
 
 
 def connect(address: str, timeout: float, security: Any = None) -> Any:
@@ -75,7 +92,9 @@ def format_status(stats: dict[str, Any], now: float | None = None) -> str:
     sources = stats["sources"]
     rate = stats.get("steps_per_second")
     capacity = stats.get("capacity_tokens") or 0
-    state = f"failed: {stats['error']}" if stats.get("error") else "running"
+    state = job_state(stats)
+    if state.startswith("failed"):
+        state = f"failed: {stats['error']}"
     lines = [
         f"omniload job {stats['name']} · run {stats['run_id']} · {state} · "
         f"up {stats['uptime']:.0f} s · {stats['workers']} workers · "
@@ -110,7 +129,14 @@ def format_status(stats: dict[str, Any], now: float | None = None) -> str:
         )
     lines.append("")
     ranks = sorted(((int(r), v) for r, v in stats["ranks"].items()), key=lambda kv: kv[0])
-    lines.append(f"  {'rank':>4} {'step':>6} {'buffered':>9} {'wait p50':>10} {'wait p99':>10}")
+    counts = rank_states(stats)
+    lines.append(
+        f"  ranks: {counts['fetching']} fetching, {counts['idle']} idle (no request for "
+        f"{IDLE_AFTER:g} s: finished or paused), {counts['not started']} not started"
+    )
+    lines.append(
+        f"  {'rank':>4} {'step':>6} {'buffered':>9} {'wait p50':>10} {'wait p99':>10}  last request"
+    )
     shown = ranks
     if len(ranks) > MAX_RANK_ROWS:  # the ranks that wait longest matter; say how many are left
         shown = sorted(ranks, key=lambda kv: -(kv[1].get("wait_p99") or 0.0))[:MAX_RANK_ROWS]
@@ -119,7 +145,7 @@ def format_status(stats: dict[str, Any], now: float | None = None) -> str:
         buffered = f"{r['buffered']}/{r['prefetch']}" if r.get("buffered") is not None else "-"
         lines.append(
             f"  {rank:>4} {r['position']:>6} {buffered:>9} {milliseconds(r.get('wait_p50')):>10} "
-            f"{milliseconds(r.get('wait_p99')):>10}"
+            f"{milliseconds(r.get('wait_p99')):>10}  {_last_request(r)}"
         )
     if len(shown) < len(ranks):
         lines.append(f"  ... {len(ranks) - len(shown)} more ranks (shown: longest p99 waits)")
@@ -129,6 +155,72 @@ def format_status(stats: dict[str, Any], now: float | None = None) -> str:
         for example in (s.get("bad_examples") or [])[-1:]:
             lines.append(f"  last skipped ({s['name']}): {example}")
     return "\n".join(lines)
+
+
+def _rank_state(rank: dict[str, Any]) -> str:
+    """``fetching``, ``idle`` or ``not started``: how recently the rank's feeder asked."""
+    ago = rank.get("reported_ago")
+    if ago is None:
+        return "not started"
+    return "idle" if ago >= IDLE_AFTER else "fetching"
+
+
+def _last_request(rank: dict[str, Any]) -> str:
+    ago = rank.get("reported_ago")
+    if ago is None:
+        return "never"
+    return f"{_age(ago)} ago" + (" (idle)" if ago >= IDLE_AFTER else "")
+
+
+def rank_states(stats: dict[str, Any]) -> dict[str, int]:
+    """How many of the job's ranks are fetching, idle and not started."""
+    counts = {"fetching": 0, "idle": 0, "not started": 0}
+    for rank in stats["ranks"].values():
+        counts[_rank_state(rank)] += 1
+    return counts
+
+
+def job_state(stats: dict[str, Any]) -> str:
+    """``failed``, ``running`` (a rank fetches), ``idle`` (every rank that started stopped
+    asking: its feeders finished or paused) or ``waiting for ranks`` (none started yet)."""
+    if stats.get("error"):
+        return "failed"
+    counts = rank_states(stats)
+    if counts["fetching"]:
+        return "running"
+    return "idle" if counts["idle"] else "waiting for ranks"
+
+
+def format_jobs(stats: list[dict[str, Any]]) -> str:
+    """One line per job: its state, the step every rank had reached at its last request (a
+    feeder asks ahead of its trainer, so this lags), the steps the data plane drew, how many
+    ranks fetch, the job's age."""
+    if not stats:
+        return "no omniload job runs on this scheduler"
+    width = max(3, *(len(str(s["name"])) for s in stats))
+    lines = [f"{'job':<{width}}  {'state':<17} {'step':>8} {'drawn':>8}  {'ranks':<18} age"]
+    for s in stats:
+        counts = rank_states(s)
+        ranks = f"{counts['fetching']}/{len(s['ranks'])} fetching"
+        step = s["start_step"] + s["steps_fetched"]
+        lines.append(
+            f"{s['name']:<{width}}  {job_state(s):<17} {step:>8} {s['steps_drawn']:>8}  "
+            f"{ranks:<18} {_age(s['uptime'])}"
+        )
+        if s.get("error"):
+            lines.append(f"{'':<{width}}  {s['error']}")
+    return "\n".join(lines)
+
+
+def _age(seconds: float) -> str:
+    """``4.2 s``, ``12 s``, ``3 min``, ``2.5 h``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def watch(

@@ -62,6 +62,7 @@ from omniload_dask.plan.parse import load_plan, parse_plan
 from omniload_dask.plan.parse_mixing import check_weights
 from omniload_dask.plan.parse_sources import parse_source
 from omniload_dask.plan.plan import Plan
+from omniload_dask.plan.spec_data import source_dict, tokenizer_dict
 from omniload_dask.plan.specs import (
     BYTE_IMAGE_TOKEN,
     NO_CAP,
@@ -76,9 +77,8 @@ from omniload_dask.plan.specs import (
     MixingSpec,
     SchedulePoint,
     SourceSpec,
+    StageSpec,
     TokenizerSpec,
-    source_dict,
-    tokenizer_dict,
 )
 
 __all__ = [
@@ -96,6 +96,7 @@ __all__ = [
     "Plan",
     "SchedulePoint",
     "SourceSpec",
+    "StageSpec",
     "TokenizerSpec",
     "check_weights",
     "load_plan",

@@ -10,6 +10,9 @@ raises :class:`~omniload_dask.errors.PlanError` with ``path.field: what is wrong
     f.done()  # PlanError: batch.micro_batch: unknown field (known: micro_batches, seq_len);
               #            did you mean 'micro_batches'?
 
+A misspelt key is named also where its absence fails first: ``batch: {seq_length: 4096}`` gives
+``batch.seq_length: unknown field; did you mean 'seq_len'? (batch.seq_len: is required)``.
+
 :func:`resolve_path` reads a path field: environment variables expanded, relative local paths
 taken from the plan file's folder, and the result checked (:func:`check_path`): no control
 characters, a protocol fsspec knows, a bucket or host where the protocol needs one.
@@ -21,6 +24,8 @@ import difflib
 import math
 import os
 import re
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -54,9 +59,53 @@ _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 def fail(path: str, message: str, value: Any = ...) -> NoReturn:
-    """Raise a PlanError for ``path`` (``message`` says what is expected)."""
+    """Raise a PlanError for ``path`` (``message`` says what is expected).
+
+    When the field at ``path`` is absent and its mapping holds an unknown key close to its name
+    (``seq_length`` for a required ``seq_len``, ``bacth`` for a whole missing ``batch``), the
+    error names that key first: the typo is the cause, the absence only its effect.
+    """
     got = "" if value is ... else f", got {value!r}"
+    typo = _typo_of(path)
+    if typo is not None:
+        raise PlanError(f"{typo} ({path}: {message}{got})")
     raise PlanError(f"{path}: {message}{got}")
+
+
+# The mappings being read, by path, in this thread: fail() looks a missing field's mapping up
+# here to find a misspelt key. Weak, so a mapping read long ago never answers for a new plan.
+_reading = threading.local()
+
+
+def _open_fields() -> weakref.WeakValueDictionary[str, Fields]:
+    table = getattr(_reading, "fields", None)
+    if table is None:
+        table = _reading.fields = weakref.WeakValueDictionary()
+    return table
+
+
+def _typo_of(path: str) -> str | None:
+    """``section.key: unknown field; did you mean 'name'?`` for a misspelt key standing in for
+    the absent field at ``path`` (or for its absent section), else None."""
+    section, _, key = path.rpartition(".")
+    name = key.split("[", 1)[0]
+    fields = _open_fields().get(section)
+    if fields is None or not name:
+        return None
+    unknown = fields.unknown()
+    if fields.data.get(name) is None:
+        close = difflib.get_close_matches(name, unknown, n=1)
+        if close:
+            return f"{fields.at(close[0])}: unknown field; did you mean {name!r}?"
+        if section and not fields.data:  # the whole section is absent: misspelt in its parent?
+            return _typo_of(section)
+    # Another field of the section took its default because its key is misspelt (``knid`` for
+    # ``kind``), and this one fails against that default.
+    for key in unknown:
+        close = difflib.get_close_matches(key, fields.defaulted(), n=1)
+        if close:
+            return f"{fields.at(key)}: unknown field; did you mean {close[0]!r}?"
+    return None
 
 
 class Fields:
@@ -68,6 +117,8 @@ class Fields:
         self.data = dict(data)
         self.path = path
         self._seen: set[str] = set()
+        self._asked: set[str] = set()  # keys looked at with has(): known, even if not read
+        _open_fields()[path] = self
 
     def at(self, key: str) -> str:
         """The path of ``key`` in this mapping, for messages (``sources[2].weight``)."""
@@ -75,6 +126,7 @@ class Fields:
 
     def has(self, key: str) -> bool:
         """Whether ``key`` is given and not null (does not mark it as read)."""
+        self._asked.add(key)
         return key in self.data and self.data[key] is not None
 
     def raw(self, key: str, default: Any = None) -> Any:
@@ -206,15 +258,21 @@ class Fields:
             fail(self.at(key), "must be a non-empty list", value)
         return list(value)
 
+    def unknown(self) -> list[str]:
+        """The keys given (not null) that no getter has read so far, in order."""
+        return [str(k) for k, v in self.data.items() if k not in self._seen and v is not None]
+
+    def defaulted(self) -> list[str]:
+        """The fields read so far that are absent (or null): those that took their default."""
+        return sorted(k for k in self._seen if self.data.get(k) is None)
+
     def done(self) -> None:
-        """Reject keys that no getter asked for."""
-        for key, value in self.data.items():
-            if key in self._seen or value is None:  # null means absent
-                continue
-            close = difflib.get_close_matches(str(key), sorted(self._seen), n=1)
+        """Reject keys that no getter asked for, suggesting the closest known field."""
+        known = sorted(self._seen | self._asked)
+        for key in self.unknown():
+            close = difflib.get_close_matches(key, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            known = ", ".join(sorted(self._seen))
-            fail(self.at(str(key)), f"unknown field (known: {known}){hint}")
+            raise PlanError(f"{self.at(key)}: unknown field (known: {', '.join(known)}){hint}")
 
 
 def check_number(

@@ -8,6 +8,7 @@ the tokenizer). The small run-time sections, ``loader`` and ``checkpoint``, are 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,10 @@ from omniload_dask.plan.parse_sources import (
     read_source,
     read_tokenizer,
 )
+from omniload_dask.plan.parse_stages import read_stages
 from omniload_dask.plan.plan import PLAN_VERSION, Plan
-from omniload_dask.plan.specs import CheckpointSpec, LoaderSpec
+from omniload_dask.plan.specs import NO_CAP, BatchSpec, CheckpointSpec, LoaderSpec, SourceSpec
+from omniload_dask.plan.streams import read_streams
 
 __all__ = ["load_plan", "parse_plan"]
 
@@ -63,7 +66,8 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     seed = top.integer("seed", 0, min=0, max=2**63 - 1)
     on_error = top.text("on_error", "raise", choices=("raise", "skip"))
     layout = read_layout(top.mapping("layout"))
-    batch = read_batch(top.mapping("batch"), layout)
+    batch_fields = top.mapping("batch")
+    batch = read_stages(batch_fields, read_batch(batch_fields, layout), layout)
     tokenizer = read_tokenizer(top.mapping("tokenizer"), base_dir)
     cost = read_cost(top.mapping("cost"), base_dir)
     loader = _loader(top.mapping("loader"))
@@ -84,8 +88,14 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     if sum(s.weight for s in sources) <= 0:
         fail("sources", "at least one source needs a weight > 0", [s.weight for s in sources])
     check_bucket_sources(batch, [s.name for s in sources])
+    sources = tuple(_chat_cap(s, batch) for s in sources)
+    streams = tuple(
+        replace(s, sources=tuple(_chat_cap(x, s.batch) for x in s.sources))
+        for s in read_streams(top.mapping("streams"), name, layout, batch, base_dir)
+    )
     images = None
-    if top.has("images") or any(s.has_images for s in sources):
+    every = [*sources, *(x for s in streams for x in s.sources)]
+    if top.has("images") or any(s.has_images for s in every):
         images = read_images(top.mapping("images"), tokenizer)
     top.done()
     return Plan(
@@ -102,7 +112,19 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
         on_error=on_error,
         version=version,
         images=images,
+        streams=streams,
     )
+
+
+def _chat_cap(source: SourceSpec, batch: BatchSpec) -> SourceSpec:
+    """A chat source's ``max_tokens``, where the plan leaves it unset: the batch's cap of its
+    documents (conversations are skipped or refused, never cut)."""
+    if source.chat is None or source.chat.max_tokens is not None:
+        return source
+    cap = batch.document_cap_for(source.name)
+    if cap >= NO_CAP:
+        return source
+    return replace(source, chat=replace(source.chat, max_tokens=cap))
 
 
 def _checkpoint(top: Fields, base_dir: str | os.PathLike[str] | None) -> CheckpointSpec | None:
@@ -145,6 +167,7 @@ def _loader(f: Fields) -> LoaderSpec:
         reads_per_thread=f.integer("reads_per_thread", d.reads_per_thread, min=1, max=1024),
         groups_per_task=f.integer("groups_per_task", d.groups_per_task, min=0, max=1 << 20),
         steps_per_task=f.integer("steps_per_task", d.steps_per_task, min=0, max=64),
+        live_lead=f.integer("live_lead", d.live_lead, min=0, max=1 << 20),
         fanout=f.text("fanout", d.fanout, choices=FANOUTS),
         tls=f.flag("tls", d.tls),
     )

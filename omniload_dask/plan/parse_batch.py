@@ -115,6 +115,7 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
     if tokens is not None and tokens < seq_len and long_docs == "truncate":
         fail(f.at("global_tokens"), f"must be >= seq_len ({seq_len}) so any document fits", tokens)
     pad = f.flag("pad_to_seq_len", False)
+    f.raw("stages")  # (read by parse_stages, once this batch is known)
     f.done()
     return BatchSpec(
         seq_len=seq_len,

@@ -13,6 +13,7 @@ import os
 import re
 from typing import Any
 
+from omniload_dask.plan.chat import read_chat
 from omniload_dask.plan.fields import Fields, fail, resolve_path
 from omniload_dask.plan.limits import (
     MAX_EPOCHS,
@@ -24,6 +25,7 @@ from omniload_dask.plan.limits import (
     MAX_WEIGHT,
     MIN_UNIT_BYTES,
 )
+from omniload_dask.plan.parse_tokens import read_token_fields
 from omniload_dask.plan.specs import BYTE_IMAGE_TOKEN, ImageSpec, SourceSpec, TokenizerSpec
 
 __all__ = [
@@ -37,7 +39,7 @@ __all__ = [
     "read_tokenizer",
 ]
 
-FORMATS = ("jsonl", "parquet", "webdataset")
+FORMATS = ("jsonl", "parquet", "webdataset", "megatron", "arrow", "mds", "flat")
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 TOKENIZER_KINDS = ("byte", "huggingface", "tiktoken")
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # plan and source names
@@ -66,14 +68,29 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
             f.at("path"), "must be a path/URL (globs allowed) or a non-empty list of them", raw_path
         )
     paths = tuple(resolve_path(p, base_dir, field=f.at("path")) for p in raw_paths)
+    if fmt == "megatron":  # a Megatron prefix (``.../web_text_document``) names its .idx
+        paths = tuple(_megatron_index(p) for p in paths)
     weight = f.number("weight", 1.0, min=0, max=MAX_WEIGHT)
-    text = f.text("text", "txt" if fmt == "webdataset" else "text")
+    chat = read_chat(f.mapping("chat"), base_dir) if f.has("chat") else None
+    if chat is not None and fmt not in ("jsonl", "parquet"):
+        fail(f.at("chat"), "conversations come from jsonl or parquet sources", f.raw("chat"))
+    text = (
+        chat.field if chat is not None else f.text("text", "txt" if fmt == "webdataset" else "text")
+    )
+    if chat is not None and f.has("text"):
+        fail(f.at("text"), "a chat source names its fields in chat (chat.field)", f.raw("text"))
     image = _image_field(f, fmt)
+    if chat is not None and image:
+        fail(f.at("chat"), "a source with images cannot be a chat source (not yet)", f.raw("chat"))
     if fmt == "parquet" and image and image[0] == text:
         fail(f.at("image"), "must be another column than sources[].text", image[0])
     unit_records = f.optional_int("unit_records", min=1, max=MAX_UNIT_RECORDS)
-    if unit_records is not None and fmt == "jsonl":
-        fail(f.at("unit_records"), "only applies to parquet and webdataset", unit_records)
+    if unit_records is not None and fmt in ("jsonl", "flat"):
+        fail(
+            f.at("unit_records"),
+            "only applies to parquet, webdataset, arrow, mds and megatron sources",
+            unit_records,
+        )
     if fmt == "webdataset" and unit_records is None:
         unit_records = 64
     # JSON Lines: the byte ranges a file is cut into; every format: with merge_bytes, up to how
@@ -82,6 +99,11 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
     merge_bytes = f.size("merge_bytes", 2**20, min=0, max=MAX_UNIT_BYTES)
     opts = f.storage_options()
     epochs = f.optional_int("epochs", min=1, max=MAX_EPOCHS)
+    token_fields = read_token_fields(f, fmt)
+    if image and token_fields.get("tokens"):
+        fail(f.at("tokens"), "a token source has no images", token_fields["tokens"])
+    if chat is not None and token_fields.get("tokens"):
+        fail(f.at("chat"), "a token source's records are token ids, not conversations")
     f.done()
     return SourceSpec(
         name=name,
@@ -95,7 +117,19 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
         storage_options=opts,
         image=image,
         unit_records=unit_records,
+        **token_fields,
+        chat=chat,
     )
+
+
+def _megatron_index(path: str) -> str:
+    """The .idx of a Megatron path given as its prefix or its .bin (folders and globs as
+    given)."""
+    if path.endswith(".bin"):
+        return path[: -len(".bin")] + ".idx"
+    if path.endswith(("/", ".idx")) or set("*?[") & set(path) or os.path.isdir(path):
+        return path
+    return path + ".idx"
 
 
 def _image_field(f: Fields, fmt: str) -> tuple[str, ...]:
@@ -103,7 +137,7 @@ def _image_field(f: Fields, fmt: str) -> tuple[str, ...]:
     raw = f.raw("image")
     if raw is None:
         return IMAGE_EXTENSIONS if fmt == "webdataset" else ()
-    if fmt == "jsonl":
+    if fmt not in ("parquet", "webdataset"):
         fail(f.at("image"), "images come from parquet or webdataset sources", raw)
     if fmt == "parquet":
         if isinstance(raw, (list, tuple)) and len(raw) == 1:

@@ -20,6 +20,7 @@ from omniload_dask.plan.credentials import (
     secret_values,
     without_credentials,
 )
+from omniload_dask.plan.spec_data import source_dict, tokenizer_dict
 from omniload_dask.plan.specs import (
     BatchSpec,
     CheckpointSpec,
@@ -30,9 +31,8 @@ from omniload_dask.plan.specs import (
     MixingSpec,
     SourceSpec,
     TokenizerSpec,
-    source_dict,
-    tokenizer_dict,
 )
+from omniload_dask.plan.streams import StreamSpec
 
 __all__ = ["PLAN_VERSION", "Plan", "source_free", "source_identity"]
 
@@ -56,6 +56,7 @@ class Plan:
     checkpoint: CheckpointSpec | None = None
     version: int = PLAN_VERSION
     images: ImageSpec | None = None  # set when a source has images
+    streams: tuple[StreamSpec, ...] = ()  # named streams besides training (validation)
 
     @property
     def mixing_by(self) -> str:
@@ -74,9 +75,25 @@ class Plan:
                 return spec
         raise PlanError(f"sources: no source named {name!r} (have {', '.join(self.source_names)})")
 
+    @property
+    def stream_names(self) -> list[str]:
+        """The names of the streams besides training (``streams``), sorted."""
+        return [s.name for s in self.streams]
+
+    def stream(self, name: str) -> StreamSpec:
+        """The stream called ``name``; a :class:`PlanError` naming the known ones otherwise."""
+        for spec in self.streams:
+            if spec.name == name:
+                return spec
+        have = ", ".join(self.stream_names) or "none"
+        raise PlanError(f"streams: the plan has no stream named {name!r} (have: {have})")
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved plan as plain data (what ``omniload validate`` prints)."""
         data = asdict(self)
+        data.pop("streams")
+        if self.streams:
+            data["streams"] = {s.name: s.to_dict() for s in self.streams}
         layout = data["layout"]
         if self.layout.rank_map:
             layout.pop("order")
@@ -90,6 +107,9 @@ class Plan:
             batch["buckets"] = [b.to_dict() for b in self.batch.buckets]
         else:
             batch.pop("buckets")
+        batch.pop("stages")
+        if self.batch.stages:
+            batch["stages"] = [stage.to_dict() for stage in self.batch.stages]
         data["cost"] = self.cost.to_dict()
         if data["images"] is None:
             del data["images"]
@@ -147,7 +167,7 @@ class Plan:
         """Hash of everything that decides the global sample stream (not loader tuning/layout,
         nor credentials: a new key, or one moved to the environment, keeps the stream)."""
         data = without_credentials(self.to_dict())
-        for key in ("loader", "layout", "cost", "name", "checkpoint"):
+        for key in ("loader", "layout", "cost", "name", "checkpoint", "streams"):
             data.pop(key, None)
         blob = json.dumps(data, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
@@ -163,6 +183,12 @@ def source_identity(spec: SourceSpec) -> dict[str, Any]:
         "epochs": spec.epochs,
         "image": list(spec.image),
         "unit_records": spec.unit_records,
+        # token sources only (absent elsewhere: identities stored before them still match)
+        **{
+            key: getattr(spec, key)
+            for key in ("tokens", "dtype", "eod")
+            if getattr(spec, key) is not None
+        },
     }
 
 

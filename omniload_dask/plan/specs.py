@@ -8,17 +8,19 @@ specs know nothing about parsing: defaults live here, checks live in the parsers
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from omniload_dask.errors import PlanError
+from omniload_dask.plan.chat import ChatSpec
 from omniload_dask.plan.credentials import StorageOptions
 
 __all__ = [
     "BYTE_IMAGE_TOKEN",
     "NO_CAP",
     "READS_PER_THREAD",
+    "TOKEN_FORMATS",
     "BatchSpec",
     "BucketSpec",
     "CheckpointSpec",
@@ -29,18 +31,18 @@ __all__ = [
     "MixingSpec",
     "SchedulePoint",
     "SourceSpec",
+    "StageSpec",
     "TokenizerSpec",
-    "source_dict",
-    "tokenizer_dict",
 ]
 
 BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256, EOS 257)
 NO_CAP = 2**62  # the document cap of a plan that sets none (split): longer than any document
 # A worker runs this many reads for each tokenizing thread it has: while one read tokenizes,
 # the next reads and decodes its records, and the tokenizer never waits for a read to start
-# (``omniload-read=2`` with one tokenizer thread left 1 % of two cores idle, against 4 %
-# with one read a thread; BENCHMARKS.md, session 34).
+# (with one read a thread, the tokenizer idles while each next read opens its file and
+# decodes; a second one in flight hides that).
 READS_PER_THREAD = 2
+TOKEN_FORMATS = ("megatron", "flat")  # formats whose records are always token ids
 
 
 @dataclass(frozen=True)
@@ -60,33 +62,28 @@ class SourceSpec:
     # Image-text sources: the image column (Parquet) or file extensions (WebDataset); () = text.
     image: tuple[str, ...] = ()
     unit_records: int | None = None  # records per read unit (Parquet: cuts row groups; tar)
+    # Token sources (plan.parse_tokens): the token-id column, the vocabulary the tokens were
+    # written with, a flat array's dtype and end-of-document id.
+    tokens: str | None = None
+    vocab_size: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+    dtype: str | None = None
+    eod: int | None = None
+    # User code run on the workers: ``package.module:function`` (preprocess.transforms).
+    transform: str | None = None
+    filter: str | None = None
+    chat: ChatSpec | None = None  # conversations and their targets; None: plain text
 
     @property
     def has_images(self) -> bool:
         """Whether the source's records carry images (an image column or image files)."""
         return bool(self.image)
 
-
-def source_dict(spec: SourceSpec) -> dict[str, Any]:
-    """A source spec as plan data (``parse_source`` reads it back)."""
-    data = asdict(spec)
-    data["path"] = list(data.pop("paths"))
-    data["storage_options"] = dict(spec.storage_options)
-    if spec.format != "jsonl" and spec.unit_bytes == SourceSpec.unit_bytes:
-        data.pop("unit_bytes")  # (other formats use it only to merge small files)
-    if spec.merge_bytes == SourceSpec.merge_bytes:
-        data.pop("merge_bytes")
-    if spec.epochs is None:
-        data.pop("epochs")
-    if not spec.image:
-        data.pop("image")
-    elif spec.format == "parquet":
-        data["image"] = spec.image[0]
-    else:
-        data["image"] = list(spec.image)
-    if spec.unit_records is None:
-        data.pop("unit_records")
-    return data
+    @property
+    def has_tokens(self) -> bool:
+        """Whether the source's records are token ids already (no tokenizer runs on them)."""
+        return self.format in TOKEN_FORMATS or self.tokens is not None
 
 
 @dataclass(frozen=True)
@@ -107,18 +104,6 @@ class TokenizerSpec:
     storage_options: Mapping[str, Any] = field(default_factory=StorageOptions)
     pattern: str | None = None  # tiktoken only
     special_tokens: Mapping[str, int] = field(default_factory=dict)  # tiktoken only
-
-
-def tokenizer_dict(spec: TokenizerSpec) -> dict[str, Any]:
-    """``spec`` as plan data; the tiktoken-only fields only for that kind (``parse_plan`` reads
-    it back to the same spec)."""
-    data = asdict(spec)
-    data["storage_options"] = dict(spec.storage_options)
-    data["special_tokens"] = dict(spec.special_tokens)
-    if spec.kind != "tiktoken":
-        data.pop("pattern")
-        data.pop("special_tokens")
-    return data
 
 
 @dataclass(frozen=True)
@@ -208,6 +193,23 @@ class BatchSpec:
     max_document_tokens: int | None = None
     pad_to_seq_len: bool = False
     buckets: tuple[BucketSpec, ...] = ()
+    stages: tuple[StageSpec, ...] = ()  # later budgets and shapes, by step (see StageSpec)
+
+    def at(self, step: int) -> BatchSpec:
+        """The batch that rules step ``step``: the last stage begun by then, else this one."""
+        for stage in reversed(self.stages):
+            if stage.at_step <= step:
+                return stage.batch
+        return self
+
+    def stage_index(self, step: int) -> int:
+        """0 before the first stage, else 1 + the index of the last stage begun by ``step``."""
+        return sum(1 for stage in self.stages if stage.at_step <= step)
+
+    @property
+    def every_stage(self) -> tuple[BatchSpec, ...]:
+        """This batch and each stage's, in order."""
+        return (self, *(stage.batch for stage in self.stages))
 
     @property
     def context_buckets(self) -> tuple[BucketSpec, ...]:
@@ -230,6 +232,38 @@ class BatchSpec:
         if pinned:
             return pinned[0]
         return max(b.seq_len for b in self.context_buckets if not b.sources)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """A training stage: from step ``at_step`` on, global batches are cut as ``batch`` says
+    (its budget, ``seq_len`` and micro-batches or buckets; the rest as the plan's batch).
+
+    ``at_tokens``, when the plan gave the stage's start in tokens, is kept as given; the parser
+    turns it into ``at_step``, the first step that starts with at least that many tokens drawn
+    (a token budget with ``long_documents: split`` fills every step exactly, so that step
+    follows from the plan alone).
+    """
+
+    at_step: int
+    batch: BatchSpec
+    at_tokens: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stage as the plan gives it: its start and the batch fields it may change."""
+        out: dict[str, Any] = (
+            {"at_tokens": self.at_tokens}
+            if self.at_tokens is not None
+            else {"at_step": self.at_step}
+        )
+        batch = self.batch
+        out["global_tokens"] = batch.global_tokens
+        out["global_documents"] = batch.global_documents
+        if batch.buckets:
+            out["buckets"] = [b.to_dict() for b in batch.buckets]
+        else:
+            out["seq_len"], out["micro_batches"] = batch.seq_len, batch.micro_batches
+        return out
 
 
 @dataclass(frozen=True)
@@ -385,7 +419,7 @@ class LoaderSpec:
     task_seconds: float = 0.5
     quotas: bool = True
     reads_per_thread: int = 2
-    # Scale (see README "Thousands of ranks"): DP groups whose batches one construction task
+    # Scale (docs/guides/scale.md): DP groups whose batches one construction task
     # builds (0: enough for about 8 tasks a step); how ranks share a fetch: "none" (each rank
     # fetches), "broadcast" (one rank of each DP group fetches and broadcasts over
     # torch.distributed) or "node" (a node-local agent fetches for the node's ranks and hands
@@ -394,6 +428,9 @@ class LoaderSpec:
     # tokens a task, at most 16).
     groups_per_task: int = 0
     steps_per_task: int = 0
+    # A job that expects live changes: draw at most ``live_lead`` steps past the slowest rank
+    # (0: no bound), so that a change takes effect that soon (see core.rewind).
+    live_lead: int = 0
     fanout: str = "none"
     # The embedded cluster on TLS, with temporary certificates (Job.start(security=True)).
     tls: bool = False

@@ -21,8 +21,8 @@ In a Dask worker, tokenizers are loaded and run on threads of their own
 (:func:`own_threads`), not on whichever of Dask's task threads runs a read. The regex engine
 inside ``tiktoken`` (Rust's ``regex-automata``) keeps a fast path for the first thread that
 searches with it and sends every other thread through a locked pool of scratch space, search
-by search: tokenizing on a second thread took 12 % more instructions (callgrind, the
-head-to-head's Tekken tokenizer) and 15-25 % more CPU time than on the first.
+by search: tokenizing on any thread but the first costs more instructions and more CPU time,
+so each tokenizer stays on the one thread that first ran it.
 """
 
 from __future__ import annotations
@@ -85,6 +85,15 @@ class _Encoder(Protocol):
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]: ...
 
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+def _char_of_bytes(text: str) -> np.ndarray:
+    """For each UTF-8 byte of ``text`` and one past its end, the character it belongs to."""
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    sizes = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+    return np.append(np.repeat(np.arange(len(points), dtype=np.int64), sizes), len(points))
+
 
 class ByteTokenizer:
     """The built-in tokenizer: a token per UTF-8 byte; BOS 256, EOS 257, the image token 258."""
@@ -101,6 +110,12 @@ class ByteTokenizer:
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         body = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.uint32)
         return body, lengths
+
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``text``'s tokens and each token's first and past-last character (chat masks)."""
+        body, _ = self.encode([text])
+        chars = _char_of_bytes(text)
+        return body, chars[:-1], chars[:-1] + 1
 
 
 class HuggingFaceTokenizer:
@@ -155,6 +170,13 @@ class HuggingFaceTokenizer:
             count=int(lengths.sum()),
         )
         return body, lengths
+
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``text``'s tokens (no specials added) and each token's first and past-last
+        character, as the tokenizer's offsets give them (chat masks)."""
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        spans = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        return np.asarray(encoding.ids, dtype=np.uint32), spans[:, 0], spans[:, 1]
 
 
 def _turn_off_truncation_and_padding(tok: Any) -> tuple[str, ...]:
@@ -245,6 +267,16 @@ class TiktokenTokenizer:
             except UnicodeEncodeError:  # lone surrogates: encode_ordinary has the fix-up
                 pass
         return np.asarray(self._enc.encode_ordinary(text), dtype=np.uint32)
+
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``text``'s tokens and each token's first and past-last character (chat masks)."""
+        ids = self._encode_one(text)
+        sizes = [len(self._enc.decode_single_token_bytes(int(t))) for t in ids]
+        ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+        chars = _char_of_bytes(text)
+        starts = ends - np.asarray(sizes, dtype=np.int64)
+        # (a token's last character is the one holding its last byte)
+        return ids, chars[starts], chars[np.maximum(ends - 1, 0)] + 1
 
 
 def _read_ranks(spec: TokenizerSpec) -> dict[bytes, int]:

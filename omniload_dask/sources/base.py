@@ -30,6 +30,11 @@ class Units:
     smaller reads with the same records: ``rows`` (start/stop are row numbers), ``bytes`` (byte
     ranges whose records are those starting inside, as JSON Lines), ``marks`` (records start at
     the byte offsets ``marks[mark_index[u]:mark_index[u + 1]]``), or ``none``.
+
+    A token format that knows every record's length from an index (Megatron's ``.idx``,
+    Arrow's list offsets) gives them up front: row ``u``'s records have the token counts
+    ``lengths[length_index[u]:length_index[u + 1]]`` in file order, and the data plane plans
+    with them before any read reports (see :meth:`.catalog.Catalog.known_lengths`).
     """
 
     table: np.ndarray
@@ -37,19 +42,43 @@ class Units:
     split: str = "none"
     marks: np.ndarray | None = None
     mark_index: np.ndarray | None = None
+    lengths: np.ndarray | None = None
+    length_index: np.ndarray | None = None
 
 
 @dataclass
 class RawRecords:
     """Records of one read unit in file order: texts, offsets, and the records that failed.
 
-    ``images`` (image-text sources) holds each record's encoded images, in order.
+    ``images`` (image-text sources) holds each record's encoded images, in order; ``chats``
+    (chat sources) each record's conversation (:func:`~omniload_dask.sources.chat.conversation`),
+    its text then empty. A token source's records are token ids already: ``tokens`` holds them
+    all, flat, and ``lengths`` each record's count (``texts`` is then empty). A per-token column
+    beside the ids (a loss mask) would travel the same way, one flat array as long as
+    ``tokens``, into the shard's ``target`` mask.
     """
 
     texts: list[str]
     offsets: np.ndarray
     bad: list[tuple[int, str]] = field(default_factory=list)
     images: list[list[bytes]] | None = None
+    chats: list[Any] | None = None
+    tokens: np.ndarray | None = None
+    lengths: np.ndarray | None = None
+
+    @classmethod
+    def of_tokens(
+        cls, tokens: np.ndarray, lengths: np.ndarray, offsets: np.ndarray,
+        bad: list[tuple[int, str]] | None = None,
+    ) -> RawRecords:  # fmt: skip
+        """Token records: ``tokens`` flat, ``lengths`` per record, at ``offsets``."""
+        return cls([], np.asarray(offsets, np.int64), bad or [], tokens=tokens,
+                   lengths=np.asarray(lengths, np.int64))  # fmt: skip
+
+    @property
+    def count(self) -> int:
+        """How many good records there are."""
+        return len(self.offsets)
 
 
 class SourceFormat(Protocol):

@@ -60,6 +60,8 @@ class Catalog:
     marks: np.ndarray | None = None
     mark_index: np.ndarray | None = None
     groups: np.ndarray | None = None
+    lengths: np.ndarray | None = None  # every record's tokens, where an index gives them
+    length_index: np.ndarray | None = None  # row r's records: lengths[length_index[r]:...]
 
     @property
     def num_units(self) -> int:
@@ -141,6 +143,27 @@ class Catalog:
         out, r = [], rows.start
         for read in self.reads(u, count):
             out.append(int(self._row_sizes[r : r + len(read)].sum()))
+            r += len(read)
+        return out
+
+    def known_lengths(self, u: int, count: int) -> list[np.ndarray] | None:
+        """The token counts of the records of each of :meth:`reads`' ``count`` reads of unit
+        ``u``, in file order, where discovery gave them up front (None: only the reads tell).
+
+        Rows of a source with known lengths are record numbers (``split == "rows"``), so a
+        read of rows ``[a, b)`` of row ``r`` holds records ``a - start .. b - start`` of it.
+        """
+        if self.lengths is None or self.length_index is None:
+            return None
+        rows = self._rows_of(u)
+        index = self.length_index
+        if len(rows) == 1:
+            r = rows[0]
+            base = int(index[r]) - int(self.units[r, 1])
+            return [self.lengths[base + a : base + b] for a, b in self.parts(r, count)]
+        out, r = [], rows.start
+        for read in self.reads(u, count):
+            out.append(self.lengths[int(index[r]) : int(index[r + len(read)])])
             r += len(read)
         return out
 

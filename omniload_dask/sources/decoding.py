@@ -6,15 +6,15 @@ network error, a lost connection) is not the data's fault and must fail (and be 
 two look alike from above: a decompressor or pyarrow raises either way. :class:`WatchedFile`
 sits between the decoder and the file and remembers whether a read of the file itself failed.
 
-:class:`Decompressed` reads a compressed stream in fixed blocks from its start, so where it
-breaks off is the same for every read of the file, whatever range it wants and however much of
-the stream it reads::
+:class:`Decompressed` reads a compressed stream from its start and ends it at bad data, having
+given every byte the codec could decode before it (:mod:`.members`)::
 
-    stream    [block 0][block 1][block 2][blo     (corrupt or cut in block 3)
-    read()    blocks 0-2, then ends; error = the decoder's exception, broken_at = 3 * BLOCK
+    stream    [..........................X.....]     (a corrupt byte at X, or the file cut at X)
+    read()    everything the decoder gives up to X, then ends; error says what and where
 
-Every reader of the file sees the same ``broken_at``, which is what keeps skipping such a file
-deterministic when a unit is read in parts (see :mod:`.jsonl`).
+Where the stream breaks off is a function of the file's bytes alone, so every reader of the file
+sees the same ``broken_at``, whatever range it wants and however much it reads: that keeps
+skipping such a file deterministic when a unit is read in parts (see :mod:`.jsonl`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from fsspec.compression import compr
 
-from omniload_dask.sources.zstd import ZstdFrames
+from omniload_dask.sources.members import CODECS, MemberDecoder
 
 __all__ = ["Decompressed", "WatchedFile"]
 
@@ -79,12 +79,13 @@ class WatchedFile:
 
 
 class Decompressed:
-    """The decompressed bytes of a file (``gzip``, ``zstd``, ``bz2``, ``xz``...), read in
-    blocks of :attr:`BLOCK` from its start.
+    """The decompressed bytes of a file (``gzip``, ``zstd``, ``bz2``, ``xz``...), from its
+    start.
 
-    Bad data ends the stream: :meth:`read` returns what came before the block that failed,
-    ``error`` holds the decoder's exception and ``broken_at`` where the stream broke off. A
-    failure of the storage underneath is raised as it is.
+    Bad data ends the stream: :meth:`read` returns every byte decoded before it, ``error``
+    holds what was wrong and ``broken_at`` where the stream broke off. A failure of the
+    storage underneath is raised as it is. Codecs outside :data:`~.members.CODECS` are read
+    through fsspec in blocks of :attr:`BLOCK` (a block that fails is lost).
     """
 
     BLOCK = 1 << 16
@@ -93,9 +94,11 @@ class Decompressed:
         """Open ``path`` of ``fs`` and decompress it with ``compression`` (fsspec's names)."""
         self.raw = WatchedFile(fs.open(path, "rb"))
         try:
-            if compression == "zstd":
-                self._f: Any = ZstdFrames(self.raw)
+            if compression in CODECS:
+                self._members: MemberDecoder | None = MemberDecoder(self.raw, compression)
+                self._f: Any = None
             else:
+                self._members = None
                 self._f = compr[compression](self.raw, mode="rb")
         except Exception:
             self.raw.close()
@@ -114,6 +117,15 @@ class Decompressed:
         """Decompress one more block; False at the end of the stream or at bad data."""
         if self._ended:
             return False
+        if self._members is not None:
+            chunk = self._members.more()
+            if not chunk:
+                self.error = self._members.error
+                self._ended = True
+                return False
+            self._buf += chunk
+            self.produced += len(chunk)
+            return True
         try:
             chunk = self._f.read(self.BLOCK)
         except Exception as exc:
@@ -141,7 +153,8 @@ class Decompressed:
     def close(self) -> None:
         """Close the decompressor and the file."""
         try:
-            self._f.close()
+            if self._f is not None:
+                self._f.close()
         finally:
             self.raw.close()
 

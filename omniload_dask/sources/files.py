@@ -2,7 +2,7 @@
 
 Every format reads through :func:`open_file`, which reads byte ranges exactly (no read-ahead)
 and opens compressed files as a :class:`~omniload_dask.sources.decoding.Decompressed` stream
-(zstd with :class:`~omniload_dask.sources.zstd.ZstdFrames`); :func:`list_files` turns the
+(member by member, :mod:`~omniload_dask.sources.members`); :func:`list_files` turns the
 plan's paths, folders and globs into one sorted list of files with their sizes.
 """
 
@@ -84,10 +84,11 @@ def open_file(fs: Any, path: str, compression: str | None = None) -> Any:
     """Open for reading without read-ahead beyond what is asked (ranges are read exactly).
 
     A compressed file comes as a :class:`~omniload_dask.sources.decoding.Decompressed` stream,
-    which ends at bad data and says where. zstd is decompressed here rather than through
-    fsspec, whose ``zstandard`` reader stops at the end of the first frame (the rest of a
-    multi-frame file, from ``pzstd`` or concatenated files, would be lost without a word) and
-    returns nothing, without an error, for a truncated file.
+    which ends at bad data, says where, and keeps every byte decoded before it. The codecs'
+    own decoders are used rather than fsspec's file objects: its ``zstandard`` reader stops at
+    the end of the first frame (the rest of a multi-frame file, from ``pzstd`` or concatenated
+    files, would be lost without a word) and returns nothing, without an error, for a
+    truncated file; its ``gzip`` reader loses what the block that fails had decoded.
     """
     if compression:
         return Decompressed(fs, path, compression)

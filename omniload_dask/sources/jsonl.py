@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 from fsspec.utils import infer_compression
 
-from omniload_dask.errors import SourceError
+from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.chat import conversation
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 
@@ -45,6 +46,7 @@ MAX_COMPRESSED_UNITS = 16
 DEFAULT_RATIO = 4.0  # decompressed / compressed bytes, when no header tells
 _RATIO_RANGE = (1.0, 50.0)
 _CHECK_FILES = 8  # files tried for the start-up check when unreadable ones are skipped
+_PEEK_BYTES = 1 << 16  # of a file's start, where the start-up check looks for a record
 
 
 class JsonLines:
@@ -74,8 +76,8 @@ class JsonLines:
         skip_unreadable: bool = False,
     ) -> Units:
         """Byte ranges of ``unit_bytes`` per file (of the decompressed stream where compressed);
-        the first record of the first file is checked for the text field (with
-        ``skip_unreadable``, of the first file whose first line can be read)."""
+        the first parseable record of the first file is checked for the text field (with
+        ``skip_unreadable``, of the first file where one can be read)."""
         rows: list[tuple[int, int, int]] = []
         ratio: float | None = None
         for i, (url, size) in enumerate(zip(files, sizes, strict=True)):
@@ -100,41 +102,61 @@ class JsonLines:
     def _check_first_record(
         self, spec: SourceSpec, fs: Any, files: list[str], skip_unreadable: bool
     ) -> None:
-        """Fail at start-up if the first record of the first file lacks the text field.
+        """Fail at start-up if the first parseable record of the first file lacks the text
+        field (a wrong ``sources[].text``).
 
-        A first file that cannot be decompressed fails too, unless ``skip_unreadable``: then the
-        next files are tried (their reads will report what cannot be read).
+        Lines before it that are not JSON objects follow ``on_error``, as anywhere else: with
+        ``raise`` the first one fails here, naming its offset; with ``skip``
+        (``skip_unreadable``) they are passed over (the reads skip and count them). A first
+        file that cannot be decompressed fails too, unless ``skip_unreadable``: then the next
+        files are tried (their reads will report what cannot be read).
         """
         for url in files[: _CHECK_FILES if skip_unreadable else 1]:
             with open_file(fs, fs._strip_protocol(url), infer_compression(url)) as f:
-                first = _read_to_newline(f, b"")
+                head = f.read(_PEEK_BYTES)
+                if b"\n" not in head:
+                    head += _read_to_newline(f, head)  # the first line, whole
                 error = getattr(f, "error", None)
-            if error is not None and not first.endswith(b"\n"):
+            if error is not None and b"\n" not in head:
                 if skip_unreadable:
                     continue
                 raise SourceError(
                     f"source {spec.name!r}: file {url!r}: cannot read its first line "
                     f"({type(error).__name__}: {error}); is the file corrupt or truncated?"
                 )
-            self._check_line(spec, url, first)
-            return
+            if self._check_lines(spec, url, head, skip_unreadable):
+                return
 
-    def _check_line(self, spec: SourceSpec, url: str, first: bytes) -> None:
-        """The first line of ``url`` is a JSON object with the text field (or blank)."""
-        if not first.strip():
-            return
-        try:
-            record = json.loads(first)
-        except ValueError as exc:
-            raise SourceError(
-                f"source {spec.name!r}: file {url!r}: first line is not JSON ({exc})"
-            ) from None
-        if not isinstance(record, dict) or spec.text not in record:
-            keys = ", ".join(sorted(record)) if isinstance(record, dict) else type(record).__name__
-            raise SourceError(
-                f"source {spec.name!r}: file {url!r}: first record has no field "
-                f"{spec.text!r} (has: {keys}); set sources[].text"
-            )
+    def _check_lines(self, spec: SourceSpec, url: str, head: bytes, skip: bool) -> bool:
+        """Check the first JSON object among the complete lines of ``head`` (the start of
+        ``url``); False if there is none."""
+        offset = 0
+        for line in head.splitlines(keepends=True):
+            at, offset = offset, offset + len(line)
+            if not line.endswith(b"\n") and len(head) >= _PEEK_BYTES:
+                return False  # cut by the peek: the reads will see it whole
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                reason = None if isinstance(record, dict) else "not a JSON object"
+            except ValueError as exc:
+                reason = f"malformed JSON ({exc})"
+            if reason is not None:
+                if skip:
+                    continue
+                raise RecordError(
+                    f"source {spec.name!r}: file {url!r}: record at offset {at}: {reason} "
+                    "(set on_error: skip to skip and count such records)"
+                )
+            if spec.text not in record:
+                raise SourceError(
+                    f"source {spec.name!r}: file {url!r}: first record has no field "
+                    f"{spec.text!r} (has: {', '.join(sorted(record))}) at offset {at}; set "
+                    "sources[].text"
+                )
+            return True
+        return False
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
         """The lines whose first byte lies in ``(start, stop]`` (and the one at 0), parsed.
@@ -247,6 +269,7 @@ def _parse(spec: SourceSpec, url: str, data: bytes, base: int, starts: np.ndarra
     texts: list[str] = []
     offsets: list[int] = []
     bad: list[tuple[int, str]] = []
+    chats: list[Any] = []
     ends = np.empty_like(starts)
     if len(starts):
         ends[:-1] = starts[1:]
@@ -270,6 +293,15 @@ def _parse(spec: SourceSpec, url: str, data: bytes, base: int, starts: np.ndarra
         if not isinstance(record, dict):
             bad.append((offset, f"expected a JSON object, got {type(record).__name__}"))
             continue
+        if spec.chat is not None:  # a chat source keeps the record's conversation
+            chat = conversation(spec.chat, record)
+            if isinstance(chat, str):
+                bad.append((offset, chat))
+                continue
+            chats.append(chat)
+            texts.append("")
+            offsets.append(offset)
+            continue
         text = record.get(spec.text)
         if text is None:
             bad.append((offset, f"no field {spec.text!r}"))
@@ -279,7 +311,12 @@ def _parse(spec: SourceSpec, url: str, data: bytes, base: int, starts: np.ndarra
             continue
         texts.append(text)
         offsets.append(offset)
-    return RawRecords(texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad)
+    return RawRecords(
+        texts=texts,
+        offsets=np.asarray(offsets, dtype=np.int64),
+        bad=bad,
+        chats=chats if spec.chat is not None else None,
+    )
 
 
 FORMAT = JsonLines()

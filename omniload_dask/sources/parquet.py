@@ -25,9 +25,11 @@ import pyarrow.parquet as pq
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.chat import conversation
 from omniload_dask.sources.decoding import WatchedFile
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
+from omniload_dask.sources.parquet_pages import has_page_checksums
 
 
 class Parquet:
@@ -100,14 +102,16 @@ class Parquet:
         """Rows ``[start, stop)`` of the file (they lie in one or more whole or part row groups).
 
         Rows whose bytes cannot be decoded (a corrupt page, a file that is not Parquet) are bad
-        records, one per row, so skipping them never depends on how the rows are split.
+        records, one per row, so skipping them never depends on how the rows are split. Page
+        checksums are verified where the file has them (:mod:`.parquet_pages`): a page whose
+        bytes changed fails so even when it still decodes.
         """
         url = fs.unstrip_protocol(path)
-        columns = [spec.text, *spec.image]
+        columns = [*spec.chat.columns] if spec.chat is not None else [spec.text, *spec.image]
         with open_file(fs, path) as raw:
             f = WatchedFile(raw)
             try:
-                pf = pq.ParquetFile(f)
+                pf = pq.ParquetFile(f, page_checksum_verification=True)
             except Exception as exc:
                 if f.failure is not None:
                     raise
@@ -132,15 +136,24 @@ class Parquet:
                 if f.failure is not None:
                     raise
                 where = f"row group {groups[0]}" if len(groups) == 1 else f"row groups {groups}"
-                return _unreadable(
-                    start, stop, f"{where} cannot be decoded ({type(exc).__name__}: {exc})"
-                )
+                what = "fails its page checksum" if "CRC" in str(exc) else "cannot be decoded"
+                return _unreadable(start, stop, f"{where} {what} ({type(exc).__name__}: {exc})")
         table = table.slice(start - int(bounds[first_group]), stop - start)
+        if spec.chat is not None:
+            return _chats(spec, table, start)
         texts, offsets, bad, keep = _texts(spec, table.column(0), start)
         if not spec.has_images:
             return RawRecords(texts=texts, offsets=offsets, bad=bad)
         images, offsets, texts, bad = _images(spec, table.column(1), start, keep, texts, bad)
         return RawRecords(texts=texts, offsets=offsets, bad=bad, images=images)
+
+    def checksums(self, fs: Any, url: str) -> bool | None:
+        """Whether the file carries page checksums (None: it cannot tell; ``validate``)."""
+        with open_file(fs, fs._strip_protocol(url)) as raw:
+            try:
+                return has_page_checksums(pq.ParquetFile(raw).metadata, raw)
+            except Exception:
+                return None
 
 
 class _Unreadable(SourceError):
@@ -216,7 +229,32 @@ def _images(
     return images, np.asarray(rows, dtype=np.int64), out_texts, bad
 
 
-def _text_field(spec: SourceSpec, url: str, schema: pa.Schema) -> pa.Field:
+def _chats(spec: SourceSpec, table: pa.Table, first_row: int) -> RawRecords:
+    """A chat source's rows as conversations (:mod:`omniload_dask.sources.chat`)."""
+    assert spec.chat is not None
+    chats: list[Any] = []
+    rows: list[int] = []
+    bad: list[tuple[int, str]] = []
+    for row, record in enumerate(table.to_pylist(), start=first_row):
+        chat = conversation(spec.chat, record)
+        if isinstance(chat, str):
+            bad.append((row, chat))
+        else:
+            chats.append(chat)
+            rows.append(row)
+    offsets = np.asarray(rows, dtype=np.int64)
+    return RawRecords(texts=[""] * len(chats), offsets=offsets, bad=bad, chats=chats)
+
+
+def _text_field(spec: SourceSpec, url: str, schema: pa.Schema) -> pa.Field | None:
+    if spec.chat is not None:  # conversations: lists of structs or strings, checked per record
+        for name in spec.chat.columns:
+            if name not in schema.names:
+                raise SourceError(
+                    f"source {spec.name!r}: file {url!r} has no column {name!r} "
+                    f"(columns: {', '.join(schema.names)}); set sources[].chat.field"
+                )
+        return None
     if spec.text not in schema.names:
         raise SourceError(
             f"source {spec.name!r}: file {url!r} has no column {spec.text!r} "

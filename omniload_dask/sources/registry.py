@@ -16,19 +16,39 @@ from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, SourceFormat
 from omniload_dask.sources.catalog import Catalog, merge_small_files
 from omniload_dask.sources.files import filesystem, list_files
+from omniload_dask.sources.token_arrays import checked_tokens
 
-__all__ = ["discover_source", "formats", "get_format", "list_source", "read_unit_records"]
+__all__ = [
+    "discover_source",
+    "format_of",
+    "formats",
+    "get_format",
+    "list_source",
+    "read_unit_records",
+]
 
 
 @functools.cache
 def formats() -> Mapping[str, SourceFormat]:
     """Every format by its plan name; their modules load on the first call, not with this one
     (Parquet's imports pyarrow, which importing the package should not)."""
+    from omniload_dask.sources.arrow import FORMAT as ARROW
+    from omniload_dask.sources.flat import FORMAT as FLAT
     from omniload_dask.sources.jsonl import FORMAT as JSONL
+    from omniload_dask.sources.mds import FORMAT as MDS
+    from omniload_dask.sources.megatron import FORMAT as MEGATRON
     from omniload_dask.sources.parquet import FORMAT as PARQUET
     from omniload_dask.sources.webdataset import FORMAT as WEBDATASET
 
-    return {"jsonl": JSONL, "parquet": PARQUET, "webdataset": WEBDATASET}
+    return {
+        "jsonl": JSONL,
+        "parquet": PARQUET,
+        "webdataset": WEBDATASET,
+        "megatron": MEGATRON,
+        "arrow": ARROW,
+        "mds": MDS,
+        "flat": FLAT,
+    }
 
 
 def get_format(name: str) -> SourceFormat:
@@ -36,10 +56,19 @@ def get_format(name: str) -> SourceFormat:
     return formats()[name]
 
 
+def format_of(spec: SourceSpec) -> SourceFormat:
+    """The format that reads ``spec``: Parquet with a token-id column has a reader of its own."""
+    if spec.format == "parquet" and spec.tokens is not None:
+        from omniload_dask.sources.token_parquet import FORMAT as TOKEN_PARQUET
+
+        return TOKEN_PARQUET
+    return get_format(spec.format)
+
+
 def list_source(spec: SourceSpec) -> list[str]:
     """The source's files (its paths, folders and globs resolved); a SourceError naming the
     path that finds none (``omniload validate`` calls it before any job starts)."""
-    return list_files(spec, get_format(spec.format))[1]
+    return list_files(spec, format_of(spec))[1]
 
 
 def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
@@ -49,7 +78,7 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
     A file that cannot be parsed fails here, naming it; with ``on_error="skip"`` it gets a
     unit whose read reports it as a bad record instead.
     """
-    fmt = get_format(spec.format)
+    fmt = format_of(spec)
     fs, files, sizes = list_files(spec, fmt)
     try:
         found = fmt.units(spec, fs, files, sizes, skip_unreadable=on_error == "skip")
@@ -61,6 +90,11 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
             f"{type(exc).__name__}: {exc}"
         ) from None
     groups = None
+    lengths, length_index = found.lengths, found.length_index
+    if on_error != "raise" or spec.transform or spec.filter:
+        # A record that a read skips (a bad token id) or that user code drops or changes would
+        # differ from the index, and the data plane would have planned with it already.
+        lengths = length_index = None
     merge = min(spec.unit_bytes, spec.merge_bytes)
     if merge > 0 and not spec.has_images:  # image records are large: read file by file
         groups = merge_small_files(found.table, found.rows, sizes, merge, spec.unit_records)
@@ -74,15 +108,20 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
         marks=found.marks,
         mark_index=found.mark_index,
         groups=groups,
+        lengths=lengths,
+        length_index=length_index,
     )
 
 
 def read_unit_records(spec: SourceSpec, file_url: str, start: int, stop: int) -> RawRecords:
     """Read one unit of one file; errors that are not about a single record raise SourceError."""
-    fmt = get_format(spec.format)
+    fmt = format_of(spec)
     fs, path = filesystem(spec, file_url)
     try:
-        return fmt.read(spec, fs, path, start, stop)
+        records = fmt.read(spec, fs, path, start, stop)
+        if records.tokens is not None:  # ids checked against the vocabulary, as uint32
+            records = checked_tokens(spec, records)
+        return records
     except SourceError:
         raise
     except FileNotFoundError:

@@ -24,6 +24,21 @@ At scale the ranks of a model-parallel group, or of a node, share one fetch
 (``fanout``, see :mod:`.fanout`): ``"broadcast"`` (the group's lowest rank fetches and
 broadcasts over torch.distributed) or ``"node"`` (a node-local agent fetches and hands
 batches over shared memory). What each rank yields is the same as with its own fetch.
+
+A plan's further streams (``streams``, e.g. validation) are read with ``stream="validation"``:
+the feeder yields pass ``pass_index`` over that stream, the same batches whenever that pass is
+asked for (or the plan's rotation), this rank's share of each step, and ends with the pass.
+Every rank asks for the same ``pass_index`` (e.g. the count of evaluations so far); the
+training stream's batches and position do not change::
+
+    for mb in job.feeder(dp_rank=0, stream="validation", pass_index=evals):
+        ...
+
+With training stages (``batch.stages``: a batch ramp-up, a long-context stage) the budget,
+``seq_len`` and micro-batch count change at declared steps. Each micro-batch then says its
+step's ``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already carries), and
+``feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
+a change before the step it rules.
 """
 
 from __future__ import annotations
@@ -39,18 +54,21 @@ import numpy as np
 from omniload_dask.batching.formats import GroupBatch, expand
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.core.blocks import fetch_depth
-from omniload_dask.errors import JobError
-from omniload_dask.plan import Plan, parse_plan
+from omniload_dask.errors import JobError, OmniloadError
+from omniload_dask.fixes import own_error
+from omniload_dask.plan import BatchSpec, Plan, parse_plan
+from omniload_dask.plan.streams import TRAIN
 from omniload_dask.trainer.fanout import BroadcastSteps, DirectSteps, Steps
 from omniload_dask.trainer.fetch import wait_report
 from omniload_dask.trainer.link import Link
 from omniload_dask.trainer.ranks import resolve_rank, torch_available
 
-__all__ = ["Feeder", "resolve_rank"]
+__all__ = ["Feeder", "resolve_rank", "stage_of"]
 
 STATE_VERSION = 1
 REPORT_WAITS = 1024  # recent waits behind the p50/p99 a feeder reports to the data plane
 FANOUTS = ("none", "broadcast", "node")
+STREAM_START_WAIT = 120.0  # seconds a pass's job may take to start (its sources are listed)
 
 
 class Feeder:
@@ -66,7 +84,8 @@ class Feeder:
     each DP group (torch.distributed must be initialised; ``group``: this rank's gloo group,
     made if not given) or ``"node"`` through a node agent (``node_ranks``: the ranks of this
     node, default from ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``). Every rank of a group (or node)
-    must then use the same ``fanout``, ``max_steps`` and states.
+    must then use the same ``fanout``, ``max_steps`` and states. ``stream``/``pass_index``:
+    a pass over a further stream; :attr:`stage`: the batch's shape now (module docstring).
     """
 
     def __init__(
@@ -90,12 +109,19 @@ class Feeder:
         fanout: str | None = None,
         group: Any = None,
         node_ranks: Sequence[int] | None = None,
+        stream: str | None = None,
+        pass_index: int = 0,
     ) -> None:
         if client is not None:
             address = _dask.scheduler_address(client)
             security = security if security is not None else _dask.security_of(client)
         if address is None:
             raise JobError("Feeder: give a client or a scheduler address")
+        self.stream, self.pass_index = stream or TRAIN, pass_index
+        if self.stream != TRAIN:  # a pass over a further stream: a job of its own
+            job, start_step, max_steps = _stream_pass(
+                address, security, job, self.stream, pass_index, start_step, max_steps
+            )
         if fanout is not None and fanout not in FANOUTS:
             raise JobError(f"Feeder: fanout must be one of {', '.join(FANOUTS)}, got {fanout!r}")
         self.address = address
@@ -227,7 +253,7 @@ class Feeder:
             raise StopIteration
         t0 = time.perf_counter()
         if self._current is None:
-            self._current = self._source.take(self._step)
+            self._current = _take(self._source, self._step)
         batch = self._current
         waited = time.perf_counter() - t0
         self.waits.append(waited)
@@ -295,6 +321,11 @@ class Feeder:
         self._source.reset(step)
         self._step, self._micro, self._current = step, micro, None
 
+    @property
+    def stage(self) -> dict[str, Any]:
+        """The training stage of the next step this rank yields (:func:`stage_of`)."""
+        return stage_of(self.plan.batch, self._step)
+
     # ------------------------------------------------------------------ figures
     @property
     def calls(self) -> int:
@@ -308,18 +339,7 @@ class Feeder:
 
     def stats(self) -> dict[str, Any]:
         """This rank's wait times and counts, plus the job's counters (records skipped...)."""
-        waits = np.asarray(self.waits, dtype=np.float64)
-        job = self._ask("stats")
-        return {
-            "rank": self.rank,
-            "step": self._step,
-            "micro_batches": self.micro_batches,
-            "tokens": self.tokens,
-            "wait_p50_ms": float(np.percentile(waits, 50) * 1e3) if len(waits) else None,
-            "wait_p99_ms": float(np.percentile(waits, 99) * 1e3) if len(waits) else None,
-            "skipped": {s["name"]: s["skipped"] for s in job["sources"]},
-            "job": job,
-        }
+        return _stats(self, self._step, self._ask("stats"))
 
     def _ask(self, handler: str = "info") -> dict[str, Any]:
         """The job's ``info`` (or ``stats``), over this feeder's connection or a short one."""
@@ -350,14 +370,51 @@ class Feeder:
         sources = mb["doc_source"]
         if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined
             self.source_names = list(self._source.info()["sources"])
-        return _output(mb, self.source_names, self.output)
+        return _output(mb, self.source_names, self.output, self.plan.batch)
 
 
-def _ask_once(address: str, security: Any, job: str, handler: str) -> dict[str, Any]:
+def _stats(feeder: Feeder, step: int, job: dict[str, Any]) -> dict[str, Any]:
+    """:meth:`Feeder.stats`: this rank's figures at ``step`` and the ``job``'s."""
+    waits = np.asarray(feeder.waits, dtype=np.float64)
+    return {
+        "rank": feeder.rank,
+        "step": step,
+        "micro_batches": feeder.micro_batches,
+        "tokens": feeder.tokens,
+        "wait_p50_ms": float(np.percentile(waits, 50) * 1e3) if len(waits) else None,
+        "wait_p99_ms": float(np.percentile(waits, 99) * 1e3) if len(waits) else None,
+        "skipped": {s["name"]: s["skipped"] for s in job["sources"]},
+        "job": job,
+    }
+
+
+def _stream_pass(
+    address: str,
+    security: Any,
+    job: str,
+    stream: str,
+    index: Any,
+    start_step: int | None,
+    max_steps: int | None,
+) -> tuple[str, int | None, int | None]:
+    """Pass ``index`` over ``stream`` of ``job``, started or joined: its job's name, and the
+    first step and end of the pass (where the caller gives none)."""
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise JobError(f"Feeder: pass_index must be an integer >= 0, got {index!r}")
+    reply = _ask_once(
+        address, security, job, "stream_pass", wait=STREAM_START_WAIT, stream=stream, index=index
+    )
+    start = int(reply["first"]) if start_step is None else start_step
+    if max_steps is None and reply["end"] is not None:
+        max_steps = int(reply["end"])
+    return str(reply["job"]), start, max_steps
+
+
+def _ask_once(address: str, security: Any, job: str, handler: str, **kwargs: Any) -> dict[str, Any]:
     """The reply of the job's ``handler`` over a short connection of its own."""
     link = Link(address, security)
     try:
-        return dict(link.call(handler, job=job))
+        return dict(link.call(handler, job=job, **kwargs))
     finally:
         link.close()
 
@@ -367,10 +424,31 @@ def _start_of(info: dict[str, Any]) -> int:
     return int(info.get("start_step") or 0)
 
 
-def _output(mb: dict[str, Any], source_names: list[str], output: str) -> dict[str, Any]:
-    """``mb`` with each document's source name, its arrays as torch tensors for "torch"."""
+def stage_of(batch: BatchSpec, step: int) -> dict[str, Any]:
+    """The training stage that rules ``step`` (``batch.stages``): its number (0: the plan's
+    batch, i: from stage i-1's start), the step it began at, and the batch shape and budget
+    it gives: what a trainer watches to re-plan its micro-batches or learning rate."""
+    index, shape = batch.stage_index(step), batch.at(step)
+    return {
+        "stage": index,
+        "at_step": batch.stages[index - 1].at_step if index else 0,
+        "seq_len": shape.seq_len,
+        "micro_batches": shape.micro_batches,
+        "global_tokens": shape.global_tokens,
+        "global_documents": shape.global_documents,
+        "buckets": [b.to_dict() for b in shape.buckets],
+    }
+
+
+def _output(
+    mb: dict[str, Any], source_names: list[str], output: str, batch: BatchSpec
+) -> dict[str, Any]:
+    """``mb`` with each document's source name and, where the plan has stages, its step's
+    ``stage`` (see :func:`stage_of`), its arrays as torch tensors for "torch"."""
     out = dict(mb)
     out["doc_source_name"] = [source_names[int(s)] for s in mb["doc_source"]]
+    if batch.stages:  # (a plan without stages keeps the micro-batch as it was)
+        out["stage"] = batch.stage_index(int(mb["step"]))
     if output == "torch":
         import torch
 
@@ -378,3 +456,11 @@ def _output(mb: dict[str, Any], source_names: list[str], output: str) -> dict[st
             if isinstance(value, np.ndarray):
                 out[key] = torch.from_numpy(value)
     return out
+
+
+def _take(source: Steps, step: int) -> GroupBatch:
+    """``source.take(step)``; the job's own error raised from here, with its message only."""
+    try:
+        return source.take(step)
+    except OmniloadError as exc:  # it came with the frames of the fetch loop and the scheduler
+        raise own_error(exc) from None

@@ -39,7 +39,7 @@ import numpy as np
 __all__ = ["SOURCES", "build_corpus", "find_package", "find_tokenizers", "iter_texts",
            "source_specs"]  # fmt: skip
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/
 THIRDPARTY = HERE / ".thirdparty"
 SOURCES = ("short", "code", "packages", "long")
 SHARES = {"short": 0.2, "code": 0.35, "packages": 0.2, "long": 0.25}  # of total_mb
@@ -318,7 +318,9 @@ def find_tokenizers(folder: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
-if __name__ == "__main__":  # build and describe: python benchmarks/realcorpus.py FOLDER [MB]
+if (
+    __name__ == "__main__"
+):  # build and describe: python benchmarks/support/realcorpus.py FOLDER [MB]
     import pprint
 
     pprint.pprint(build_corpus(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 80))

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rank_local import SourceShard, shard_files
 from torch.utils.data import DataLoader, IterableDataset
 
 from omniload_dask.plan import Plan
 from omniload_dask.preprocess.tokenize import load_tokenizer, tokenize
+from support.rank_local import SourceShard, shard_files
 
 __all__ = ["ChunkPacker", "MixingDataset", "MosaicLoader", "PerRankLoader", "import_streaming",
            "write_mds"]  # fmt: skip

@@ -1,6 +1,6 @@
 """Where the CPU goes, from py-spy records in collapsed form (``py-spy record --format raw``).
 
-    python benchmarks/pyspy_summary.py RECORD.txt [RECORD.txt ...] [--top 12]
+    python benchmarks/support/pyspy_summary.py RECORD.txt [RECORD.txt ...] [--top 12]
 
 Every sample is put in one category: walking its stack from the innermost frame outwards, the
 first frame that matches a rule of :data:`RULES` decides (so time spent compressing a frame for

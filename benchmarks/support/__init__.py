@@ -1,0 +1,1 @@
+"""Modules the benchmarks share (baselines, corpus, accounting, timing); none is a benchmark."""

@@ -1,0 +1,104 @@
+"""The fields of a ``sources[]`` entry that token sources and user code add.
+
+A token source holds token ids already (no tokenizer runs on it): Megatron ``IndexedDataset``
+pairs and flat token arrays always, Arrow, Parquet and MDS sources when ``tokens`` names their
+token-id column. It names the vocabulary its tokens were written with, which must agree with
+the plan's tokenizer (checked when a job starts and by ``omniload validate``)::
+
+    - name: web
+      format: megatron
+      path: data/web_text_document          # the .idx (or its prefix), a folder or a glob
+      vocabulary: {size: 50257, eos_id: 50256}
+    - name: code
+      format: flat                          # nanoGPT-style uint16/uint32 .bin or .npy
+      path: data/code/*.bin
+      dtype: uint16
+      eod: 50256                            # ends each document (kept as its last token)
+      vocabulary: {size: 50257}
+      transform: my_pkg.fim:apply           # run on the workers, see preprocess.transforms
+
+``transform`` / ``filter`` name ``package.module:function`` and apply to every source.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from omniload_dask.plan.fields import Fields, fail
+from omniload_dask.plan.limits import MAX_TOKEN_ID
+from omniload_dask.plan.specs import TOKEN_FORMATS
+
+__all__ = ["FLAT_DTYPES", "FUNCTION_PATTERN", "TOKEN_COLUMN_FORMATS", "read_token_fields"]
+
+FLAT_DTYPES = ("uint16", "uint32", "int32")
+TOKEN_COLUMN_FORMATS = ("arrow", "parquet", "mds")  # a token-id column by name (``tokens``)
+FUNCTION_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_]\w*"
+
+
+def read_token_fields(f: Fields, fmt: str) -> dict[str, Any]:
+    """``tokens``, ``vocabulary``, ``dtype``, ``eod``, ``transform`` and ``filter`` of one
+    source of format ``fmt``, as :class:`~omniload_dask.plan.specs.SourceSpec` keywords."""
+    out: dict[str, Any] = {}
+    if f.has("tokens"):
+        if fmt not in TOKEN_COLUMN_FORMATS:
+            fail(
+                f.at("tokens"),
+                f"names a token-id column of {'/'.join(TOKEN_COLUMN_FORMATS)} sources "
+                f"({fmt} sources {'are token ids already' if fmt in TOKEN_FORMATS else 'have none'})",
+                f.raw("tokens"),
+            )
+        out["tokens"] = f.text("tokens")
+    is_tokens = fmt in TOKEN_FORMATS or "tokens" in out
+    out.update(_vocabulary(f, is_tokens))
+    if f.has("eod") and fmt != "flat":
+        fail(f.at("eod"), "only applies to format: flat (a flat token array)", f.raw("eod"))
+    if f.has("dtype") and fmt not in ("flat", "mds"):
+        fail(f.at("dtype"), "only applies to flat sources and MDS 'bytes' columns", f.raw("dtype"))
+    if fmt == "mds" and f.has("dtype"):
+        out["dtype"] = f.text("dtype", choices=(*FLAT_DTYPES, "int64"))
+    if fmt == "flat":
+        out["dtype"] = f.text("dtype", "uint16", choices=FLAT_DTYPES)
+        eod = f.optional_int("eod", min=0, max=MAX_TOKEN_ID)
+        if eod is None:
+            eod = out.get("eos_id")
+        if eod is None:
+            fail(
+                f.at("eod"),
+                "is required with format: flat (the id that ends each document, e.g. "
+                "GPT-2's <|endoftext|> 50256), or give vocabulary.eos_id",
+            )
+        out["eod"] = eod
+    for key in ("transform", "filter"):
+        if f.has(key):
+            value = f.raw(key)
+            if not isinstance(value, str) or not re.fullmatch(FUNCTION_PATTERN, value):
+                fail(f.at(key), "must name a function as 'package.module:function'", value)
+            out[key] = value
+        else:
+            f.raw(key)
+    return out
+
+
+def _vocabulary(f: Fields, is_tokens: bool) -> dict[str, Any]:
+    """``vocabulary: {size, bos_id, eos_id}``: required of token sources, refused elsewhere."""
+    if not f.has("vocabulary"):
+        f.raw("vocabulary")
+        if is_tokens:
+            fail(
+                f.at("vocabulary"),
+                "is required of a token source: the vocabulary its tokens were written with, "
+                "e.g. {size: 50257, eos_id: 50256} (checked against the plan's tokenizer)",
+            )
+        return {}
+    if not is_tokens:
+        fail(f.at("vocabulary"), "only applies to token sources", f.raw("vocabulary"))
+    v = f.mapping("vocabulary")
+    size = v.integer("size", min=1, max=MAX_TOKEN_ID + 1)
+    out: dict[str, Any] = {"vocab_size": size}
+    for key in ("bos_id", "eos_id"):
+        value = v.optional_int(key, min=0, max=size - 1)
+        if value is not None:
+            out[key] = value
+    v.done()
+    return out

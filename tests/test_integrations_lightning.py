@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from omniload_dask.errors import JobError
+from tests.trainer_runs import REPO, losses, recorded, torchrun, uninterrupted
+
+pytestmark = pytest.mark.slow
+
+
+def test_lightning_example_trains_with_ddp_is_killed_and_resumes_with_every_ranks_stream_exact(
+    tmp_path,
+):
+    from omniload_dask.demo import make_demo_data
+
+    make_demo_data(REPO / "plans" / "demo-data")
+    out, first, second = tmp_path / "out", tmp_path / "rec1", tmp_path / "rec2"
+    common = ["--out", str(out), "--steps", "5", "--save-steps", "2"]
+    killed = torchrun(
+        "train_lightning.py", *common, "--record", str(first), "--kill-after-step", "2"
+    )
+    assert killed.returncode != 0, killed.stdout[-2000:]
+    assert "killing rank 0 after step 2" in killed.stdout, killed.stderr[-3000:]
+    assert (out / "step2.ckpt").exists()
+    resumed = torchrun("train_lightning.py", *common, "--record", str(second), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    before, after, reference = recorded(first), recorded(second), uninterrupted(5)
+    for rank in (0, 1):
+        trained = [b for b in before[rank] if b[0] < 2]
+        assert trained == reference[rank][:4]
+        assert after[rank] == reference[rank][4:]
+    all_losses = losses(killed.stdout) + losses(resumed.stdout)
+    assert len(all_losses) == 5
+    assert all_losses[-1] < all_losses[0]
+
+
+def test_the_data_module_saves_the_position_after_the_last_batch_a_step_took():
+    from omniload_dask.integrations.lightning import OmniloadDataModule
+
+    dm = OmniloadDataModule(str(REPO / "plans" / "tiny_trainers.yaml"))
+    assert dm.state_dict()["step"] == 0
+    dm.on_before_batch_transfer({"step": 3, "micro_step": 0, "num_micro_steps": 2}, 0)
+    assert (dm.state_dict()["step"], dm.state_dict()["micro_step"]) == (3, 1)
+    dm.on_before_batch_transfer({"step": 3, "micro_step": 1, "num_micro_steps": 2}, 0)
+    assert (dm.state_dict()["step"], dm.state_dict()["micro_step"]) == (4, 0)
+    dm.load_state_dict({"version": 1, "step": 9, "micro_step": 0})
+    assert dm.state_dict()["step"] == 9
+    with pytest.raises(JobError, match="has no 'step'"):
+        dm.load_state_dict({"micro_step": 0})
+    with pytest.raises(JobError, match="not a feeder micro-batch"):
+        dm.on_before_batch_transfer({"input_ids": None}, 0)
+
+
+def test_validation_runs_read_the_same_pass_and_leave_the_training_position(tmp_path):
+    import lightning.pytorch as pl
+    import torch
+    from torch import nn
+
+    from omniload_dask.integrations.lightning import OmniloadDataModule
+    from omniload_dask.plan import parse_plan
+    from tests.datagen import plan_dict, texts, write_jsonl
+
+    write_jsonl(tmp_path / "train.jsonl", texts(100, seed=1, prefix="tr"))
+    write_jsonl(tmp_path / "val.jsonl", texts(40, seed=2, prefix="va"))
+    held = {"name": "held", "format": "jsonl", "path": str(tmp_path / "val.jsonl")}
+    sources = [{"name": "web", "format": "jsonl", "path": str(tmp_path / "train.jsonl")}]
+    plan = parse_plan(
+        plan_dict(
+            sources,
+            name="pl-eval",
+            layout={"dp": 1},
+            batch={"seq_len": 128, "micro_batches": 1, "global_tokens": 128},
+            loader={"workers": 1},
+            streams={"validation": {"sources": [held], "steps": 2}},
+        )
+    )
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(260, 8)
+            self.head = nn.Linear(8, 260)
+            self.validated: list[list[bytes]] = []
+
+        def training_step(self, mb, batch_idx):
+            logits = self.head(self.embed(mb["input_ids"]))
+            return nn.functional.cross_entropy(logits, mb["labels"], ignore_index=-100)
+
+        def on_validation_epoch_start(self) -> None:
+            self.validated.append([])
+
+        def validation_step(self, mb, batch_idx):
+            self.validated[-1].append(mb["input_ids"].numpy().tobytes())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as sock:  # a one-rank process group, as a launcher would make it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dm = OmniloadDataModule(plan, max_steps=3)
+    model = Tiny()
+    trainer = pl.Trainer(
+        max_steps=3, accelerator="cpu", devices=1, val_check_interval=1,
+        check_val_every_n_epoch=None, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    try:
+        trainer.fit(model, datamodule=dm)
+    finally:
+        dist.destroy_process_group()
+    assert len(model.validated) == 3 and len(model.validated[0]) >= 2
+    assert model.validated[0] == model.validated[1] == model.validated[2]
+    assert dm.state_dict()["step"] == 3  # validation batches never moved the position
