@@ -86,7 +86,7 @@ def weigh(
     checked to give every step the same split and recipes."""
     from planning import balance_figures
 
-    from omniload_dask.batching import refine
+    from omniload_dask.batching.balance import refine
     from omniload_dask.core.planning import StepPlanner
 
     kept = refine.SMALL_CUT_ROUNDS

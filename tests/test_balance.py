@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omniload_dask.batching.balance import Assignment, Bucket, balance, route, split_documents
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.balance.refine import refine
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.batching.placement import Bins, Pieces
-from omniload_dask.batching.refine import refine_groups
 
 SEQ = 64
 COST = CostModel(1.0, 1.0 / 16)  # attention matters: a full piece costs 5x its tokens
@@ -164,7 +164,7 @@ def test_when_both_groups_are_full_only_an_exchange_moves_attention_cost():
     bins.room = bins.capacity - np.bincount(p.bin, length, 4).astype(np.int64)
     bins.load = np.bincount(p.bin, p.cost, 4)
     assert not bins.room.any()
-    refine_groups(p, bins, 2, COST, cut=False)
+    refine(p, bins, 1, 2, COST, cut=False)
     group = bins.group[p.bin]
     assert np.bincount(group, p.cost, 2).tolist() == [COST(np.array([SEQ]))[0] + 8 * 12.0] * 2
     assert sorted(np.bincount(group, minlength=2).tolist()) == [9, 9]  # one full + eight short
@@ -278,7 +278,7 @@ def test_fewer_documents_than_groups_still_give_every_group_work_when_cutting_is
 )
 def test_pieces_go_by_decreasing_cost_whatever_the_cost_function(cost):
     # The radix sort by length is a shortcut taken only where it gives the same order.
-    from omniload_dask.batching.placement import by_cost
+    from omniload_dask.batching.balance.pieces import by_cost
 
     rng = np.random.default_rng(3)
     length = rng.integers(1, 300, 500)
@@ -342,7 +342,13 @@ def test_first_use_numbers_values_in_order_of_first_use_with_or_without_a_sort()
 
 
 def test_a_probe_scores_its_pairs_on_their_own_groups_as_in_the_whole_step():
-    from omniload_dask.batching.refine import _probed, _whole_round
+    from omniload_dask.batching.balance import cuts, pairs
+    from omniload_dask.batching.balance.pairs import Pairs, probed
+    from omniload_dask.batching.balance.whole import whole_round
+
+    def every_pair(heavy, light):  # (a probe of all the pairs)
+        n = len(heavy)
+        return Pairs(heavy, light, np.zeros(n, np.int64), np.arange(n), n, 1)
 
     rng = np.random.default_rng(2)
     groups = 40
@@ -362,24 +368,23 @@ def test_a_probe_scores_its_pairs_on_their_own_groups_as_in_the_whole_step():
     order = np.argsort(-load, kind="stable")
     heavy, light = order[:6], order[::-1][:6]
     for cost in (None, COST):
-        whole, _ = _whole_round(p, bins, load, heavy, light, cost)
-        alone, _ = _whole_round(*_probed(p, bins, load, heavy, light), cost)
+        whole, _ = whole_round(p, bins, load, Pairs.of_one_step(load, heavy, light), cost)
+        alone, _ = whole_round(*probed(p, bins, load, every_pair(heavy, light)), cost)
         assert np.array_equal(whole, alone)
     # Below PROBE_ALONE_FROM pairs a round reads its probe from its own scores: the same
     # answer as weighing the probe alone first, whether the probe finds a change or not.
-    from omniload_dask.batching import refine
-
     for count in (12, 20):
         heavy, light = order[:count], order[::-1][:count]
         for cost in (None, COST):
-            got = [_whole_round(p, bins, load, heavy, light, cost)[0]]
-            got += [refine._cut_round(p, bins, load, heavy, light, COST)[0]]
-            saved = refine.PROBE_ALONE_FROM
-            refine.PROBE_ALONE_FROM = 1
+            these = Pairs.of_one_step(load, heavy, light)
+            got = [whole_round(p, bins, load, these, cost)[0]]
+            got += [cuts.cut_round(p, bins, load, these, COST)[0]]
+            saved = pairs.PROBE_ALONE_FROM
+            pairs.PROBE_ALONE_FROM = 1
             try:
-                first = [_whole_round(p, bins, load, heavy, light, cost)[0]]
-                first += [refine._cut_round(p, bins, load, heavy, light, COST)[0]]
+                first = [whole_round(p, bins, load, these, cost)[0]]
+                first += [cuts.cut_round(p, bins, load, these, COST)[0]]
             finally:
-                refine.PROBE_ALONE_FROM = saved
+                pairs.PROBE_ALONE_FROM = saved
             for a, b in zip(got, first, strict=True):
                 assert np.array_equal(a, b)

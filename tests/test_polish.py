@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omniload_dask.batching import polish
+import omniload_dask.batching.balance.polish as polish_pass
 from omniload_dask.batching.balance import Bucket, balance
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.balance.polish import POLISH_UP_TO, polish
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.batching.placement import Bins, Pieces
-from omniload_dask.batching.polish import POLISH_UP_TO, polish_groups
 
 from .test_balance import check_assignment
 
@@ -30,7 +30,7 @@ def _placed(length: list[int], where: list[int], seq: int, micro: int, groups: i
 def _polish_two_full_groups(lengths: list[int], where: list[int], seq: int) -> list[float]:
     """Polish two groups of one full ``seq``-token micro-batch each (cost L^2); their costs."""
     p, bins = _placed(lengths, where, seq=seq, micro=1, groups=2, cost=CostModel(0.0, 1.0))
-    polish_groups(p, bins, 2)
+    polish(p, bins, 1, 2)
     loads = sorted(np.bincount(bins.group[p.bin], p.cost, 2).tolist())
     assert (np.bincount(p.bin, p.length, 2) == seq).all()  # both still full
     assert bins.room.tolist() == [0, 0] and sorted(bins.load.tolist()) == loads
@@ -53,7 +53,7 @@ def test_a_micro_batch_that_had_pieces_keeps_some():
     # nothing back; that would leave its micro-batch empty, so nothing changes.
     p, bins = _placed([6, 1], [0, 1], seq=8, micro=1, groups=2, cost=square)
     before = p.bin.copy()
-    polish_groups(p, bins, 2)
+    polish(p, bins, 1, 2)
     assert p.bin.tolist() == before.tolist()
 
 
@@ -80,8 +80,8 @@ def test_polish_keeps_every_limit_never_raises_the_peak_and_is_deterministic(mic
         twin = _placed(length.tolist(), where.tolist(), seq, micro, groups, cost)
         held = np.bincount(p.bin, minlength=len(bins.room)) > 0
         peak = np.bincount(bins.group[p.bin], p.cost, groups).max()
-        polish_groups(p, bins, groups)
-        polish_groups(*twin, groups)
+        polish(p, bins, 1, groups)
+        polish(*twin, 1, groups)
         assert p.bin.tolist() == twin[0].bin.tolist()  # same inputs, same plan
         tokens = np.bincount(p.bin, p.length, len(bins.room))
         assert (tokens <= seq).all() and (bins.room == seq - tokens).all()
@@ -99,12 +99,12 @@ def test_balance_polishes_small_dp_sizes_only():
     for groups in (8, POLISH_UP_TO + 1):
         lengths = rng.integers(1, seq, groups * 6)
         buckets = [Bucket(seq, max(1, -(-int(lengths.sum()) // (groups * seq))))]
-        kept = polish.POLISH_UP_TO
+        kept = polish_pass.POLISH_UP_TO
         try:
-            polish.POLISH_UP_TO = 0
+            polish_pass.POLISH_UP_TO = 0
             plain = balance(lengths, np.zeros(len(lengths), int), buckets, groups, cost)
         finally:
-            polish.POLISH_UP_TO = kept
+            polish_pass.POLISH_UP_TO = kept
         polished = balance(lengths, np.zeros(len(lengths), int), buckets, groups, cost)
         check_assignment(polished, lengths, buckets, groups, cut=True, cost=cost)
         if groups > POLISH_UP_TO:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from omniload_dask.batching import slide
+import omniload_dask.batching.balance.slide as slide_pass
 from omniload_dask.batching.balance import Bucket, balance
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.balance.slide import SLIDE_UP_TO, slide
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.batching.placement import Bins, Pieces
-from omniload_dask.batching.slide import SLIDE_UP_TO, slide_cuts
 
 from .test_balance import check_assignment
 
@@ -30,7 +30,7 @@ def _docstring_step(extra: float = 0.0) -> tuple[Pieces, Bins]:
 
 def test_worked_example_from_the_docstring():
     p, bins = _docstring_step()
-    slide_cuts(p, bins, 2, SQUARE)
+    slide(p, bins, 1, 2, SQUARE)
     assert sorted(np.bincount(bins.group[p.bin], p.cost, 2).tolist()) == [36.0, 38.0]
     sevens = np.flatnonzero(p.doc == 7)
     pieces = zip(p.start[sevens].tolist(), p.length[sevens].tolist(), strict=True)
@@ -42,7 +42,7 @@ def test_worked_example_from_the_docstring():
 def test_no_slide_where_documents_carry_extra_costs():
     p, bins = _docstring_step(extra=1.0)  # (an image encoder's term on a first piece)
     before = (p.start.copy(), p.length.copy(), p.bin.copy())
-    slide_cuts(p, bins, 2, SQUARE)
+    slide(p, bins, 1, 2, SQUARE)
     assert [a.tolist() for a in before] == [p.start.tolist(), p.length.tolist(), p.bin.tolist()]
 
 
@@ -57,12 +57,12 @@ def _step(rng: np.random.Generator, groups: int, seq: int) -> np.ndarray:
 
 def _without_slides(lengths, docs, buckets, groups, cost):  # type: ignore[no-untyped-def]
     """The same balance with pass 5 off."""
-    kept = slide.SLIDE_UP_TO
+    kept = slide_pass.SLIDE_UP_TO
     try:
-        slide.SLIDE_UP_TO = 0
+        slide_pass.SLIDE_UP_TO = 0
         return balance(lengths, docs, buckets, groups, cost)
     finally:
-        slide.SLIDE_UP_TO = kept
+        slide_pass.SLIDE_UP_TO = kept
 
 
 def test_slides_keep_every_token_once_never_raise_the_peak_and_are_deterministic():

@@ -2,8 +2,10 @@
 
 The scheduler plugin's planning thread takes every step that can be drawn (up to
 ``planner.STEPS_AT_ONCE``) and plans them side by side (``StepPlanner.plan_steps``; pass 2's
-rounds over groups and passes 3 to 5 in one set of numpy calls for all of them). That is a matter of speed only: every split must
-be the one its step alone gets, to the last bit, and the stream the one drawn step by step.
+rounds over groups and passes 3 to 5 in one set of numpy calls for all of them). The balancer
+has one code path, a step alone being the case of one; that a step's split does not depend on
+the steps beside it is what these tests check: every split must be the one its step alone
+gets, to the last bit, and the stream the one drawn step by step.
 """
 
 from __future__ import annotations
@@ -13,9 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload_dask.batching.balance import Assignment, Bucket, balance, balance_steps
+from omniload_dask.batching.balance import (
+    Assignment,
+    Bucket,
+    RoutedDocuments,
+    balance,
+    balance_steps,
+)
+from omniload_dask.batching.balance.refine import STEPS_UP_TO
 from omniload_dask.batching.cost import CostModel
-from omniload_dask.batching.refine import STEPS_UP_TO
 from omniload_dask.plan import parse_plan
 from omniload_dask.testing import InlineDataPlane, batch_digest
 
@@ -72,48 +80,11 @@ def test_steps_side_by_side_split_exactly_as_each_alone(seed, groups, micro, ste
         for _ in range(steps)
     ]
     together = balance_steps(
-        [(n, np.zeros(len(n), int), None, None) for n in drawn], buckets, groups, cost, cut=cut
+        [RoutedDocuments(n, np.zeros(len(n), int)) for n in drawn], buckets, groups, cost, cut=cut
     )
     for lengths, got in zip(drawn, together, strict=True):
         assert_same_split(balance(lengths, np.zeros(len(lengths), int), buckets, groups,
                                   cost, cut=cut), got)  # fmt: skip
-
-
-@pytest.mark.parametrize("micro", [1, 2, 5])
-@pytest.mark.parametrize("groups", [6, 16])
-def test_pass_2_side_by_side_places_every_piece_as_each_step_alone(micro, groups):
-    # Full steps: rounds whose pieces miss their group (and retry the round's empty groups),
-    # rounds cut short by the LPT rule, and steps that stop with pieces left for best fit.
-    from omniload_dask.batching.placement import Bins, Pieces, by_cost
-    from omniload_dask.batching.placement import _group_rounds as one_step
-    from omniload_dask.batching.placement_steps import group_rounds_steps
-
-    rng = np.random.default_rng(micro * groups)
-    cost = CostModel(1.0, 1 / 32)
-    seq = np.asarray([SEQ])
-
-    def pieces(lengths):
-        n = len(lengths)
-        return Pieces.new(np.arange(n), np.zeros(n, int), np.minimum(lengths, SEQ),
-                          np.zeros(n, int), np.zeros(n), cost)  # fmt: skip
-
-    drawn = [heavy_tailed_step(rng, groups, micro, f) for f in (1.0, 0.99, 0.5)]
-    for fill in (1.0, 0.97):  # pieces of a third to most of a micro-batch: some fit nowhere
-        n = rng.integers(SEQ // 3, SEQ - 4, 4 * groups * micro)
-        drawn.append(n[: int((n.cumsum() <= fill * groups * micro * SEQ).sum())])
-    alone, side = [pieces(n) for n in drawn], [pieces(n) for n in drawn]
-    expected = []
-    for p in alone:
-        bins = Bins.new(seq, np.asarray([micro]), groups)
-        left = one_step(p, bins, by_cost(p, np.arange(len(p))), 0, micro, np.zeros(groups))
-        expected.append((p, bins, left))
-    pairs = [(p, Bins.new(seq, np.asarray([micro]), groups)) for p in side]
-    lefts = group_rounds_steps(pairs, groups, micro)
-    assert any(len(left) for _, _, left in expected)  # (some pieces waited for best fit)
-    for (p, bins, left), (q, got), got_left in zip(expected, pairs, lefts, strict=True):
-        assert np.array_equal(left, got_left)
-        assert np.array_equal(p.bin, q.bin)
-        assert np.array_equal(bins.room, got.room) and np.array_equal(bins.load, got.load)
 
 
 def test_steps_of_different_shapes_and_sizes_beyond_the_limit_split_as_each_alone():
@@ -130,7 +101,10 @@ def test_steps_of_different_shapes_and_sizes_beyond_the_limit_split_as_each_alon
         drawn = [heavy_tailed_step(rng, groups, 1, f) for f in fills]
         routes = [np.minimum((n > SEQ).astype(int), len(buckets) - 1) for n in drawn]
         together = balance_steps(
-            [(n, b, None, None) for n, b in zip(drawn, routes, strict=True)], buckets, groups, cost
+            [RoutedDocuments(n, b) for n, b in zip(drawn, routes, strict=True)],
+            buckets,
+            groups,
+            cost,
         )
         for n, b, got in zip(drawn, routes, together, strict=True):
             assert_same_split(balance(n, b, buckets, groups, cost), got)
@@ -177,7 +151,7 @@ def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_
 def test_the_refinement_knobs_apply_to_steps_side_by_side(monkeypatch):
     # Who tunes the balancer through refine's module constants (benchmarks/real_balance.py
     # sets SMALL_CUT_ROUNDS) tunes both ways of planning the same.
-    from omniload_dask.batching import refine
+    from omniload_dask.batching.balance import refine
 
     monkeypatch.setattr(refine, "SMALL_CUT_ROUNDS", 2)
     monkeypatch.setattr(refine, "ROUNDS", 3)
@@ -185,7 +159,7 @@ def test_the_refinement_knobs_apply_to_steps_side_by_side(monkeypatch):
     cost, buckets = CostModel(1.0, 1 / 16), [Bucket(SEQ, 1)]
     drawn = [heavy_tailed_step(rng, 8, 1, 1.0) for _ in range(6)]
     together = balance_steps(
-        [(n, np.zeros(len(n), int), None, None) for n in drawn], buckets, 8, cost
+        [RoutedDocuments(n, np.zeros(len(n), int)) for n in drawn], buckets, 8, cost
     )
     for n, got in zip(drawn, together, strict=True):
         assert_same_split(balance(n, np.zeros(len(n), int), buckets, 8, cost), got)

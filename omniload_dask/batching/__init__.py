@@ -5,12 +5,11 @@ Pure (numpy only, no I/O, no Dask). What each module owns, in the order a step u
     mixing            the weighted-fair draw of each global batch from the sources, and the
                       weight of every source at every step (plan, schedule, live changes)
     cost              what a document piece costs to train on (the plan's ``cost:``)
-    balance           the split of one global batch among the DP groups, in three passes:
-      routing           documents to context buckets, and cutting them into pieces
-      placement         pieces into the groups' micro-batches, largest cost first
-      refine            evening the heavy groups against the light ones
-      assignment        the resulting split and its figures (efficiency, tokens, costs)
-      sorting           stable orders of small integer keys (radix sorts where they fit)
+    balance/          the split of one global batch among the DP groups, one module per
+                      pass (route, place, refine, polish, slide; its package doc)
+    assignment        the resulting split and its figures (efficiency, tokens, costs)
+    fill              tokens moved into micro-batches a split left empty
+    sorting           stable orders of small integer keys (radix sorts where they fit)
     formats           shards, recipes and the packed ("varlen") batch layout they build
       packing           a recipe table pickled as one byte string (one frame to Dask)
     context_parallel  each context-parallel rank's zigzag slice of a built batch

@@ -53,7 +53,8 @@ def zigzag_index(cu_seqlens: np.ndarray, cp: int, rank: int) -> tuple[np.ndarray
 
 def slice_micro_batch(mb: dict[str, Any], cp: int, rank: int) -> dict[str, Any]:
     """Slice ``rank`` of one packed micro-batch (see the module docstring); a slice is in full
-    form (``batches.expand``), as its labels and positions no longer follow from its tokens."""
+    form (:func:`~.formats.expand`), as its labels and positions no longer follow from its
+    tokens."""
     mb = expand(mb)
     index, local = zigzag_index(mb["cu_seqlens"], cp, rank)
     out = dict(mb)

@@ -37,8 +37,8 @@ from dataclasses import replace
 import numpy as np
 
 from omniload_dask.batching.assignment import Assignment
+from omniload_dask.batching.balance.routing import Bucket
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.routing import Bucket
 
 __all__ = ["fill_empty"]
 

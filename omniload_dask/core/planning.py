@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omniload_dask.batching.balance import Assignment, Bucket, balance_steps, route
+from omniload_dask.batching.balance import (
+    Assignment,
+    Bucket,
+    RoutedDocuments,
+    balance_steps,
+    route,
+)
 from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import RecipeTable
@@ -138,7 +144,10 @@ class StepPlanner:
             while end < len(steps) and stage[end] == stage[first]:
                 end += 1
             buckets, pinned = self._shapes[stage[first]]
-            routed = [(n, *route(n, src, buckets, pinned), x) for src, n, x in steps[first:end]]
+            routed = [
+                RoutedDocuments(n, *route(n, src, buckets, pinned), x)
+                for src, n, x in steps[first:end]
+            ]
             splits = balance_steps(routed, buckets, self._groups, self.cost, cut=self._cut)
             out += [fill_empty(s, buckets, self.cost, self._cut) for s in splits]
             first = end

@@ -22,23 +22,26 @@ leaves both of its groups below the heavy one's cost before: the peak never rise
 repeat while the heaviest group gets lighter, at most ``ROUNDS`` of them.
 
 The work of a round is bounded: at most ``PAIRS`` heavy groups against as many light ones, and
-at most ``PIECES`` pieces of a micro-batch weighed (spread over its lengths). It runs only up to
-``POLISH_UP_TO`` groups (at thousands, a round would even only a few of them; DP 1,024 plans
-as before). In the head-to-head's step shape (one full 8,192-token micro-batch a rank), over
-1,000 steps, it lifts the mean efficiency from 0.959 to 0.988 at DP 8 and from 0.947 to 0.990
-at DP 16, for about 0.7 and 1.2 ms a step (BENCHMARKS.md, session 24).
+at most ``PIECES`` pieces of a micro-batch weighed (spread over its lengths), since the halves
+of a micro-batch grow with the square of its pieces. It runs only up to ``POLISH_UP_TO``
+groups: there a step's few groups each hold a large share of it, so evening the heaviest few
+lifts the whole step; at thousands of groups a round of ``PAIRS`` pairs would even a few of
+them while the step waits on the rest. Its gain is largest where every micro-batch is full
+and a rank has few of them (one full micro-batch a rank, as in the head-to-head's steps):
+there the earlier passes have the fewest changes to choose from. ``benchmarks/balance.py
+--compare`` measures what it adds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from omniload_dask.batching.placement import Bins, Pieces, apart, side_by_side
-from omniload_dask.batching.weighing import rebin
+from omniload_dask.batching.balance.pieces import Bins, Pieces
+from omniload_dask.batching.balance.tables import rebin
 
-__all__ = ["POLISH_UP_TO", "polish_groups", "polish_steps"]
+__all__ = ["POLISH_UP_TO", "polish"]
 
 POLISH_UP_TO = 64  # groups up to which a step is polished
 ROUNDS = 4  # rounds at most per step
@@ -46,26 +49,64 @@ PAIRS = 8  # heavy groups (and as many light ones) per round
 PIECES = 12  # pieces of a micro-batch weighed at most, spread over its lengths
 TOLERANCE = 1e-3  # a group within 0.1% of the peak above the mean is even enough
 PROGRESS = 1e-5  # an exchange must lower its heavy group by this share
-# By the kinds of an exchange's halves (``_entries``: bit 1 all of a micro-batch's pieces, bit 2
-# nothing), at heavy * 4 + light: whether it empties a micro-batch (one side gives all it has
+# By the kinds of an exchange's halves (``Halves.kind``: bit 1 all of a micro-batch's pieces,
+# bit 2 nothing), at heavy * 4 + light: whether it empties a micro-batch (one side gives all it has
 # and gets nothing back).
 EMPTIES = np.array(
     [bool((h & 1 and k & 2) or (k & 1 and h & 2)) for h in range(4) for k in range(4)]
 )
 
 
-def polish_groups(p: Pieces, bins: Bins, groups: int) -> None:
-    """Pass 4 (module doc): changes ``p.bin`` in place (and ``bins``' room and cost)."""
+def polish(p: Pieces, bins: Bins, steps: int, groups: int) -> None:
+    """Pass 4 (module doc) of ``steps`` steps side by side (one step: 1), each with its own
+    rounds, pairs and reasons to stop: changes ``p.bin`` in place (and ``bins``' room and
+    cost)."""
     if groups < 2 or groups > POLISH_UP_TO or not len(p):
         return
-    _polish(p, bins, 1, groups)
+    active = np.ones(steps, dtype=bool)
+    peak = np.full(steps, np.inf)
+    for _ in range(ROUNDS):
+        load = np.bincount(bins.group[p.bin], p.cost, steps * groups)
+        rows = load.reshape(steps, groups)
+        top = rows.max(axis=1)
+        mean = rows.sum(axis=1) / groups  # (= rows.mean(axis=1), to the bit)
+        even = top - mean <= TOLERANCE * top
+        active &= ~((top > peak * (1 - PROGRESS)) | even)
+        peak = np.where(active, top, peak)
+        if not active.any():
+            return
+        active &= _round(p, bins, load, groups, active, mean, top)
 
 
-def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The exchanges' halves of the micro-batches of the round's groups (``side >= 0``):
-    per micro-batch, nothing, each weighed piece, and each pair of them. Returns
-    ``(bin, tokens, cost, kind, first piece, second piece)`` (-1: none); ``kind`` is 1 for a
-    half that is all its micro-batch's pieces, 2 for nothing (3: an empty micro-batch's)."""
+@dataclass(frozen=True)
+class Halves:
+    """The halves an exchange is made of, of the micro-batches of a round's groups: half i
+    takes pieces ``first[i]`` and ``second[i]`` (-1: none) out of micro-batch ``bin[i]``,
+    ``tokens`` and ``cost`` theirs; ``kind`` is 1 for a half that is all its micro-batch's
+    pieces, 2 for nothing (3: an empty micro-batch's)."""
+
+    bin: np.ndarray
+    tokens: np.ndarray
+    cost: np.ndarray
+    kind: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+
+
+@dataclass(frozen=True)
+class Sides:
+    """Who takes part in a round: each group's ``side`` (within its step: its heavy rank,
+    heaviest first, then, after the step's ``heavy`` groups, its light rank, lightest first;
+    -1: out), and each step's number of ``heavy`` and ``light`` groups."""
+
+    side: np.ndarray
+    heavy: np.ndarray
+    light: np.ndarray
+
+
+def _halves(p: Pieces, bins: Bins, side: np.ndarray) -> Halves:
+    """Per micro-batch of the round's groups (``side >= 0``): nothing, each weighed piece,
+    and each pair of them."""
     in_round = side[bins.group] >= 0
     ids = in_round[p.bin].nonzero()[0]
     ids = ids[(p.bin[ids] * (int(p.length.max()) + 1) + p.length[ids]).argsort(kind="stable")]
@@ -81,7 +122,9 @@ def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
         first = b.searchsorted(b, side="left")
         n = np.bincount(b, minlength=len(bins.room))[b]
         rank = np.arange(len(ids)) - first
-    after = n - 1 - rank  # pieces after each in its micro-batch: its pairs
+    # Each piece's pairs are with the pieces after it in its micro-batch: ``after`` of them,
+    # numbered by a repeat and the offsets of a running sum (no loop over micro-batches).
+    after = n - 1 - rank
     left = np.arange(len(ids)).repeat(after)
     right = left + 1 + np.arange(len(left)) - (after.cumsum() - after).repeat(after)
     empty = in_round.nonzero()[0]
@@ -89,43 +132,10 @@ def _entries(p: Pieces, bins: Bins, side: np.ndarray) -> tuple[np.ndarray, ...]:
     z = np.concatenate([np.full(len(empty) + len(ids), -1), ids[right]])
     e_bin = np.concatenate([empty, b, b[left]])
     length, cost = np.append(p.length, 0), np.append(p.cost, 0.0)  # (index -1: nothing)
-    e_len = length[a] + length[z]
-    e_cost = cost[a] + cost[z]
     size = np.concatenate([np.zeros(len(empty), np.int64), np.ones(len(ids), np.int64),
                            np.full(len(left), 2)])  # fmt: skip
     kind = (size == held[e_bin]) + 2 * (size == 0)
-    return e_bin, e_len, e_cost, kind, a, z
-
-
-def polish_steps(steps: Sequence[tuple[Pieces, Bins]], groups: int) -> list[tuple[Pieces, Bins]]:
-    """Pass 4 for several steps side by side (one bucket, as many bins each): the same
-    exchanges as :func:`polish_groups` on each step alone, each step with its own rounds,
-    pairs and reasons to stop. Returns each step's pieces and bins after the pass."""
-    if len(steps) == 1 or groups < 2 or groups > POLISH_UP_TO or not all(len(p) for p, _ in steps):
-        for p, bins in steps:
-            polish_groups(p, bins, groups)
-        return list(steps)
-    p, bins = side_by_side(steps, groups)
-    _polish(p, bins, len(steps), groups)
-    return apart(p, bins, steps, groups)
-
-
-def _polish(p: Pieces, bins: Bins, n: int, groups: int) -> None:
-    """The rounds of ``n`` steps side by side (one step: ``n`` = 1), each step with its own
-    peak and reasons to stop."""
-    active = np.ones(n, dtype=bool)
-    peak = np.full(n, np.inf)
-    for _ in range(ROUNDS):
-        load = np.bincount(bins.group[p.bin], p.cost, n * groups)
-        rows = load.reshape(n, groups)
-        top = rows.max(axis=1)
-        mean = rows.sum(axis=1) / groups  # (= rows.mean(axis=1), to the bit)
-        even = top - mean <= TOLERANCE * top
-        active &= ~((top > peak * (1 - PROGRESS)) | even)
-        peak = np.where(active, top, peak)
-        if not active.any():
-            return
-        active &= _round(p, bins, load, groups, active, mean, top)
+    return Halves(e_bin, length[a] + length[z], cost[a] + cost[z], kind, a, z)
 
 
 def _round(
@@ -135,6 +145,22 @@ def _round(
     """One round for every active step: each heavy group's best exchange with a light group
     of its step (``mean`` and ``top``: each step's mean and largest group load); which
     steps made one."""
+    sides = _sides(load, groups, active, mean, top)
+    halves = _halves(p, bins, sides.side)
+    done = np.zeros(len(active), dtype=bool)
+    found = _exchanges(bins, load, groups, sides, halves)
+    if found is not None:
+        heavy, light = _choose(*found, bins, groups, sides, halves, done)
+        if len(heavy):
+            _make(p, bins, halves, heavy, light)
+    return done
+
+
+def _sides(
+    load: np.ndarray, groups: int, active: np.ndarray, mean: np.ndarray, top: np.ndarray
+) -> Sides:
+    """Each active step's heavy groups (more than the tolerance above its mean, at most
+    ``PAIRS`` and half of its groups) and as many light ones (at most ``PAIRS``)."""
     steps = len(active)
     rows = load.reshape(steps, groups)
     above = rows - mean[:, None] > (TOLERANCE * top)[:, None]
@@ -143,19 +169,27 @@ def _round(
     order = (-rows).argsort(axis=1, kind="stable")  # per step, heaviest group first
     rank = np.arange(groups)
     at = order + (np.arange(steps) * groups)[:, None]
-    side = np.full(steps * groups, -1, np.int64)  # per step: heavy rank, then light; -1: out
+    side = np.full(steps * groups, -1, np.int64)
     heavy = rank < counts[:, None]
     side[at[heavy]] = np.broadcast_to(rank, at.shape)[heavy]
     light = rank[::-1] < lights[:, None]  # the lightest, lightest first
     side[at[light]] = (counts[:, None] + groups - 1 - rank)[light]
-    e_bin, e_len, e_cost, e_kind, e_a, e_b = _entries(p, bins, side)
+    return Sides(side, counts, lights)
+
+
+def _exchanges(
+    bins: Bins, load: np.ndarray, groups: int, sides: Sides, halves: Halves
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every exchange of a heavy half for a light half of a micro-batch of a light group of
+    its step and bucket that keeps both within their tokens, empties no micro-batch and
+    leaves both groups below the heavy one's cost: its heavy and light half and the larger
+    of the two groups' costs after it (None: no such exchange)."""
+    e_bin, e_len, e_cost = halves.bin, halves.tokens, halves.cost
     e_step = bins.group[e_bin] // groups
-    e_side = side[bins.group[e_bin]]
-    is_heavy = e_side < counts[e_step]
+    is_heavy = sides.side[bins.group[e_bin]] < sides.heavy[e_step]
     hs, ls = is_heavy.nonzero()[0], (~is_heavy).nonzero()[0]
-    done = np.zeros(steps, dtype=bool)
     if not len(hs) or not len(ls):
-        return done
+        return None
     # The light halves by micro-batch, each by tokens: for a heavy half and a light
     # micro-batch, the halves that keep both within their tokens are one range of them.
     big = int(e_len.max()) + 2
@@ -185,26 +219,36 @@ def _round(
     hs, x, y, ls = hh[pair], x[pair], y[pair], ls[col]  # every (heavy half, light half)
     d_cost = e_cost[hs] - e_cost[ls]
     ok = d_cost > 0
-    ok &= ~EMPTIES[e_kind[hs] * 4 + e_kind[ls]]  # no micro-batch is emptied
+    ok &= ~EMPTIES[halves.kind[hs] * 4 + halves.kind[ls]]  # no micro-batch is emptied
     gh, gl = bins.group[x], bins.group[y]
     worst = np.maximum(load[gh] - d_cost, load[gl] + d_cost)
     ok &= worst < load[gh] * (1 - PROGRESS)
     if not ok.any():
-        return done
-    hs, ls, worst = hs[ok], ls[ok], worst[ok]
-    # The best exchange of each (heavy, light) pair of groups of a step, then per step,
-    # heaviest first, each heavy group takes its best with a light group not taken yet.
-    step = e_step[hs]
-    nl = lights[step]
-    pair_of = e_side[hs] * nl + e_side[ls] - counts[step]
+        return None
+    return hs[ok], ls[ok], worst[ok]
+
+
+def _choose(
+    hs: np.ndarray, ls: np.ndarray, worst: np.ndarray, bins: Bins, groups: int, sides: Sides,
+    halves: Halves, done: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Of the exchanges (heavy half ``hs``, light half ``ls``, ``worst`` the larger cost
+    after it): the best of each (heavy, light) pair of groups of a step, then per step,
+    heaviest first, each heavy group's best with a light group that no heavier group of its
+    step took. Marks in ``done`` the steps that got one; returns the exchanges' halves."""
+    group_of = bins.group[halves.bin]
+    step = group_of[hs] // groups
+    nl = sides.light[step]
+    pair_of = sides.side[group_of[hs]] * nl + sides.side[group_of[ls]] - sides.heavy[step]
     by_pair = np.lexsort((worst, pair_of, step))  # (ties: the first weighed)
     first = np.ones(len(by_pair), dtype=bool)
     first[1:] = (pair_of[by_pair][1:] != pair_of[by_pair][:-1]) | (
         step[by_pair][1:] != step[by_pair][:-1]
     )
     best = by_pair[first]  # (by step, then pair)
-    # Heaviest first, each heavy group of a step takes its best exchange with a light group
-    # that no heavier group of its step took (every step at once: a table per step).
+    # Every step at once: a (heavy rank, light rank) table of the best per step; heavy rank
+    # k picks the lightest cost its step's untaken light groups give.
+    steps = len(done)
     table = np.full((steps, PAIRS, PAIRS), np.inf)
     s_best, pr = step[best], pair_of[best]
     k_best, r_best = pr // nl[best], pr % nl[best]
@@ -214,7 +258,7 @@ def _round(
     taken = np.zeros((steps, PAIRS), dtype=bool)
     picks = []
     every = np.arange(steps)
-    for k in range(int(counts.max())):  # a light group serves one heavy group a round
+    for k in range(int(sides.heavy.max())):  # a light group serves one heavy group a round
         row = np.where(taken, np.inf, table[:, k])
         r = row.argmin(axis=1)  # (ties: the lowest light rank)
         got = np.isfinite(row[every, r]).nonzero()[0]
@@ -222,12 +266,17 @@ def _round(
         picks.append(choice[got, k, r[got]])
         done[got] = True
     chosen = np.concatenate(picks) if picks else np.zeros(0, np.int64)
-    if len(chosen):
-        i, j = hs[chosen], ls[chosen]
-        new_bin = p.bin.copy()
-        for pieces, to in ((e_a[i], e_bin[j]), (e_b[i], e_bin[j]), (e_a[j], e_bin[i]),
-                           (e_b[j], e_bin[i])):  # fmt: skip
-            new_bin[pieces[pieces >= 0]] = to[pieces >= 0]
-        p.bin = new_bin
-        rebin(p, bins)
-    return done
+    return hs[chosen], ls[chosen]
+
+
+def _make(p: Pieces, bins: Bins, halves: Halves, heavy: np.ndarray, light: np.ndarray) -> None:
+    """Make the exchanges of halves ``heavy[i]`` and ``light[i]``: each half's pieces go to
+    the other's micro-batch."""
+    new_bin = p.bin.copy()
+    for pieces, to in (
+        (halves.first[heavy], halves.bin[light]), (halves.second[heavy], halves.bin[light]),
+        (halves.first[light], halves.bin[heavy]), (halves.second[light], halves.bin[heavy]),
+    ):  # fmt: skip
+        new_bin[pieces[pieces >= 0]] = to[pieces >= 0]
+    p.bin = new_bin
+    rebin(p, bins)

@@ -21,75 +21,52 @@ groups' costs most, if it lowers it below the heavy group's cost before. No piec
 no micro-batch changes its tokens, a document's pieces stay contiguous and in order, and the
 peak never rises. Rounds repeat while that finds something, at most ``ROUNDS`` of them.
 
-It runs only where cuts are allowed, without per-document extra costs (image encoder terms sit
-on a document's first piece), and up to ``SLIDE_UP_TO`` groups. On the head-to-head's real
-corpus (DP 8, one full 8,192-token micro-batch a rank, cut pieces of long documents), it lifts
-the mean efficiency from 0.958 to 0.980, against a bound of 0.988 over the new pieces
-(BENCHMARKS.md, session 24).
+It runs only where cuts are allowed (a slide moves a cut), without per-document extra costs
+(image encoder terms sit on a document's first piece, which a slide would have to follow), and
+up to ``SLIDE_UP_TO`` groups: a round evens the heaviest group alone, which lifts a step of a
+few groups but not one of thousands. It pays where long documents are cut across full
+micro-batches, one or few a rank: there whole pieces leave the most unevened.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
+from omniload_dask.batching.balance.pieces import Bins, Pieces
 from omniload_dask.batching.cost import CostFunction
-from omniload_dask.batching.placement import Bins, Pieces, apart, side_by_side
 from omniload_dask.batching.sorting import stable_order
 
-__all__ = ["SLIDE_UP_TO", "slide_cuts", "slide_steps"]
+__all__ = ["SLIDE_UP_TO", "slide"]
 
 SLIDE_UP_TO = 64  # groups up to which a step's cuts are slid
 ROUNDS = 32  # rounds at most per step
 PROGRESS = 1e-5  # a slide must lower its heavy group by this share
 
 
-def slide_cuts(p: Pieces, bins: Bins, groups: int, cost: CostFunction) -> None:
-    """Pass 5 (module doc): changes ``p``'s starts, lengths, costs and bins in place (and
-    ``bins``' cost; their room does not change)."""
-    if groups < 2 or groups > SLIDE_UP_TO:
+def slide(p: Pieces, bins: Bins, steps: int, groups: int, cost: CostFunction) -> None:
+    """Pass 5 (module doc) of ``steps`` steps side by side (one step: 1), each with its own
+    heaviest group, rounds and reason to stop: changes ``p``'s starts, lengths, costs and
+    bins in place (and ``bins``' cost; their room does not change). A step slides only with
+    three pieces or more and no extra costs."""
+    if groups < 2 or groups > SLIDE_UP_TO or not len(p):
         return
-    _slide(p, bins, [len(p) >= 3 and not (p.extra > 0).any()], groups, cost)
-
-
-def slide_steps(
-    steps: Sequence[tuple[Pieces, Bins]], groups: int, cost: CostFunction
-) -> list[tuple[Pieces, Bins]]:
-    """Pass 5 for several steps side by side (one bucket, as many bins each): the same slides
-    as :func:`slide_cuts` on each step alone, each step with its own heaviest group, rounds
-    and reason to stop, in one set of numpy calls a round for all of them. Returns each
-    step's pieces and bins after the pass."""
-    if len(steps) == 1 or groups < 2 or groups > SLIDE_UP_TO:
-        for p, bins in steps:
-            slide_cuts(p, bins, groups, cost)
-        return list(steps)
-    eligible = [len(p) >= 3 and not (p.extra > 0).any() for p, _ in steps]
-    p, bins = side_by_side(steps, groups)
-    _slide(p, bins, eligible, groups, cost)
-    return apart(p, bins, steps, groups)
-
-
-def _slide(p: Pieces, bins: Bins, eligible: list[bool], groups: int, cost: CostFunction) -> None:
-    """The rounds of ``len(eligible)`` steps side by side (one step: a list of one), each
-    step with its own heaviest group and reason to stop; steps not ``eligible`` slide
-    nothing."""
-    n = len(eligible)
-    shape = len(bins.room) // n
+    shape = len(bins.room) // steps
     step_of = p.bin // shape
+    eligible = np.bincount(step_of, minlength=steps) >= 3
+    eligible &= np.bincount(step_of, p.extra > 0, steps) == 0
     # Neighbours in a document (a's last token right before b's first): a slide keeps them so.
     order = np.lexsort((p.start, p.doc, step_of))
     a, b = order[:-1], order[1:]
     near = (step_of[a] == step_of[b]) & (p.doc[a] == p.doc[b])
     near &= p.start[a] + p.length[a] == p.start[b]
     near &= bins.bucket[p.bin[a]] == bins.bucket[p.bin[b]]
-    near &= np.asarray(eligible)[step_of[a]]
+    near &= eligible[step_of[a]]
     a, b = a[near], b[near]
     if not len(a):
         return
     pair_step = step_of[a]  # (a pair's pieces stay in their step's bins)
-    active = np.bincount(pair_step, minlength=n) > 0
-    loads = np.bincount(bins.group[p.bin], p.cost, n * groups)
+    active = np.bincount(pair_step, minlength=steps) > 0
+    loads = np.bincount(bins.group[p.bin], p.cost, steps * groups)
     for _ in range(ROUNDS):
         if not _slide_once(p, bins, loads, a, b, pair_step, cost, active, groups):
             break

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from omniload_dask.batching.placement import Bins, Pieces, by_cost
+from omniload_dask.batching.balance.pieces import Bins, Pieces, by_cost
 from omniload_dask.batching.sorting import stable_order
 
 __all__ = ["RoundTables", "Runs", "bin_tables", "by_group", "fractions", "rebin", "spread"]
@@ -72,13 +72,15 @@ def bin_tables(bins: Bins, groups: int) -> tuple[np.ndarray, np.ndarray]:
         table = np.full(groups * nb, -1, np.int64)
         table[cell] = ids
         return table.reshape(groups, nb), table.reshape(groups, nb, 1)
+    # Bins by cell, each cell's by decreasing room (ties: the lower bin): a cell's first is
+    # its roomiest, found for every cell by one sort and a mask of where cells change.
     order = np.lexsort((ids, -bins.room, cell))
     first = np.ones(len(order), dtype=bool)
     first[1:] = cell[order][1:] != cell[order][:-1]
     roomiest = np.full(groups * nb, -1, np.int64)
     roomiest[cell[order][first]] = order[first]
     every = np.full((groups * nb, width), -1, np.int64)
-    every[cell, bins.slot] = ids
+    every[cell, bins.slot] = ids  # (a cell's bins have distinct slots: one scatter)
     return roomiest.reshape(groups, nb), every.reshape(groups, nb, width)
 
 
@@ -87,6 +89,9 @@ def by_group(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The pieces of ``groups`` (of ``total``), group by group in that order, each group's
     by decreasing cost (ties by index); each group's start and count in them."""
+    # A rank per group (len(groups): not asked) picks the pieces in one gather; sorting them
+    # by cost, then stably by rank, orders them by (rank, decreasing cost) with two of the
+    # cheap sorts of small integers instead of a lexsort of floats.
     rank = np.full(total, len(groups), np.int64)
     rank[groups] = np.arange(len(groups))
     ids = by_cost(p, (rank[of] < len(groups)).nonzero()[0])
@@ -124,6 +129,8 @@ class Runs:
         is_light = np.zeros(groups, dtype=bool)
         is_light[light] = True
         mine = is_light[of].nonzero()[0]
+        # By (bin, length, index): two stable radix sorts of 16-bit keys, cheaper than a
+        # lexsort.
         mine = mine[stable_order(p.length[mine])]
         self.order = mine[stable_order(p.bin[mine])]
         self.empty = not len(self.order)
@@ -157,6 +164,8 @@ class Runs:
             before = restart[self.first]  # a bin whose run opens its step's totals
             self.base_t = np.where(before, 0, np.concatenate([[0], self.tokens])[self.first])
             self.base_c = np.where(before, 0.0, np.concatenate([[0.0], self.costs])[self.first])
+        # One ascending key per piece, (bin, tokens of its bin's run up to it): a single
+        # searchsorted then finds every bin's shortest run of at least a number of tokens.
         self.big = int(self.tokens.max()) + 1
         self.key = ob * self.big + (self.tokens - self.base_t[ob])
 
@@ -169,6 +178,6 @@ class Runs:
         ``order[first[y]:last + 1]``).
         """
         at = self.key.searchsorted(y * self.big + need, side="left")
-        found = (at < self.end[y]) & (not self.empty)
+        found = (at < self.end[y]) & (not self.empty)  # (past the bin's pieces: none)
         at = np.minimum(at, len(self.order) - 1)
         return found, self.tokens[at] - self.base_t[y], self.costs[at] - self.base_c[y], at

@@ -11,7 +11,9 @@ hands its shortest length-routed documents down to the next shorter bucket::
     then     4k bucket: 3k + 5k + 9k = 17k tokens in pieces of at most 4k, so balance() gives
              it 5 micro-batches per group instead of 2 (the step's tokens need them)
 
-Pieces are at most their bucket's ``seq_len`` tokens (:func:`split_documents`).
+Pieces are at most their bucket's ``seq_len`` tokens (:func:`split_documents`). Where cuts are
+allowed, a piece that costs more than a group's fair share (the mean group cost) is cut into as
+many parts of equal tokens as it takes to cost no more (:func:`pieces_of`: pass 1 of a step).
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Bucket", "ladder", "route", "spill", "split_documents"]
+from omniload_dask.batching.balance.pieces import Pieces
+from omniload_dask.batching.cost import CostFunction
+
+__all__ = [
+    "Bucket", "StepPieces", "ladder", "pieces_of", "route", "spill", "split_documents",
+    "structural_bound",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -112,3 +120,83 @@ def spill(
         bucket[cand[:take]] = lo
         spilled += min(take, len(cand))
     return spilled
+
+
+@dataclass
+class StepPieces:
+    """A step after pass 1: its pieces (none placed yet), its micro-batches per group of each
+    bucket, the documents it spilled to a shorter bucket, and its structural bound."""
+
+    pieces: Pieces
+    micro: np.ndarray
+    spilled: int
+    bound: float
+
+
+def pieces_of(
+    lengths: np.ndarray,
+    doc_bucket: np.ndarray,
+    buckets: Sequence[Bucket],
+    groups: int,
+    cost: CostFunction,
+    by_length: np.ndarray | None,
+    cut: bool,
+    extra: np.ndarray | None,
+) -> StepPieces:
+    """Pass 1 of one step (module doc): its pieces (cut where they cost more than a group's
+    fair share, if ``cut``), micro-batches per group of each bucket (more than declared where
+    the step's tokens need them), documents spilled to a shorter bucket, and the structural
+    bound."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    doc_bucket = np.asarray(doc_bucket, dtype=np.int64).copy()
+    seq = np.asarray([b.seq_len for b in buckets], dtype=np.int64)
+    micro = np.asarray([b.micro_batches for b in buckets], dtype=np.int64)
+    movable = np.ones(len(lengths), bool) if by_length is None else np.asarray(by_length, bool)
+    spilled = spill(lengths, doc_bucket, movable, ladder(buckets), micro * seq * groups)
+    doc, start = split_documents(lengths, seq[doc_bucket] if len(seq) > 1 else seq[0])
+    piece_bucket = doc_bucket[doc]
+    length = np.minimum(lengths[doc] - start, seq[piece_bucket])
+    piece_extra = np.zeros(len(doc))
+    if extra is not None:
+        piece_extra = np.where(start == 0, np.asarray(extra, np.float64)[doc], 0.0)
+    pieces = Pieces.new(doc, start, length, piece_bucket, piece_extra, cost)
+    bound = structural_bound(pieces.cost, groups)
+    if len(buckets) > 1:
+        need = np.bincount(piece_bucket, length, len(buckets)).astype(np.int64)
+    else:
+        need = np.asarray([length.sum()], dtype=np.int64)
+    micro = np.maximum(micro, -(-need // (seq * groups)))
+    if cut and bound < 1.0:  # a piece costs more than a group's fair share
+        _cut_costly(pieces, groups, cost)
+    return StepPieces(pieces, micro, spilled, bound)
+
+
+def structural_bound(costs: np.ndarray, groups: int) -> float:
+    """The best efficiency any split of these pieces reaches without cutting them: the mean
+    group cost over the costliest piece (at most 1)."""
+    peak = float(costs.max()) if len(costs) else 0.0
+    return min(1.0, float(costs.sum()) / groups / peak) if peak > 0 else 1.0
+
+
+def _cut_costly(p: Pieces, groups: int, cost: CostFunction) -> None:
+    """Cut every piece that costs more than a group's fair share (the mean group cost) into
+    as many parts of (nearly) equal tokens as it takes to cost no more than that; again while
+    some do (cutting lowers attention cost, and so the fair share)."""
+    for _ in range(8):
+        fair = float(p.cost.sum()) / groups
+        costly = ((p.cost > fair) & (p.length > 1)).nonzero()[0]
+        if fair <= 0 or not len(costly):
+            return
+        k = np.minimum(np.ceil(p.cost[costly] / fair).astype(np.int64), p.length[costly])
+        _cut_even(p, costly, np.maximum(k, 2), cost)
+
+
+def _cut_even(p: Pieces, piece: np.ndarray, parts: np.ndarray, cost: CostFunction) -> None:
+    """Cut each of ``piece`` (ascending) into ``parts`` parts of (nearly) equal tokens."""
+    # Every part of every piece at once: its piece and its number within the piece (a
+    # repeat and the offsets of a running sum); the first ``extra`` parts get a token more.
+    owner = piece.repeat(parts)
+    within = np.arange(len(owner)) - (parts.cumsum() - parts).repeat(parts)
+    base, extra = np.divmod(p.length[piece], parts)
+    tokens = base.repeat(parts) + (within < extra.repeat(parts))
+    p.cut(owner, tokens, cost)
