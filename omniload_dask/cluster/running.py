@@ -327,7 +327,9 @@ class RunningJob:
         """Lengths to the coordinator (they decide the stream); the rest to the monitor."""
         lengths, patches = report.lengths, (report.patches, report.patches_sq)
         self.coord.handle(
-            ReadReported(key, lengths, report.skipped, seconds, report.records, *patches)
+            ReadReported(
+                key, lengths, report.skipped, seconds, report.records, *patches, report.holes
+            )
         )
         source = int(key.split("-")[3])
         sources = len(self.coord.view.names)

@@ -181,7 +181,13 @@ class Coordinator:
                 sq = sq if sq is not None else np.zeros(len(event.patches))
                 extra = self._planner.cost.encoder_of(event.patches, sq)
             self._reads.on_report(
-                event.key, event.lengths, event.skipped, extra, event.seconds, event.records
+                event.key,
+                event.lengths,
+                event.skipped,
+                extra,
+                event.seconds,
+                event.records,
+                event.holes,
             )
         elif isinstance(event, StepsRequested):
             return list(self._delivery.request(event.ranks, event.start, event.count, event.now))

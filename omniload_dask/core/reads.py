@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from omniload_dask.batching.labels import Holes
 from omniload_dask.core import autoscale
 from omniload_dask.core.actions import ReadSpec, SubmitRead
 from omniload_dask.core.autoscale import Meter
@@ -72,6 +73,7 @@ class ReadAhead:
         extra: np.ndarray | None,
         seconds: float | None,
         records: int | None,
+        holes: Holes | None = None,
     ) -> None:
         """A read task reported its records' lengths (see :class:`.events.ReadReported`)."""
         where = self._unit_of.get(key)
@@ -79,7 +81,7 @@ class ReadAhead:
             return
         part, size = self._part_of.get(key, (0, -1))
         stream = self._sources.streams[where[0]]
-        if stream.report(where[1], lengths, skipped, part, extra) and seconds is not None:
+        if stream.report(where[1], lengths, skipped, part, extra, holes) and seconds is not None:
             if size < 0:
                 size = stream.catalog.size(stream.units[where[1]].catalog_index)
             count = len(lengths) + skipped if records is None else records

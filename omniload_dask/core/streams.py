@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omniload_dask.batching.labels import Holes
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.errors import JobError
 from omniload_dask.plan import SourceSpec
@@ -39,7 +40,8 @@ class Unit:
     """A submitted read unit; ``lengths``/``order`` arrive with its read tasks' reports.
 
     ``extra`` is a cost per record beyond its tokens' (image encoder terms), when the source
-    reports one. With ``parts > 1`` the unit is read by tasks ``keys[p]``; ``bounds`` numbers
+    reports one; ``holes`` its records' tokens that are no targets (chat sources, images: what
+    the planner counts a step's loss tokens with). With ``parts > 1`` the unit is read by tasks ``keys[p]``; ``bounds`` numbers
     their records: part p holds the unit's rows ``bounds[p]:bounds[p + 1]``.
     """
 
@@ -51,11 +53,12 @@ class Unit:
     order: np.ndarray | None = None
     skipped: int = 0
     extra: np.ndarray | None = None
+    holes: Holes | None = None
     parts: int = 1
     part_sizes: tuple[int, ...] = ()
     bounds: np.ndarray | None = None
     specs: tuple[ReadSpec, ...] = field(default=(), repr=False)  # its parts' ReadSpecs, once made
-    _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None]] = field(
+    _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None, Holes | None]] = field(
         default_factory=dict, repr=False
     )
 
@@ -213,6 +216,7 @@ class SourceStream:
         skipped: int,
         part: int = 0,
         extra: np.ndarray | None = None,
+        holes: Holes | None = None,
     ) -> bool:
         """A read task reported; returns False if the unit is no longer tracked.
 
@@ -221,7 +225,7 @@ class SourceStream:
         unit = self.units.get(ref)
         if unit is None or unit.lengths is not None or part in unit._reported:
             return False
-        unit._reported[part] = (np.asarray(lengths, dtype=np.int64), int(skipped), extra)
+        unit._reported[part] = (np.asarray(lengths, dtype=np.int64), int(skipped), extra, holes)
         if len(unit._reported) < unit.parts:
             return True
         got = [unit._reported[p] for p in range(unit.parts)]
@@ -233,6 +237,7 @@ class SourceStream:
             unit.extra = np.concatenate(
                 [g[2] if g[2] is not None else np.zeros(len(g[0])) for g in got]
             ).astype(np.float64)
+        unit.holes = Holes.join([(len(g[0]), g[3]) for g in got])
         unit.order = self.row_order(unit, len(unit.lengths))
         self._cache = None
         self.version += 1
