@@ -1,6 +1,9 @@
 """``global_loss_tokens``: every micro-batch carries its step's count of loss tokens over every
 DP rank and micro-batch, counted by the planner from what the read tasks report (the records'
-holes), equal to what the ranks' labels hold, also across blocks, cp slices and resume."""
+holes), equal to what the ranks' labels hold, also across blocks, cp slices and resume; and
+the loss rule it serves, on two gloo processes: a sum of token losses over
+``global_loss_tokens`` with gradients summed across DP gives one process's gradients over the
+whole global batch, a per-rank mean averaged by DDP does not."""
 
 from __future__ import annotations
 
@@ -224,3 +227,114 @@ def test_a_job_on_a_cluster_hands_every_rank_the_steps_count(corpus: Path) -> No
     for step in range(3):
         total, carried = step_counts(plane, step)
         assert carried == {total}
+
+
+# -- the loss rule: two processes (gloo) against one process over the same global batch --
+
+
+def _model(vocab: int) -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(vocab, 8), torch.nn.Linear(8, vocab)).double()
+
+
+def _loss_sum(model: Any, mb: dict[str, Any]) -> Any:
+    """The sum of a micro-batch's token losses (its labels that are not -100)."""
+    import torch
+
+    logits = model(torch.as_tensor(mb["input_ids"]))
+    labels = torch.as_tensor(mb["labels"])
+    return torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+
+
+def _grads(model: Any) -> list[Any]:
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _train_rank(rank: int, world: int, folder: str) -> None:
+    """One DP rank: its micro-batches of the step, both rules; rank 0 saves the gradients."""
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world
+    )
+    vocab, ranks = pickle.loads(Path(folder, "batches.pkl").read_bytes())
+    mine = ranks[rank]
+    out = {}
+    # the rule: sum of token losses / global_loss_tokens, gradients summed across DP
+    model = _model(vocab)
+    for mb in mine:
+        (_loss_sum(model, mb) / int(mb["global_loss_tokens"])).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+    out["global"] = _grads(model)
+    # the bias: a mean over the rank's own tokens, then DDP's average of the ranks
+    model = _model(vocab)
+    own = sum(int(mb["num_loss_tokens"]) for mb in mine)
+    for mb in mine:
+        (_loss_sum(model, mb) / own).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        p.grad /= world
+    out["per_rank"] = _grads(model)
+    if rank == 0:
+        torch.save(out, Path(folder, "grads.pt"))
+    dist.destroy_process_group()
+
+
+def test_gradients_on_two_ranks_equal_one_process_over_the_global_batch(
+    corpus: Path, tmp_path: Path
+) -> None:
+    import pickle
+
+    import torch
+    import torch.multiprocessing as mp
+
+    from omniload_dask import Job
+
+    plan = sft_plan(
+        corpus,
+        name="loss-rule",
+        batch={"seq_len": 2048, "micro_batches": 2, "global_tokens": 6000,
+               "long_documents": "truncate"},
+        layout={"dp": 2},
+    )  # fmt: skip
+    with Job.start(plan, workers=1, dashboard_address=None) as job:
+        vocab = int(job.info["tokenizer"]["vocab_size"])
+        ranks = []
+        for rank in range(2):
+            with job.feeder(rank=rank, max_steps=1, output="numpy") as feeder:
+                ranks.append([dict(mb) for mb in feeder])
+    tokens = [int(mb["num_loss_tokens"]) for mine in ranks for mb in mine]
+    per_rank = [sum(int(mb["num_loss_tokens"]) for mb in mine) for mine in ranks]
+    assert len(set(tokens)) == len(tokens) and per_rank[0] != per_rank[1]  # (unequal counts)
+    assert {int(mb["global_loss_tokens"]) for mine in ranks for mb in mine} == {sum(tokens)}
+    (tmp_path / "batches.pkl").write_bytes(pickle.dumps((vocab, ranks)))
+
+    context = mp.start_processes(
+        _train_rank, args=(2, str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
+    for _ in range(240):  # (bounded: 120 s)
+        if context.join(timeout=0.5):
+            break
+    else:
+        for process in context.processes:
+            process.kill()
+        pytest.fail("the two gloo ranks did not finish")
+    got = torch.load(tmp_path / "grads.pt")
+
+    model = _model(vocab)  # one process, the whole global batch, mean over all its targets
+    for mine in ranks:
+        for mb in mine:
+            (_loss_sum(model, mb) / sum(tokens)).backward()
+    want = _grads(model)
+    for a, b in zip(got["global"], want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert not all(
+        torch.allclose(a, b, rtol=1e-6, atol=0) for a, b in zip(got["per_rank"], want, strict=True)
+    )
