@@ -44,6 +44,7 @@ class RunReport:
     extra_micro_steps: int = 0
     fill: float = 0.0
     documents_cut: int = 0
+    padding_share: float = 0.0  # empty positions of the micro-batches over their capacity
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data (JSON-able)."""
@@ -162,6 +163,7 @@ def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> R
         extra_micro_steps=int(stats["extra_micro_steps"]),
         documents_cut=int(stats["documents_cut"]),
         fill=stats["tokens"] / stats["capacity_tokens"] if stats["capacity_tokens"] else 0.0,
+        padding_share=float(stats.get("padding_share") or 0.0),
     )
 
 
@@ -179,6 +181,7 @@ def format_report(r: RunReport) -> str:
         "(mean/max of DP-group costs per step)",
         f"  capacity used       {r.fill:.1%} of dp x micro-batches x seq_len; "
         f"{r.extra_micro_steps} extra micro-steps, {r.documents_cut} documents cut to fill",
+        f"  padding share       {r.padding_share:.2%} of the micro-batches' positions empty",
         "  per step efficiency "
         + " ".join(f"{e:.3f}" for e in r.efficiency[:12])
         + (" ..." if len(r.efficiency) > 12 else ""),
