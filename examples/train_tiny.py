@@ -75,14 +75,15 @@ def main() -> None:
             total = 0.0
             for mb in micro_batches:
                 logits = model(mb["input_ids"], mb["position_ids"], mb["cu_seqlens"])
-                # Sum over tokens, normalised by the step's token count: every token weighs
-                # the same whatever micro-batch it landed in.
-                loss = (
-                    nn.functional.cross_entropy(
-                        logits, mb["labels"], ignore_index=-100, reduction="sum"
-                    )
-                    / tokens
-                )
+                # The loss rule: the sum of the token losses over the step's loss tokens on
+                # every DP rank (global_loss_tokens, the same on each), and gradients summed
+                # across DP ranks (all_reduce SUM; under DDP, which averages, multiply the loss
+                # by the DP size). Every token then weighs the same whatever rank or
+                # micro-batch the balancer put it in; a mean per rank or per micro-batch would
+                # weigh a token by how full its micro-batch was.
+                loss = nn.functional.cross_entropy(
+                    logits, mb["labels"], ignore_index=-100, reduction="sum"
+                ) / max(1, int(mb["global_loss_tokens"]))
                 loss.backward()
                 total += loss.item()
             opt.step()

@@ -296,7 +296,8 @@ def check_resume_equivalence(
 ) -> int:
     """The shared resume check: run ``steps`` steps with the plan's checkpoint, then restore
     the data plane at every step of ``restore_at`` and require every later batch, of every
-    DP group, to equal the uninterrupted run's bit for bit. Returns the steps compared.
+    DP group, to equal the uninterrupted run's bit for bit (its loss-token counts too). Returns
+    the steps compared.
 
     ``changes`` is called with the uninterrupted run before it draws: live changes queued for
     later steps (``set_weights``, ``add_source``, ``update_plan`` with ``at_step``), which the
@@ -311,7 +312,7 @@ def check_resume_equivalence(
     run = InlineDataPlane(plan, together=together)
     if changes is not None:
         changes(run)
-    ref = {t: {g: batch_digest(b) for g, b in bs.items()} for t, bs in run.stream(steps)}
+    ref = {t: {g: _resume_digest(b) for g, b in bs.items()} for t, bs in run.stream(steps)}
     run.checkpoint()
     saved = _CheckpointFiles(plan)
     compared = 0
@@ -321,11 +322,17 @@ def check_resume_equivalence(
         if again.coord.view.next_step != step:
             raise AssertionError(f"restored at {again.coord.view.next_step}, asked for {step}")
         for t, batches in again.stream(steps - step, start=step):
-            got = {g: batch_digest(b) for g, b in batches.items()}
+            got = {g: _resume_digest(b) for g, b in batches.items()}
             if got != ref[t]:
                 raise AssertionError(f"restored at step {step}: step {t} differs")
             compared += 1
     return compared
+
+
+def _resume_digest(batch: GroupBatch) -> tuple[Any, ...]:
+    """:func:`batch_digest` and each micro-batch's loss-token counts (its own, its step's)."""
+    counts = [(mb["num_loss_tokens"], mb.get("global_loss_tokens")) for mb in batch.micro_batches]
+    return batch_digest(batch), counts
 
 
 class _CheckpointFiles:

@@ -129,6 +129,7 @@ def test_page_document_fills_every_figure_from_the_data_plane(watched):
     got = watched.job.client.run_on_scheduler(_page_figures)
     assert got["select"] == ["watched"]
     assert "<b>watched</b>" in got["summary"] and "checkpoint: none yet" in got["summary"]
+    assert re.search(r"padding \d+\.\d\d%", got["summary"])  # empty positions drawn
     assert all(peak > 0 for peak in got["read_rate"])  # every source was read
     assert got["mix"] == [got["efficiency"]] * 3 and got["efficiency"] > 0
     assert got["ranks"] == ["0", "1"]

@@ -19,6 +19,9 @@ plain one and a chat whose tokens ``8 9 10`` are targets only from 9 on::
     input_ids        [5 6 7 | 8 9 10]          target (chat)  [. . .  F T T]
     labels           [6 7 -100 9 10 -100]       (plain text: every token after the first)
     num_loss_tokens  4                          labels that are not -100
+    global_loss_tokens                          the sum of num_loss_tokens over every DP group
+                                                and micro-batch of the step (the planner's
+                                                count: :mod:`omniload_dask.core.loss_tokens`)
 
 With images (plans with image-text sources) a micro-batch also carries the pixel patches of every
 image whose tokens it holds, and where those tokens sit. Patch size 14, merge 2, one 28 x 56
@@ -176,6 +179,7 @@ class Recipe:
     ``pieces`` rows are ``(micro_step, shard slot, row, token start, token stop)`` in output
     order; the shard slot indexes the shards passed to :func:`build`. Micro-step m holds up to
     ``micro_seq_lens[m]`` tokens (context buckets), or ``seq_len`` when that is empty.
+    ``global_loss_tokens`` is the step's count of loss tokens over all groups (-1: unknown).
     """
 
     step: int
@@ -188,6 +192,7 @@ class Recipe:
     pad_id: int = 0
     micro_seq_lens: tuple[int, ...] = ()
     patch_size: int = 0  # > 0: the plan has images; micro-batches carry the image fields
+    global_loss_tokens: int = -1
 
     def capacity(self, micro_step: int) -> int:
         """Token capacity of micro-step ``micro_step``."""
@@ -239,6 +244,7 @@ class RecipeTable:
     pad_to_seq_len: bool = False
     micro_seq_lens: tuple[int, ...] = ()
     patch_size: int = 0
+    global_loss_tokens: int = -1  # the step's, over all its groups (not only these)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -261,6 +267,7 @@ class RecipeTable:
             pad_to_seq_len=self.pad_to_seq_len,
             micro_seq_lens=self.micro_seq_lens,
             patch_size=self.patch_size,
+            global_loss_tokens=self.global_loss_tokens,
         )
 
     def reads_of(self, i: int) -> np.ndarray:
@@ -400,13 +407,15 @@ def _micro_batch(
         if recipe.slot_epochs:
             doc_epoch[j] = recipe.slot_epochs[slot]
     images = _images(recipe, rows, shards, cu, width) if recipe.patch_size else {}
-    extra: dict[str, np.ndarray] = {}
+    extra: dict[str, Any] = {}
+    if recipe.global_loss_tokens >= 0:
+        extra["global_loss_tokens"] = recipe.global_loss_tokens
     token_map = images.get("image_token_map")
     if not compact:
         position_ids, labels = derived(input_ids, cu, total, token_map, target)
-        extra = {"labels": labels, "position_ids": position_ids}
+        extra.update(labels=labels, position_ids=position_ids)
     elif target is not None:
-        extra = {"target_bits": np.packbits(target)}
+        extra["target_bits"] = np.packbits(target)
     return {
         "input_ids": input_ids,
         **extra,

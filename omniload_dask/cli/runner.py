@@ -45,6 +45,7 @@ class RunReport:
     extra_micro_steps: int = 0
     fill: float = 0.0
     documents_cut: int = 0
+    padding_share: float = 0.0  # empty positions of the micro-batches over their capacity
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data (JSON-able)."""
@@ -164,6 +165,7 @@ def _drive(job: Job, steps: int, t0: float, started: float, progress: bool) -> R
         extra_micro_steps=int(stats["extra_micro_steps"]),
         documents_cut=int(stats["documents_cut"]),
         fill=stats["tokens"] / stats["capacity_tokens"] if stats["capacity_tokens"] else 0.0,
+        padding_share=float(stats.get("padding_share") or 0.0),
     )
 
 
@@ -187,6 +189,7 @@ def format_report(r: RunReport) -> str:
         "plan's micro_batches)",
         f"  documents cut       {r.documents_cut} (split to fill micro-batches or even out ranks; "
         "pieces go on, same doc_id)",
+        f"  padding share       {r.padding_share:.2%} (positions of the micro-batches left empty)",
         "",
         f"  {'source':<16}{'target':>8}{'realised':>10}{'skipped':>9}{'filtered':>10}"
         f"{'truncated':>11}{'epoch':>7}",

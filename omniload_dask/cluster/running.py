@@ -328,7 +328,14 @@ class RunningJob:
         lengths, patches = report.lengths, (report.patches, report.patches_sq)
         self.coord.handle(
             ReadReported(
-                key, lengths, report.skipped, seconds, report.records, *patches, report.filtered
+                key,
+                lengths,
+                report.skipped,
+                seconds,
+                report.records,
+                *patches,
+                report.filtered,
+                report.holes,
             )
         )
         source = int(key.split("-")[3])

@@ -28,6 +28,7 @@ from omniload_dask.batching.formats import (
     Shard,
     build,
 )
+from omniload_dask.batching.labels import Holes
 from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import settings
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
@@ -50,6 +51,7 @@ __all__ = [
     "construct_block",
     "discover",
     "group_parts",
+    "holes_of",
     "read_unit",
     "report_of",
     "tokenizer_threads",
@@ -293,6 +295,9 @@ def _read_unit(
         "read_seconds": t1 - t0,  # for monitoring: read+decode vs tokenize throughput
         "tokenize_seconds": t3 - t2,
     }
+    holes = holes_of(shard)
+    if holes is not None:
+        meta["hole_counts"], meta["holes"] = holes.to_wire()
     if table is not None:
         p_sum, p_sq = patch_sums(table, len(lengths))
         meta.update(
@@ -312,7 +317,8 @@ class ReadReport:
 
     ``lengths`` are the tokens of each record kept, in file order; ``records`` counts the
     records read, bad ones included (None from an older task); with images, ``patches`` and
-    ``patches_sq`` are each record's patches and the sum of their squares.
+    ``patches_sq`` are each record's patches and the sum of their squares; ``holes`` the
+    tokens of its records that are not targets (chat sources and images: :func:`holes_of`).
     """
 
     lengths: np.ndarray
@@ -327,6 +333,7 @@ class ReadReport:
     images: int = 0
     bad_images: int = 0
     filtered: int = 0  # records the source's filter or transform dropped
+    holes: Holes | None = None
 
     @classmethod
     def decode(cls, meta: Mapping[str, Any]) -> ReadReport:
@@ -347,16 +354,35 @@ class ReadReport:
             images=int(meta.get("images", 0)),
             bad_images=int(meta.get("bad_images", 0)),
             filtered=int(meta.get("filtered", 0)),
+            holes=Holes.from_wire(meta["hole_counts"], meta["holes"]) if "holes" in meta else None,
         )
 
 
 def report_of(shard: Shard) -> dict[str, Any]:
-    """The image figures (and records filtered) of a shard as
+    """The image figures, records filtered and holes of a shard as
     :class:`~omniload_dask.core.events.ReadReported` takes them (inline runs)."""
-    if shard.images is None:
-        return {"filtered": shard.filtered} if shard.filtered else {}
-    p_sum, p_sq = patch_sums(shard.images, len(shard))
-    return {"patches": p_sum, "patches_sq": p_sq, "filtered": shard.filtered}
+    out: dict[str, Any] = {"holes": holes_of(shard)}
+    if shard.filtered:
+        out["filtered"] = shard.filtered
+    if shard.images is not None:
+        out["patches"], out["patches_sq"] = patch_sums(shard.images, len(shard))
+    return out
+
+
+def holes_of(shard: Shard) -> Holes | None:
+    """The tokens of each of the shard's records that are not targets: where its chat mask
+    says so, and image placeholders (None for plain text: every token is one)."""
+    table = shard.images
+    if shard.target is None and (table is None or not len(table)):
+        return None
+    target = np.ones(len(shard.tokens), dtype=bool) if shard.target is None else shard.target
+    if table is not None and len(table):
+        target = target.copy()
+        start = shard.offsets[table.record] + table.token_start
+        count = table.tokens.astype(np.int64)
+        at = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(int(count.sum()))
+        target[at] = False
+    return Holes.of(shard.offsets, target)
 
 
 def patch_sums(table: ImageTable, records: int) -> tuple[np.ndarray, np.ndarray]:

@@ -184,7 +184,7 @@ class Coordinator:
                 extra = self._planner.cost.encoder_of(event.patches, sq)
             r = event
             self._reads.on_report(
-                r.key, r.lengths, r.skipped, extra, r.seconds, r.records, r.filtered
+                r.key, r.lengths, r.skipped, extra, r.seconds, r.records, r.filtered, r.holes
             )
         elif isinstance(event, StepsRequested):
             return list(self._delivery.request(event.ranks, event.start, event.count, event.now))

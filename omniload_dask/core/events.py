@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omniload_dask.batching.labels import Holes
+
 __all__ = [
     "Cause",
     "ConstructionDone",
@@ -67,7 +69,9 @@ class ReadReported:
     """A read task finished: its records' token counts (file order) and skipped count.
 
     Image sources also report each record's patches (sum, and sum of squares over its images)
-    for the encoder cost. ``seconds`` (the task's compute time) and ``records`` (read, bad
+    for the encoder cost. Sources whose records have tokens that are not targets (chat, images)
+    report them (``holes``), so that the planner counts each step's loss tokens exactly.
+    ``seconds`` (the task's compute time) and ``records`` (read, bad
     ones included) feed the cost meters that size reads; they never change the stream.
     """
 
@@ -79,6 +83,7 @@ class ReadReported:
     patches: np.ndarray | None = None
     patches_sq: np.ndarray | None = None
     filtered: int = 0  # records the source's filter or transform dropped
+    holes: Holes | None = None
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,11 @@ class Figures:
             "documents": self.documents,
             "tokens": self.tokens,
             "capacity_tokens": self.capacity_tokens,
+            # empty positions of the micro-batches drawn, over their capacity (padding with
+            # pad_to_seq_len; room left unused without it)
+            "padding_share": (
+                1.0 - self.tokens / self.capacity_tokens if self.capacity_tokens else None
+            ),
             "extra_micro_steps": self.extra_micro_steps,
             "documents_cut": self.cuts,
             "documents_spilled": self.spilled,

@@ -38,6 +38,7 @@ from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.batching.sorting import first_use
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
+from omniload_dask.core.loss_tokens import step_loss_tokens
 from omniload_dask.plan import BatchSpec, Plan
 
 __all__ = ["DrawnStep", "PlannedStep", "StepPlanner"]
@@ -195,6 +196,7 @@ class StepPlanner:
             pad_to_seq_len=batch.pad_to_seq_len,
             micro_seq_lens=tuple(plan.micro_capacity.tolist()),
             patch_size=self._patch_size,
+            global_loss_tokens=step_loss_tokens(docs, doc, start, table[:, 4]),
         )
 
 

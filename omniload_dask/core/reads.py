@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from omniload_dask.batching.labels import Holes
 from omniload_dask.core import autoscale
 from omniload_dask.core.actions import ReadSpec, SubmitRead
 from omniload_dask.core.autoscale import Meter
@@ -73,6 +74,7 @@ class ReadAhead:
         seconds: float | None,
         records: int | None,
         filtered: int = 0,
+        holes: Holes | None = None,
     ) -> None:
         """A read task reported its records' lengths (see :class:`.events.ReadReported`);
         ``filtered``: records its source's filter or transform dropped."""
@@ -81,7 +83,7 @@ class ReadAhead:
             return
         part, size = self._part_of.get(key, (0, -1))
         stream = self._sources.streams[where[0]]
-        reported = stream.report(where[1], lengths, skipped, part, extra, filtered)
+        reported = stream.report(where[1], lengths, skipped, part, extra, filtered, holes)
         if reported and seconds is not None:
             if size < 0:
                 size = stream.catalog.size(stream.units[where[1]].catalog_index)

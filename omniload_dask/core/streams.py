@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omniload_dask.batching.labels import Holes
 from omniload_dask.core.actions import ReadSpec
 from omniload_dask.errors import JobError
 from omniload_dask.plan import SourceSpec
@@ -39,7 +40,8 @@ class Unit:
     """A submitted read unit; ``lengths``/``order`` arrive with its read tasks' reports.
 
     ``extra`` is a cost per record beyond its tokens' (image encoder terms), when the source
-    reports one. With ``parts > 1`` the unit is read by tasks ``keys[p]``; ``bounds`` numbers
+    reports one; ``holes`` its records' tokens that are no targets (chat sources, images: what
+    the planner counts a step's loss tokens with). With ``parts > 1`` the unit is read by tasks ``keys[p]``; ``bounds`` numbers
     their records: part p holds the unit's rows ``bounds[p]:bounds[p + 1]``.
     """
 
@@ -52,6 +54,7 @@ class Unit:
     skipped: int = 0
     filtered: int = 0  # records the source's filter or transform dropped
     extra: np.ndarray | None = None
+    holes: Holes | None = None
     parts: int = 1
     part_sizes: tuple[int, ...] = ()
     bounds: np.ndarray | None = None
@@ -59,7 +62,7 @@ class Unit:
     # lengths came from the source's index at submission; the parts' reports only feed meters
     up_front: bool = False
     _metered: set[int] = field(default_factory=set, repr=False)
-    _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None, int]] = field(
+    _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None, int, Holes | None]] = field(
         default_factory=dict, repr=False
     )
 
@@ -221,6 +224,7 @@ class SourceStream:
         part: int = 0,
         extra: np.ndarray | None = None,
         filtered: int = 0,
+        holes: Holes | None = None,
     ) -> bool:
         """A read task reported; returns False if the unit is no longer tracked.
 
@@ -235,7 +239,8 @@ class SourceStream:
             return True
         if unit is None or unit.lengths is not None or part in unit._reported:
             return False
-        unit._reported[part] = (np.asarray(lengths, dtype=np.int64), int(skipped), extra, filtered)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        unit._reported[part] = (lengths, int(skipped), extra, filtered, holes)
         if len(unit._reported) < unit.parts:
             return True
         got = [unit._reported[p] for p in range(unit.parts)]
@@ -248,6 +253,7 @@ class SourceStream:
             unit.extra = np.concatenate(
                 [g[2] if g[2] is not None else np.zeros(len(g[0])) for g in got]
             ).astype(np.float64)
+        unit.holes = Holes.join([(len(g[0]), g[4]) for g in got])
         unit.order = self.row_order(unit, len(unit.lengths))
         self._cache = None
         self.version += 1

@@ -264,6 +264,12 @@ class JobPage:
         }
 
 
+def padding_text(stats: dict[str, Any]) -> str:
+    """The share of empty positions in the micro-batches drawn (``""`` before the first)."""
+    share = stats.get("padding_share")
+    return f"padding {share:.2%}" if share is not None else ""
+
+
 def summary_html(stats: dict[str, Any], now: float) -> str:
     """The page's header: the job's state, progress and balance, as HTML."""
     capacity = stats.get("capacity_tokens") or 0
@@ -289,6 +295,7 @@ def summary_html(stats: dict[str, Any], now: float) -> str:
         f"tokens drawn {format_si(stats['tokens'])}",
         f"balance efficiency {efficiency_text(stats, ', ')}",
         f"capacity used {stats['tokens'] / capacity:.1%}" if capacity else "",
+        padding_text(stats),
         f"records skipped {skipped}",
     ]
     return (
