@@ -104,6 +104,7 @@ def test_s3_sources_and_tokenizer_give_the_same_stream_as_local_files(s3, tmp_pa
                     tuple(mb["input_ids"].tolist())
                     + tuple(mb["doc_id"].tolist())
                     + tuple(mb["cu_seqlens"].tolist())
+                    + tuple(mb["labels"].tolist())  # (batch_digest's order)
                     for mb in next(f.steps())
                 ]
             got.append(step)
