@@ -179,7 +179,7 @@ class Commands:
 
 def _loader(spec: dict[str, Any], plan: Any, go: dict[str, Any]) -> Any:
     system, rank, world = spec["system"], spec["rank"], plan.layout.dp
-    if spec.get("loader"):  # another benchmark's loaders (tokens.py: token_loaders)
+    if spec.get("loader"):  # another benchmark's loaders (tokens.py: support.token_loaders)
         import importlib
 
         return importlib.import_module(spec["loader"]).make_loader(spec, plan, go)

@@ -14,7 +14,7 @@ the real-compute calibration gives the plan's cost model, as in the head to head
 
 Each system runs R rank processes through ``head_to_head.run_system`` (the same driver, window,
 CPU and balance accounting): ``omniload_ext`` on the README cluster with the token plan of
-each format, and the baselines of ``token_loaders.py``, in one run, interleaved. Before the
+each format, and the baselines of ``support/token_loaders.py``, in one run, interleaved. Before the
 runs, every format's stream is checked token for token against what the tools wrote: an
 in-process data plane draws a few steps and each delivered piece is compared with its document
 (``token_mismatches``: tokens that differ, must be 0).
@@ -251,7 +251,7 @@ def main() -> int:
                 "vocab": info["vocab_size"], "litdata": [paths["litdata"][n] for n in mix[0]],
                 "mds": [paths["mds"][n] for n in mix[0]],
                 "samples": 4 * tokens_total // args.seq_len + 1}  # fmt: skip
-    from token_loaders import megatron_dataset
+    from support.token_loaders import megatron_dataset
 
     if not torch.distributed.is_initialized():  # Megatron's builder asks for the rank
         torch.distributed.init_process_group(
@@ -275,7 +275,7 @@ def main() -> int:
             driver = "omniload_ext" if system.startswith("omniload_") else system
             extra = {"tag": system, "mosaic_path": path, "torchrun": BASELINES,
                      "rank_spec": {} if driver == "omniload_ext" else
-                     {"loader": "token_loaders", "tokens": megatron}}  # fmt: skip
+                     {"loader": "support.token_loaders", "tokens": megatron}}  # fmt: skip
             try:
                 run = h2h.run_system(driver, r, plan, args, logs, extra)
                 row = h2h.analyse(run, CostModel.from_spec(parse_plan(plan).cost), timer,

@@ -326,17 +326,9 @@ class RunningJob:
     def _on_report(self, key: str, report: ReadReport, seconds: float | None) -> None:
         """Lengths to the coordinator (they decide the stream); the rest to the monitor."""
         lengths, patches = report.lengths, (report.patches, report.patches_sq)
+        counts = (report.filtered, report.holes)
         self.coord.handle(
-            ReadReported(
-                key,
-                lengths,
-                report.skipped,
-                seconds,
-                report.records,
-                *patches,
-                report.filtered,
-                report.holes,
-            )
+            ReadReported(key, lengths, report.skipped, seconds, report.records, *patches, *counts)
         )
         source = int(key.split("-")[3])
         sources = len(self.coord.view.names)

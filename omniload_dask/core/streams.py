@@ -164,11 +164,7 @@ class SourceStream:
         self.offset = 0  # tokens of the row at the cursor that earlier batches took
         self.next_submit: UnitRef = (0, 0)
         self.units: dict[UnitRef, Unit] = {}
-        self.docs = 0
-        self.tokens = 0
-        self.skipped = 0
-        self.filtered = 0
-        self.truncated_tokens = 0
+        self.docs = self.tokens = self.skipped = self.filtered = self.truncated_tokens = 0
         self.retired = False  # removed from the job (its cursor is kept)
         self._cache: tuple[int, Candidates] | None = None  # candidates while nothing changes
         self.version = 0  # bumped whenever the cursor moves or a unit reports
@@ -239,8 +235,7 @@ class SourceStream:
             return True
         if unit is None or unit.lengths is not None or part in unit._reported:
             return False
-        lengths = np.asarray(lengths, dtype=np.int64)
-        unit._reported[part] = (lengths, int(skipped), extra, filtered, holes)
+        unit._reported[part] = (np.asarray(lengths, np.int64), int(skipped), extra, filtered, holes)
         if len(unit._reported) < unit.parts:
             return True
         got = [unit._reported[p] for p in range(unit.parts)]
