@@ -4,12 +4,12 @@ planning time, per DP size and number of cut rounds.
     python benchmarks/real_balance.py [--dp 8,16,32] [--steps 150] [--cut-rounds 8,12]
                                       [--together 8] [--quick]
 
-``planning.py``'s synthetic ``h2h`` mix is easier than the real corpus (session 24: 0.988
-against 0.958 after the polish), so balance work is judged here. The steps are those of
+``planning.py``'s synthetic ``h2h`` mix is easier than the real corpus (0.988 against
+0.958 after the polish, 2026-12-02), so balance work is judged here. The steps are those of
 ``head_to_head.py``'s plan: its real corpus (``support/realcorpus.py``), Tekken, one 8192-token
 micro-batch per rank, the mix 0.6 / 0.3 / 0.1 by documents, and the cost that ``head_to_head``
 fitted on this machine's real compute (its calibration file, when a run left one under
-``--root``; else the figures of session 24's runs, said so in the output). The data plane runs
+``--root``; else the figures fitted on 2026-12-02, said so in the output). The data plane runs
 inline (:class:`~omniload_dask.testing.InlineDataPlane`, no cluster, no batches built) and the
 drawn steps are kept. Each setting of ``refine.SMALL_CUT_ROUNDS`` then plans the same steps
 again, so every setting weighs the same documents::
@@ -41,16 +41,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 WARMUP = 5  # first steps dropped: the mix's first draws and the sources' first reads
-SESSION24_COST = {"linear": 4.9238824879504564e-05, "quadratic": 4.9411456827808705e-08}
+FITTED_COST = {"linear": 4.9238824879504564e-05, "quadratic": 4.9411456827808705e-08}
 
 
 def fitted_cost(root: Path, seq_len: int) -> tuple[dict[str, float], str]:
-    """The cost head_to_head fitted on this machine (its calibration file), or session 24's."""
+    """The cost head_to_head fitted on this machine (its calibration file), or the one fitted on 2026-12-02."""
     import torch
 
     saved = root / f"calibration-{seq_len}-torch{torch.__version__}.json"
     if not saved.exists():
-        return SESSION24_COST, "session 24's fitted cost (no calibration file under --root)"
+        return FITTED_COST, "the cost fitted on 2026-12-02 (no calibration file under --root)"
     from support.realcompute import StepTimer
 
     timer = StepTimer()

@@ -11,7 +11,7 @@ scheduler and the workers a few ms of CPU whatever its size, so a corpus of file
 would otherwise pay it for every file. The cap is low because a unit is read whole before the
 first draw from it and held until its last record is drawn: with a costly tokenizer (WordPiece,
 about 0.4 s of CPU a MiB of text) units of 4 MiB made the first batch five times as late and
-the read-ahead twice as large in memory (BENCHMARKS.md, session 40).
+the read-ahead twice as large in memory (the head to head's benchmark page has the runs).
 """
 
 from __future__ import annotations
