@@ -31,6 +31,7 @@ from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
+from omniload_dask.sources.parquet import column_texts
 from omniload_dask.sources.token_arrays import check_token_field, list_column
 
 __all__ = ["FORMAT", "ArrowFolder", "text_records", "token_records"]
@@ -111,22 +112,8 @@ def token_records(spec: SourceSpec, column: Any, first_row: int) -> RawRecords:
 
 def text_records(spec: SourceSpec, column: Any, first_row: int) -> RawRecords:
     """Rows of a text column from row ``first_row`` on; a null or non-UTF-8 row is bad."""
-    texts: list[str] = []
-    rows: list[int] = []
-    bad: list[tuple[int, str]] = []
-    for row, value in enumerate(column.to_pylist(), start=first_row):
-        if value is None:
-            bad.append((row, f"column {spec.text!r} is null"))
-        elif isinstance(value, bytes):
-            try:
-                texts.append(value.decode("utf-8"))
-                rows.append(row)
-            except UnicodeDecodeError as exc:
-                bad.append((row, f"column {spec.text!r} is not UTF-8 ({exc})"))
-        else:
-            texts.append(value)
-            rows.append(row)
-    return RawRecords(texts, np.asarray(rows, dtype=np.int64), bad)
+    texts, rows, bad, _ = column_texts(spec, column, first_row)
+    return RawRecords(texts, rows, bad)
 
 
 class _Layout:

@@ -141,7 +141,7 @@ class Parquet:
         table = table.slice(start - int(bounds[first_group]), stop - start)
         if spec.chat is not None:
             return _chats(spec, table, start)
-        texts, offsets, bad, keep = _texts(spec, table.column(0), start)
+        texts, offsets, bad, keep = column_texts(spec, table.column(0), start)
         if not spec.has_images:
             return RawRecords(texts=texts, offsets=offsets, bad=bad)
         images, offsets, texts, bad = _images(spec, table.column(1), start, keep, texts, bad)
@@ -169,9 +169,11 @@ def _unreadable(start: int, stop: int, reason: str) -> RawRecords:
     )
 
 
-def _texts(
+def column_texts(
     spec: SourceSpec, column: Any, first_row: int
 ) -> tuple[list[str], np.ndarray, list[tuple[int, str]], list[int]]:
+    """The strings of a text column (Parquet, Arrow) from row ``first_row`` on: texts, their
+    rows, bad rows (null, not UTF-8) with reasons, and the kept rows' indices in ``column``."""
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
     texts: list[str] = []
