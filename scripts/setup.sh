@@ -17,7 +17,8 @@ fi
 .venv/bin/python -m pip install -q -c scripts/constraints.txt -e ".[$EXTRAS]"
 if [[ ",$EXTRAS," == *",test,"* ]]; then
   # torchtitan without its dependencies (its `datasets` pins fsspec below s3fs's); the data
-  # loader adapter needs only these of them.
+  # loader adapter needs only these of them (spmd_types: its loss module imports it).
   .venv/bin/python -m pip install -q -c scripts/constraints.txt --no-deps "torchtitan>=0.2,<0.4"
-  .venv/bin/python -m pip install -q -c scripts/constraints.txt "torchdata>=0.11" tyro dill
+  .venv/bin/python -m pip install -q -c scripts/constraints.txt "torchdata>=0.11" tyro dill \
+    "spmd_types==0.2.3"
 fi
