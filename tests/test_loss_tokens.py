@@ -205,9 +205,17 @@ def test_image_placeholders_are_counted_out_of_the_steps_total(tmp_path: Path, c
     assert placeholders > 0  # (the count had image tokens to leave out)
 
 
-def test_a_job_on_a_cluster_hands_every_rank_the_steps_count(corpus: Path) -> None:
+@pytest.mark.parametrize("planning", ["loop", "process"])
+def test_a_job_on_a_cluster_hands_every_rank_the_steps_count(
+    corpus: Path, planning: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from omniload_dask import Job
+    from omniload_dask.cluster import planner
     from omniload_dask.testing import assert_batches_equal
+
+    if planning == "process":  # the planning process counts from the holes it is sent
+        monkeypatch.setattr(planner, "INLINE_MS", -1.0)
+        monkeypatch.setattr(planner, "PROCESS_MIN_GROUPS", 1)
 
     plan = sft_plan(
         corpus,
@@ -224,6 +232,7 @@ def test_a_job_on_a_cluster_hands_every_rank_the_steps_count(corpus: Path) -> No
                     want = plane.step(int(mb["step"]))[rank].micro_batches[int(mb["micro_step"])]
                     got = {k: v for k, v in mb.items() if k != "doc_source_name"}
                     assert_batches_equal(want, got)  # (global_loss_tokens among the fields)
+        assert job.stats()["planning_in"] == ("process" if planning == "process" else "thread")
     for step in range(3):
         total, carried = step_counts(plane, step)
         assert carried == {total}

@@ -28,7 +28,7 @@ import logging
 import multiprocessing
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -137,7 +137,8 @@ class StepPlanning:
             docs.extra,
             docs.rows,
             docs.slot,
-            len(docs.slots),
+            # what the loss-token count reads of each read task: its unit's holes and row bounds
+            [(u.holes, u.bounds, p) if u.holes is not None else None for u, p in docs.slots],
             drawn.epochs,
             docs.starts,
         )
@@ -186,13 +187,22 @@ def _init_process(plan: dict[str, Any]) -> None:
     _planner = StepPlanner(parse_plan(plan))
 
 
+class _Held(NamedTuple):
+    """The part of a read unit that the planning process needs (see ``step_loss_tokens``)."""
+
+    holes: Any
+    bounds: Any
+
+
 def _plan_in_process(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
     """In the planning process: plan one step from its documents' arrays."""
-    step, sources, lengths, extra, rows, slot, slots, epochs, starts = arrays
+    step, sources, lengths, extra, rows, slot, held, epochs, starts = arrays
     assert _planner is not None
     t0 = time.thread_time()
-    # What the recipes read of the step's documents, the rest of a continued one included.
-    docs = Documents(sources, lengths, extra, rows, slot, [None] * slots, [], [], starts)  # type: ignore[list-item]
+    # What the recipes read of the step's documents, the rest of a continued one included, and
+    # of each read task what the loss-token count reads (a unit's holes and row bounds).
+    slots = [(_Held(*h[:2]), h[2]) if h is not None else (_Held(None, None), 0) for h in held]
+    docs = Documents(sources, lengths, extra, rows, slot, slots, [], [], starts)  # type: ignore[arg-type]
     planned = _planner.plan(DrawnStep(step, docs, [], np.asarray(epochs), 0.0))
     return (
         planned.split,
