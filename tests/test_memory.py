@@ -88,7 +88,7 @@ def dask_bookkeeping(dask_scheduler) -> dict[str, int]:
         "message_log": max(len(c.recent_message_log) for c in dask_scheduler.stream_comms.values()),
         "transition_log": len(dask_scheduler.transition_log),
         "key_names": key_split.cache_info().currsize,
-        "metadata_seen": len(Span._metadata_seen),
+        "metadata_seen": len(getattr(Span, "_metadata_seen", ())),  # (gone in newer Dask)
         "span_collections": max(len((s.metadata or {}).get("collections", ())) for s in spans),
     }
 

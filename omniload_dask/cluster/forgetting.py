@@ -52,7 +52,7 @@ def trim_span_metadata(scheduler: Any, key: str, limit: int | None = None) -> in
     step, never freed (plain dicts of strings and ints: no ``gc``-tracked object grows).
 
     Past ``limit`` entries (:data:`SPAN_ENTRIES` by default) this keeps one of each distinct
-    collection in the span of ``key``'s task group (what the dashboard shows of it) and
+    collection in each span, ``key``'s task group's first (what the dashboard shows of it) and
     empties the seen-set; the set only keeps one ``update_graph`` from adding its metadata
     once per task, and is not needed between calls. Safe from a ``transition`` hook: the
     spans extension adds a submit's metadata in one synchronous loop that calls no plugin.
@@ -68,17 +68,20 @@ def trim_span_metadata(scheduler: Any, key: str, limit: int | None = None) -> in
         dropped += len(seen)
         seen.clear()
     ts = scheduler.tasks.get(key)
-    spans = getattr(scheduler, "extensions", {}).get("spans")
+    spans = getattr(getattr(scheduler, "extensions", {}).get("spans"), "spans", {})
     group = getattr(ts, "group", None)
-    span = getattr(spans, "spans", {}).get(getattr(group, "span_id", None))
-    metadata = getattr(span, "_metadata", None)
-    collections = metadata.get("collections") if isinstance(metadata, dict) else None
-    if isinstance(collections, list) and len(collections) > bound:
-        distinct: list[Any] = []
-        for entry in collections:
-            if entry not in distinct:
-                distinct.append(entry)
-        kept = distinct[-bound:]
-        dropped += len(collections) - len(kept)
-        collections[:] = kept
+    # The span of ``key``'s group first; then every span, since the job's other submits (its
+    # reads) may sit in another span than its blocks (newer Dask versions put them apart).
+    first = spans.get(getattr(group, "span_id", None))
+    for span in [first, *spans.values()] if first is not None else list(spans.values()):
+        metadata = getattr(span, "_metadata", None)
+        collections = metadata.get("collections") if isinstance(metadata, dict) else None
+        if isinstance(collections, list) and len(collections) > bound:
+            distinct: list[Any] = []
+            for entry in collections:
+                if entry not in distinct:
+                    distinct.append(entry)
+            kept = distinct[-bound:]
+            dropped += len(collections) - len(kept)
+            collections[:] = kept
     return dropped
