@@ -196,6 +196,7 @@ def format_report(r: RunReport) -> str:
     ]
     legend = (
         "  (target, realised: shares of the mix; skipped: bad records, on_error: skip;\n"
+        "   filtered: records a source's filter or transform dropped;\n"
         "   truncated: tokens cut off, long_documents: truncate; epoch: passes over the source)"
     )
     for s in r.sources:
