@@ -16,6 +16,7 @@ either (several images per record, in order; an empty list is a text-only record
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,36 +53,16 @@ class Parquet:
         A file whose footer is not Parquet fails, or with ``skip_unreadable`` becomes one unit
         of one row, whose read reports the file as one bad record.
         """
-        units: list[tuple[int, int, int]] = []
-        for i, url in enumerate(files):
-            try:
-                meta = self._footer(spec, fs, url)
-            except _Unreadable:
-                if not skip_unreadable:
-                    raise
-                units.append((i, 0, 1))
-                continue
-            schema = meta.schema.to_arrow_schema()
+
+        def check(url: str, schema: pa.Schema) -> None:
             _text_field(spec, url, schema)
             if spec.has_images:
                 _image_kind(spec, url, schema)
-            if meta.num_rows >= MAX_OFFSET:
-                raise SourceError(
-                    f"source {spec.name!r}: file {url!r} has {meta.num_rows} rows; "
-                    f"at most {MAX_OFFSET - 1}"
-                )
-            first = 0
-            for rg in range(meta.num_row_groups):
-                n = meta.row_group(rg).num_rows
-                step = spec.unit_records or max(n, 1)
-                units.extend(
-                    (i, lo, min(lo + step, first + n)) for lo in range(first, first + n, step)
-                )
-                first += n
-        table = np.asarray(units, dtype=np.int64).reshape(-1, 3)
-        return Units(table, table[:, 2] - table[:, 1], split="rows")
 
-    def _footer(self, spec: SourceSpec, fs: Any, url: str) -> pq.FileMetaData:
+        return row_group_units(spec, fs, files, check, skip_unreadable)
+
+    @staticmethod
+    def _footer(spec: SourceSpec, fs: Any, url: str) -> pq.FileMetaData:
         """The file's metadata; :class:`_Unreadable` (a SourceError) if its bytes are not
         Parquet, a SourceError naming the file if the storage fails."""
         with open_file(fs, fs._strip_protocol(url)) as raw:
@@ -167,6 +148,42 @@ def _unreadable(start: int, stop: int, reason: str) -> RawRecords:
         offsets=np.zeros(0, dtype=np.int64),
         bad=[(row, reason) for row in range(start, stop)],
     )
+
+
+def row_group_units(
+    spec: SourceSpec,
+    fs: Any,
+    files: list[str],
+    check: Callable[[str, pa.Schema], None],
+    skip_unreadable: bool = False,
+) -> Units:
+    """Read units of Parquet files (text, images or token columns): each row group, or runs of
+    ``unit_records`` rows of one, from every file's footer; ``check(url, schema)`` checks the
+    columns the source reads. A file whose footer is not Parquet fails, or with
+    ``skip_unreadable`` becomes one unit of one row whose read reports it as one bad record."""
+    units: list[tuple[int, int, int]] = []
+    for i, url in enumerate(files):
+        try:
+            meta = Parquet._footer(spec, fs, url)
+        except _Unreadable:
+            if not skip_unreadable:
+                raise
+            units.append((i, 0, 1))
+            continue
+        check(url, meta.schema.to_arrow_schema())
+        if meta.num_rows >= MAX_OFFSET:
+            raise SourceError(
+                f"source {spec.name!r}: file {url!r} has {meta.num_rows} rows; "
+                f"at most {MAX_OFFSET - 1}"
+            )
+        first = 0
+        for rg in range(meta.num_row_groups):
+            n = meta.row_group(rg).num_rows
+            step = spec.unit_records or max(n, 1)
+            units.extend((i, lo, min(lo + step, first + n)) for lo in range(first, first + n, step))
+            first += n
+    table = np.asarray(units, dtype=np.int64).reshape(-1, 3)
+    return Units(table, table[:, 2] - table[:, 1], split="rows")
 
 
 def column_texts(

@@ -14,13 +14,12 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.arrow import token_records
 from omniload_dask.sources.base import RawRecords, Units
 from omniload_dask.sources.decoding import WatchedFile
 from omniload_dask.sources.files import open_file
-from omniload_dask.sources.ids import MAX_OFFSET
+from omniload_dask.sources.parquet import row_group_units
 from omniload_dask.sources.token_arrays import check_token_field
 
 __all__ = ["FORMAT", "TokenParquet"]
@@ -41,33 +40,11 @@ class TokenParquet:
         skip_unreadable: bool = False,
     ) -> Units:
         """Row groups (or runs of ``unit_records`` rows of one) from every footer."""
-        units: list[tuple[int, int, int]] = []
-        for i, url in enumerate(files):
-            with open_file(fs, fs._strip_protocol(url)) as raw:
-                f = WatchedFile(raw)
-                try:
-                    meta = pq.ParquetFile(f).metadata
-                except Exception as exc:
-                    if f.failure is not None or not skip_unreadable:
-                        raise SourceError(
-                            f"source {spec.name!r}: file {url!r} is not a readable Parquet "
-                            f"file ({type(exc).__name__}: {exc})"
-                        ) from None
-                    units.append((i, 0, 1))  # its read reports the file as one bad record
-                    continue
-            check_token_field(spec, url, meta.schema.to_arrow_schema())
-            if meta.num_rows >= MAX_OFFSET:
-                raise SourceError(f"source {spec.name!r}: file {url!r}: {meta.num_rows} rows")
-            first = 0
-            for g in range(meta.num_row_groups):
-                n = meta.row_group(g).num_rows
-                step = spec.unit_records or max(n, 1)
-                units.extend(
-                    (i, lo, min(lo + step, first + n)) for lo in range(first, first + n, step)
-                )
-                first += n
-        table = np.asarray(units, dtype=np.int64).reshape(-1, 3)
-        return Units(table, table[:, 2] - table[:, 1], split="rows")
+
+        def check(url: str, schema: Any) -> None:
+            check_token_field(spec, url, schema)
+
+        return row_group_units(spec, fs, files, check, skip_unreadable)
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
         """Rows ``[start, stop)``: their token ids; rows that cannot be decoded are bad."""
