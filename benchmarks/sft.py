@@ -55,18 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support.realcorpus import find_package
 
-CHATML = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{{ '\\n' }}"
-    "{% else %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+from omniload_dask.demo.chat import CHATML_GENERATION
+
+CHATML = CHATML_GENERATION  # the same string for both systems
 RANKS = 8
 BFD_BATCH = 1000  # conversations per packing batch (datasets.map's default batch size)
 

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from omniload_dask.batching.formats import IGNORE_INDEX, expand
+from omniload_dask.demo.chat import CHATML_GENERATION
 from omniload_dask.errors import JobError, PlanError, RecordError
 from omniload_dask.plan import TokenizerSpec, parse_plan
 from omniload_dask.plan.chat import ChatSpec
@@ -20,7 +21,7 @@ from omniload_dask.preprocess.chat_encode import encode_chats
 from omniload_dask.sources.ids import decode_sample_id
 from omniload_dask.testing import InlineDataPlane
 
-from .chatdata import CHATML, CHATML_GENERATION, conversations, write_chat_tokenizer
+from .chatdata import CHATML, conversations, write_chat_tokenizer
 from .datagen import plan_dict, texts, write_jsonl
 
 transformers = pytest.importorskip("transformers")

@@ -21,7 +21,21 @@ import pyarrow.parquet as pq
 
 from omniload_dask.demo.vocabulary import VOCAB_SEED, demo_text, vocabulary
 
-__all__ = ["make_chat_demo_data"]
+__all__ = ["CHATML_GENERATION", "make_chat_demo_data"]
+
+# ChatML with its assistant turns in generation blocks (as TRL's assistant-only loss wants)
+CHATML_GENERATION = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{{ '\\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 MARKER = ".omniload-chat-demo-complete"
 
