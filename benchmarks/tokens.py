@@ -209,8 +209,8 @@ def main() -> int:
     from realcompute import StepTimer
     from realcorpus import build_corpus, find_package, find_tokenizers
 
-    from omniload_dask.batching.cost import CostModel
     from omniload_dask.plan import TokenizerSpec, parse_plan
+    from omniload_dask.plan.cost import CostModel
     from omniload_dask.preprocess.tokenize import describe
 
     corpus = build_corpus(root / "corpus", args.corpus_mb, files=args.files)

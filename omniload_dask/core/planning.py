@@ -32,7 +32,6 @@ from omniload_dask.batching.balance import (
     balance_steps,
     route,
 )
-from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.batching.sorting import first_use
@@ -40,6 +39,7 @@ from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
 from omniload_dask.core.loss_tokens import step_loss_tokens
 from omniload_dask.plan import BatchSpec, Plan
+from omniload_dask.plan.cost import CostModel
 
 __all__ = ["DrawnStep", "PlannedStep", "StepPlanner"]
 

@@ -354,7 +354,7 @@ class MixingSpec:
 
 @dataclass(frozen=True)
 class CostSpec:
-    """Cost of one document piece of L tokens, to balance ranks by (see :mod:`omniload_dask.batching.cost`).
+    """Cost of one document piece of L tokens, to balance ranks by (see :mod:`omniload_dask.plan.cost`).
 
     ``piece + linear * L + quadratic * L**2`` (dense layers plus attention), with the
     coefficients given, or derived from ``model`` (a transformer description: hidden, layers,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniload_dask.batching.balance.pieces import Pieces
-from omniload_dask.batching.cost import CostFunction
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = [
     "Bucket", "StepPieces", "ladder", "pieces_of", "route", "spill", "split_documents",
