@@ -342,7 +342,7 @@ def check(run: dict[str, Any], root: Path, tok_dir: Path) -> dict[str, Any]:
     import fsspec
     from transformers import AutoTokenizer
 
-    from omniload_dask.batching.formats import expand
+    from omniload_dask.batching.wire import expand
     from omniload_dask.cluster.tasks import discover
     from omniload_dask.sources.ids import decode_sample_id
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.formats import IMAGE_FIELDS, GroupBatch, Shard, expand
+from omniload_dask.batching.formats import IMAGE_FIELDS, GroupBatch, Shard
+from omniload_dask.batching.wire import expand
 from omniload_dask.checkpoint import (
     CheckpointWriter,
     check_catalogs,
@@ -184,7 +185,7 @@ class InlineDataPlane:
 
     def step(self, step: int, ranks: list[int] | None = None) -> dict[int, GroupBatch]:
         """The whole batches of ``step`` for every DP group (every rank asks for one step), as
-        constructor tasks build them: in wire form (:func:`~omniload_dask.batching.formats.expand` gives the full layout)."""
+        constructor tasks build them: in wire form (:func:`~omniload_dask.batching.wire.expand` gives the full layout)."""
         fetched = self.fetch(step, ranks)
         layout = self.plan.layout
         out: dict[int, GroupBatch] = {}

@@ -17,8 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from omniload_dask.batching.formats import IGNORE_INDEX, expand
+from omniload_dask.batching.formats import IGNORE_INDEX
 from omniload_dask.batching.labels import Holes, count_loss_tokens, loss_positions
+from omniload_dask.batching.wire import expand
 from omniload_dask.plan import parse_plan
 from omniload_dask.testing import InlineDataPlane, check_resume_equivalence
 

@@ -32,7 +32,6 @@ from omniload_dask.checkpoint import (
     load_for_resume,
     registry_plan,
 )
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import tasks
 from omniload_dask.cluster.checkpointing import open_writer
 from omniload_dask.cluster.executor import ActionExecutor
@@ -43,6 +42,7 @@ from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.core.events import WorkersChanged
 from omniload_dask.core.live import PlanChange
 from omniload_dask.errors import CheckpointError, JobError
+from omniload_dask.internals import server as _server
 from omniload_dask.plan import Plan, SourceSpec
 from omniload_dask.plan.credentials import redact
 from omniload_dask.preprocess.tokens import check_vocabularies
@@ -98,10 +98,10 @@ class DataPlaneClient:
             self._scheduler.address,
             asynchronous=True,
             name="omniload-data-plane",
-            security=_dask.scheduler_security(self._scheduler),
+            security=_server.scheduler_security(self._scheduler),
             set_as_default=False,
         )
-        self._stream = _dask.client_stream(client)
+        self._stream = _server.client_stream(client)
         await client.register_plugin(PartServer())
         return client
 
@@ -113,7 +113,9 @@ class DataPlaneClient:
     def healthy(self) -> bool:
         """Whether the client is still on the connection it was made with."""
         client = self._client
-        return client is not None and _dask.client_connected(self._scheduler, client, self._stream)
+        return client is not None and _server.client_connected(
+            self._scheduler, client, self._stream
+        )
 
     async def replace(self) -> Client:
         """Drop the current client (its connection was lost) and connect a new one."""

@@ -40,8 +40,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from omniload_dask.cluster import forgetting, lifecycle, stats
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import lifecycle, stats
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster.arguments import MAX_TIMEOUT, optional_step, resume_arguments
 from omniload_dask.cluster.arguments import integer as _integer
@@ -53,6 +52,8 @@ from omniload_dask.cluster.streams import StreamPasses
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.watchdog import watch_client
 from omniload_dask.errors import JobError, MissingJobError
+from omniload_dask.internals import forgetting
+from omniload_dask.internals import server as _server
 from omniload_dask.plan import parse_plan
 
 __all__ = ["HANDLER_PREFIX", "OmniloadPlugin"]
@@ -92,7 +93,7 @@ class OmniloadPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         self._client = lifecycle.DataPlaneClient(scheduler)
         self._workers_changed()  # workers already there when the plugin is registered
-        _dask.add_handlers(
+        _server.add_handlers(
             scheduler,
             HANDLER_PREFIX,
             {
@@ -151,15 +152,15 @@ class OmniloadPlugin(SchedulerPlugin):
         if job is None:
             return
         if finish == "memory" and key.startswith(READ_KEY_PREFIX):
-            meta = _dask.metadata_of(kwargs)
+            meta = _server.metadata_of(kwargs)
             report = ReadReport.decode(meta) if meta is not None else None
-            job.on_read_done(key, report, _dask.task_duration(kwargs))
+            job.on_read_done(key, report, _server.task_duration(kwargs))
         elif finish == "memory" and key.startswith(BATCH_KEY_PREFIX):
-            job.on_batch_done(key, _dask.task_duration(kwargs))
+            job.on_batch_done(key, _server.task_duration(kwargs))
             forgetting.trim_key_cache()  # once per block: Dask keeps a little of each new key
             forgetting.trim_span_metadata(self.scheduler, key)
         elif finish == "erred":
-            job.on_task_failed(key, _dask.failure_text(self.scheduler, key, kwargs))
+            job.on_task_failed(key, _server.failure_text(self.scheduler, key, kwargs))
         else:
             return
         job.poke()
@@ -177,9 +178,9 @@ class OmniloadPlugin(SchedulerPlugin):
 
     def _workers_changed(self) -> None:
         """Read quotas count worker threads: tell every job (``cluster.scale`` and losses)."""
-        workers, threads = _dask.worker_threads(self.scheduler)
-        resource = _dask.read_resource(self.scheduler)
-        self._read_resources = {_dask.READ_RESOURCE: 1} if resource else None
+        workers, threads = _server.worker_threads(self.scheduler)
+        resource = _server.read_resource(self.scheduler)
+        self._read_resources = {_server.READ_RESOURCE: 1} if resource else None
         for job in self.jobs.values():
             job.on_workers(workers, threads)
 
@@ -217,7 +218,7 @@ class OmniloadPlugin(SchedulerPlugin):
             start_step,
             standby=self._standby,
             read_resources=lambda: self._read_resources,
-            workers=lambda: _dask.worker_threads(self.scheduler),
+            workers=lambda: _server.worker_threads(self.scheduler),
         )
         self.jobs[job.name] = job
         self._runs[job.run_id] = job.name
@@ -285,7 +286,7 @@ class OmniloadPlugin(SchedulerPlugin):
             count,
             timeout,
             report,
-            lambda key: _dask.holders(self.scheduler, key),
+            lambda key: _server.holders(self.scheduler, key),
         )
 
     # ------------------------------------------------------------------ live changes

@@ -29,12 +29,12 @@ from omniload_dask.batching.formats import (
     build,
 )
 from omniload_dask.batching.labels import Holes
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.batching.wire import packed
 from omniload_dask.cluster import settings
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster.retry import with_retries
-from omniload_dask.cluster.serving import packed
 from omniload_dask.errors import RecordError, SourceError
+from omniload_dask.internals import server as _server
 from omniload_dask.plan import READS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.chat_encode import encode_chats
 from omniload_dask.preprocess.image import BadImage, decode, patchify
@@ -94,7 +94,7 @@ def _tokenizer_threads() -> None:
     """Tokenizers in this worker on threads of their own
     (:func:`~omniload_dask.preprocess.tokenize.own_threads`), and no library thread pools."""
     settings.single_threaded_tokenizers()
-    slots = _dask.worker_read_slots()
+    slots = _server.worker_read_slots()
     if slots is not None:
         own_threads(tokenizer_threads(slots))
 
@@ -307,7 +307,7 @@ def _read_unit(
             bad_images=bad_images,
             image_seconds=t2 - t1,
         )
-    _dask.set_task_metadata(meta)
+    _server.set_task_metadata(meta)
     return shard
 
 
@@ -460,7 +460,7 @@ def _place(
 
 
 def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:
-    """Build one DP group's micro-batches for one step, in wire form (``formats.expand``)."""
+    """Build one DP group's micro-batches for one step, in wire form (``wire.expand``)."""
     return build(recipe, list(shards), wire=True)
 
 
@@ -479,7 +479,7 @@ def construct_block(
     of the block's ``i``-th step (``recipes[i]``) numbered from ``i * stride``.
 
     Each part is packed here, on the task thread, as the workers serve it
-    (:func:`~omniload_dask.cluster.serving.packed`): serving it then only sends it, and the
+    (:func:`~omniload_dask.batching.wire.packed`): serving it then only sends it, and the
     block's standby copy pickles a few fields a part and sends its buffer out of band, instead
     of every array of every micro-batch (a block at DP 8 has 64 parts of 6 arrays each).
     """

@@ -51,11 +51,12 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.formats import GroupBatch, expand
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.batching.formats import GroupBatch
+from omniload_dask.batching.wire import expand
 from omniload_dask.core.blocks import fetch_depth
 from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.fixes import own_error
+from omniload_dask.internals import comms as _comms
 from omniload_dask.plan import BatchSpec, Plan, parse_plan
 from omniload_dask.plan.streams import TRAIN
 from omniload_dask.trainer.fanout import BroadcastSteps, DirectSteps, Steps
@@ -113,8 +114,8 @@ class Feeder:
         pass_index: int = 0,
     ) -> None:
         if client is not None:
-            address = _dask.scheduler_address(client)
-            security = security if security is not None else _dask.security_of(client)
+            address = _comms.scheduler_address(client)
+            security = security if security is not None else _comms.security_of(client)
         if address is None:
             raise JobError("Feeder: give a client or a scheduler address")
         self.stream, self.pass_index = stream or TRAIN, pass_index
