@@ -68,11 +68,12 @@ def test_blocks_of_dp_groups_hand_each_rank_its_own_part(small_sources, cluster)
 def _block_parts(dask_worker):
     """What the blocks in a worker's memory hold: ``"packed"`` parts or anything else."""
     from omniload_dask.batching.wire import is_packed
+    from omniload_dask.core.keys import is_batch
 
     return [
         "packed" if is_packed(part) else type(part).__name__
         for key, block in list(dask_worker.data.items())
-        if str(key).startswith("omniload-batch-")
+        if is_batch(key)
         for part in block.parts.values()
     ]
 

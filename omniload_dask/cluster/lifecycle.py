@@ -40,6 +40,7 @@ from omniload_dask.cluster.serving import PartServer
 from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.core.events import WorkersChanged
+from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import PlanChange
 from omniload_dask.errors import CheckpointError, JobError
 from omniload_dask.internals import server as _server
@@ -244,7 +245,7 @@ async def _discover(
             spec,
             plan.on_error,
             plan.loader.read_retries,  # transient errors only, inside the task
-            key=f"omniload-discover-{run_id}-{i}",
+            key=Keys(run_id).discover(i),
             priority=DISCOVERY_PRIORITY,
         )
         for i, spec in enumerate(plan.sources)
@@ -253,7 +254,7 @@ async def _discover(
         tasks.check_tokenizer,
         plan.tokenizer,
         plan.images,
-        key=f"omniload-tokenizer-{run_id}",
+        key=Keys(run_id).tokenizer(),
         priority=DISCOVERY_PRIORITY,
     )
     try:
@@ -326,7 +327,7 @@ async def discover_added(
             spec,
             new.on_error,
             new.loader.read_retries,
-            key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.view.log)}",
+            key=Keys(run.run_id).discover(spec.name, len(run.coord.view.log)),
             priority=DISCOVERY_PRIORITY,
         )
         for spec in added

@@ -51,6 +51,7 @@ from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.cluster.streams import StreamPasses
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.watchdog import watch_client
+from omniload_dask.core import keys
 from omniload_dask.errors import JobError, MissingJobError
 from omniload_dask.internals import forgetting
 from omniload_dask.internals import server as _server
@@ -60,9 +61,6 @@ __all__ = ["HANDLER_PREFIX", "OmniloadPlugin"]
 
 logger = logging.getLogger(__name__)
 HANDLER_PREFIX = "omniload_"
-KEY_PREFIX = "omniload-"
-READ_KEY_PREFIX = "omniload-read-"
-BATCH_KEY_PREFIX = "omniload-batch-"
 _JOB_EVENTS = frozenset({"memory", "erred"})  # the transitions' ends a job hears of
 
 
@@ -146,16 +144,16 @@ class OmniloadPlugin(SchedulerPlugin):
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         """Hand a job's task reaching memory, or failing, to the job it belongs to."""
         # Every transition of every task comes here: all but the job's return at the first test.
-        if finish not in _JOB_EVENTS or not isinstance(key, str) or not key.startswith(KEY_PREFIX):
+        if finish not in _JOB_EVENTS or not keys.is_data_key(key):
             return
         job = self._job_of_key(key)
         if job is None:
             return
-        if finish == "memory" and key.startswith(READ_KEY_PREFIX):
+        if finish == "memory" and keys.is_read(key):
             meta = _server.metadata_of(kwargs)
             report = ReadReport.decode(meta) if meta is not None else None
             job.on_read_done(key, report, _server.task_duration(kwargs))
-        elif finish == "memory" and key.startswith(BATCH_KEY_PREFIX):
+        elif finish == "memory" and keys.is_batch(key):
             job.on_batch_done(key, _server.task_duration(kwargs))
             forgetting.trim_key_cache()  # once per block: Dask keeps a little of each new key
             forgetting.trim_span_metadata(self.scheduler, key)
@@ -353,10 +351,8 @@ class OmniloadPlugin(SchedulerPlugin):
 
     def _job_of_key(self, key: str) -> RunningJob | None:
         """The running job a task key belongs to, by the run id in it (None: an old run's)."""
-        parts = key.split("-", 3)  # omniload-<kind>-<run id>-...
-        if len(parts) < 4:
-            return None
-        name = self._runs.get(parts[2])
+        run_id = keys.run_of(key)
+        name = self._runs.get(run_id) if run_id is not None else None
         return self.jobs.get(name) if name else None
 
     def _drop(self, job: RunningJob) -> None:

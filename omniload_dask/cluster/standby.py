@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from omniload_dask.cluster.serving import PEER_GONE_HANDLER
+from omniload_dask.core.keys import is_batch, is_read
 from omniload_dask.internals import amm
 from omniload_dask.internals import server as _server
 
@@ -37,7 +38,7 @@ COALESCE_SECONDS = 0.02  # one memory-manager run for the batches that finish wi
 
 def is_standby_key(key: Any) -> bool:
     """Whether ``key`` is of a kind that gets standby copies (batches and shards)."""
-    return isinstance(key, str) and key.startswith(("omniload-batch-", "omniload-read-"))
+    return is_batch(key) or is_read(key)
 
 
 class StandbyCopies:

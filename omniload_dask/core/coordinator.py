@@ -80,7 +80,7 @@ from omniload_dask.core.events import (
     WorkersChanged,
 )
 from omniload_dask.core.figures import Figures, StepFigures
-from omniload_dask.core.keys import PREFIX, Keys
+from omniload_dask.core.keys import Keys, is_data_key
 from omniload_dask.core.live import LiveSources, PlanChange, adopt_plan
 from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
 from omniload_dask.core.reads import ReadAhead
@@ -193,7 +193,7 @@ class Coordinator:
         elif isinstance(event, WorkersChanged):
             self._reads.on_workers(event.workers, event.threads)
         elif isinstance(event, TaskFailed):
-            if event.key.startswith(PREFIX):
+            if is_data_key(event.key):
                 self._cycle.fail(Failure(event.message, Cause.TASK))
         elif isinstance(event, JobFailed):
             self._cycle.fail(Failure(event.message, event.cause))
