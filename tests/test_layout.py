@@ -90,6 +90,65 @@ def test_there_are_no_import_cycles_not_even_type_only_ones():
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+def _package(module: str) -> str:
+    """The package a module belongs to: ``omniload_dask.cluster.plugin`` -> ``cluster`` (a
+    top-level module such as ``errors`` is a package of its own)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_packages_depend_one_way_no_package_imports_one_that_imports_it():
+    """Package-level cycles, of any length (a -> b -> a, a -> b -> c -> a), each named with the
+    module imports that make its edges: a package one imports must not import it back."""
+    edges: dict[tuple[str, str], set[str]] = {}
+    for name, path in MODULES.items():
+        deps = _imports(name, path)
+        for dep in deps:
+            if any(d.startswith(dep + ".") for d in deps):
+                continue  # ``from pkg import module``: the module names the edge
+            a, b = _package(name), _package(dep)
+            if a != b and name != "omniload_dask":  # the root's lazy public API re-exports all
+                edges.setdefault((a, b), set()).add(f"{name} -> {dep}")
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    # strongly connected components (Tarjan): every package in one with another is in a cycle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    found = [
+        f"{a} -> {b}: " + ", ".join(sorted(edges[a, b]))
+        for group in groups
+        for a, b in sorted(edges)
+        if a in group and b in group
+    ]
+    assert not found, "packages that import each other:\n" + "\n".join(found)
+
+
 def test_no_module_is_over_500_lines_and_no_class_over_300():
     big = []
     for name, path in MODULES.items():
