@@ -79,6 +79,7 @@ from omniload_dask.plan.specs import (
     SourceSpec,
     StageSpec,
     TokenizerSpec,
+    TokenMaskSpec,
 )
 
 __all__ = [
@@ -97,6 +98,7 @@ __all__ = [
     "SchedulePoint",
     "SourceSpec",
     "StageSpec",
+    "TokenMaskSpec",
     "TokenizerSpec",
     "check_weights",
     "load_plan",
