@@ -379,3 +379,26 @@ def test_validate_shows_each_token_sources_mask_column(
     assert notes["arrow"]["tokens"] == sum(len(ids) for key, (ids, _) in docs.items()
                                            if key[0] == 0)  # fmt: skip
     assert "(pq) trains on the tokens its loss_mask column 'loss_mask' marks" in done.stderr
+
+
+def test_a_job_on_a_cluster_hands_every_rank_the_masked_labels(
+    corpus: tuple[Path, dict[Any, Any]],
+) -> None:
+    from omniload_dask import Job
+    from omniload_dask.testing import assert_batches_equal
+
+    root, docs = corpus
+    plan = masked_plan(root, name="masked", batch={"seq_len": 48, "global_tokens": 192})
+    plane = InlineDataPlane(plan)
+    seen = 0
+    with Job.start(plan, workers=1, dashboard_address=None) as job:
+        for rank in range(2):
+            with job.feeder(rank=rank, max_steps=3, output="numpy") as feeder:
+                for mb in feeder:
+                    want = plane.step(int(mb["step"]))[rank].micro_batches[int(mb["micro_step"])]
+                    got = {k: v for k, v in mb.items() if k != "doc_source_name"}
+                    assert_batches_equal(want, got)  # (global_loss_tokens among the fields)
+                    full = expand(got)
+                    assert np.array_equal(full["labels"], reference_labels(full, docs))
+                    seen += 1
+    assert seen > 0
