@@ -402,3 +402,41 @@ def test_a_job_on_a_cluster_hands_every_rank_the_masked_labels(
                     assert np.array_equal(full["labels"], reference_labels(full, docs))
                     seen += 1
     assert seen > 0
+
+
+def test_the_labels_convention_is_the_one_transformers_models_take(tmp_path: Path) -> None:
+    """A row's ``labels`` given to a ``transformers`` causal LM give the same loss as the
+    labels this source delivers for that row: both score the same predictions."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    rows = sft_rows(6, 8, longest=40)
+    labels_column = pa.array([lab.tolist() for _, lab in rows])
+    write_parquet(tmp_path / "p" / "a.parquet", rows, labels=labels_column)
+    src = {"name": "sft", "format": "parquet", "path": str(tmp_path / "p"),
+           "tokens": "input_ids", "mask": {"column": "labels", "kind": "labels"},
+           "vocabulary": VOCAB}  # fmt: skip
+    batch = {"seq_len": 64, "micro_batches": 1, "global_tokens": 64, "long_documents": "truncate"}
+    plan = parse_plan(plan_dict([src], layout={"dp": 1}, batch=batch))
+    config = transformers.GPT2Config(vocab_size=258, n_positions=64, n_embd=16, n_layer=1, n_head=2)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    checked = 0
+    for batch in InlineDataPlane(plan).step(0).values():
+        for mb in batch.micro_batches:
+            full = expand(mb)
+            cu = full["cu_seqlens"]
+            for j in range(len(cu) - 1):
+                a, b = int(cu[j]), int(cu[j + 1])
+                _, _, row = decode_sample_id(int(full["doc_id"][j]))
+                ids, labels = rows[row]
+                assert np.array_equal(full["input_ids"][a:b], ids)  # (whole rows: truncate)
+                with torch.no_grad():
+                    logits = model(torch.as_tensor(ids)[None]).logits[0]
+                    theirs = model(torch.as_tensor(ids)[None],
+                                   labels=torch.as_tensor(labels)[None]).loss  # fmt: skip
+                ours = torch.nn.functional.cross_entropy(
+                    logits, torch.as_tensor(full["labels"][a:b]), ignore_index=IGNORE_INDEX
+                )
+                assert torch.allclose(theirs, ours)
+                checked += 1
+    assert checked > 0
