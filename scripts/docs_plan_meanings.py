@@ -123,6 +123,18 @@ MEANINGS: dict[str, Any] = {
     "bad record (never cut); unset: the batch's document cap",
     "sources[].tokens": "token sources: the column of token ids (Arrow, Parquet, MDS); setting "
     "it on a Parquet source makes it a token source",
+    "sources[].mask": {
+        "type": "section",
+        "default": "unset: every token a target",
+        "meaning": "token sources with columns (Arrow, Parquet, MDS): a per-token mask column "
+        "beside the ids (a pre-tokenized SFT set's `loss_mask` or `labels`), the records' "
+        "targets; see the token sources guide",
+    },
+    "sources[].mask.column": "the mask column: one value per token id of the row",
+    "sources[].mask.kind": "`loss_mask` (1/true: a target, 0/false: not) or `labels` "
+    "(Hugging Face labels, unshifted: the id itself where a target, `ignore_index` where not)",
+    "sources[].mask.ignore_index": "`labels` only: the label of a token that is no target "
+    "(negative)",
     "sources[].vocabulary": {
         "type": "section",
         "default": "unset: the plan tokenizer's vocabulary is not checked against the files",

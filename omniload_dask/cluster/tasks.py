@@ -42,7 +42,7 @@ from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
 from omniload_dask.preprocess.transforms import apply_user_code, resolve
 from omniload_dask.sources import Catalog, RawRecords, encode_sample_ids
-from omniload_dask.sources.registry import discover_source, read_unit_records
+from omniload_dask.sources.registry import discover_source, read_records
 
 __all__ = [
     "ReadReport",
@@ -157,40 +157,6 @@ def read_unit(
     )
 
 
-def _read_records(
-    spec: SourceSpec, reads: Sequence[tuple[int, str, int, int]]
-) -> tuple[RawRecords, np.ndarray, list[str]]:
-    """The records of ``reads`` in order, the file index of each, and the url of each bad one
-    (a unit of one read: its own records as the format reads them)."""
-    if len(reads) == 1:
-        f, url, lo, hi = reads[0]
-        records = read_unit_records(spec, url, lo, hi)
-        return records, np.full(len(records.offsets), f, np.int64), [url] * len(records.bad)
-    texts: list[str] = []
-    chats: list[Any] = []
-    offsets, files, bad, urls = [], [], [], []
-    tokens: list[np.ndarray] = []
-    lengths: list[np.ndarray] = []
-    for f, url, lo, hi in reads:
-        one = read_unit_records(spec, url, lo, hi)
-        texts += one.texts
-        chats += one.chats or []
-        offsets.append(np.asarray(one.offsets, np.int64))
-        files.append(np.full(len(one.offsets), f, np.int64))
-        bad += one.bad
-        urls += [url] * len(one.bad)
-        if one.tokens is not None and one.lengths is not None:
-            tokens.append(one.tokens)
-            lengths.append(one.lengths)
-    records = RawRecords(
-        texts, np.concatenate(offsets), bad, chats=chats if spec.chat is not None else None
-    )
-    if tokens:
-        records.tokens = np.concatenate(tokens)
-        records.lengths = np.concatenate(lengths)
-    return records, np.concatenate(files), urls
-
-
 def _read_unit(
     spec: SourceSpec,
     source_index: int,
@@ -207,7 +173,7 @@ def _read_unit(
 ) -> Shard:
     _tokenizer_threads()  # before the tokenizer's first use in this process
     t0 = time.perf_counter()
-    records, files, bad_urls = _read_records(spec, [(file_index, file_url, start, stop), *more])
+    records, files, bad_urls = read_records(spec, [(file_index, file_url, start, stop), *more])
     filtered = 0
     if spec.transform or spec.filter:
         records, files, filtered, bad_files = apply_user_code(
@@ -245,9 +211,9 @@ def _read_unit(
     target = None
     if chats is not None:
         tokens, offsets, target = chats.tokens, chats.offsets, chats.target
-    elif records.tokens is not None:  # a token source: its ids as they are
+    elif records.tokens is not None:  # a token source: its ids (and mask) as they are
         assert records.lengths is not None
-        tokens = records.tokens
+        tokens, target = records.tokens, records.mask
         offsets = np.zeros(len(records.lengths) + 1, np.int64)
         np.cumsum(records.lengths, out=offsets[1:])
     else:

@@ -81,6 +81,7 @@ from omniload_dask.plan.specs import (
     SourceSpec,
     StageSpec,
     TokenizerSpec,
+    TokenMaskSpec,
 )
 
 __all__ = [
@@ -99,6 +100,7 @@ __all__ = [
     "SchedulePoint",
     "SourceSpec",
     "StageSpec",
+    "TokenMaskSpec",
     "TokenizerSpec",
     "check_weights",
     "load_plan",

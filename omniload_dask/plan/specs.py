@@ -32,6 +32,7 @@ __all__ = [
     "SchedulePoint",
     "SourceSpec",
     "StageSpec",
+    "TokenMaskSpec",
     "TokenizerSpec",
 ]
 
@@ -43,6 +44,20 @@ NO_CAP = 2**62  # the document cap of a plan that sets none (split): longer than
 # decodes; a second one in flight hides that).
 READS_PER_THREAD = 2
 TOKEN_FORMATS = ("megatron", "flat")  # formats whose records are always token ids
+
+
+@dataclass(frozen=True)
+class TokenMaskSpec:
+    """A token source's per-token mask column (``sources[].mask``), beside its ids.
+
+    ``kind: loss_mask``: 1/true where the token is a target, 0/false where not. ``kind:
+    labels``: Hugging Face labels, unshifted: the token's own id where it is a target,
+    ``ignore_index`` where it is not (:mod:`omniload_dask.sources.token_masks`).
+    """
+
+    column: str
+    kind: str = "loss_mask"
+    ignore_index: int = -100
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,7 @@ class SourceSpec:
     # User code run on the workers: ``package.module:function`` (preprocess.transforms).
     transform: str | None = None
     filter: str | None = None
+    mask: TokenMaskSpec | None = None  # a token source's target mask column; None: every token
     chat: ChatSpec | None = None  # conversations and their targets; None: plain text
 
     @property
