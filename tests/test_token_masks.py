@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from omniload_dask.batching.formats import IGNORE_INDEX, expand
+from omniload_dask.batching.formats import IGNORE_INDEX
+from omniload_dask.batching.wire import expand
 from omniload_dask.errors import JobError, PlanError, RecordError, SourceError
 from omniload_dask.plan import TokenMaskSpec, parse_plan, parse_source
 from omniload_dask.sources import decode_sample_id
