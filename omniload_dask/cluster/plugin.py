@@ -176,7 +176,7 @@ class OmniloadPlugin(SchedulerPlugin):
             self._standby.worker_lost(worker)
 
     def _workers_changed(self) -> None:
-        """Read quotas count worker threads: tell every job (``cluster.scale`` and losses)."""
+        """Read quotas count worker threads: tell every job (a Dask cluster's ``scale`` and losses)."""
         workers, threads = _dask.worker_threads(self.scheduler)
         resource = _dask.read_resource(self.scheduler)
         self._read_resources = {_dask.READ_RESOURCE: 1} if resource else None
