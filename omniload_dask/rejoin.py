@@ -8,7 +8,7 @@ close too, so the whole ``dask worker`` process exits and someone must start it 
 this preload the nanny declines that one request (:func:`~omniload_dask.internals.server.
 keep_nanny_on_scheduler_loss`): the worker process still exits, and the nanny starts a fresh
 one, which waits for a scheduler at the same address (for ever, or ``--death-timeout``
-seconds) and joins it. Every other way of closing a worker (``cluster.close()``,
+seconds) and joins it. Every other way of closing a worker (a Dask cluster's ``close()``,
 ``client.shutdown()``, retiring it, SIGTERM) closes the nanny as before.
 
 The embedded cluster needs nothing of this: its scheduler lives in the trainer's process.

@@ -173,7 +173,7 @@ class Job:
         ``security``: a ``distributed.Security`` for the scheduler at ``address`` (default:
         Dask's config). Without an address, ``security=True`` (or the plan's ``loader.tls``)
         runs the embedded cluster on TLS with temporary certificates, its dashboard on
-        loopback; ``job.client.security`` then lets other processes of this machine connect.
+        loopback; ``Job.client``'s ``security`` then lets other processes of this machine connect.
 
         ``resume=True`` continues from the plan's checkpoint where the slowest rank was;
         ``resume=STEP`` continues from that step (e.g. the smallest ``step`` of the ranks'

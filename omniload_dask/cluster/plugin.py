@@ -175,7 +175,7 @@ class OmniloadPlugin(SchedulerPlugin):
             self._standby.worker_lost(worker)
 
     def _workers_changed(self) -> None:
-        """Read quotas count worker threads: tell every job (``cluster.scale`` and losses)."""
+        """Read quotas count worker threads: tell every job (a Dask cluster's ``scale`` and losses)."""
         workers, threads = _server.worker_threads(self.scheduler)
         resource = _server.read_resource(self.scheduler)
         self._read_resources = {_server.READ_RESOURCE: 1} if resource else None

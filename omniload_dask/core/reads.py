@@ -250,7 +250,7 @@ class ReadAhead:
         return self._window_of(self._steps_per_unit(i, share))
 
     def source_stats(self, weights: np.ndarray) -> list[dict[str, Any]]:
-        """Per source: its cursor, counters and reads, as ``Coordinator.stats`` reports them."""
+        """Per source: its cursor, counters and reads, as ``PlaneView.stats`` reports them."""
         shares = self.budget_shares(weights)  # once: per source, it was n^2 with n sources
         quotas = self._quotas_at(shares) if self._loader.quotas else None
         return [

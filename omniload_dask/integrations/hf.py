@@ -153,7 +153,7 @@ class OmniloadIterable(IterableDataset):
 
 
 class OmniloadEvalIterable(IterableDataset):
-    """Passes over a plan's further stream (``streams.validation``) as an ``eval_dataset``:
+    """Passes over a plan's further stream (``validation`` under ``streams``) as an ``eval_dataset``:
     each iteration (one ``Trainer.evaluate``) is the next pass, ``make(pass_index)`` the
     feeder for it (e.g. ``lambda k: shared.feeder(stream="validation", pass_index=k)``).
 

@@ -37,7 +37,7 @@ training stream's batches and position do not change::
 With training stages (``batch.stages``: a batch ramp-up, a long-context stage) the budget,
 ``seq_len`` and micro-batch count change at declared steps. Each micro-batch then says its
 step's ``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already carries), and
-``feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
+``Feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
 a change before the step it rules.
 """
 
