@@ -162,6 +162,25 @@ def bfd_padding(lengths: list[int], capacity: int, batch: int = BFD_BATCH) -> fl
     return empty / (bins * capacity) if bins else 0.0
 
 
+def in_order_padding(lengths: list[int], capacity: int, bins: int) -> float:
+    """The padding of a draw that keeps the stream's order and documents whole but knows the
+    micro-batches: each step takes the longest prefix of what is left that best-fit decreasing
+    packs into ``bins`` bins of ``capacity`` (what the order of the stream leaves at best)."""
+    i = empty = steps = 0
+    while i < len(lengths):
+        hi, total = i, 0
+        while hi < len(lengths) and total + lengths[hi] <= bins * capacity:
+            total += lengths[hi]
+            hi += 1
+        while len(bfd_bins(lengths[i:hi], capacity)) > bins:
+            hi -= 1
+        if hi == len(lengths):
+            break  # (the stream's end: no step after it to fill)
+        empty += bins * capacity - sum(lengths[i:hi])
+        i, steps = hi, steps + 1
+    return empty / (steps * bins * capacity) if steps else 0.0
+
+
 # ------------------------------------------------------------------ per-rank SFT (TRL-style)
 def _pack_bfd(batch: dict[str, list[Any]], seq_len: int) -> dict[str, list[Any]]:
     """One datasets.map batch packed by best-fit decreasing: padding-free rows of documents."""
@@ -387,6 +406,7 @@ def check(run: dict[str, Any], root: Path, tok_dir: Path) -> dict[str, Any]:
     template_bad: set[tuple[int, int]] = set()
     label_bad = 0
     lengths: list[int] = []
+    drawn: list[tuple[int, int, int]] = []  # (step, sample id, tokens): the stream's order
     ids_checked = 0
     for mb in run["mbs"]:
         full = expand(mb)
@@ -403,12 +423,14 @@ def check(run: dict[str, Any], root: Path, tok_dir: Path) -> dict[str, Any]:
                 template_bad.add((file, offset))
             if lo == 0:
                 lengths.append(len(ids))
+                drawn.append((int(mb["step"]), sid, len(ids)))
             for k in range(b - a - 1):
                 if mask[lo + k + 1]:
                     want[a + k] = ids[lo + k + 1]
         label_bad += int(not np.array_equal(full["labels"], want))
     return {"template_mismatches": len(template_bad), "label_mismatches": label_bad,
-            "documents_checked": ids_checked, "lengths": lengths}  # fmt: skip
+            "documents_checked": ids_checked, "lengths": lengths,
+            "stream": [n for _, _, n in sorted(drawn)]}  # fmt: skip
 
 
 def _commit() -> str:
@@ -484,6 +506,9 @@ def main() -> int:
         "padding_share": round(run["padding_share"], 5),
         "padding_share_stats": round(run["padding_share_stats"] or 0.0, 5),
         "padding_share_bfd": round(bfd, 5),
+        "padding_share_in_order_bound": round(
+            in_order_padding(checked["stream"], args.seq_len, RANKS * args.micro_batches), 5
+        ),
         "padding_share_per_rank_sft": round(base["padding_share"], 5),
         "target_share": round(run["target_share"], 4),
         "target_share_per_rank_sft": round(base["target_share"], 4),
