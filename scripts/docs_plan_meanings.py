@@ -222,7 +222,8 @@ MEANINGS: dict[str, Any] = {
     "batch.long_documents": "`split`: cut documents, drop nothing; `truncate`: keep documents "
     "whole, truncated to `seq_len`",
     "batch.max_document_tokens": "`split` only: keep at most this many tokens of a document "
-    "(the rest is dropped and counted as truncated)",
+    "(the rest is dropped and counted as truncated); at or under `seq_len`, documents are kept "
+    "whole (never cut between micro-batches or steps)",
     "batch.pad_to_seq_len": "pad every micro-batch to its capacity (fixed shapes); padding is "
     "never a target",
     "batch.buckets": {

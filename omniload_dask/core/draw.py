@@ -163,7 +163,8 @@ class Drawer:
         batch = self._batch.at(step)
         self._budget = (batch.global_tokens, batch.global_documents)
         # split: a token budget is filled exactly, the document that does not fit is cut
-        self._cut = batch.long_documents == "split" and batch.global_tokens is not None
+        # (unless documents are kept whole: BatchSpec.whole_documents)
+        self._cut = not batch.whole_documents and batch.global_tokens is not None
         self._chunk = batch.seq_len  # long documents are tagged (and flow) in such pieces
 
     def _seen(self, step: int, weights: np.ndarray, sources: set[int]) -> tuple[Any, ...]:

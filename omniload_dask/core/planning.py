@@ -77,7 +77,8 @@ class StepPlanner:
         self._shapes = [_shape(batch, names) for batch in plan.batch.every_stage]
         self.buckets, self.pinned = self._shapes[0]
         self._groups = plan.layout.dp
-        self._cut = plan.batch.long_documents == "split"
+        # Cuts between micro-batches, per stage: never where documents are kept whole.
+        self._cuts = [not batch.whole_documents for batch in plan.batch.every_stage]
         self._batch = plan.batch
         self._patch_size = plan.images.patch_size if plan.images else 0
 
@@ -149,8 +150,9 @@ class StepPlanner:
                 RoutedDocuments(n, *route(n, src, buckets, pinned), x)
                 for src, n, x in steps[first:end]
             ]
-            splits = balance_steps(routed, buckets, self._groups, self.cost, cut=self._cut)
-            out += [fill_empty(s, buckets, self.cost, self._cut) for s in splits]
+            cut = self._cuts[stage[first]]
+            splits = balance_steps(routed, buckets, self._groups, self.cost, cut=cut)
+            out += [fill_empty(s, buckets, self.cost, cut) for s in splits]
             first = end
         return out
 

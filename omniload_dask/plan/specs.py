@@ -196,6 +196,13 @@ class BatchSpec:
     ``seq_len``, and a step whose documents do not pack into ``micro_batches`` gets one more
     micro-batch on every rank.
 
+    Whole documents (:attr:`whole_documents`): under ``truncate``, and under ``split`` when
+    ``max_document_tokens`` is at or under the ``seq_len`` of every micro-batch a document may
+    go to. Every document then fits a micro-batch, so the only reason left to cut one would
+    be to fill a step exactly; a plan that caps documents that low asks for them whole (SFT
+    conversations), and gets them packed as under ``truncate``, never cut between
+    micro-batches or steps.
+
     With ``buckets`` (context buckets, see :class:`BucketSpec`) each rank's step has micro-batches
     of several sizes, the buckets' in the order declared; ``seq_len`` is then the longest
     bucket's and ``micro_batches`` their total.
@@ -231,6 +238,23 @@ class BatchSpec:
     def context_buckets(self) -> tuple[BucketSpec, ...]:
         """The declared buckets, or the single one that ``seq_len``/``micro_batches`` make."""
         return self.buckets or (BucketSpec(self.seq_len, self.micro_batches),)
+
+    @property
+    def whole_documents(self) -> bool:
+        """Documents are never cut (class doc): ``truncate``, or ``max_document_tokens`` at or
+        under the ``seq_len`` of every bucket a document may go to (its source's pinned one,
+        else the longest bucket without sources)."""
+        if self.long_documents == "truncate":
+            return True
+        cap = self.max_document_tokens
+        return cap is not None and cap <= self.whole_limit
+
+    @property
+    def whole_limit(self) -> int:
+        """The longest document that fits whole in any micro-batch it may be routed to."""
+        pinned = [b.seq_len for b in self.context_buckets if b.sources]
+        free = [b.seq_len for b in self.context_buckets if not b.sources]
+        return min([*pinned, max(free)] if free else pinned)
 
     @property
     def document_cap(self) -> int:
