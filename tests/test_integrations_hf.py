@@ -9,7 +9,7 @@ import json
 import torch
 
 from omniload_dask.errors import JobError
-from tests.trainer_runs import losses, recorded, torchrun, uninterrupted
+from tests.trainer_runs import eval_losses, losses, recorded, torchrun, uninterrupted
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +35,14 @@ def test_hf_example_trains_is_killed_and_resumes_with_every_ranks_stream_exact(t
     all_losses = losses(killed.stdout) + losses(resumed.stdout)
     assert len(all_losses) == 5
     assert all_losses[-1] < all_losses[0]
+    # an evaluation at step 2 before the kill, one at step 4 after the resume: the same pass
+    assert eval_losses(killed.stdout) and eval_losses(resumed.stdout), killed.stdout[-2000:]
+    for rank in (0, 1):
+        evals, again = (
+            recorded(first, name="eval-rank")[rank],
+            recorded(second, name="eval-rank")[rank],
+        )
+        assert evals and again and again == evals * (len(again) // len(evals))
 
 
 def test_hf_batch_gives_a_llama_the_padding_free_fields_and_its_loss_matches_per_document():

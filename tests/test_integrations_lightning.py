@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("lightning")
 
 from omniload_dask.errors import JobError
-from tests.trainer_runs import REPO, losses, recorded, torchrun, uninterrupted
+from tests.trainer_runs import REPO, eval_losses, losses, recorded, torchrun, uninterrupted
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +34,14 @@ def test_lightning_example_trains_with_ddp_is_killed_and_resumes_with_every_rank
     all_losses = losses(killed.stdout) + losses(resumed.stdout)
     assert len(all_losses) == 5
     assert all_losses[-1] < all_losses[0]
+    # an evaluation at step 2 before the kill, one at step 4 after the resume: the same pass
+    assert eval_losses(killed.stdout) and eval_losses(resumed.stdout), killed.stdout[-2000:]
+    for rank in (0, 1):
+        evals, again = (
+            recorded(first, name="eval-rank")[rank],
+            recorded(second, name="eval-rank")[rank],
+        )
+        assert evals and again and again == evals * (len(again) // len(evals))
 
 
 def test_the_data_module_saves_the_position_after_the_last_batch_a_step_took():

@@ -161,11 +161,13 @@ class OmniloadEvalIterable(IterableDataset):
     same batches whenever it runs (or the plan's rotation), this rank's share of each step.
     The count of passes goes into each checkpoint with the feeder's state
     (``eval_passes``), so a resumed run goes on with the rotation where it was.
+    ``on_batch(mb)`` as :class:`OmniloadIterable`'s.
     """
 
-    def __init__(self, make: Callable[[int], Any]) -> None:
+    def __init__(self, make: Callable[[int], Any], *, on_batch: Any = None) -> None:
         super().__init__()
         self.make = make
+        self.on_batch = on_batch
         self.passes = 0  # evaluations so far: the next pass's number
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -173,6 +175,8 @@ class OmniloadEvalIterable(IterableDataset):
         feeder = self.make(index)
         try:
             for mb in feeder:
+                if self.on_batch is not None:
+                    self.on_batch(mb)
                 yield hf_batch(mb)
         finally:
             feeder.close()
