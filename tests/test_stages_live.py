@@ -157,13 +157,22 @@ def test_a_live_change_under_one_documents_minimum_is_refused_naming_the_field(t
         InlineDataPlane(plan).update_plan(parse_plan(bad))
 
 
+def merged_at(at: int) -> tuple[dict, ...]:
+    """The stages the running job's change below leads to."""
+    return ({"at_step": at, "global_tokens": 1024, "micro_batches": 4},)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     with local_cluster(1, dashboard_address=None) as c:
         yield c
 
 
-def test_a_running_job_changes_its_stages_and_the_feeders_follow(tmp_path, cluster):
+def test_a_running_job_changes_its_stages_and_the_feeders_follow(tmp_path, cluster, capsys):
+    import yaml
+
+    from omniload_dask.cli import main
+
     plan = _plan(tmp_path, stages=())
     with Client(cluster) as client:
         job = Job.start(plan, client=client)
@@ -180,6 +189,15 @@ def test_a_running_job_changes_its_stages_and_the_feeders_follow(tmp_path, clust
         ]  # fmt: skip
         with pytest.raises(Exception, match="already built"):
             job.update_plan(_plan(tmp_path, stages=(), global_tokens=768), at_step=1)
+        # the same from the command line: a long-context stage far ahead
+        later = _plan(tmp_path, stages=(*merged_at(at), _long(at + 60)), global_tokens=1024)
+        (tmp_path / "v3.yaml").write_text(yaml.safe_dump(later.to_dict()))
+        address = client.scheduler.address
+        assert (
+            main(["update-plan", "--address", address, "--job", "t", str(tmp_path / "v3.yaml")])
+            == 0
+        )
+        assert f"{{'at_step': {at + 60}, 'global_tokens': 1024" in capsys.readouterr().out
         for t in range(3, at + 3):  # (ranks in step: a block waits for every rank)
             for r, f in enumerate(feeders):
                 if t == at + 1:  # (the step at the change told the feeder)
@@ -188,7 +206,7 @@ def test_a_running_job_changes_its_stages_and_the_feeders_follow(tmp_path, clust
         for f in feeders:
             f.close()
         job.stop()
-    merged = ({"at_step": at, "global_tokens": 1024, "micro_batches": 4},)
+    merged = merged_at(at)
     declared = dict(InlineDataPlane(_plan(tmp_path, stages=merged)).stream(at + 3))
     for r in (0, 1):
         for t, micro in enumerate(got[r]):
