@@ -174,7 +174,8 @@ class Recipe:
     ``pieces`` rows are ``(micro_step, shard slot, row, token start, token stop)`` in output
     order; the shard slot indexes the shards passed to :func:`build`. Micro-step m holds up to
     ``micro_seq_lens[m]`` tokens (context buckets), or ``seq_len`` when that is empty.
-    ``global_loss_tokens`` is the step's count of loss tokens over all groups (-1: unknown).
+    ``global_loss_tokens`` is the step's count of loss tokens over all groups (-1: unknown);
+    ``stage`` the step's training stage where the job's batch has stages (-1: none).
     """
 
     step: int
@@ -188,6 +189,7 @@ class Recipe:
     micro_seq_lens: tuple[int, ...] = ()
     patch_size: int = 0  # > 0: the plan has images; micro-batches carry the image fields
     global_loss_tokens: int = -1
+    stage: int = -1
 
     def capacity(self, micro_step: int) -> int:
         """Token capacity of micro-step ``micro_step``."""
@@ -240,6 +242,7 @@ class RecipeTable:
     micro_seq_lens: tuple[int, ...] = ()
     patch_size: int = 0
     global_loss_tokens: int = -1  # the step's, over all its groups (not only these)
+    stage: int = -1  # the step's training stage (-1: the job's batch has no stages)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -263,6 +266,7 @@ class RecipeTable:
             micro_seq_lens=self.micro_seq_lens,
             patch_size=self.patch_size,
             global_loss_tokens=self.global_loss_tokens,
+            stage=self.stage,
         )
 
     def reads_of(self, i: int) -> np.ndarray:
@@ -405,6 +409,8 @@ def _micro_batch(
     extra: dict[str, Any] = {}
     if recipe.global_loss_tokens >= 0:
         extra["global_loss_tokens"] = recipe.global_loss_tokens
+    if recipe.stage >= 0:
+        extra["stage"] = recipe.stage
     token_map = images.get("image_token_map")
     if not compact:
         position_ids, labels = derived(input_ids, cu, total, token_map, target)

@@ -167,6 +167,7 @@ def _update_plan(args: argparse.Namespace) -> int:
         print(
             f"job {job!r}: from step {reply['step']}: added {reply['added']}, "
             f"removed {reply['removed']}, weights {reply['weights']}"
+            + (f", stages {reply['stages']}" if reply.get("stages") else "")
         )
     return 0
 
@@ -204,7 +205,9 @@ def add_job_commands(sub: Any) -> None:
     p.add_argument("weights", nargs="+", metavar="SOURCE=WEIGHT")
     p.add_argument("--job", help="the job's name (default: the only job running)")
     p.add_argument("--at-step", type=int, help="first step to use them (default: next step)")
-    p = _add(sub, "update-plan", "apply a new plan version live (sources, weights)", _update_plan)
+    p = _add(
+        sub, "update-plan", "apply a new plan version live (sources, weights, stages)", _update_plan
+    )
     p.add_argument("plan")
     p.add_argument("--job", help="the job's name (default: the only job running)")
     p.add_argument("--at-step", type=int, help="first step to use it (default: next step)")

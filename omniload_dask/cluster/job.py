@@ -288,7 +288,10 @@ class Job:
         plan: Plan | str | os.PathLike[str],
         at_step: int | None = None,
     ) -> dict[str, Any]:
-        """Apply a new version of the plan live: add or remove sources, change weights."""
+        """Apply a new version of the plan live: add or remove sources, change weights, change
+        the training stages (``batch``: its budget, ``seq_len``, micro-batches, buckets and
+        ``stages``; see :mod:`omniload_dask.core.stages`), from ``at_step`` (default: the first
+        step not yet built). Returns the step, and what changed (``stages``: those logged)."""
         if not isinstance(plan, Plan):
             plan = load_plan(plan)
         return _comms.call(

@@ -225,9 +225,8 @@ class OmniloadPlugin(SchedulerPlugin):
         return job.info
 
     def job_info(self, job: str) -> dict[str, Any]:
-        """What :meth:`start_job` returned, with the sources as they are now (live changes)."""
-        run = self._job(job)
-        return {**run.info, "sources": run.coord.view.names}
+        """What :meth:`start_job` returned, with the sources and batch as they are now."""
+        return lifecycle.job_info(self._job(job))
 
     def list_jobs(self) -> list[str]:
         """The names of the running jobs (a further stream's pass is one of its own)."""
@@ -300,7 +299,7 @@ class OmniloadPlugin(SchedulerPlugin):
     async def update_plan(
         self, job: str, plan: dict[str, Any], at_step: int | None = None
     ) -> dict[str, Any]:
-        """Apply a new version of the job's plan live: sources added or removed, weights.
+        """Apply a new version of the job's plan live: sources, weights, stages (``batch``).
 
         Sources keep their names (and cursors); other fields must stay as they are.
         """
@@ -312,13 +311,14 @@ class OmniloadPlugin(SchedulerPlugin):
         assert self._client is not None
         client = await self._client.get()
         catalogs = await lifecycle.discover_added(client, run, new, change.added)
-        step = lifecycle.apply_change(run, change, catalogs, at_step)
+        step, stages = lifecycle.apply_change(run, new, change, catalogs, at_step)
         run.poke()
         return {
             "step": step,
             "added": [s.name for s in change.added],
             "removed": change.removed,
             "weights": change.weights,
+            "stages": stages,
         }
 
     # ------------------------------------------------------------------ figures

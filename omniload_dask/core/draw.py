@@ -32,7 +32,7 @@ from omniload_dask.batching.sorting import stable_order
 from omniload_dask.core.live import LiveSources, token_shares
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
-from omniload_dask.plan import Plan
+from omniload_dask.plan import BatchSpec, Plan
 
 __all__ = ["Documents", "Drawer"]
 
@@ -157,6 +157,10 @@ class Drawer:
             self.weights = weights
             self.mixer.commit(result)
         return _locate(result, cands, streams, self._with_extra)
+
+    def restage(self, batch: BatchSpec) -> None:
+        """Draw with ``batch``'s stages from now on (a live stage change, :mod:`.stages`)."""
+        self._batch = batch
 
     def _at(self, step: int) -> None:
         """Take the budget and piece size of the batch that rules ``step`` (its stage)."""

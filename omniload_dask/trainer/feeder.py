@@ -38,7 +38,9 @@ With training stages (``batch.stages``: a batch ramp-up, a long-context stage) t
 ``seq_len`` and micro-batch count change at declared steps. Each micro-batch then says its
 step's ``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already carries), and
 ``Feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
-a change before the step it rules.
+a change before the step it rules. A live change of the stages (``job.update_plan``) reaches
+``Feeder.stage`` with the first step it cuts otherwise (the feeder then reads the job's batch
+again); the micro-batches always carry the stage, ``seq_len`` and count they were built with.
 """
 
 from __future__ import annotations
@@ -368,9 +370,7 @@ class Feeder:
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:
         """A micro-batch as the trainer gets it: full form, source names, torch or numpy."""
         mb = expand(mb)  # the wire form carries neither labels nor position_ids
-        sources = mb["doc_source"]
-        if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined
-            self.source_names = list(self._source.info()["sources"])
+        self.source_names, self.plan = _job_now(mb, self._source, self.source_names, self.plan)
         return _output(mb, self.source_names, self.output, self.plan.batch)
 
 
@@ -441,6 +441,20 @@ def stage_of(batch: BatchSpec, step: int) -> dict[str, Any]:
     }
 
 
+def _job_now(
+    mb: dict[str, Any], source: Steps, names: list[str], plan: Plan
+) -> tuple[list[str], Plan]:
+    """The job's source names and plan as ``mb`` shows them: read again from the job where a
+    source joined since (a document of an unknown source), or where ``mb`` was built in
+    another stage than ``plan`` gives its step (the stages changed live, ``update_plan``)."""
+    sources = mb["doc_source"]
+    if len(sources) and int(sources.max()) >= len(names):
+        names = list(source.info()["sources"])
+    if "stage" in mb and int(mb["stage"]) != plan.batch.stage_index(int(mb["step"])):
+        plan = parse_plan(source.info()["plan"])
+    return names, plan
+
+
 def _output(
     mb: dict[str, Any], source_names: list[str], output: str, batch: BatchSpec
 ) -> dict[str, Any]:
@@ -448,7 +462,7 @@ def _output(
     ``stage`` (see :func:`stage_of`), its arrays as torch tensors for "torch"."""
     out = dict(mb)
     out["doc_source_name"] = [source_names[int(s)] for s in mb["doc_source"]]
-    if batch.stages:  # (a plan without stages keeps the micro-batch as it was)
+    if batch.stages and "stage" not in mb:  # (the data plane says it where it has stages)
         out["stage"] = batch.stage_index(int(mb["step"]))
     if output == "torch":
         import torch
