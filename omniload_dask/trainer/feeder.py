@@ -38,7 +38,7 @@ With training stages (``batch.stages``: a batch ramp-up, a long-context stage) t
 ``seq_len`` and micro-batch count change at declared steps. Each micro-batch then says its
 step's ``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already carries), and
 ``Feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
-a change before the step it rules. A live change of the stages (``job.update_plan``) reaches
+a change before the step it rules. A live change of the stages (``Job.update_plan``) reaches
 ``Feeder.stage`` with the first step it cuts otherwise (the feeder then reads the job's batch
 again); the micro-batches always carry the stage, ``seq_len`` and count they were built with.
 """
