@@ -1,9 +1,9 @@
-"""Planning time of a global batch drawn from many sources (the paper's largest mix has 306).
+"""Dealing time of a global batch drawn from many sources (the paper's largest mix has 306).
 
     python benchmarks/mixing.py [--quick] [--sources 300]
 
 The real data plane (coordinator, mixer, balancer) runs on synthetic catalogs: read units are
-"reported" at once with deterministic heavy-tailed document lengths, so only planning is timed,
+"reported" at once with deterministic heavy-tailed document lengths, so only dealing is timed,
 never I/O. For each configuration it reports the median and p99 time of
 
 - ``select``: the mixer alone (``Mixer.select`` over every source's upcoming documents),

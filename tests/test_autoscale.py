@@ -10,7 +10,7 @@ import pytest
 from omniload_dask.core import autoscale
 from omniload_dask.core.autoscale import Meter, part_count, quotas, recommend_workers
 from omniload_dask.core.events import WorkersChanged
-from omniload_dask.plan import READS_PER_THREAD
+from omniload_dask.plan import READ_SLOTS_PER_THREAD
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
 from .conftest import make_plan, record_reads
@@ -111,7 +111,7 @@ def test_in_flight_reads_stay_within_quotas_that_follow_weight_times_cost(small_
         plane.step(t)
     stats = plane.coord.view.stats()["sources"]
     q = [s["quota"] for s in stats]
-    slots = 4 * READS_PER_THREAD  # 4 workers of one tokenizing thread, two reads each
+    slots = 4 * READ_SLOTS_PER_THREAD  # 4 workers of one tokenizing thread, two reads each
     assert sum(q) == slots * plan.loader.reads_per_thread
     work = plane.coord.parts.reads.read_work(
         plane.coord.view.weights_at(plane.coord.view.next_step)
@@ -152,7 +152,7 @@ def test_weights_by_documents_give_read_slots_by_the_tokens_they_bring(small_sou
     assert weights[0] > weights[2] and lengths[2] > 3 * lengths[0]
     assert shares[2] > shares[0]
     q = [s["quota"] for s in coord.view.stats()["sources"]]
-    slots = 4 * READS_PER_THREAD * plan.loader.reads_per_thread  # 4 workers' reads in flight
+    slots = 4 * READ_SLOTS_PER_THREAD * plan.loader.reads_per_thread  # 4 workers' reads in flight
     assert q[2] > q[0] and q == quotas(reads.read_work(weights), slots).tolist()
     work = reads.read_work(weights)
     assert work == pytest.approx(shares * 2048 * np.asarray([m.per_token for m in reads.meters]))

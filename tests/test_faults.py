@@ -53,7 +53,7 @@ def take(feeders, n, out, waits=None):
 
 
 def _settled(dask_scheduler) -> bool:
-    """Every job's data plane at rest (nothing left to draw, no step planning, no block of
+    """Every job's data plane at rest (nothing left to draw, no step dealing, no block of
     several steps being gathered), no task runs or waits, and every batch and shard in memory
     has two copies."""
     for run in dask_scheduler.plugins["omniload"].jobs.values():

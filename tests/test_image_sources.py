@@ -412,7 +412,7 @@ def test_the_data_plane_balances_encoder_and_backbone_cost_together(image_root):
     plane = InlineDataPlane(plan)
     for step in range(6):
         plane.step(step)
-    assert plane.coord.parts.planner.cost.has_encoder
+    assert plane.coord.parts.dealer.cost.has_encoder
     # The plane's figures include the encoder terms: recompute one step's group costs.
     record = plane.coord.parts.delivery.steps[5]
     assert len(record.costs) == 4 and plane.coord.parts.figures.efficiency_min > 0.8

@@ -176,12 +176,12 @@ class OmniloadPlugin(SchedulerPlugin):
             self._standby.worker_lost(worker)
 
     def _workers_changed(self) -> None:
-        """Read quotas count worker threads: tell every job (``cluster.scale`` and losses)."""
-        workers, threads = _dask.worker_threads(self.scheduler)
+        """Read quotas count the workers' read slots: tell every job (``cluster.scale`` and losses)."""
+        workers, read_slots = _dask.worker_threads(self.scheduler)
         resource = _dask.read_resource(self.scheduler)
         self._read_resources = {_dask.READ_RESOURCE: 1} if resource else None
         for job in self.jobs.values():
-            job.on_workers(workers, threads)
+            job.on_workers(workers, read_slots)
 
     # ------------------------------------------------------------------ job control
     async def start_job(

@@ -19,7 +19,7 @@ from omniload_dask.plan.credentials import StorageOptions
 __all__ = [
     "BYTE_IMAGE_TOKEN",
     "NO_CAP",
-    "READS_PER_THREAD",
+    "READ_SLOTS_PER_THREAD",
     "TOKEN_FORMATS",
     "BatchSpec",
     "BucketSpec",
@@ -37,11 +37,12 @@ __all__ = [
 
 BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256, EOS 257)
 NO_CAP = 2**62  # the document cap of a plan that sets none (split): longer than any document
-# A worker runs this many reads for each tokenizing thread it has: while one read tokenizes,
+# Read slots (``omniload-read`` resources) a worker has for each tokenizing thread: it runs
+# that many reads at once per thread, so that while one read tokenizes,
 # the next reads and decodes its records, and the tokenizer never waits for a read to start
 # (with one read a thread, the tokenizer idles while each next read opens its file and
 # decodes; a second one in flight hides that).
-READS_PER_THREAD = 2
+READ_SLOTS_PER_THREAD = 2
 TOKEN_FORMATS = ("megatron", "flat")  # formats whose records are always token ids
 
 
@@ -404,8 +405,8 @@ class LoaderSpec:
     """Tuning that changes speed and memory, never which samples are delivered."""
 
     workers: int = 2
-    # tokenizing threads per worker of the embedded cluster; it runs READS_PER_THREAD reads
-    # at once on each (one decodes its records while another tokenizes)
+    # tokenizing threads per worker of the embedded cluster; each has READ_SLOTS_PER_THREAD read
+    # slots (reads at once) (one decodes its records while another tokenizes)
     threads_per_worker: int = 1
     read_ahead: int = 2
     prefetch: int = 2
@@ -415,7 +416,8 @@ class LoaderSpec:
     standby: bool = True  # a second copy of upcoming batches and shards on another worker
     # Auto-partitioning (see :mod:`omniload_dask.core.autoscale`): read tasks last about
     # ``task_seconds`` (0: never split a unit); with ``quotas``, sources share
-    # ``reads_per_thread`` in-flight reads per read slot by weight x measured cost.
+    # ``reads_per_thread`` in-flight reads per read slot by weight x measured cost (the field's
+    # name says "thread" for the read slot: a plan field, kept as users write it).
     task_seconds: float = 0.5
     quotas: bool = True
     reads_per_thread: int = 2

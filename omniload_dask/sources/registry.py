@@ -93,7 +93,7 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
     lengths, length_index = found.lengths, found.length_index
     if on_error != "raise" or spec.transform or spec.filter:
         # A record that a read skips (a bad token id) or that user code drops or changes would
-        # differ from the index, and the data plane would have planned with it already.
+        # differ from the index, and the data plane would have dealt with it already.
         lengths = length_index = None
     merge = min(spec.unit_bytes, spec.merge_bytes)
     if merge > 0 and not spec.has_images:  # image records are large: read file by file

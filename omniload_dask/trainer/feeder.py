@@ -58,7 +58,7 @@ from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.fixes import own_error
 from omniload_dask.plan import BatchSpec, Plan, parse_plan
 from omniload_dask.plan.streams import TRAIN
-from omniload_dask.trainer.fanout import BroadcastSteps, DirectSteps, Steps
+from omniload_dask.trainer.fanout import BroadcastSupply, DirectSupply, StepSupply
 from omniload_dask.trainer.fetch import wait_report
 from omniload_dask.trainer.link import Link
 from omniload_dask.trainer.ranks import resolve_rank, torch_available
@@ -181,14 +181,14 @@ class Feeder:
         if self.prefetch < 1:
             raise JobError(f"Feeder: prefetch must be >= 1, got {self.prefetch}")
 
-    def _direct(self, group: Any, start: int, reconnect_timeout: float) -> Steps:
+    def _direct(self, group: Any, start: int, reconnect_timeout: float) -> StepSupply:
         """This rank's own fetch, or its DP group's broadcast (``fanout``)."""
         assert self._link is not None
         self._start = start
         self._link.salt = self.rank
         dp, cp = self.dp_rank, self.cp_rank
         if self.fanout == "none":
-            return DirectSteps(
+            return DirectSupply(
                 self._link,
                 self.job,
                 [self.rank],
@@ -205,7 +205,7 @@ class Feeder:
         fetcher = None
         if share.is_leader:
             needs = [(dp, c) for c in range(self.layout.cp)]
-            fetcher = DirectSteps(
+            fetcher = DirectSupply(
                 self._link,
                 self.job,
                 share.members,
@@ -220,14 +220,14 @@ class Feeder:
         else:  # the group's leader fetches: no connection of this rank's own
             self._link.close()
             self._link = None
-        return BroadcastSteps(share, cp, fetcher, self._ask)
+        return BroadcastSupply(share, cp, fetcher, self._ask)
 
     def _node(self, security: Any, cp_rank: int, opts: dict[str, Any]) -> None:
         """Steps from this node's agent (started here if this is the node's first rank)."""
-        from omniload_dask.trainer.node_steps import NodeSteps
+        from omniload_dask.trainer.node_supply import NodeSupply
 
         self.fanout = "node"
-        source = NodeSteps.for_rank(
+        source = NodeSupply.for_rank(
             self.job,
             self.address,
             self._ranks["rank"],
@@ -458,7 +458,7 @@ def _output(
     return out
 
 
-def _take(source: Steps, step: int) -> GroupBatch:
+def _take(source: StepSupply, step: int) -> GroupBatch:
     """``source.take(step)``; the job's own error raised from here, with its message only."""
     try:
         return source.take(step)

@@ -1,8 +1,8 @@
 """From a drawn step's documents to one recipe per DP group: the split, then the pieces.
 
-:meth:`StepPlanner.split` routes the documents to context buckets and balances them over the
+:meth:`StepDealer.split` routes the documents to context buckets and balances them over the
 DP groups by cost (:mod:`omniload_dask.batching.balance`), then fills any micro-batch a group
-was left without (:mod:`omniload_dask.batching.fill`). :meth:`StepPlanner.recipes` turns the
+was left without (:mod:`omniload_dask.batching.fill`). :meth:`StepDealer.recipes` turns the
 split into each group's :class:`~omniload_dask.batching.formats.Recipe`, all packed in one
 :class:`~omniload_dask.batching.formats.RecipeTable`: rows of ``(micro-step, shard slot, row,
 token start, token stop)`` (tokens of the record: a document continued from an earlier step
@@ -41,12 +41,12 @@ from omniload_dask.core.draw import Documents
 from omniload_dask.core.loss_tokens import step_loss_tokens
 from omniload_dask.plan import BatchSpec, Plan
 
-__all__ = ["DrawnStep", "PlannedStep", "StepPlanner"]
+__all__ = ["DealtStep", "DrawnStep", "StepDealer"]
 
 
 @dataclass
 class DrawnStep:
-    """A step drawn and not yet planned: its documents and the reads that hold them."""
+    """A step drawn and not yet dealt: its documents and the reads that hold them."""
 
     step: int
     docs: Documents
@@ -56,7 +56,7 @@ class DrawnStep:
 
 
 @dataclass
-class PlannedStep:
+class DealtStep:
     """A drawn step split among the DP groups: every group's recipe, packed."""
 
     drawn: DrawnStep
@@ -66,7 +66,7 @@ class PlannedStep:
     recipes_ms: float
 
 
-class StepPlanner:
+class StepDealer:
     """The plan's cost model, context buckets and batch shape, applied to one step at a time."""
 
     def __init__(self, plan: Plan) -> None:
@@ -86,7 +86,7 @@ class StepPlanner:
         """Micro-steps per step that the plan declares (a step may need more)."""
         return sum(b.micro_batches for b in self.buckets)
 
-    def plan(self, drawn: DrawnStep) -> PlannedStep:
+    def deal(self, drawn: DrawnStep) -> DealtStep:
         """Split a drawn step and write its recipes (pure: safe in another thread)."""
         docs = drawn.docs
         t0 = time.perf_counter()
@@ -94,14 +94,14 @@ class StepPlanner:
         t1 = time.perf_counter()
         recipes = self.recipes(drawn.step, split, docs, drawn.epochs)
         t2 = time.perf_counter()
-        return PlannedStep(drawn, split, recipes, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        return DealtStep(drawn, split, recipes, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
-    def plan_steps(self, drawn: Sequence[DrawnStep]) -> list[PlannedStep]:
-        """:meth:`plan` of several steps at once: the same planned steps, their splits made
+    def deal_steps(self, drawn: Sequence[DrawnStep]) -> list[DealtStep]:
+        """:meth:`deal` of several steps at once: the same dealt steps, their splits made
         side by side where the balancer can (:func:`~.balance.balance_steps`); each step's
-        times are its share of the whole. (One step goes through :meth:`plan`.)"""
+        times are its share of the whole. (One step goes through :meth:`deal`.)"""
         if len(drawn) == 1:
-            return [self.plan(drawn[0])]
+            return [self.deal(drawn[0])]
         t0 = time.perf_counter()
         splits = self.split_steps(
             [(d.docs.sources, d.docs.lengths, d.docs.extra) for d in drawn], [d.step for d in drawn]
@@ -113,7 +113,7 @@ class StepPlanner:
         t2 = time.perf_counter()
         n = len(drawn)
         return [
-            PlannedStep(d, s, r, (t1 - t0) * 1e3 / n, (t2 - t1) * 1e3 / n)
+            DealtStep(d, s, r, (t1 - t0) * 1e3 / n, (t2 - t1) * 1e3 / n)
             for d, s, r in zip(drawn, splits, recipes, strict=True)
         ]
 
