@@ -14,6 +14,16 @@ from typing import Any
 
 from omniload_dask.errors import PlanError
 from omniload_dask.plan.chat import ChatSpec
+from omniload_dask.plan.choices import (
+    Fanout,
+    Interpolation,
+    LongDocuments,
+    MixingBy,
+    MixingOver,
+    SourceFormat,
+    TokenDtype,
+    TokenizerKind,
+)
 from omniload_dask.plan.credentials import StorageOptions
 
 __all__ = [
@@ -51,7 +61,7 @@ class SourceSpec:
     """One data source: where its files are, how to read them and its mixing weight."""
 
     name: str
-    format: str
+    format: SourceFormat
     paths: tuple[str, ...]
     weight: float
     text: str = "text"
@@ -69,7 +79,7 @@ class SourceSpec:
     vocab_size: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
-    dtype: str | None = None
+    dtype: TokenDtype | None = None
     eod: int | None = None
     # User code run on the workers: ``package.module:function`` (preprocess.transforms).
     transform: str | None = None
@@ -96,7 +106,7 @@ class TokenizerSpec:
     (``special_tokens``: token -> id) are not in the file, and ``bos``/``eos`` name two of them.
     """
 
-    kind: str = "byte"
+    kind: TokenizerKind = "byte"
     path: str | None = None
     bos: str | None = None
     eos: str | None = None
@@ -190,7 +200,7 @@ class BatchSpec:
     micro_batches: int
     global_tokens: int | None
     global_documents: int | None
-    long_documents: str = "split"
+    long_documents: LongDocuments = "split"
     max_document_tokens: int | None = None
     pad_to_seq_len: bool = False
     buckets: tuple[BucketSpec, ...] = ()
@@ -347,9 +357,9 @@ class MixingSpec:
     point, and for sources a point does not name, the sources' own ``weight`` applies.
     """
 
-    by: str = "tokens"
-    over: str = "steps"
-    interpolate: str = "constant"
+    by: MixingBy = "tokens"
+    over: MixingOver = "steps"
+    interpolate: Interpolation = "constant"
     schedule: tuple[SchedulePoint, ...] = ()
 
 
@@ -433,7 +443,7 @@ class LoaderSpec:
     # A job that expects live changes: draw at most ``live_lead`` steps past the slowest rank
     # (0: no bound), so that a change takes effect that soon (see core.rewind).
     live_lead: int = 0
-    fanout: str = "none"
+    fanout: Fanout = "none"
     # The embedded cluster on TLS, with temporary certificates (Job.start(security=True)).
     tls: bool = False
 
