@@ -284,7 +284,7 @@ def test_a_rank_that_never_fetches_is_named_by_the_feeders_and_in_status(
             got: dict = {}
             take(feeders, 24, got)  # 4 * (prefetch + lookahead) + 8: the draw stops here
             deadline = time.monotonic() + 60
-            while not all(f._source.stalls.warnings for f in feeders):
+            while not all(f._supply.stalls.warnings for f in feeders):
                 assert time.monotonic() < deadline, "no feeder warned"
                 time.sleep(0.1)
             stats = job.stats()
