@@ -227,16 +227,16 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
         return wrapper
 
     splits: list[Any] = []
-    split = coord.parts.dealer.split
+    split = coord.components.dealer.split
 
     def keep_split(*args: Any, **kwargs: Any) -> Any:
         out = split(*args, **kwargs)
         splits.append(out)
         return out
 
-    coord.parts.drawer.draw = timed("draw", coord.parts.drawer.draw)  # type: ignore[method-assign]
-    coord.parts.dealer.split = timed("split", keep_split)  # type: ignore[method-assign]
-    coord.parts.dealer.recipes = timed("recipes", coord.parts.dealer.recipes)  # type: ignore[method-assign]
+    coord.components.drawer.draw = timed("draw", coord.components.drawer.draw)  # type: ignore[method-assign]
+    coord.components.dealer.split = timed("split", keep_split)  # type: ignore[method-assign]
+    coord.components.dealer.recipes = timed("recipes", coord.components.dealer.recipes)  # type: ignore[method-assign]
     # One drawn step is its three phases (draw, plan, commit; see core/stepping.py); they
     # add up to "step" whether they ran inline or, in the plugin, in a dealing process.
     coord.draw_step = timed("step", coord.draw_step)  # type: ignore[method-assign]

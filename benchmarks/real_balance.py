@@ -64,7 +64,7 @@ def drawn_steps(plan: Any, steps: int) -> list[Any]:
     from omniload_dask.testing import InlineDataPlane
 
     plane = InlineDataPlane(plan, build=False)
-    dealer = plane.coord.parts.dealer
+    dealer = plane.coord.components.dealer
     kept: list[Any] = []
     deal_step = dealer.deal
 

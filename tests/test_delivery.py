@@ -57,7 +57,7 @@ def test_an_agent_request_moves_all_its_ranks_and_releases_what_its_groups_fetch
     plan = make_plan(small_sources, layout={"dp": 2, "tp": 2}, loader={"groups_per_task": 1})
     plane = InlineDataPlane(plan)
     list(plane.stream(3))
-    held = dict(plane.coord.parts.delivery.held)
+    held = dict(plane.coord.components.delivery.held)
     steps = sorted({s for s, _ in held})
     assert steps[0] == 2 and all((s, g) in held for s in steps for g in range(2))
     # one agent for DP group 0's two ranks
@@ -65,7 +65,7 @@ def test_an_agent_request_moves_all_its_ranks_and_releases_what_its_groups_fetch
     released = {k for a in actions if hasattr(a, "keys") for k in a.keys}
     assert {held[(s, 0)] for s in steps} <= released
     assert not {held[(s, 1)] for s in steps} & released  # group 1 has not moved
-    assert plane.coord.parts.delivery.where.furthest == steps[-1] + 5
+    assert plane.coord.components.delivery.where.furthest == steps[-1] + 5
 
 
 def test_blocks_build_several_dp_groups_in_one_task_and_every_rank_gets_its_own_part(
@@ -309,8 +309,8 @@ def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(sm
     # step 0 alone, then steps 1-4 fetchable once step 4 is in
     assert dealt == [1, 1, 1, 1, 5, 5]
     assert [part is None for *_, part in seen] == [False, True, True, True, False, True]
-    assert coord.batch_for(1, 3) == (coord.parts.delivery.held[(3, 1)], 2 * 2 + 1)
-    assert coord.parts.delivery.draw_target() >= 9  # the draw goes on to the block's end
+    assert coord.batch_for(1, 3) == (coord.components.delivery.held[(3, 1)], 2 * 2 + 1)
+    assert coord.components.delivery.draw_target() >= 9  # the draw goes on to the block's end
 
 
 @pytest.mark.parametrize(

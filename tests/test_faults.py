@@ -58,11 +58,11 @@ def _settled(dask_scheduler) -> bool:
     has two copies."""
     for run in dask_scheduler.plugins["omniload"].jobs.values():
         coord = run.coord
-        if run._planning is not None or coord.parts.delivery.offered_step is not None:
+        if run._planning is not None or coord.components.delivery.offered_step is not None:
             return False  # a construction is still to come
         if (
             coord.view.end_step is None
-            and coord.view.next_step < coord.parts.delivery.draw_target()
+            and coord.view.next_step < coord.components.delivery.draw_target()
         ):
             return False
     for key, ts in dask_scheduler.tasks.items():

@@ -56,7 +56,7 @@ def test_blocks_of_dp_groups_hand_each_rank_its_own_part(small_sources, cluster)
     with Client(cluster) as client:
         job = Job.start(plan, client=client)
         got = collect(job, steps=4)
-        keys = plugin_job(client, "blocks", lambda run: sorted(run.coord.parts.delivery.steps))
+        keys = plugin_job(client, "blocks", lambda run: sorted(run.coord.components.delivery.steps))
         held = client.run(_block_parts)
         job.stop()
     assert_same(ref, got)
@@ -94,7 +94,7 @@ def test_one_agent_fetches_every_slice_of_a_dp_group_in_one_round_trip(small_sou
                 for r in ranks:
                     got[r] += slices[layout.coords(r)["cp"]].micro_batches
             seen = plugin_job(
-                client, "agent", lambda run: run.coord.parts.delivery.where.last_seen.tolist()
+                client, "agent", lambda run: run.coord.components.delivery.where.last_seen.tolist()
             )
         finally:
             steps.close()
@@ -110,7 +110,7 @@ def _guard_rank_arrays(dask_scheduler, name):
     import numpy as np
 
     run = dask_scheduler.plugins["omniload"].jobs[name]
-    where = run.coord.parts.delivery.where
+    where = run.coord.components.delivery.where
     world = len(where.position)
     run.scans = scans = []
 
@@ -157,8 +157,8 @@ def test_no_request_scans_every_rank(small_sources, cluster):
                         got[r] += batch.micro_batches
             scans = plugin_job(client, "noscan", lambda run: list(run.scans))
             # the guard sees a scan when there is one
-            check = plugin_job(client, "noscan", lambda run: run.coord.parts.delivery.slowest() >= 0
-                               and run.coord.parts.delivery.where.position.min() >= 0
+            check = plugin_job(client, "noscan", lambda run: run.coord.components.delivery.slowest() >= 0
+                               and run.coord.components.delivery.where.position.min() >= 0
                                and list(run.scans))  # fmt: skip
         finally:
             for agent in agents:
@@ -179,7 +179,7 @@ def test_planning_off_the_loop_gives_the_same_stream(small_plan, monkeypatch, wh
         got = collect(job, steps=8)
         stats = job.stats()
         pending = plugin_job(
-            job.client, small_plan.name, lambda run: len(run.coord.parts.recorder.pending)
+            job.client, small_plan.name, lambda run: len(run.coord.components.recorder.pending)
         )
     assert_same(ref, got)
     assert stats["planning_in"] == where

@@ -126,13 +126,13 @@ def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_
     one = InlineDataPlane(plan)
     many = InlineDataPlane(plan, together=together)
     sizes: list[int] = []
-    deal_steps = many.coord.parts.dealer.deal_steps
+    deal_steps = many.coord.components.dealer.deal_steps
 
     def counted(drawn):
         sizes.append(len(drawn))
         return deal_steps(drawn)
 
-    many.coord.parts.dealer.deal_steps = counted  # type: ignore[method-assign]
+    many.coord.components.dealer.deal_steps = counted  # type: ignore[method-assign]
     steps = 0
     while one.coord.view.end_step is None or steps < one.coord.view.end_step:
         a, b = one.step(steps), many.step(steps)

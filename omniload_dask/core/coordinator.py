@@ -36,10 +36,10 @@ rank c fetches slice c, so no rank loads what a peer already loaded.
     take_deltas / stop_recording
 
 Everything else reads: :attr:`Coordinator.view` (:class:`.views.PlaneView`) for where the cycle
-is, figures and stats. The parts behind it each own one concern and get what they need passed
+is, figures and stats. The components behind it each own one concern and get what they need passed
 in: the sources and their live changes (:mod:`.live`), the draw (:mod:`.draw`), the split into
 recipes (:mod:`.dealer`), which batch each rank gets (:mod:`.delivery`), read-ahead
-(:mod:`.reads`) and figures (:mod:`.figures`); :attr:`Coordinator.parts` shows them to tests and
+(:mod:`.reads`) and figures (:mod:`.figures`); :attr:`Coordinator.components` shows them to tests and
 tools that look inside, never to the package's modules outside ``core``. Its actions are in
 :mod:`.actions` and task keys in :mod:`.keys`.
 
@@ -93,10 +93,10 @@ from omniload_dask.plan import Plan, SourceSpec
 from omniload_dask.sources import Catalog
 
 __all__ = [
+    "Components",
     "Coordinator",
     "DealtStep",
     "DrawnStep",
-    "Parts",
     "ReadSpec",
     "Release",
     "StepFigures",
@@ -106,8 +106,8 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Parts:
-    """The coordinator's parts, for tests and tools that look inside (the package's modules
+class Components:
+    """The coordinator's components, for tests and tools that look inside (the package's modules
     outside ``core`` never do: they hand in events and read :class:`.PlaneView`)."""
 
     sources: LiveSources
@@ -158,9 +158,9 @@ class Coordinator:
         return self._view
 
     @property
-    def parts(self) -> Parts:
-        """The parts, for tests and tools that look inside (see :class:`Parts`)."""
-        return Parts(
+    def components(self) -> Components:
+        """The components, for tests and tools that look inside (see :class:`Components`)."""
+        return Components(
             self._sources,
             self._drawer,
             self._dealer,

@@ -155,15 +155,15 @@ class StepDealer:
         return out
 
     def recipes(
-        self, step: int, plan: Assignment, docs: Documents, epochs: np.ndarray
+        self, step: int, split: Assignment, docs: Documents, epochs: np.ndarray
     ) -> RecipeTable:
         """Every group's recipe, packed: its pieces, and its reads in shard-slot order as
         indices into the step's reads (read k holds ``docs.slots[k]``, drawn in epoch
         ``epochs[k]``)."""
         groups, nu = self._groups, max(1, len(docs.slots))
-        order = plan.output_order()
-        group = plan.group[order]
-        doc = plan.doc[order]
+        order = split.output_order()
+        group = split.group[order]
+        doc = split.doc[order]
         # The (group, read) pairs of the pieces in order of first use (from one pass, see
         # sorting.first_use). Pieces are in group order, so the pairs are too: each group's
         # shard slots number its reads in order of first use.
@@ -173,14 +173,14 @@ class StepDealer:
         # less that, so every group's slots count from 0 (a group's task reads only its own).
         pair_bounds = np.searchsorted(pair // nu, np.arange(groups + 1))
         table = np.empty((len(order), 5), dtype=np.int64)
-        table[:, 0] = plan.micro[order]
+        table[:, 0] = split.micro[order]
         table[:, 1] = number - pair_bounds[group]
         table[:, 2] = docs.rows[doc]
         start = table[:, 3]
-        start[:] = plan.start[order]
+        start[:] = split.start[order]
         if docs.starts is not None:  # the rest of a document begun in an earlier step
             start += docs.starts[doc]
-        np.add(start, plan.length[order], out=table[:, 4])
+        np.add(start, split.length[order], out=table[:, 4])
         used = pair % nu
         batch = self._batch.at(step)
         return RecipeTable(
@@ -191,10 +191,10 @@ class StepDealer:
             slot_bounds=pair_bounds.astype(np.int64),
             slot_reads=used,
             slot_epochs=np.asarray(epochs, dtype=np.int64)[used],
-            num_micro_steps=plan.num_micro_steps,
+            num_micro_steps=split.num_micro_steps,
             seq_len=batch.seq_len,
             pad_to_seq_len=batch.pad_to_seq_len,
-            micro_seq_lens=tuple(plan.micro_capacity.tolist()),
+            micro_seq_lens=tuple(split.micro_capacity.tolist()),
             patch_size=self._patch_size,
             global_loss_tokens=step_loss_tokens(docs, doc, start, table[:, 4]),
         )

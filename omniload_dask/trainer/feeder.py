@@ -8,7 +8,7 @@ iterating only takes from that buffer. It
 refills with hysteresis: when at most ``prefetch - refill`` steps are left, it asks for enough
 to fill up again (``refill`` is half the prefetch), so with a deep prefetch one call brings
 several steps. Each item is one micro-batch in the
-packed layout (see :mod:`omniload_dask.batching.formats`), as torch tensors when torch is
+packed form (see :mod:`omniload_dask.batching.formats`), as torch tensors when torch is
 installed, else numpy arrays::
 
     feeder = job.feeder(dp_rank=0)
