@@ -114,7 +114,7 @@ def test_the_default_block_size_keeps_at_most_eight_tasks_a_step_of_half_a_milli
     assert size(8, 1 << 20) == 1
 
 
-def test_a_step_drawn_planned_and_committed_in_phases_is_the_step_advance_makes(small_plan):
+def test_a_step_drawn_dealt_and_committed_in_phases_is_the_step_advance_makes(small_plan):
     inline = InlineDataPlane(small_plan)
     phased = InlineDataPlane(small_plan)
     coord = phased.coord
@@ -318,13 +318,13 @@ def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(sm
     [(0, 8, 4, 5), (0, 4, 4, 1), (1, 8, 4, 9), (3, 8, 4, 9), (5, 8, 4, 13), (1, 8, 8, 9), (1, 8, 16, 9),
      (9, 8, 16, 17), (17, 8, 16, 25), (4, 8, 1, 12), (1, 1, 4, 2), (1, 3, 4, 4)],
 )  # fmt: skip
-def test_a_batch_of_steps_planned_together_ends_at_a_block_end(first, most, steps, end):
+def test_steps_dealt_together_end_at_a_block_end(first, most, steps, end):
     # origin 0: step 0 alone, then blocks of ``steps`` from step 1 (longer than a batch of
     # ``most``: in batches of most, the last cut at the block's end)
     assert together_end(first, most, 0, steps) == end
 
 
-def test_whole_blocks_are_planned_together_and_a_block_drawn_in_part_waits(small_sources):
+def test_whole_blocks_are_dealt_together_and_a_block_drawn_in_part_waits(small_sources):
     # four reads in flight (2 workers x 2 read slots x 1), so that some draws wait for one
     loader = {"steps_per_task": 4, "reads_per_thread": 1}
     plane = InlineDataPlane(make_plan(small_sources, loader=loader))

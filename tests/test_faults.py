@@ -58,7 +58,7 @@ def _settled(dask_scheduler) -> bool:
     has two copies."""
     for run in dask_scheduler.plugins["omniload"].jobs.values():
         coord = run.coord
-        if run._planning is not None or coord.components.delivery.offered_step is not None:
+        if run._dealt_soon is not None or coord.components.delivery.offered_step is not None:
             return False  # a construction is still to come
         if (
             coord.view.end_step is None

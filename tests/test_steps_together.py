@@ -111,7 +111,7 @@ def test_steps_of_different_shapes_and_sizes_beyond_the_limit_split_as_each_alon
 
 
 @pytest.mark.parametrize("together", [3, 8])
-def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_sources, together):
+def test_the_data_plane_draws_the_same_stream_with_steps_dealt_together(small_sources, together):
     # Token-scheduled weights read the tokens drawn before a step: with steps in flight they
     # must count those too. A finite stream must end at the same step, after them.
     plan = parse_plan(plan_dict(

@@ -91,7 +91,7 @@ def test_every_plan_streams_exactly_as_the_stored_digest(name: str, demo_folder:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_steps_planned_together_stream_as_the_stored_digest(name: str, demo_folder: Path) -> None:
+def test_steps_dealt_together_stream_as_the_stored_digest(name: str, demo_folder: Path) -> None:
     # The scheduler plugin draws up to dealing.STEPS_AT_ONCE steps and deals them together.
     from omniload_dask.cluster.dealing import STEPS_AT_ONCE
 
