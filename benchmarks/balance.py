@@ -51,8 +51,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omniload_dask.batching.balance import Bucket, balance, route, split_documents
-from omniload_dask.batching.cost import CostModel, transformer_coefficients
 from omniload_dask.batching.mixing import Mixer, NeedMore
+from omniload_dask.plan.cost import CostModel, transformer_coefficients
 
 SEQ_LEN = 8192
 MICRO = 4

@@ -234,7 +234,7 @@ def worker_pids(client: Any) -> dict[str, int]:
 def reference(plan: dict[str, Any], steps: int) -> dict[tuple[int, int], list[str]]:
     """Every (step, rank)'s micro-batch digests in an undisturbed run (in process)."""
     from omniload_dask import parse_plan
-    from omniload_dask.batching.formats import expand
+    from omniload_dask.batching.wire import expand
     from omniload_dask.testing import InlineDataPlane
 
     out = {}

@@ -1060,8 +1060,8 @@ def main() -> int:
     t_start = time.monotonic()
     load_start = os.getloadavg()
     prep = prepare(args, root)
-    from omniload_dask.batching.cost import CostModel
     from omniload_dask.plan import parse_plan
+    from omniload_dask.plan.cost import CostModel
 
     print(f"prepared in {prep['prepare_s']} s; corpus {prep['corpus']['folder']} "
           f"(built in {prep['corpus']['build_s']} s): "

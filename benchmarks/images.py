@@ -175,7 +175,7 @@ def hybrid_balance(steps: int, dp: int = 8, seed: int = 0) -> dict[str, float]:
     ViT-L-like encoder (the plan's model forms).
     """
     from omniload_dask.batching.balance import Bucket, balance
-    from omniload_dask.batching.cost import CostModel, transformer_coefficients
+    from omniload_dask.plan.cost import CostModel, transformer_coefficients
 
     lin, quad = transformer_coefficients(hidden=2048, layers=24, heads=16, ffn=8192, vocab=32000)
     e_lin, e_quad = transformer_coefficients(

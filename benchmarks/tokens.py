@@ -147,7 +147,7 @@ def token_plan(fmt: str, paths: dict[str, str], mix: tuple[list[str], list[float
 def token_mismatches(plan_data: dict[str, Any], docs: dict[str, list[np.ndarray]],
                      steps: int) -> tuple[int, int]:  # fmt: skip
     """Draw ``steps`` steps in process; (tokens that differ from the documents, tokens seen)."""
-    from omniload_dask.batching.formats import expand
+    from omniload_dask.batching.wire import expand
     from omniload_dask.plan import parse_plan
     from omniload_dask.sources import decode_sample_id
     from omniload_dask.testing import InlineDataPlane
@@ -209,8 +209,8 @@ def main() -> int:
     from realcompute import StepTimer
     from realcorpus import build_corpus, find_package, find_tokenizers
 
-    from omniload_dask.batching.cost import CostModel
     from omniload_dask.plan import TokenizerSpec, parse_plan
+    from omniload_dask.plan.cost import CostModel
     from omniload_dask.preprocess.tokenize import describe
 
     corpus = build_corpus(root / "corpus", args.corpus_mb, files=args.files)

@@ -10,7 +10,9 @@ sharding, one global batch per optimizer step (``gradient_accumulation_steps`` =
 micro-batches). Every checkpoint folder holds the feeder's position; ``--resume`` continues
 from the last checkpoint with exactly the batches an uninterrupted run would have had.
 ``--kill-after-step N`` kills rank 0 (SIGKILL) right after the checkpoint of step N, to try it.
-The model is made from a config: nothing is downloaded.
+Every ``--eval-steps`` steps the Trainer evaluates on a pass over the plan's validation stream
+(the same batches each time) and rank 0 prints the eval loss. The model is made from a config:
+nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback, Trainin
 from transformers.trainer_utils import get_last_checkpoint
 
 from omniload_dask import load_plan
-from omniload_dask.integrations.hf import OmniloadIterable, OmniloadTrainer, load_rank_state
+from omniload_dask.integrations.hf import (
+    OmniloadEvalIterable,
+    OmniloadIterable,
+    OmniloadTrainer,
+    load_rank_state,
+)
 from omniload_dask.integrations.launch import SharedJob
 
 PLAN = Path(__file__).parents[1] / "plans" / "tiny_trainers.yaml"
@@ -43,6 +50,8 @@ class Report(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs and "loss" in logs:
             print(f"step {state.global_step} loss {logs['loss']:.4f}", flush=True)
+        if state.is_world_process_zero and logs and "eval_loss" in logs:
+            print(f"step {state.global_step} eval_loss {logs['eval_loss']:.4f}", flush=True)
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.kill_after is not None and state.global_step == self.kill_after:
@@ -52,12 +61,12 @@ class Report(TrainerCallback):
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
-def recorder(path: str | None, rank: int):
-    """A function that appends a digest of each micro-batch this rank trains on to ``path``."""
+def recorder(path: str | None, name: str):
+    """A function that appends a digest of each micro-batch it sees to ``path``/``name``."""
     if path is None:
         return None
     os.makedirs(path, exist_ok=True)
-    out = open(os.path.join(path, f"rank{rank}.jsonl"), "a")  # noqa: SIM115 (lives as long as the run)
+    out = open(os.path.join(path, name), "a")  # noqa: SIM115 (lives as long as the run)
 
     def record(mb) -> None:
         digest = hashlib.sha1(mb["input_ids"].numpy().tobytes() + mb["labels"].numpy().tobytes())
@@ -78,6 +87,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/hf")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--save-steps", type=int, default=2)
+    parser.add_argument("--eval-steps", type=int, default=2)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-after-step", type=int, default=None)
     parser.add_argument("--record", default=None, help="folder for per-rank batch digests")
@@ -93,6 +103,9 @@ def main() -> None:
         lr_scheduler_type="constant",
         save_strategy="steps",
         save_steps=args.save_steps,
+        eval_strategy="steps",
+        eval_steps=args.eval_steps,
+        per_device_eval_batch_size=1,
         logging_steps=1,
         use_cpu=True,
         ddp_backend="gloo",
@@ -105,7 +118,11 @@ def main() -> None:
     start = load_rank_state(checkpoint, rank)["step"] if checkpoint else 0
     shared = SharedJob.start(plan, dp=training.world_size, start_step=start)
     feeder = shared.feeder(max_steps=args.steps)
-    data = OmniloadIterable(feeder, on_batch=recorder(args.record, rank))
+    data = OmniloadIterable(feeder, on_batch=recorder(args.record, f"rank{rank}.jsonl"))
+    evals = OmniloadEvalIterable(  # pass k over the validation stream, for evaluation k
+        lambda k: shared.feeder(stream="validation", pass_index=k),
+        on_batch=recorder(args.record, f"eval-rank{rank}.jsonl"),
+    )
     vocab = int(shared.info["tokenizer"]["vocab_size"])
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -122,6 +139,7 @@ def main() -> None:
         model=model,
         args=training,
         train_dataset=data,
+        eval_dataset=evals,
         callbacks=[Report(args.kill_after_step)],
     )
     trainer.train(resume_from_checkpoint=checkpoint)

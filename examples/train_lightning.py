@@ -9,7 +9,9 @@ for the train loader; each rank gets its own packed micro-batches, one optimizer
 batch (``accumulate_grad_batches`` = the plan's micro-batches). The feeder's position is in
 every Lightning checkpoint; ``--resume`` continues from the last one with exactly the batches an
 uninterrupted run would have had. ``--kill-after-step N`` kills rank 0 (SIGKILL) right after
-the checkpoint of step N.
+the checkpoint of step N. Every ``--eval-steps`` steps Lightning's validation loop reads a
+pass over the plan's validation stream (the same batches each time) and rank 0 prints the
+eval loss.
 """
 
 from __future__ import annotations
@@ -48,21 +50,40 @@ class TinyLM(pl.LightningModule):
         self.head = nn.Linear(dim, vocab)
         self.record = record
         self.step_loss = 0.0
+        self.eval_sums = torch.zeros(2)  # this validation run's loss and tokens, this rank
 
-    def training_step(self, mb: dict, batch_idx: int) -> torch.Tensor:
+    def note(self, mb: dict, name: str) -> None:
+        """Append a digest of ``mb`` to ``--record``/``name`` (what this rank read)."""
         if self.record:
-            with open(os.path.join(self.record, f"rank{self.global_rank}.jsonl"), "a") as f:
+            with open(os.path.join(self.record, name), "a") as f:
                 digest = hashlib.sha1(
                     mb["input_ids"].numpy().tobytes() + mb["labels"].numpy().tobytes()
                 ).hexdigest()
                 line = {"step": int(mb["step"]), "micro_step": int(mb["micro_step"])}
                 f.write(json.dumps({**line, "digest": digest}) + "\n")
+
+    def loss_sum(self, mb: dict) -> torch.Tensor:
+        """The summed next-token loss of a packed micro-batch (documents attend only within)."""
         n = len(mb["input_ids"])
         x = self.embed(mb["input_ids"]) + self.pos(mb["position_ids"])
         logits = self.head(self.blocks(x[None], mask=varlen_causal_mask(mb["cu_seqlens"], n))[0])
-        total = nn.functional.cross_entropy(
-            logits, mb["labels"], ignore_index=-100, reduction="sum"
-        )
+        return nn.functional.cross_entropy(logits, mb["labels"], ignore_index=-100, reduction="sum")
+
+    def validation_step(self, mb: dict, batch_idx: int) -> None:
+        self.note(mb, f"eval-rank{self.global_rank}.jsonl")
+        count = (mb["labels"] != -100).sum()
+        self.eval_sums += torch.stack([self.loss_sum(mb).detach(), count.float()])
+
+    def on_validation_epoch_end(self) -> None:
+        sums, self.eval_sums = self.eval_sums, torch.zeros(2)
+        dist.all_reduce(sums)  # over every rank's share of the pass
+        if self.global_rank == 0:
+            loss = float(sums[0] / sums[1].clamp(min=1))
+            print(f"step {self.global_step} eval_loss {loss:.4f}", flush=True)
+
+    def training_step(self, mb: dict, batch_idx: int) -> torch.Tensor:
+        self.note(mb, f"rank{self.global_rank}.jsonl")
+        total = self.loss_sum(mb)
         # Every token weighs the same whatever rank or micro-batch holds it: divide by the
         # step's count over all ranks (DDP averages gradients over ranks, hence * world size).
         if "global_loss_tokens" in mb:
@@ -113,6 +134,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/lightning")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--save-steps", type=int, default=2)
+    parser.add_argument("--eval-steps", type=int, default=2)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-after-step", type=int, default=None)
     parser.add_argument("--record", default=None, help="folder for per-rank batch digests")
@@ -134,6 +156,9 @@ def main() -> None:
         strategy="ddp",
         max_steps=args.steps,
         accumulate_grad_batches=data.micro_batches,
+        val_check_interval=args.eval_steps * data.micro_batches,  # (counted in micro-batches)
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
         use_distributed_sampler=False,  # each rank's feeder already yields that rank's share
         callbacks=[saver, KillAfter(args.kill_after_step)],
         logger=False,

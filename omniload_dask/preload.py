@@ -20,16 +20,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import settings
 from omniload_dask.cluster.plugin import OmniloadPlugin
+from omniload_dask.internals import server as _server
 
 settings.apply_defaults()
 
 
 def dask_setup(server: Any) -> None:
     """Dask's preload hook: add the data-plane plugin to a scheduler (once); tune a worker."""
-    if _dask.is_scheduler(server):
+    if _server.is_scheduler(server):
         server.add_plugin(OmniloadPlugin(), idempotent=True)
     else:
-        _dask.tune_server(server)
+        _server.tune_server(server)

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.formats import IMAGE_FIELDS, GroupBatch, Shard, expand
+from omniload_dask.batching.formats import IMAGE_FIELDS, GroupBatch, Shard
+from omniload_dask.batching.wire import expand
 from omniload_dask.checkpoint import (
     CheckpointWriter,
     check_catalogs,
@@ -184,7 +185,7 @@ class InlineDataPlane:
 
     def step(self, step: int, ranks: list[int] | None = None) -> dict[int, GroupBatch]:
         """The whole batches of ``step`` for every DP group (every rank asks for one step), as
-        constructor tasks build them: in wire form (:func:`~omniload_dask.batching.formats.expand` gives the full layout)."""
+        constructor tasks build them: in wire form (:func:`~omniload_dask.batching.wire.expand` gives the full layout)."""
         fetched = self.fetch(step, ranks)
         layout = self.plan.layout
         out: dict[int, GroupBatch] = {}
@@ -218,11 +219,14 @@ class InlineDataPlane:
         return self.coord.add_source(spec, catalog, at_step)
 
     def update_plan(self, plan: Plan, at_step: int | None = None) -> int:
-        """Apply a new plan version's sources and weights live, as ``Job.update_plan`` does
-        (its new sources discovered inline); returns the step it takes effect at."""
+        """Apply a new plan version's sources, weights and stages live, as
+        ``Job.update_plan`` does (its new sources discovered inline); returns the step it
+        takes effect at."""
         change = self.coord.view.plan_change(plan.sources, at_step)
+        stages = self.coord.view.stage_change(plan.batch, at_step)
         catalogs = [tasks.discover(spec) for spec in change.added]
-        return self.coord.apply_change(change, catalogs, at_step)
+        step = self.coord.apply_change(change, catalogs, at_step)
+        return self.coord.apply_stages(stages) if stages is not None else step
 
     def draw(self, steps: int) -> None:
         """Let the data plane draw ``steps`` more steps (no batches built unless ``build``)."""

@@ -291,6 +291,13 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
             _source("mds", "mds", tokens="tokens", dtype="uint32", vocabulary={"size": 320}),
             _source("tok", "parquet", tokens="input_ids", vocabulary={"size": 320}),
             _source(
+                "sft",
+                "arrow",
+                tokens="input_ids",
+                mask={"column": "labels", "kind": "labels", "ignore_index": -100},
+                vocabulary={"size": 320},
+            ),
+            _source(
                 "chat",
                 "jsonl",
                 chat={

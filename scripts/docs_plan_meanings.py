@@ -123,6 +123,18 @@ MEANINGS: dict[str, Any] = {
     "bad record (never cut); unset: the batch's document cap",
     "sources[].tokens": "token sources: the column of token ids (Arrow, Parquet, MDS); setting "
     "it on a Parquet source makes it a token source",
+    "sources[].mask": {
+        "type": "section",
+        "default": "unset: every token a target",
+        "meaning": "token sources with columns (Arrow, Parquet, MDS): a per-token mask column "
+        "beside the ids (a pre-tokenized SFT set's `loss_mask` or `labels`), the records' "
+        "targets; see the token sources guide",
+    },
+    "sources[].mask.column": "the mask column: one value per token id of the row",
+    "sources[].mask.kind": "`loss_mask` (1/true: a target, 0/false: not) or `labels` "
+    "(Hugging Face labels, unshifted: the id itself where a target, `ignore_index` where not)",
+    "sources[].mask.ignore_index": "`labels` only: the label of a token that is no target "
+    "(negative)",
     "sources[].vocabulary": {
         "type": "section",
         "default": "unset: the plan tokenizer's vocabulary is not checked against the files",
@@ -210,7 +222,8 @@ MEANINGS: dict[str, Any] = {
     "batch.long_documents": "`split`: cut documents, drop nothing; `truncate`: keep documents "
     "whole, truncated to `seq_len`",
     "batch.max_document_tokens": "`split` only: keep at most this many tokens of a document "
-    "(the rest is dropped and counted as truncated)",
+    "(the rest is dropped and counted as truncated); at or under `seq_len`, documents are kept "
+    "whole (never cut between micro-batches or steps)",
     "batch.pad_to_seq_len": "pad every micro-batch to its capacity (fixed shapes); padding is "
     "never a target",
     "batch.buckets": {

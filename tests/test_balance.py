@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from omniload_dask.batching.balance import Assignment, Bucket, balance, route, split_documents
 from omniload_dask.batching.balance.pieces import Bins, Pieces
 from omniload_dask.batching.balance.refine import refine
-from omniload_dask.batching.cost import CostModel
+from omniload_dask.plan.cost import CostModel
 
 SEQ = 64
 COST = CostModel(1.0, 1.0 / 16)  # attention matters: a full piece costs 5x its tokens

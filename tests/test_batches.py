@@ -5,7 +5,8 @@ import pickle
 
 import numpy as np
 
-from omniload_dask.batching.formats import IGNORE_INDEX, Recipe, RecipeTable, Shard, build, expand
+from omniload_dask.batching.formats import IGNORE_INDEX, Recipe, RecipeTable, Shard, build
+from omniload_dask.batching.wire import expand
 
 
 def shard(source: int, docs: list[list[int]]) -> Shard:

@@ -14,7 +14,6 @@ import yaml
 
 from omniload_dask import PlanError, load_plan, parse_plan
 from omniload_dask.batching.balance import Bucket, balance
-from omniload_dask.batching.cost import CostModel
 from omniload_dask.calibrate import (
     TERMS,
     CalibrationError,
@@ -31,6 +30,7 @@ from omniload_dask.calibrate.batches import packed_arrays
 from omniload_dask.calibrate.fit import rank_correlation
 from omniload_dask.calibrate.runner import load_model
 from omniload_dask.cli import main
+from omniload_dask.plan.cost import CostModel
 
 from .datagen import plan_dict
 

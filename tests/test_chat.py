@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from omniload_dask.batching.formats import IGNORE_INDEX, expand
+from omniload_dask.batching.formats import IGNORE_INDEX
+from omniload_dask.batching.wire import expand
 from omniload_dask.demo.chat import CHATML_GENERATION
 from omniload_dask.errors import JobError, PlanError, RecordError
 from omniload_dask.plan import TokenizerSpec, parse_plan

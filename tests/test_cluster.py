@@ -14,7 +14,7 @@ import pytest
 from distributed import Client
 
 from omniload_dask import Job, JobError, SourceError, TokenizerError, local_cluster
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.internals import comms as _comms
 from omniload_dask.plan import parse_plan
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
@@ -420,7 +420,7 @@ def test_a_2x2x1x2_layout_shares_batches_with_tp_peers_and_slices_them_for_cp_pe
 
 
 def test_bad_rpc_arguments_are_named(small_sources, cluster):
-    from omniload_dask.cluster import internals as _dask
+    from omniload_dask.internals import comms as _comms
 
     plan = make_plan(small_sources, name="badrpc")
     with Client(cluster) as client:
@@ -434,11 +434,11 @@ def test_bad_rpc_arguments_are_named(small_sources, cluster):
         ]
         for kwargs, message in cases:
             with pytest.raises(JobError, match=message):
-                _dask.call(client, "batches", job="badrpc", **kwargs)
+                _comms.call(client, "batches", job="badrpc", **kwargs)
         with pytest.raises(JobError, match="window must be an integer >= 1"):
-            _dask.call(client, "mixture", job="badrpc", window=0)
+            _comms.call(client, "mixture", job="badrpc", window=0)
         with pytest.raises(JobError, match="no omniload job named 'nope'"):
-            _dask.call(client, "stats", job="nope")
+            _comms.call(client, "stats", job="nope")
         job.stop()
 
 
@@ -459,11 +459,11 @@ def test_a_waiting_feeder_does_not_spin_the_data_plane(small_plan):
         # several polls); once a poll finds the data plane quiet, nothing can move any more.
         for _ in range(30):
             before = job.stats()["data_plane_runs"]
-            _dask.call(job.client, "batches", **ask, timeout=0.5)
+            _comms.call(job.client, "batches", **ask, timeout=0.5)
             if job.stats()["data_plane_runs"] == before:
                 break
         before = job.stats()["data_plane_runs"]
-        reply = _dask.call(job.client, "batches", **ask, timeout=1.5)  # then nothing can move
+        reply = _comms.call(job.client, "batches", **ask, timeout=1.5)  # then nothing can move
         runs = job.stats()["data_plane_runs"] - before
         assert reply["parts"] == []
         assert runs <= 1, runs  # (a request that moves nothing does not run it at all)

@@ -11,6 +11,7 @@ import pytest
 
 from omniload_dask import JobError
 from omniload_dask.core.events import StepsRequested
+from omniload_dask.core.keys import parse as parse_key
 from omniload_dask.plan import parse_plan
 from omniload_dask.sources import decode_sample_id
 from omniload_dask.sources.registry import discover_source, read_unit_records
@@ -219,7 +220,11 @@ def test_context_parallel_ranks_fetch_their_slices_and_tensor_parallel_peers_one
         for rank, key in keys.items():
             c = layout.coords(rank)
             # its own slice: part (step offset in the block) * dp * cp + dp rank * cp + cp rank
-            offset = step - int(key.split(":")[0].rsplit("-", 2)[1])  # the block's first step
+            block = parse_key(
+                key.split(":")[0]
+            )  # ref "block key:part"; its fields (first step, k{n})
+            assert block is not None
+            offset = step - int(block.fields[0])
             assert key.endswith(f":{(offset * layout.dp + c['dp']) * layout.cp + c['cp']}")
             peer = layout.rank(c["dp"], 1 - c["tp"], c["pp"], c["cp"])
             assert keys[peer] == key  # tensor-parallel peers: the same slice, built once

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from omniload_dask import PlanError, parse_plan
-from omniload_dask.batching.cost import CostModel, transformer_coefficients
+from omniload_dask.plan.cost import CostModel, transformer_coefficients
 
 from .datagen import plan_dict
 

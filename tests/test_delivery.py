@@ -14,6 +14,7 @@ from omniload_dask.cluster.waiters import Waiters
 from omniload_dask.core.actions import SubmitConstruct
 from omniload_dask.core.blocks import fetch_depth, groups_per_task, steps_per_task, together_end
 from omniload_dask.core.events import StepsRequested
+from omniload_dask.core.keys import parse as parse_key
 from omniload_dask.core.positions import RankPositions, Tournament
 from omniload_dask.errors import PlanError
 from omniload_dask.plan import LayoutSpec, parse_plan
@@ -21,6 +22,13 @@ from omniload_dask.testing import InlineDataPlane, batch_digest
 from omniload_dask.trainer.prefetch import Prefetcher
 
 from .conftest import make_plan
+
+
+def _fields(key: str) -> tuple[str, ...]:
+    """A task key's fields after its run id (:func:`omniload_dask.core.keys.parse`)."""
+    name = parse_key(key)
+    assert name is not None, key
+    return name.fields
 
 
 def test_a_tournament_tree_tracks_the_smallest_and_largest_value_under_updates():
@@ -89,8 +97,8 @@ def test_blocks_build_several_dp_groups_in_one_task_and_every_rank_gets_its_own_
         got = plane.fetch(step)
         for rank in want:
             assert batch_digest(one.batches[want[rank]]) == batch_digest(plane.batches[got[rank]])
-    steps = {int(a.key.split("-")[3]) for a in constructs}
-    per_step = {s: [a.groups for a in constructs if int(a.key.split("-")[3]) == s] for s in steps}
+    step_of = {a.key: int(_fields(a.key)[0]) for a in constructs}  # block keys: (step, block)
+    per_step = {s: [a.groups for a in constructs if step_of[a.key] == s] for s in step_of.values()}
     assert all(groups == [(0, 1, 2), (3,)] for groups in per_step.values())
     for a in constructs:  # each read of a block once, and every recipe's slots point into it
         assert len({r.key for r in a.reads}) == len(a.reads)
@@ -274,11 +282,11 @@ def test_a_block_of_several_steps_delivers_every_step_as_one_step_blocks_do(smal
         assert {g: batch_digest(b) for g, b in got.items()} == {
             g: batch_digest(b) for g, b in want.items()
         }
-    built = [a for a in constructs if "-k" in a.key]
+    built = [a for a in constructs if _fields(a.key)[1].startswith("k")]  # (first, k{steps})
     # the first step alone (the first batch waits for one step), then blocks of 4
-    assert [a.key.rsplit("-", 2)[1:] for a in built[:3]] == [["0", "k1"], ["1", "k4"], ["5", "k4"]]
+    assert [_fields(a.key) for a in built[:3]] == [("0", "k1"), ("1", "k4"), ("5", "k4")]
     for a in built:  # one table per step, every read of the block once
-        first, k = a.key.rsplit("-", 2)[1:]
+        first, k = _fields(a.key)
         assert [t.step for t in a.recipes] == list(range(int(first), int(first) + int(k[1:])))
         assert len({r.key for r in a.reads}) == len(a.reads)
         assert {r for t in a.recipes for r in t.slot_reads.tolist()} == set(range(len(a.reads)))

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from omniload_dask import RecordError, SourceError
-from omniload_dask.batching.formats import expand
+from omniload_dask.batching.wire import expand
 from omniload_dask.cluster import tasks as worker
 from omniload_dask.demo import (
     caption,

@@ -4,10 +4,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
+import json
+
 import torch
 
 from omniload_dask.errors import JobError
-from tests.trainer_runs import losses, recorded, torchrun, uninterrupted
+from tests.trainer_runs import eval_losses, losses, recorded, torchrun, uninterrupted
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +35,14 @@ def test_hf_example_trains_is_killed_and_resumes_with_every_ranks_stream_exact(t
     all_losses = losses(killed.stdout) + losses(resumed.stdout)
     assert len(all_losses) == 5
     assert all_losses[-1] < all_losses[0]
+    # an evaluation at step 2 before the kill, one at step 4 after the resume: the same pass
+    assert eval_losses(killed.stdout) and eval_losses(resumed.stdout), killed.stdout[-2000:]
+    for rank in (0, 1):
+        evals, again = (
+            recorded(first, name="eval-rank")[rank],
+            recorded(second, name="eval-rank")[rank],
+        )
+        assert evals and again and again == evals * (len(again) // len(evals))
 
 
 def test_hf_batch_gives_a_llama_the_padding_free_fields_and_its_loss_matches_per_document():
@@ -137,3 +147,64 @@ def test_trainer_evaluate_reads_a_validation_pass_and_two_evaluations_agree(tmp_
         job.stop()
     assert seen == [0, 1]
     assert first["eval_loss"] == second["eval_loss"] and first["eval_loss"] > 0
+
+
+def test_a_resumed_trainer_goes_on_with_the_validation_rotation(tmp_path):
+    from distributed import Client
+    from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
+
+    from omniload_dask import Job, local_cluster
+    from omniload_dask.integrations.hf import (
+        OmniloadEvalIterable,
+        OmniloadIterable,
+        OmniloadTrainer,
+    )
+    from omniload_dask.plan import parse_plan
+    from tests.datagen import plan_dict, texts, write_jsonl
+
+    write_jsonl(tmp_path / "train.jsonl", texts(100, seed=1, prefix="tr"))
+    write_jsonl(tmp_path / "val.jsonl", texts(40, seed=2, prefix="va"))
+    held = {"name": "held", "format": "jsonl", "path": str(tmp_path / "val.jsonl")}
+    sources = [{"name": "web", "format": "jsonl", "path": str(tmp_path / "train.jsonl")}]
+    plan = parse_plan(
+        plan_dict(
+            sources,
+            name="hf-rotation",
+            layout={"dp": 1},
+            batch={"seq_len": 128, "micro_batches": 1, "global_tokens": 128},
+            streams={"validation": {"sources": [held], "steps": 1, "rotation": 3}},
+        )
+    )
+    seen: list[int] = []
+
+    def run(job, steps, resume=None):
+        def make(k):
+            seen.append(k)
+            return job.feeder(rank=0, stream="validation", pass_index=k)
+
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(
+            LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+        )  # fmt: skip
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], disable_tqdm=True,
+            per_device_eval_batch_size=1, max_steps=steps, eval_strategy="steps", eval_steps=1,
+            save_steps=1, save_only_model=False,
+        )  # fmt: skip
+        OmniloadTrainer(
+            model=model,
+            args=args,
+            train_dataset=OmniloadIterable(job.feeder(rank=0, max_steps=steps)),
+            eval_dataset=OmniloadEvalIterable(make),
+        ).train(resume_from_checkpoint=resume)
+
+    with local_cluster(1, dashboard_address=None) as cluster, Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        run(job, 2)
+        assert seen == [0, 1]
+        run(job, 3, resume=True)  # from the checkpoint of step 2: the third pass is next
+        job.stop()
+    assert seen == [0, 1, 2]
+    saved = json.loads((tmp_path / "out" / "checkpoint-3" / "omniload-rank0.json").read_text())
+    assert saved["eval_passes"] == 3

@@ -100,7 +100,7 @@ def test_dask_bookkeeping_of_new_keys_and_submits_stays_bounded(tmp_path, monkey
     about 250 bytes more, for as long as the job ran. The plugin trims both past a bound."""
     from dask.utils import key_split
 
-    from omniload_dask.cluster import forgetting
+    from omniload_dask.internals import forgetting
 
     monkeypatch.setattr(forgetting, "KEY_CACHE_ENTRIES", 100)
     monkeypatch.setattr(forgetting, "SPAN_ENTRIES", 50)

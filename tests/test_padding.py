@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from omniload_dask.batching.formats import IGNORE_INDEX, expand
+from omniload_dask.batching.formats import IGNORE_INDEX
+from omniload_dask.batching.wire import expand
 from omniload_dask.testing import InlineDataPlane
 
 from .test_loss_tokens import corpus, sft_plan  # noqa: F401  (the corpus fixture)

@@ -9,7 +9,7 @@ import omniload_dask.batching.balance.polish as polish_pass
 from omniload_dask.batching.balance import Bucket, balance
 from omniload_dask.batching.balance.pieces import Bins, Pieces
 from omniload_dask.batching.balance.polish import POLISH_UP_TO, polish
-from omniload_dask.batching.cost import CostModel
+from omniload_dask.plan.cost import CostModel
 
 from .test_balance import check_assignment
 

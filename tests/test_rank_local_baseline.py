@@ -23,7 +23,7 @@ from support.manysources import bpe_tokenizer, make_sources, source_specs  # noq
 from support.rank_local import RankLocalLoader, SourceShard, shard_files, step_cost  # noqa: E402
 
 from omniload_dask import parse_plan  # noqa: E402
-from omniload_dask.batching.cost import CostModel  # noqa: E402
+from omniload_dask.plan.cost import CostModel  # noqa: E402
 from omniload_dask.preprocess.tokenize import tokenize  # noqa: E402
 
 SEQ_LEN = 1024

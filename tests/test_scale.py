@@ -62,17 +62,18 @@ def test_blocks_of_dp_groups_hand_each_rank_its_own_part(small_sources, cluster)
     assert_same(ref, got)
     assert keys  # steps were kept for rebuilds
     parts = [p for kinds in held.values() for p in kinds]
-    assert parts and set(parts) == {"packed"}  # built packed, as served (cluster.serving)
+    assert parts and set(parts) == {"packed"}  # built packed, as served (batching.wire)
 
 
 def _block_parts(dask_worker):
     """What the blocks in a worker's memory hold: ``"packed"`` parts or anything else."""
-    from omniload_dask.cluster.serving import is_packed
+    from omniload_dask.batching.wire import is_packed
+    from omniload_dask.core.keys import is_batch
 
     return [
         "packed" if is_packed(part) else type(part).__name__
         for key, block in list(dask_worker.data.items())
-        if str(key).startswith("omniload-batch-")
+        if is_batch(key)
         for part in block.parts.values()
     ]
 
@@ -197,9 +198,9 @@ def test_the_data_plane_client_survives_a_lost_connection(small_sources):
             got = [next(feeder) for _ in range(len(ref[0]) // 2)]
 
             def cut(dask_scheduler):
-                from omniload_dask.cluster import internals
+                from omniload_dask.internals import server as _server
 
-                internals.break_connection(dask_scheduler.plugins["omniload"]._client.current)
+                _server.break_connection(dask_scheduler.plugins["omniload"]._client.current)
 
             job.client.run_on_scheduler(cut)
             got += list(feeder)
@@ -228,9 +229,9 @@ def test_the_job_fails_saying_so_when_its_client_cannot_connect_again(small_sour
             data_client._connect = refuse  # every new client fails to connect from now on
 
             def cut(dask_scheduler):
-                from omniload_dask.cluster import internals
+                from omniload_dask.internals import server as _server
 
-                internals.break_connection(dask_scheduler.plugins["omniload"]._client.current)
+                _server.break_connection(dask_scheduler.plugins["omniload"]._client.current)
 
             job.client.run_on_scheduler(cut)
             deadline = time.monotonic() + 120

@@ -23,6 +23,7 @@ SURFACE = {
     "add_source",
     "remove_source",
     "apply_change",
+    "apply_stages",
     "adopt_plan",
     "advance",
     "draw_step",

@@ -500,9 +500,9 @@ def test_the_data_plane_client_reconnects_with_the_scheduler_s_certificate(
             got = [next(feeder) for _ in range(len(ref[0]) // 2)]
 
             def cut(dask_scheduler):
-                from omniload_dask.cluster import internals
+                from omniload_dask.internals import server as _server
 
-                internals.break_connection(dask_scheduler.plugins["omniload"]._client.current)
+                _server.break_connection(dask_scheduler.plugins["omniload"]._client.current)
 
             job.client.run_on_scheduler(cut)
             got += list(feeder)

@@ -10,7 +10,8 @@ import pytest
 from distributed.protocol import dumps, loads
 
 from omniload_dask.batching.formats import GroupBatch
-from omniload_dask.cluster.serving import pack_part, unpack_part, wire_part
+from omniload_dask.batching.wire import pack_part, unpack_part
+from omniload_dask.cluster.serving import wire_part
 from omniload_dask.cluster.tasks import group_parts
 from omniload_dask.plan import load_plan
 from omniload_dask.testing import InlineDataPlane
@@ -114,7 +115,7 @@ def test_a_block_holds_its_parts_packed_and_its_standby_copy_keeps_them(demo):
     from dask.sizeof import sizeof
 
     from omniload_dask.batching.formats import BatchBlock
-    from omniload_dask.cluster.serving import is_packed, packed
+    from omniload_dask.batching.wire import is_packed, packed
 
     shutil.copy(PLANS / "quickstart.yaml", demo / "quickstart.yaml")
     plan = load_plan(demo / "quickstart.yaml")

@@ -8,7 +8,7 @@ import omniload_dask.batching.balance.slide as slide_pass
 from omniload_dask.batching.balance import Bucket, balance
 from omniload_dask.batching.balance.pieces import Bins, Pieces
 from omniload_dask.batching.balance.slide import SLIDE_UP_TO, slide
-from omniload_dask.batching.cost import CostModel
+from omniload_dask.plan.cost import CostModel
 
 from .test_balance import check_assignment
 

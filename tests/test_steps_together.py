@@ -23,8 +23,8 @@ from omniload_dask.batching.balance import (
     balance_steps,
 )
 from omniload_dask.batching.balance.refine import STEPS_UP_TO
-from omniload_dask.batching.cost import CostModel
 from omniload_dask.plan import parse_plan
+from omniload_dask.plan.cost import CostModel
 from omniload_dask.testing import InlineDataPlane, batch_digest
 
 from .datagen import plan_dict

@@ -13,7 +13,7 @@ import pytest
 from distributed import Client
 
 from omniload_dask import CheckpointError, Job, JobError, local_cluster
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.internals import comms as _comms
 from omniload_dask.plan import parse_plan
 from omniload_dask.testing import InlineDataPlane
 
@@ -111,8 +111,8 @@ def test_every_rpc_integer_is_range_checked_with_a_typed_error(tmp_path):
             if handler == "update_plan":
                 kwargs = {**kwargs, "plan": plan.to_dict()}
             with pytest.raises(JobError) as err:
-                _dask.call(client, handler, **kwargs)
+                _comms.call(client, handler, **kwargs)
             assert "must " in str(err.value), (handler, kwargs, err.value)
         # the data plane is unharmed: it still serves the job
-        assert _dask.call(client, "stats", job="trust")["sources"][0]["name"] == "web"
+        assert _comms.call(client, "stats", job="trust")["sources"][0]["name"] == "web"
         job.stop()

@@ -29,11 +29,19 @@ def losses(stdout: str) -> list[float]:
     return [float(x) for x in re.findall(r"^step \d+ loss (\d+\.\d+)", stdout, flags=re.M)]
 
 
-def recorded(folder: Path, ranks: int = 2) -> dict[int, list[tuple[int, int, str]]]:
-    """Per rank, the (step, micro_step, digest) of each micro-batch it trained on, in order."""
+def eval_losses(stdout: str) -> list[float]:
+    """The evaluation losses an example printed as ``step N eval_loss X``."""
+    return [float(x) for x in re.findall(r"^step \d+ eval_loss (\d+\.\d+)", stdout, flags=re.M)]
+
+
+def recorded(
+    folder: Path, ranks: int = 2, name: str = "rank"
+) -> dict[int, list[tuple[int, int, str]]]:
+    """Per rank, the (step, micro_step, digest) of each micro-batch it trained on (``name``
+    "eval-rank": evaluated on), in order."""
     out = {}
     for rank in range(ranks):
-        lines = (folder / f"rank{rank}.jsonl").read_text().splitlines()
+        lines = (folder / f"{name}{rank}.jsonl").read_text().splitlines()
         out[rank] = [
             (r["step"], r["micro_step"], r["digest"]) for r in (json.loads(x) for x in lines)
         ]

@@ -40,3 +40,13 @@ def wrong_type(record: dict[str, Any]) -> Any:
 def past_the_vocabulary(record: dict[str, Any]) -> dict[str, Any]:
     """Puts an id outside the byte vocabulary into every token record."""
     return {**record, "tokens": np.append(record["tokens"], 4000)}
+
+
+def drop_first_token(record: dict[str, Any]) -> dict[str, Any]:
+    """A token transform that keeps the mask in step: the first id and its mask value go."""
+    return {**record, "tokens": record["tokens"][1:], "mask": record["mask"][1:]}
+
+
+def lose_the_mask(record: dict[str, Any]) -> dict[str, Any]:
+    """Appends an id but leaves the mask as it was (one value short)."""
+    return {**record, "tokens": np.append(record["tokens"], 1)}

@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.mixing import Mixer, NeedMore
 from omniload_dask.plan import Plan, SourceSpec, TokenizerSpec
+from omniload_dask.plan.cost import CostModel
 from omniload_dask.preprocess.tokenize import load_tokenizer, tokenize
 from support.accounting import deep_sizeof
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from omniload_dask.batching.balance import Assignment
-from omniload_dask.batching.cost import CostModel
 from omniload_dask.calibrate import MicroBatch, Settled, StepTimer, features
+from omniload_dask.plan.cost import CostModel
 
 __all__ = [
     "baseline_micro_batches",

@@ -4,7 +4,6 @@ Pure (numpy only, no I/O, no Dask). What each module owns, in the order a step u
 
     mixing            the weighted-fair draw of each global batch from the sources, and the
                       weight of every source at every step (plan, schedule, live changes)
-    cost              what a document piece costs to train on (the plan's ``cost:``)
     balance/          the split of one global batch among the DP groups, one module per
                       pass (route, place, refine, polish, slide; its package doc)
     assignment        the resulting split and its figures (efficiency, tokens, costs)
@@ -12,8 +11,13 @@ Pure (numpy only, no I/O, no Dask). What each module owns, in the order a step u
     sorting           stable orders of small integer keys (radix sorts where they fit)
     formats           shards, recipes and the packed ("varlen") batch layout they build
       packing           a recipe table pickled as one byte string (one frame to Dask)
+    wire              the wire format of a part: packed by its construction, served and
+                      unpacked as it is, expanded to the full layout by the feeder
     context_parallel  each context-parallel rank's zigzag slice of a built batch
 
-The data plane (:mod:`omniload_dask.core`) calls ``mixing`` and ``balance``; worker tasks
-(:mod:`omniload_dask.cluster.tasks`) call ``formats`` and ``context_parallel``.
+What a document piece costs to train on (the plan's ``cost:``, the balancer's weight) is the
+plan's: :mod:`omniload_dask.plan.cost`. The data plane (:mod:`omniload_dask.core`) calls
+``mixing`` and ``balance``; worker tasks
+(:mod:`omniload_dask.cluster.tasks`) call ``formats``, ``context_parallel`` and ``wire``, which
+the trainer side (:mod:`omniload_dask.trainer`) reads back.
 """

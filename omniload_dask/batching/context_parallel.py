@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.formats import IGNORE_INDEX, GroupBatch, expand
+from omniload_dask.batching.formats import IGNORE_INDEX, GroupBatch
+from omniload_dask.batching.wire import expand
 
 __all__ = ["slice_batch", "slice_micro_batch", "zigzag_index"]
 
@@ -53,7 +54,7 @@ def zigzag_index(cu_seqlens: np.ndarray, cp: int, rank: int) -> tuple[np.ndarray
 
 def slice_micro_batch(mb: dict[str, Any], cp: int, rank: int) -> dict[str, Any]:
     """Slice ``rank`` of one packed micro-batch (see the module docstring); a slice is in full
-    form (:func:`~.formats.expand`), as its labels and positions no longer follow from its
+    form (:func:`~.wire.expand`), as its labels and positions no longer follow from its
     tokens."""
     mb = expand(mb)
     index, local = zigzag_index(mb["cu_seqlens"], cp, rank)

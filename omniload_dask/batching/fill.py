@@ -38,7 +38,7 @@ import numpy as np
 
 from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.balance.routing import Bucket
-from omniload_dask.batching.cost import CostFunction
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = ["fill_empty"]
 

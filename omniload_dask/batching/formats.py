@@ -48,13 +48,9 @@ the whole image and maps only the tokens it holds.
 Their sizes for the cluster's memory accounting are registered with ``dask.sizeof`` on the
 cluster side (:mod:`omniload_dask.cluster.sizeof`), so this module stays free of Dask.
 
-On the wire. Constructor tasks build micro-batches in *wire form* (``build(..., wire=True)``):
-``input_ids`` as ``uint32`` (the tokenizer's own id type) and no ``labels`` or ``position_ids``,
-which follow from ``input_ids``, ``cu_seqlens``, ``image_token_map`` and, where a document has a
-target mask, ``target_bits`` (the per-token mask, ``np.packbits``: 1 bit a token). That is 4 bytes per
-token held in worker memory and sent to a feeder instead of 24; the feeder restores the full
-layout with :func:`expand` (three vector passes per micro-batch, on the trainer's side).
-Context-parallel slices are built from the full form and stay full.
+Constructor tasks build micro-batches in *wire form* (``build(..., wire=True)``), which
+:mod:`omniload_dask.batching.wire` describes, with the packed form in which workers hold and
+send a part and :func:`~omniload_dask.batching.wire.expand`, which restores the full layout.
 """
 
 from __future__ import annotations
@@ -64,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.labels import IGNORE_INDEX, derived, expand, loss_positions
+from omniload_dask.batching.labels import IGNORE_INDEX, derived, loss_positions
 from omniload_dask.batching.packing import packed_reduce
 from omniload_dask.batching.sorting import first_use, ranges
 
@@ -78,7 +74,6 @@ __all__ = [
     "RecipeTable",
     "Shard",
     "build",
-    "expand",
 ]
 
 IMAGE_FIELDS = (
@@ -179,7 +174,8 @@ class Recipe:
     ``pieces`` rows are ``(micro_step, shard slot, row, token start, token stop)`` in output
     order; the shard slot indexes the shards passed to :func:`build`. Micro-step m holds up to
     ``micro_seq_lens[m]`` tokens (context buckets), or ``seq_len`` when that is empty.
-    ``global_loss_tokens`` is the step's count of loss tokens over all groups (-1: unknown).
+    ``global_loss_tokens`` is the step's count of loss tokens over all groups (-1: unknown);
+    ``stage`` the step's training stage where the job's batch has stages (-1: none).
     """
 
     step: int
@@ -193,6 +189,7 @@ class Recipe:
     micro_seq_lens: tuple[int, ...] = ()
     patch_size: int = 0  # > 0: the plan has images; micro-batches carry the image fields
     global_loss_tokens: int = -1
+    stage: int = -1
 
     def capacity(self, micro_step: int) -> int:
         """Token capacity of micro-step ``micro_step``."""
@@ -245,6 +242,7 @@ class RecipeTable:
     micro_seq_lens: tuple[int, ...] = ()
     patch_size: int = 0
     global_loss_tokens: int = -1  # the step's, over all its groups (not only these)
+    stage: int = -1  # the step's training stage (-1: the job's batch has no stages)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -268,6 +266,7 @@ class RecipeTable:
             micro_seq_lens=self.micro_seq_lens,
             patch_size=self.patch_size,
             global_loss_tokens=self.global_loss_tokens,
+            stage=self.stage,
         )
 
     def reads_of(self, i: int) -> np.ndarray:
@@ -362,7 +361,7 @@ class BatchBlock:
 
     ``parts[p]`` is part p (group ``p // cp``, or its context-parallel slice ``p % cp``); a
     fetcher asks the worker holding the block for its own part only. A construction task
-    stores each part packed as the workers serve it (``cluster.serving.pack_part``), or as a
+    stores each part packed as the workers serve it (:func:`.wire.packed`), or as a
     :class:`GroupBatch` where it does not pack.
     """
 
@@ -410,6 +409,8 @@ def _micro_batch(
     extra: dict[str, Any] = {}
     if recipe.global_loss_tokens >= 0:
         extra["global_loss_tokens"] = recipe.global_loss_tokens
+    if recipe.stage >= 0:
+        extra["stage"] = recipe.stage
     token_map = images.get("image_token_map")
     if not compact:
         position_ids, labels = derived(input_ids, cu, total, token_map, target)

@@ -10,7 +10,7 @@ mask), and nothing past a piece's last token (the next token lies in another mic
     labels        [6 7 -100 -100 10 -100]
     positions     [T T F F T F]          loss_positions: where labels are not -100
 
-Every path a micro-batch takes (wire form and :func:`expand`, context-parallel slices, the
+Every path a micro-batch takes (wire form and :func:`~omniload_dask.batching.wire.expand`, context-parallel slices, the
 fan-out, the DataLoader adapter, resume) gets its labels from :func:`derived`, so a mask holds
 on each of them; pre-tokenized sources with masks go through the same function.
 
@@ -28,32 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-__all__ = ["IGNORE_INDEX", "Holes", "count_loss_tokens", "derived", "expand", "loss_positions"]
+__all__ = ["IGNORE_INDEX", "Holes", "count_loss_tokens", "derived", "loss_positions"]
 
 IGNORE_INDEX = -100
-
-
-def expand(mb: dict[str, Any]) -> dict[str, Any]:
-    """The full packed layout of a micro-batch in wire form (a full one is returned as is)::
-
-    wire   input_ids [5 6 7 8 9] (uint32)   cu_seqlens [0 3 5]   num_tokens 5
-    full   input_ids [5 6 7 8 9] (int64)    labels [6 7 -100 9 -100]   position_ids [0 1 2 0 1]
-    """
-    if "labels" in mb:
-        return mb
-    out = dict(mb)
-    input_ids = mb["input_ids"].astype(np.int64)
-    out["input_ids"] = input_ids
-    bits = out.pop("target_bits", None)
-    target = None if bits is None else np.unpackbits(bits, count=len(input_ids)).astype(bool)
-    out["position_ids"], out["labels"] = derived(
-        input_ids, mb["cu_seqlens"], int(mb["num_tokens"]), mb.get("image_token_map"), target
-    )
-    return out
 
 
 def derived(

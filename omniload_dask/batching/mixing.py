@@ -424,7 +424,7 @@ def mix_guarantee(batch: BatchSpec, by: str, weights: Sequence[float]) -> str:
         )
     budget = batch.global_tokens
     top, total, low = float(w.max()), float(w.sum()), float(w.min())
-    if batch.long_documents == "split":
+    if not batch.whole_documents:
         if by == "documents":
             return (
                 "mix: by documents, exact up to one document per source; a document that does "
@@ -440,7 +440,7 @@ def mix_guarantee(batch: BatchSpec, by: str, weights: Sequence[float]) -> str:
     cap = batch.seq_len
     points = 100 * top / total * (HORIZON_BATCHES + cap * total / (low * budget)) / 1000
     return (
-        f"mix: by {by}, documents kept whole (long_documents: truncate): a source whose next "
+        f"mix: by {by}, documents kept whole (never cut): a source whose next "
         f"document does not fit sits out and is paid back within {HORIZON_BATCHES} global "
         f"batches, so at fixed weights every share is within {points:.2f} points of its "
         "target over 1,000 full steps"

@@ -98,8 +98,8 @@ class Calibration:
         return out
 
     def cost_model(self) -> Any:
-        """The :class:`~omniload_dask.batching.cost.CostModel` of :meth:`cost_block`."""
-        from omniload_dask.batching.cost import CostModel
+        """The :class:`~omniload_dask.plan.cost.CostModel` of :meth:`cost_block`."""
+        from omniload_dask.plan.cost import CostModel
 
         block = self.cost_block()
         encoder = block.get("encoder", {})

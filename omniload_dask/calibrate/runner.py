@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.cost import load_function
 from omniload_dask.calibrate.batches import packed_arrays
 from omniload_dask.calibrate.grid import MicroBatch
 from omniload_dask.calibrate.steady import Settled, judge_timings
 from omniload_dask.errors import CalibrationError, OmniloadError
+from omniload_dask.plan.cost import load_function
 from omniload_dask.plan.fields import Fields
 from omniload_dask.plan.parse_cost import read_model
 

@@ -34,12 +34,12 @@ __all__ = ["add_job_commands", "name_taken"]
 def name_taken(client: Any, name: str, address: str) -> str | None:
     """What to say when a job named ``name`` already runs at ``address`` (None: it does not):
     how far it is and the three ways on (stop it, attach to it, another name)."""
-    from omniload_dask.cluster import internals as _dask
+    from omniload_dask.internals import comms as _comms
     from omniload_dask.observe.status import job_state
 
-    if name not in (_dask.call(client, "jobs") or ()):
+    if name not in (_comms.call(client, "jobs") or ()):
         return None
-    stats = _dask.call(client, "stats", job=name)
+    stats = _comms.call(client, "stats", job=name)
     step = stats["start_step"] + stats["steps_fetched"]
     return (
         f"a job named {name!r} already runs at {address} ({job_state(stats)}, its ranks at step "
@@ -119,12 +119,12 @@ def _jobs(args: argparse.Namespace) -> int:
 
 def _stop(args: argparse.Namespace) -> int:
     """``omniload stop NAME``: stop the job (a last checkpoint flush first, if it has one)."""
-    from omniload_dask.cluster import internals as _dask
+    from omniload_dask.internals import comms as _comms
     from omniload_dask.observe.status import job_stats
 
     with _client(args) as client:
         job_stats(client, args.name, args.address)  # no such job: an error naming those that run
-        if not _dask.call(client, "stop", job=args.name, call_timeout=args.timeout + 30):
+        if not _comms.call(client, "stop", job=args.name, call_timeout=args.timeout + 30):
             raise JobError(f"job {args.name!r} ended before it could be stopped")
     print(f"stopped job {args.name!r} at {args.address}")
     return 0
@@ -146,37 +146,38 @@ def _parse_weights(items: list[str]) -> dict[str, float]:
 
 def _set_weights(args: argparse.Namespace) -> int:
     """``omniload set-weights``: re-weight sources of a running job."""
-    from omniload_dask.cluster import internals as _dask
+    from omniload_dask.internals import comms as _comms
 
     weights = _parse_weights(args.weights)
     with _running_job(args) as (client, job):
-        reply = _dask.call(client, "set_weights", job=job, weights=weights, at_step=args.at_step)
+        reply = _comms.call(client, "set_weights", job=job, weights=weights, at_step=args.at_step)
         print(f"job {job!r}: weights {reply['weights']} from step {reply['step']}")
     return 0
 
 
 def _update_plan(args: argparse.Namespace) -> int:
     """``omniload update-plan``: apply a new version of a running job's plan."""
-    from omniload_dask.cluster import internals as _dask
+    from omniload_dask.internals import comms as _comms
 
     plan = load_plan(args.plan)
     with _running_job(args) as (client, job):
-        reply = _dask.call(
+        reply = _comms.call(
             client, "update_plan", job=job, plan=plan.to_dict(), at_step=args.at_step
         )
         print(
             f"job {job!r}: from step {reply['step']}: added {reply['added']}, "
             f"removed {reply['removed']}, weights {reply['weights']}"
+            + (f", stages {reply['stages']}" if reply.get("stages") else "")
         )
     return 0
 
 
 def _mixture(args: argparse.Namespace) -> int:
     """``omniload mixture``: target and realised share per source of a running job."""
-    from omniload_dask.cluster import internals as _dask
+    from omniload_dask.internals import comms as _comms
 
     with _running_job(args) as (client, job):
-        rows = _dask.call(client, "mixture", job=job, window=args.window)
+        rows = _comms.call(client, "mixture", job=job, window=args.window)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -204,7 +205,9 @@ def add_job_commands(sub: Any) -> None:
     p.add_argument("weights", nargs="+", metavar="SOURCE=WEIGHT")
     p.add_argument("--job", help="the job's name (default: the only job running)")
     p.add_argument("--at-step", type=int, help="first step to use them (default: next step)")
-    p = _add(sub, "update-plan", "apply a new plan version live (sources, weights)", _update_plan)
+    p = _add(
+        sub, "update-plan", "apply a new plan version live (sources, weights, stages)", _update_plan
+    )
     p.add_argument("plan")
     p.add_argument("--job", help="the job's name (default: the only job running)")
     p.add_argument("--at-step", type=int, help="first step to use it (default: next step)")

@@ -15,7 +15,8 @@
 - :mod:`.job`: ``Job``, the client-side handle, and the embedded ``LocalCluster``;
   :mod:`.settings`: the Dask settings it runs with, which the preload gives other clusters.
 - :mod:`.adaptive`: Dask's adaptive scaling, told how many workers keep the trainers fed.
-- :mod:`.internals`: every use of Dask internals, and only there (with :mod:`.amm`, the
-  memory manager's policies, and :mod:`.forgetting`, the bounds on what Dask remembers of
-  every new key and submit).
+
+Every use of Dask internals is in :mod:`omniload_dask.internals` (which :mod:`omniload_dask.
+observe` and :mod:`omniload_dask.trainer` use too); the wire form of a part is
+:mod:`omniload_dask.batching.wire`'s.
 """

@@ -4,7 +4,7 @@ Dask's own estimate (``Scheduler.adaptive_target``) counts the work queued on th
 data plane deliberately queues little (a few reads per worker thread, see
 :mod:`omniload_dask.core.autoscale`), so that estimate cannot see that trainers wait. Dask's supported
 way to change the target is a subclass of :class:`distributed.deploy.Adaptive` with its own
-``target()``, passed to ``cluster.adapt``::
+``target()``, passed to a Dask cluster's ``adapt``::
 
     from omniload_dask.cluster.adaptive import OmniloadAdaptive
     cluster.adapt(Adaptive=OmniloadAdaptive, minimum=1, maximum=16)

@@ -11,7 +11,8 @@ endless wait (a timeout must be finite)::
 
 Integers go up to ``2**63 - 1``, what the data plane's int64 arrays and a checkpoint hold.
 An integer outside 64 bits cannot even be sent (msgpack raises ``OverflowError`` in the caller):
-:func:`check_sendable` turns that into the same typed error before a call leaves the client.
+:func:`omniload_dask.internals.comms.check_sendable` turns that into the same typed error before
+a call leaves the client.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from omniload_dask.errors import JobError
 __all__ = [
     "MAX_INTEGER",
     "MAX_TIMEOUT",
-    "check_sendable",
     "flag",
     "integer",
     "number",
@@ -100,23 +100,3 @@ def weights(value: Any) -> dict[str, float]:
                 pass
         raise JobError(f"set_weights: weight of {source!r} must be a finite number, got {weight!r}")
     return out
-
-
-def check_sendable(handler: str, kwargs: Mapping[str, Any]) -> None:
-    """Refuse, before sending, an argument holding an integer that msgpack cannot carry (outside
-    ``-2**63 .. 2**64 - 1``): a JobError naming the handler and the argument."""
-
-    def fits(value: Any) -> bool:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return -(2**63) <= value < 2**64
-        if isinstance(value, (list, tuple)):
-            return all(fits(v) for v in value)
-        if isinstance(value, Mapping):
-            return all(fits(v) for v in value.values())
-        return True
-
-    for name, value in kwargs.items():
-        if not fits(value):
-            raise JobError(
-                f"{handler}: {name} must hold integers from 0 to 2**63 - 1, got {value!r}"
-            )

@@ -34,11 +34,12 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster
 
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import quiet, settings
 from omniload_dask.cluster.plugin import OmniloadPlugin
 from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.fixes import own_error
+from omniload_dask.internals import comms as _comms
+from omniload_dask.internals import server as _server
 from omniload_dask.plan import READ_SLOTS_PER_THREAD, Plan, load_plan, parse_plan
 from omniload_dask.trainer.feeder import Feeder
 
@@ -172,7 +173,7 @@ class Job:
         ``security``: a ``distributed.Security`` for the scheduler at ``address`` (default:
         Dask's config). Without an address, ``security=True`` (or the plan's ``loader.tls``)
         runs the embedded cluster on TLS with temporary certificates, its dashboard on
-        loopback; ``job.client.security`` then lets other processes of this machine connect.
+        loopback; ``Job.client``'s ``security`` then lets other processes of this machine connect.
 
         ``resume=True`` continues from the plan's checkpoint where the slowest rank was;
         ``resume=STEP`` continues from that step (e.g. the smallest ``step`` of the ranks'
@@ -218,7 +219,7 @@ class Job:
                 client.register_plugin(quiet.QuietTaskErrors())
             client.register_plugin(OmniloadPlugin())
             unverified = {"resume_unverified": True} if resume_unverified else {}
-            info = _dask.call(
+            info = _comms.call(
                 client,
                 "start",
                 plan=plan.to_dict(),
@@ -252,7 +253,7 @@ class Job:
             if address is None:
                 raise JobError("Job.attach: give an address or a client")
             client = Client(address, security=security, set_as_default=False)
-        info = _dask.call(client, "info", job=name)
+        info = _comms.call(client, "info", job=name)
         return cls(client, info, owns_client=owns)
 
     def feeder(self, **kwargs: Any) -> Feeder:
@@ -263,21 +264,21 @@ class Job:
 
     def flush_checkpoint(self) -> dict[str, Any] | None:
         """Write pending checkpoint deltas now (they are also written every few seconds)."""
-        return _dask.call(self.client, "flush_checkpoint", job=self.name)
+        return _comms.call(self.client, "flush_checkpoint", job=self.name)
 
     def stats(self) -> dict[str, Any]:
         """The job's counters and figures, as every monitoring view shows them."""
-        return _dask.call(self.client, "stats", job=self.name)
+        return _comms.call(self.client, "stats", job=self.name)
 
     def steps(self, start: int = 0) -> list[dict[str, Any]]:
         """Figures of the recent steps from ``start`` on (efficiency, tokens per source...)."""
-        return _dask.call(self.client, "steps", job=self.name, start=start)
+        return _comms.call(self.client, "steps", job=self.name, start=start)
 
     def set_weights(self, weights: dict[str, float], at_step: int | None = None) -> int:
         """Change source weights live, from ``at_step`` (default: the first step not yet
         built: steps drawn past it are drawn again); sources not named keep following the
         plan. Returns the effective step."""
-        reply = _dask.call(
+        reply = _comms.call(
             self.client, "set_weights", job=self.name, weights=dict(weights), at_step=at_step
         )
         return int(reply["step"])
@@ -287,16 +288,19 @@ class Job:
         plan: Plan | str | os.PathLike[str],
         at_step: int | None = None,
     ) -> dict[str, Any]:
-        """Apply a new version of the plan live: add or remove sources, change weights."""
+        """Apply a new version of the plan live: add or remove sources, change weights, change
+        the training stages (``batch``: its budget, ``seq_len``, micro-batches, buckets and
+        ``stages``; see :mod:`omniload_dask.core.stages`), from ``at_step`` (default: the first
+        step not yet built). Returns the step, and what changed (``stages``: those logged)."""
         if not isinstance(plan, Plan):
             plan = load_plan(plan)
-        return _dask.call(
+        return _comms.call(
             self.client, "update_plan", job=self.name, plan=plan.to_dict(), at_step=at_step
         )
 
     def mixture(self, window: int = 100) -> list[dict[str, Any]]:
         """Per source: target and realised share over the last ``window`` steps and overall."""
-        return _dask.call(self.client, "mixture", job=self.name, window=window)
+        return _comms.call(self.client, "mixture", job=self.name, window=window)
 
     def adapt(self, minimum: int = 1, maximum: int = 8, **kwargs: Any) -> Any:
         """Scale the embedded cluster adaptively, by Dask's and the data plane's needs.
@@ -333,7 +337,7 @@ class Job:
             feeder.close()
         self._feeders.clear()
         if self.client.status == "running":
-            _dask.call(self.client, "stop", job=self.name, call_timeout=CLOSE_TIMEOUT)
+            _comms.call(self.client, "stop", job=self.name, call_timeout=CLOSE_TIMEOUT)
 
     def close(self) -> None:
         """Stop the job if this handle started the cluster, and close what it owns.
@@ -348,7 +352,7 @@ class Job:
             with _bounded("stopping the job"):
                 self.stop()
             if self.client.status == "running":  # let reads in flight end before closing
-                _dask.wait_workers_idle(self.client, CLOSE_IDLE_TIMEOUT)
+                _server.wait_workers_idle(self.client, CLOSE_IDLE_TIMEOUT)
             with _bounded("closing the workers"):  # their exit may take a while under load
                 _close_local_workers(self.cluster, CLOSE_TIMEOUT)
         if self._owns_client:

@@ -32,7 +32,6 @@ from omniload_dask.checkpoint import (
     load_for_resume,
     registry_plan,
 )
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster import tasks
 from omniload_dask.cluster.checkpointing import open_writer
 from omniload_dask.cluster.executor import ActionExecutor
@@ -41,8 +40,11 @@ from omniload_dask.cluster.serving import PartServer
 from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.core.coordinator import Coordinator
 from omniload_dask.core.events import WorkersChanged
+from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import PlanChange
+from omniload_dask.core.stages import StageChange
 from omniload_dask.errors import CheckpointError, JobError
+from omniload_dask.internals import server as _server
 from omniload_dask.plan import Plan, SourceSpec
 from omniload_dask.plan.credentials import redact
 from omniload_dask.preprocess.tokens import check_vocabularies
@@ -57,9 +59,11 @@ __all__ = [
     "apply_change",
     "check_same_job",
     "discover_added",
+    "job_info",
     "open_job",
     "plan_change",
     "prepare",
+    "stage_change",
     "with_known_credentials",
 ]
 
@@ -67,7 +71,7 @@ DISCOVERY_TIMEOUT = 120.0
 RECONNECT_TIMEOUT = 30.0  # seconds a new data-plane client may take to connect
 DISCOVERY_PRIORITY = 100  # start-up work goes before any job's reads
 # Fields of a plan that a live update may not change (a new job may).
-FIXED_FIELDS = ("seed", "tokenizer", "batch", "layout", "cost", "on_error", "images")
+FIXED_FIELDS = ("seed", "tokenizer", "layout", "cost", "on_error", "images")  # (batch: stages)
 
 
 class DataPlaneClient:
@@ -98,10 +102,10 @@ class DataPlaneClient:
             self._scheduler.address,
             asynchronous=True,
             name="omniload-data-plane",
-            security=_dask.scheduler_security(self._scheduler),
+            security=_server.scheduler_security(self._scheduler),
             set_as_default=False,
         )
-        self._stream = _dask.client_stream(client)
+        self._stream = _server.client_stream(client)
         await client.register_plugin(PartServer())
         return client
 
@@ -113,7 +117,9 @@ class DataPlaneClient:
     def healthy(self) -> bool:
         """Whether the client is still on the connection it was made with."""
         client = self._client
-        return client is not None and _dask.client_connected(self._scheduler, client, self._stream)
+        return client is not None and _server.client_connected(
+            self._scheduler, client, self._stream
+        )
 
     async def replace(self) -> Client:
         """Drop the current client (its connection was lost) and connect a new one."""
@@ -242,7 +248,7 @@ async def _discover(
             spec,
             plan.on_error,
             plan.loader.read_retries,  # transient errors only, inside the task
-            key=f"omniload-discover-{run_id}-{i}",
+            key=Keys(run_id).discover(i),
             priority=DISCOVERY_PRIORITY,
         )
         for i, spec in enumerate(plan.sources)
@@ -251,7 +257,7 @@ async def _discover(
         tasks.check_tokenizer,
         plan.tokenizer,
         plan.images,
-        key=f"omniload-tokenizer-{run_id}",
+        key=Keys(run_id).tokenizer(),
         priority=DISCOVERY_PRIORITY,
     )
     try:
@@ -299,7 +305,8 @@ def plan_change(run: RunningJob, new: Plan, at_step: int | None = None) -> PlanC
     """Check ``new`` against the running job and say what it changes at ``at_step`` (default:
     the first step not built), compared with the plan due at that step.
 
-    Sources keep their names (and cursors); other fields must stay as they are.
+    Sources keep their names (and cursors); the batch may change its stages
+    (:func:`stage_change`); other fields must stay as they are.
     """
     old = run.plan
     for name in FIXED_FIELDS:
@@ -309,7 +316,14 @@ def plan_change(run: RunningJob, new: Plan, at_step: int | None = None) -> PlanC
             )
     if new.mixing.by != old.mixing.by:
         raise JobError("update_plan: mixing.by cannot change while the job runs")
+    stage_change(run, new, at_step)  # (checked now, applied with the sources)
     return run.coord.view.plan_change(new.sources, at_step)
+
+
+def stage_change(run: RunningJob, new: Plan, at_step: int | None = None) -> StageChange | None:
+    """Check ``new``'s batch against the running job's from ``at_step`` (default: the first
+    step not built): the stage change it makes (:mod:`omniload_dask.core.stages`), or None."""
+    return run.coord.view.stage_change(new.batch, at_step)
 
 
 async def discover_added(
@@ -324,7 +338,7 @@ async def discover_added(
             spec,
             new.on_error,
             new.loader.read_retries,
-            key=f"omniload-discover-{run.run_id}-{spec.name}-{len(run.coord.view.log)}",
+            key=Keys(run.run_id).discover(spec.name, len(run.coord.view.log)),
             priority=DISCOVERY_PRIORITY,
         )
         for spec in added
@@ -338,8 +352,22 @@ async def discover_added(
 
 
 def apply_change(
-    run: RunningJob, change: PlanChange, catalogs: list[Catalog], at_step: int | None
-) -> int:
-    """Apply ``change`` from ``at_step`` (default: the first step not built); returns the step
-    it takes effect at."""
-    return run.coord.apply_change(change, catalogs, at_step)
+    run: RunningJob, new: Plan, change: PlanChange, catalogs: list[Catalog], at_step: int | None
+) -> tuple[int, list[dict[str, Any]] | None]:
+    """Apply ``change`` and ``new``'s stage change (:func:`stage_change`) from ``at_step``
+    (default: the first step not built); returns the step they take effect at, and the
+    stages logged from there on (None: the stages did not change)."""
+    step = run.coord.apply_change(change, catalogs, at_step)
+    stages = stage_change(run, new, at_step)  # (again: steps may be built since the check)
+    if stages is None:
+        return step, None
+    return run.coord.apply_stages(stages), stages.stages
+
+
+def job_info(run: RunningJob) -> dict[str, Any]:
+    """What the job's start returned, with the sources and the batch as live changes left
+    them (a feeder reads its plan from here)."""
+    info = {**run.info, "sources": run.coord.view.names}
+    if run.coord.view.batch != run.plan.batch:
+        info["plan"] = replace(run.plan, batch=run.coord.view.batch).redacted()
+    return info

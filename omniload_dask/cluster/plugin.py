@@ -40,8 +40,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from omniload_dask.cluster import forgetting, lifecycle, stats
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.cluster import lifecycle, stats
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster.arguments import MAX_TIMEOUT, optional_step, resume_arguments
 from omniload_dask.cluster.arguments import integer as _integer
@@ -52,16 +51,16 @@ from omniload_dask.cluster.standby import StandbyCopies
 from omniload_dask.cluster.streams import StreamPasses
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.watchdog import watch_client
+from omniload_dask.core import keys
 from omniload_dask.errors import JobError, MissingJobError
+from omniload_dask.internals import forgetting
+from omniload_dask.internals import server as _server
 from omniload_dask.plan import parse_plan
 
 __all__ = ["HANDLER_PREFIX", "OmniloadPlugin"]
 
 logger = logging.getLogger(__name__)
 HANDLER_PREFIX = "omniload_"
-KEY_PREFIX = "omniload-"
-READ_KEY_PREFIX = "omniload-read-"
-BATCH_KEY_PREFIX = "omniload-batch-"
 _JOB_EVENTS = frozenset({"memory", "erred"})  # the transitions' ends a job hears of
 
 
@@ -92,7 +91,7 @@ class OmniloadPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         self._client = lifecycle.DataPlaneClient(scheduler)
         self._workers_changed()  # workers already there when the plugin is registered
-        _dask.add_handlers(
+        _server.add_handlers(
             scheduler,
             HANDLER_PREFIX,
             {
@@ -145,21 +144,21 @@ class OmniloadPlugin(SchedulerPlugin):
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         """Hand a job's task reaching memory, or failing, to the job it belongs to."""
         # Every transition of every task comes here: all but the job's return at the first test.
-        if finish not in _JOB_EVENTS or not isinstance(key, str) or not key.startswith(KEY_PREFIX):
+        if finish not in _JOB_EVENTS or not keys.is_data_key(key):
             return
         job = self._job_of_key(key)
         if job is None:
             return
-        if finish == "memory" and key.startswith(READ_KEY_PREFIX):
-            meta = _dask.metadata_of(kwargs)
+        if finish == "memory" and keys.is_read(key):
+            meta = _server.metadata_of(kwargs)
             report = ReadReport.decode(meta) if meta is not None else None
-            job.on_read_done(key, report, _dask.task_duration(kwargs))
-        elif finish == "memory" and key.startswith(BATCH_KEY_PREFIX):
-            job.on_batch_done(key, _dask.task_duration(kwargs))
+            job.on_read_done(key, report, _server.task_duration(kwargs))
+        elif finish == "memory" and keys.is_batch(key):
+            job.on_batch_done(key, _server.task_duration(kwargs))
             forgetting.trim_key_cache()  # once per block: Dask keeps a little of each new key
             forgetting.trim_span_metadata(self.scheduler, key)
         elif finish == "erred":
-            job.on_task_failed(key, _dask.failure_text(self.scheduler, key, kwargs))
+            job.on_task_failed(key, _server.failure_text(self.scheduler, key, kwargs))
         else:
             return
         job.poke()
@@ -176,10 +175,10 @@ class OmniloadPlugin(SchedulerPlugin):
             self._standby.worker_lost(worker)
 
     def _workers_changed(self) -> None:
-        """Read quotas count the workers' read slots: tell every job (``cluster.scale`` and losses)."""
-        workers, read_slots = _dask.worker_threads(self.scheduler)
-        resource = _dask.read_resource(self.scheduler)
-        self._read_resources = {_dask.READ_RESOURCE: 1} if resource else None
+        """Read quotas count the workers' read slots: tell every job (a Dask cluster's ``scale`` and losses)."""
+        workers, read_slots = _server.worker_threads(self.scheduler)
+        resource = _server.read_resource(self.scheduler)
+        self._read_resources = {_server.READ_RESOURCE: 1} if resource else None
         for job in self.jobs.values():
             job.on_workers(workers, read_slots)
 
@@ -217,7 +216,7 @@ class OmniloadPlugin(SchedulerPlugin):
             start_step,
             standby=self._standby,
             read_resources=lambda: self._read_resources,
-            workers=lambda: _dask.worker_threads(self.scheduler),
+            workers=lambda: _server.worker_threads(self.scheduler),
         )
         self.jobs[job.name] = job
         self._runs[job.run_id] = job.name
@@ -226,9 +225,8 @@ class OmniloadPlugin(SchedulerPlugin):
         return job.info
 
     def job_info(self, job: str) -> dict[str, Any]:
-        """What :meth:`start_job` returned, with the sources as they are now (live changes)."""
-        run = self._job(job)
-        return {**run.info, "sources": run.coord.view.names}
+        """What :meth:`start_job` returned, with the sources and batch as they are now."""
+        return lifecycle.job_info(self._job(job))
 
     def list_jobs(self) -> list[str]:
         """The names of the running jobs (a further stream's pass is one of its own)."""
@@ -285,7 +283,7 @@ class OmniloadPlugin(SchedulerPlugin):
             count,
             timeout,
             report,
-            lambda key: _dask.holders(self.scheduler, key),
+            lambda key: _server.holders(self.scheduler, key),
         )
 
     # ------------------------------------------------------------------ live changes
@@ -301,7 +299,7 @@ class OmniloadPlugin(SchedulerPlugin):
     async def update_plan(
         self, job: str, plan: dict[str, Any], at_step: int | None = None
     ) -> dict[str, Any]:
-        """Apply a new version of the job's plan live: sources added or removed, weights.
+        """Apply a new version of the job's plan live: sources, weights, stages (``batch``).
 
         Sources keep their names (and cursors); other fields must stay as they are.
         """
@@ -313,13 +311,14 @@ class OmniloadPlugin(SchedulerPlugin):
         assert self._client is not None
         client = await self._client.get()
         catalogs = await lifecycle.discover_added(client, run, new, change.added)
-        step = lifecycle.apply_change(run, change, catalogs, at_step)
+        step, stages = lifecycle.apply_change(run, new, change, catalogs, at_step)
         run.poke()
         return {
             "step": step,
             "added": [s.name for s in change.added],
             "removed": change.removed,
             "weights": change.weights,
+            "stages": stages,
         }
 
     # ------------------------------------------------------------------ figures
@@ -352,10 +351,8 @@ class OmniloadPlugin(SchedulerPlugin):
 
     def _job_of_key(self, key: str) -> RunningJob | None:
         """The running job a task key belongs to, by the run id in it (None: an old run's)."""
-        parts = key.split("-", 3)  # omniload-<kind>-<run id>-...
-        if len(parts) < 4:
-            return None
-        name = self._runs.get(parts[2])
+        run_id = keys.run_of(key)
+        name = self._runs.get(run_id) if run_id is not None else None
         return self.jobs.get(name) if name else None
 
     def _drop(self, job: RunningJob) -> None:

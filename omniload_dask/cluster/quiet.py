@@ -25,6 +25,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from omniload_dask.core.keys import PREFIX
 from omniload_dask.errors import OmniloadError
 from omniload_dask.fixes import error_names
 
@@ -58,7 +59,7 @@ def _is_own_error(record: logging.LogRecord) -> bool:
         return False
     if record.msg.startswith("Compute Failed"):  # key, state, task, exception text, traceback
         key, text = str(args[0]), str(args[3]) if len(args) > 3 else ""
-        return "omniload-" in key and text.startswith(tuple(f"{n}(" for n in error_names()))
+        return PREFIX in key and text.startswith(tuple(f"{n}(" for n in error_names()))
     if record.msg.startswith("Exception while handling op"):
         exc = record.exc_info[1] if record.exc_info else None
         return str(args[0]).startswith("omniload_") and isinstance(exc, OmniloadError)

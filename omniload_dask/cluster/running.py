@@ -44,6 +44,7 @@ from omniload_dask.core.events import (
     TaskFailed,
     WorkersChanged,
 )
+from omniload_dask.core.keys import read_source
 from omniload_dask.errors import JobError, MissingJobError, OmniloadError
 from omniload_dask.observe.monitoring import JobMonitor
 from omniload_dask.plan import Plan
@@ -330,7 +331,7 @@ class RunningJob:
         self.coord.handle(
             ReadReported(key, lengths, report.skipped, seconds, report.records, *patches, *counts)
         )
-        source = int(key.split("-")[3])
+        source = read_source(key)
         sources = len(self.coord.view.names)
         if source < sources:
             self.monitor.grow(sources)

@@ -10,10 +10,10 @@ import it.
 
 from __future__ import annotations
 
-import numpy as np
 from dask.sizeof import sizeof
 
 from omniload_dask.batching.formats import BatchBlock, GroupBatch, Shard
+from omniload_dask.batching.wire import batch_bytes
 
 __all__ = ["sizeof_batch", "sizeof_block", "sizeof_shard"]
 
@@ -28,13 +28,9 @@ def sizeof_shard(shard: Shard) -> int:
 
 @sizeof.register(GroupBatch)
 def sizeof_batch(batch: GroupBatch) -> int:
-    """Bytes of every array of every micro-batch, plus a small overhead per micro-batch."""
-    return sum(
-        int(v.nbytes)
-        for mb in batch.micro_batches
-        for v in mb.values()
-        if isinstance(v, np.ndarray)
-    ) + 256 * len(batch.micro_batches)
+    """Bytes of every array of every micro-batch, plus a small overhead per micro-batch
+    (:func:`~omniload_dask.batching.wire.batch_bytes`, which decides what packs)."""
+    return batch_bytes(batch)
 
 
 @sizeof.register(BatchBlock)

@@ -3,7 +3,7 @@
 With ``loader.standby`` on, every batch a rank will fetch and every shard a construction will
 read is replicated once it is in memory (the paper's "shadow loader"): losing one worker then
 costs no recomputation, the feeder fetches from the other holder. Replication is Dask's own
-Active Memory Manager's, driven by a policy (see :func:`~omniload_dask.cluster.amm.
+Active Memory Manager's, driven by a policy (see :func:`~omniload_dask.internals.amm.
 install_standby`); this module decides which keys it covers and when it runs::
 
     read or batch key reaches memory, the job still holds it  ->  keep(key)
@@ -25,9 +25,10 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from omniload_dask.cluster import amm
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster.serving import PEER_GONE_HANDLER
+from omniload_dask.core.keys import is_batch, is_read
+from omniload_dask.internals import amm
+from omniload_dask.internals import server as _server
 
 __all__ = ["StandbyCopies", "is_standby_key"]
 
@@ -37,7 +38,7 @@ COALESCE_SECONDS = 0.02  # one memory-manager run for the batches that finish wi
 
 def is_standby_key(key: Any) -> bool:
     """Whether ``key`` is of a kind that gets standby copies (batches and shards)."""
-    return isinstance(key, str) and key.startswith(("omniload-batch-", "omniload-read-"))
+    return is_batch(key) or is_read(key)
 
 
 class StandbyCopies:
@@ -62,7 +63,7 @@ class StandbyCopies:
         """``address`` left: tell the other workers, and replace the copies it held."""
         loop = asyncio.get_running_loop()
         task = loop.create_task(
-            _dask.tell_workers_gone(self._scheduler, address, PEER_GONE_HANDLER)
+            _server.tell_workers_gone(self._scheduler, address, PEER_GONE_HANDLER)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster.running import RunningJob
 from omniload_dask.core import autoscale
+from omniload_dask.internals import server as _server
 from omniload_dask.observe.monitoring import realised_shares
 from omniload_dask.plan.credentials import scrub
 
@@ -50,7 +50,7 @@ def job_stats(run: RunningJob, scheduler: Any) -> dict[str, Any]:
         name=run.name,
         run_id=run.run_id,
         uptime=time.time() - run.started,
-        workers=_dask.worker_count(scheduler),
+        workers=_server.worker_count(scheduler),
         futures_held=len(run.futures),
         batches_built=mon.batches_built,
         data_plane_runs=run.pumps,
@@ -63,7 +63,7 @@ def job_stats(run: RunningJob, scheduler: Any) -> dict[str, Any]:
         resubmits=run.executor.resubmits,
         batches_recomputed=run.executor.recomputed["batch"],
         reads_recomputed=run.executor.recomputed["read"],
-        scheduler_tasks=_dask.task_count(scheduler),
+        scheduler_tasks=_server.task_count(scheduler),
         mixing_by=run.plan.mixing_by,
         start_step=start_step,
         steps_fetched=max(0, slowest - start_step),
@@ -113,7 +113,7 @@ def _add_source_figures(run: RunningJob, sources: list[dict[str, Any]], now: flo
 
 def workers_wanted(runs: Iterable[RunningJob], scheduler: Any) -> dict[str, Any]:
     """Workers that keep each job's trainers fed, and the most any job wants."""
-    workers, threads = _dask.worker_threads(scheduler)
+    workers, threads = _server.worker_threads(scheduler)
     per_worker = threads / workers if workers else 1.0
     now = time.time()
     out: dict[str, Any] = {"workers": workers, "wanted": 0, "jobs": {}}

@@ -2,7 +2,7 @@
 
 A pass over stream ``s`` of job ``j`` runs as a job of its own on the same scheduler, named
 ``j.s.p<k>`` (:func:`~omniload_dask.plan.streams.pass_job_name`), with the plan
-:func:`~omniload_dask.plan.streams.stream_plan` makes: its own coordinator, run id and task
+:func:`stream_plan` makes: its own coordinator, run id and task
 keys, so it shares the workers and nothing else with the training stream (whose cursors, draws
 and checkpoint it never touches). Every rank asks for pass ``k`` by the same index (the
 trainer's count of evaluations); the first to ask starts it, the others join it, as with

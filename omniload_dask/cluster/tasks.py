@@ -29,12 +29,12 @@ from omniload_dask.batching.formats import (
     build,
 )
 from omniload_dask.batching.labels import Holes
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.batching.wire import packed
 from omniload_dask.cluster import settings
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster.retry import with_retries
-from omniload_dask.cluster.serving import packed
 from omniload_dask.errors import RecordError, SourceError
+from omniload_dask.internals import server as _server
 from omniload_dask.plan import READ_SLOTS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.chat_encode import encode_chats
 from omniload_dask.preprocess.image import BadImage, decode, patchify
@@ -42,7 +42,7 @@ from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
 from omniload_dask.preprocess.transforms import apply_user_code, resolve
 from omniload_dask.sources import Catalog, RawRecords, encode_sample_ids
-from omniload_dask.sources.registry import discover_source, read_unit_records
+from omniload_dask.sources.registry import discover_source, read_records
 
 __all__ = [
     "ReadReport",
@@ -94,7 +94,7 @@ def _tokenizer_threads() -> None:
     """Tokenizers in this worker on threads of their own
     (:func:`~omniload_dask.preprocess.tokenize.own_threads`), and no library thread pools."""
     settings.single_threaded_tokenizers()
-    slots = _dask.worker_read_slots()
+    slots = _server.worker_read_slots()
     if slots is not None:
         own_threads(tokenizer_threads(slots))
 
@@ -157,40 +157,6 @@ def read_unit(
     )
 
 
-def _read_records(
-    spec: SourceSpec, reads: Sequence[tuple[int, str, int, int]]
-) -> tuple[RawRecords, np.ndarray, list[str]]:
-    """The records of ``reads`` in order, the file index of each, and the url of each bad one
-    (a unit of one read: its own records as the format reads them)."""
-    if len(reads) == 1:
-        f, url, lo, hi = reads[0]
-        records = read_unit_records(spec, url, lo, hi)
-        return records, np.full(len(records.offsets), f, np.int64), [url] * len(records.bad)
-    texts: list[str] = []
-    chats: list[Any] = []
-    offsets, files, bad, urls = [], [], [], []
-    tokens: list[np.ndarray] = []
-    lengths: list[np.ndarray] = []
-    for f, url, lo, hi in reads:
-        one = read_unit_records(spec, url, lo, hi)
-        texts += one.texts
-        chats += one.chats or []
-        offsets.append(np.asarray(one.offsets, np.int64))
-        files.append(np.full(len(one.offsets), f, np.int64))
-        bad += one.bad
-        urls += [url] * len(one.bad)
-        if one.tokens is not None and one.lengths is not None:
-            tokens.append(one.tokens)
-            lengths.append(one.lengths)
-    records = RawRecords(
-        texts, np.concatenate(offsets), bad, chats=chats if spec.chat is not None else None
-    )
-    if tokens:
-        records.tokens = np.concatenate(tokens)
-        records.lengths = np.concatenate(lengths)
-    return records, np.concatenate(files), urls
-
-
 def _read_unit(
     spec: SourceSpec,
     source_index: int,
@@ -207,7 +173,7 @@ def _read_unit(
 ) -> Shard:
     _tokenizer_threads()  # before the tokenizer's first use in this process
     t0 = time.perf_counter()
-    records, files, bad_urls = _read_records(spec, [(file_index, file_url, start, stop), *more])
+    records, files, bad_urls = read_records(spec, [(file_index, file_url, start, stop), *more])
     filtered = 0
     if spec.transform or spec.filter:
         records, files, filtered, bad_files = apply_user_code(
@@ -245,9 +211,9 @@ def _read_unit(
     target = None
     if chats is not None:
         tokens, offsets, target = chats.tokens, chats.offsets, chats.target
-    elif records.tokens is not None:  # a token source: its ids as they are
+    elif records.tokens is not None:  # a token source: its ids (and mask) as they are
         assert records.lengths is not None
-        tokens = records.tokens
+        tokens, target = records.tokens, records.mask
         offsets = np.zeros(len(records.lengths) + 1, np.int64)
         np.cumsum(records.lengths, out=offsets[1:])
     else:
@@ -307,7 +273,7 @@ def _read_unit(
             bad_images=bad_images,
             image_seconds=t2 - t1,
         )
-    _dask.set_task_metadata(meta)
+    _server.set_task_metadata(meta)
     return shard
 
 
@@ -460,7 +426,7 @@ def _place(
 
 
 def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:
-    """Build one DP group's micro-batches for one step, in wire form (``formats.expand``)."""
+    """Build one DP group's micro-batches for one step, in wire form (``wire.expand``)."""
     return build(recipe, list(shards), wire=True)
 
 
@@ -479,7 +445,7 @@ def construct_block(
     of the block's ``i``-th step (``recipes[i]``) numbered from ``i * stride``.
 
     Each part is packed here, on the task thread, as the workers serve it
-    (:func:`~omniload_dask.cluster.serving.packed`): serving it then only sends it, and the
+    (:func:`~omniload_dask.batching.wire.packed`): serving it then only sends it, and the
     block's standby copy pickles a few fields a part and sends its buffer out of band, instead
     of every array of every micro-batch (a block at DP 8 has 64 parts of 6 arrays each).
     """

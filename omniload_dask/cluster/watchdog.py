@@ -25,10 +25,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.cluster.lifecycle import RECONNECT_TIMEOUT, DataPlaneClient
 from omniload_dask.cluster.running import RunningJob
 from omniload_dask.core.events import Cause
+from omniload_dask.internals import server as _server
 
 __all__ = ["WATCH_SECONDS", "check_client", "watch_client"]
 
@@ -54,7 +54,7 @@ async def check_client(
 ) -> None:
     """One look (see the module docstring)."""
     client = data_client.current
-    if client is None or not jobs or not _dask.scheduler_running(scheduler):
+    if client is None or not jobs or not _server.scheduler_running(scheduler):
         return
     if not data_client.healthy():
         try:
@@ -72,5 +72,5 @@ async def check_client(
         return
     for run in jobs:
         settled = run.executor.held_for(SETTLE_SECONDS)
-        if run.executor.lost() or _dask.unwanted(scheduler, client, settled):
+        if run.executor.lost() or _server.unwanted(scheduler, client, settled):
             run.on_client_lost(client)

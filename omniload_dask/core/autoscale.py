@@ -15,7 +15,7 @@ the sample stream (that stays a function of plan, seed, step and weight log):
    the documents' mean lengths give), so a costly source is not starved behind cheap reads
    queued ahead of it. Quotas follow weight
    changes (each decision uses the weights of the steps being read for) and worker counts
-   (``cluster.scale``: the slots are counted from the workers the scheduler has).
+   (a Dask cluster's ``scale``: the slots are counted from the workers the scheduler has).
 3. **Worker count.** :func:`recommend_workers` turns the measured read work per step and the
    trainers' pace into the number of workers that keeps them fed, for Dask's adaptive scaling
    (:class:`omniload_dask.cluster.adaptive.OmniloadAdaptive`).

@@ -24,10 +24,10 @@ rank c fetches slice c, so no rank loads what a peer already loaded.
                                    ranks asked for steps, a task or the job failed (:mod:`.events`)
     set_weights / add_source /     live changes, checked against the stream; each answers the
     remove_source / apply_change / step it takes effect at (a weight change also the weights
-    adopt_plan                     as checked: :class:`.events.Scheduled`): by default the
+    apply_stages / adopt_plan      as checked: :class:`.events.Scheduled`): by default the
                                    first step not built; steps drawn and not built are drawn
-                                   again (:mod:`.rewind`)
-    draw_step / draw_together /       the step cycle, phase by phase (below), or all of it inline
+                                   again (:mod:`.rewind`); stages: :mod:`.stages`
+    draw_step / draw_together /    the step cycle, phase by phase (below), or all of it inline
     deal_steps / commit_step /
     advance
     part_for / batch_for           what a rank fetches (a released step is queued for a rebuild)
@@ -59,7 +59,7 @@ and each source keeps at most its quota of reads in flight; neither changes the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -81,10 +81,11 @@ from omniload_dask.core.events import (
     WorkersChanged,
 )
 from omniload_dask.core.figures import Figures, StepFigures
-from omniload_dask.core.keys import PREFIX, Keys
+from omniload_dask.core.keys import Keys, is_data_key
 from omniload_dask.core.live import LiveSources, PlanChange, adopt_plan
 from omniload_dask.core.reads import ReadAhead
 from omniload_dask.core.rewind import Rewinds, redraw
+from omniload_dask.core.stages import LiveStages, StageChange
 from omniload_dask.core.state import StateRecorder, restore, snapshot
 from omniload_dask.core.stepping import StepCycle
 from omniload_dask.core.views import PlaneView
@@ -146,8 +147,11 @@ class Coordinator:
             self._sources, self._drawer, self._dealer, self._reads, self._delivery, self._figures
         )
         self._rewinds = Rewinds(self._sources, self._drawer, self._figures, self._keys)
+        self._stages = LiveStages(
+            plan, self._sources.record, self._drawer, self._dealer, self._reads
+        )
         parts = (self._sources, self._cycle, self._delivery, self._figures, self._reads)
-        self._view = PlaneView(plan, *parts, self._rewinds)
+        self._view = PlaneView(plan, *parts, self._rewinds, self._stages)
         self._drawn_deltas: dict[int, dict[str, Any]] = {}  # steps in flight: their draws'
         self._recording = True  # per-step deltas for a checkpoint (off: none pile up)
         self._actions: list[Action] = []
@@ -160,17 +164,7 @@ class Coordinator:
     @property
     def components(self) -> Components:
         """The components, for tests and tools that look inside (see :class:`Components`)."""
-        return Components(
-            self._sources,
-            self._drawer,
-            self._dealer,
-            self._reads,
-            self._delivery,
-            self._figures,
-            self._cycle,
-            self._recorder,
-            self._keys,
-        )
+        return Components(*(getattr(self, f"_{c.name}") for c in fields(Components)))
 
     # -- events ------------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
@@ -193,7 +187,7 @@ class Coordinator:
         elif isinstance(event, WorkersChanged):
             self._reads.on_workers(event.workers, event.read_slots)
         elif isinstance(event, TaskFailed):
-            if event.key.startswith(PREFIX):
+            if is_data_key(event.key):
                 self._cycle.fail(Failure(event.message, Cause.TASK))
         elif isinstance(event, JobFailed):
             self._cycle.fail(Failure(event.message, event.cause))
@@ -229,6 +223,12 @@ class Coordinator:
         floor = self._view.earliest_change
         step = self._sources.apply_change(change, catalogs, at_step, floor, self._figures.tokens)
         return self._redraw(floor, step)
+
+    def apply_stages(self, change: StageChange) -> int:
+        """Put a stage change in effect (:meth:`.PlaneView.stage_change`, :mod:`.stages`);
+        returns the step it takes effect at (steps drawn from there are drawn again)."""
+        floor = self._view.earliest_change
+        return self._redraw(floor, self._stages.apply(change, floor))
 
     def adopt_plan(self, plan: Plan, catalogs: Sequence[Catalog]) -> None:
         """Resuming with a changed plan (after :meth:`load_state_dict`): its weights, schedule
@@ -380,6 +380,7 @@ class Coordinator:
         self._recorder = StateRecorder(self._sources, self._drawer, self._figures)
         self._drawn_deltas = {}
         self._rewinds.reset()
+        self._stages.replay(self._sources.log)
 
     def take_deltas(self) -> list[dict[str, Any]]:
         """Deltas of the steps committed since the last call below ``view.earliest_change``

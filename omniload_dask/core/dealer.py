@@ -32,7 +32,6 @@ from omniload_dask.batching.balance import (
     balance_steps,
     route,
 )
-from omniload_dask.batching.cost import CostModel
 from omniload_dask.batching.fill import fill_empty
 from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.batching.sorting import first_use
@@ -40,6 +39,7 @@ from omniload_dask.core.actions import ReadSpec
 from omniload_dask.core.draw import Documents
 from omniload_dask.core.loss_tokens import step_loss_tokens
 from omniload_dask.plan import BatchSpec, Plan
+from omniload_dask.plan.cost import CostModel
 
 __all__ = ["DealtStep", "DrawnStep", "StepDealer"]
 
@@ -73,13 +73,23 @@ class StepDealer:
         """Buckets and pins from ``plan.batch``, the cost model from ``plan.cost``."""
         self.cost = CostModel.from_spec(plan.cost)
         names = plan.source_names
-        # Buckets and pins of the plan's batch and of each stage's (``batch.stages``).
-        self._shapes = [_shape(batch, names) for batch in plan.batch.every_stage]
-        self.buckets, self.pinned = self._shapes[0]
+        self._names = names
+        self.restage(plan.batch)
+        self.buckets, self.pinned, _ = self._staged[1][0]
         self._groups = plan.layout.dp
-        self._cut = plan.batch.long_documents == "split"
-        self._batch = plan.batch
         self._patch_size = plan.images.patch_size if plan.images else 0
+
+    def restage(self, batch: BatchSpec) -> None:
+        """Plan with ``batch`` and its stages (a live stage change, :mod:`.stages`).
+
+        The batch and the buckets and pins of each of its stages are swapped as one value,
+        read once per call: a plan running in another thread sees either (a step it plans
+        with the old one is drawn again, :mod:`.rewind`)."""
+        stages = batch.every_stage
+        # Buckets and pins per stage, and whether it may cut a document between micro-batches
+        # (never where documents are kept whole).
+        shapes = [(*_shape(b, self._names), not b.whole_documents) for b in stages]
+        self._staged = (batch, shapes)
 
     @property
     def declared_micro_steps(self) -> int:
@@ -137,20 +147,21 @@ class StepDealer:
         """:meth:`split` of several steps, ``(src, lengths, extra)`` each (steps ``at``,
         default 0): the same splits, made side by side where the balancer can
         (:func:`~.balance.balance_steps`), the steps of one stage together."""
-        stage = [self._batch.stage_index(t) for t in (at if at is not None else [0] * len(steps))]
+        batch, shapes = self._staged
+        stage = [batch.stage_index(t) for t in (at if at is not None else [0] * len(steps))]
         out: list[Assignment] = []
         first = 0
         while first < len(steps):
             end = first + 1
             while end < len(steps) and stage[end] == stage[first]:
                 end += 1
-            buckets, pinned = self._shapes[stage[first]]
+            buckets, pinned, cut = shapes[stage[first]]
             routed = [
                 RoutedDocuments(n, *route(n, src, buckets, pinned), x)
                 for src, n, x in steps[first:end]
             ]
-            splits = balance_steps(routed, buckets, self._groups, self.cost, cut=self._cut)
-            out += [fill_empty(s, buckets, self.cost, self._cut) for s in splits]
+            splits = balance_steps(routed, buckets, self._groups, self.cost, cut=cut)
+            out += [fill_empty(s, buckets, self.cost, cut) for s in splits]
             first = end
         return out
 
@@ -182,7 +193,8 @@ class StepDealer:
             start += docs.starts[doc]
         np.add(start, split.length[order], out=table[:, 4])
         used = pair % nu
-        batch = self._batch.at(step)
+        staged = self._staged[0]
+        batch = staged.at(step)
         return RecipeTable(
             step=step,
             groups=np.arange(groups, dtype=np.int64),
@@ -197,6 +209,7 @@ class StepDealer:
             micro_seq_lens=tuple(split.micro_capacity.tolist()),
             patch_size=self._patch_size,
             global_loss_tokens=step_loss_tokens(docs, doc, start, table[:, 4]),
+            stage=staged.stage_index(step) if staged.stages else -1,
         )
 
 

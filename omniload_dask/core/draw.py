@@ -32,7 +32,7 @@ from omniload_dask.batching.sorting import stable_order
 from omniload_dask.core.live import LiveSources, token_shares
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
-from omniload_dask.plan import Plan
+from omniload_dask.plan import BatchSpec, Plan
 
 __all__ = ["Documents", "Drawer"]
 
@@ -158,12 +158,17 @@ class Drawer:
             self.mixer.commit(result)
         return _locate(result, cands, streams, self._with_extra)
 
+    def restage(self, batch: BatchSpec) -> None:
+        """Draw with ``batch``'s stages from now on (a live stage change, :mod:`.stages`)."""
+        self._batch = batch
+
     def _at(self, step: int) -> None:
         """Take the budget and piece size of the batch that rules ``step`` (its stage)."""
         batch = self._batch.at(step)
         self._budget = (batch.global_tokens, batch.global_documents)
         # split: a token budget is filled exactly, the document that does not fit is cut
-        self._cut = batch.long_documents == "split" and batch.global_tokens is not None
+        # (unless documents are kept whole: BatchSpec.whole_documents)
+        self._cut = not batch.whole_documents and batch.global_tokens is not None
         self._chunk = batch.seq_len  # long documents are tagged (and flow) in such pieces
 
     def _seen(self, step: int, weights: np.ndarray, sources: set[int]) -> tuple[Any, ...]:

@@ -135,7 +135,7 @@ class Figures:
             setattr(self, key, value)
 
     def summary(self) -> dict[str, Any]:
-        """The counters and recent figures, as ``Coordinator.stats`` reports them."""
+        """The counters and recent figures, as ``PlaneView.stats`` reports them."""
         steps = self.steps_drawn
         recent = list(self.history)[-64:]
         return {

@@ -47,6 +47,7 @@ __all__ = [
     "LiveSources",
     "PlanChange",
     "adopt_plan",
+    "future_step",
     "token_shares",
 ]
 
@@ -158,7 +159,7 @@ class LiveSources:
         Sources keep their names (and cursors): one that changes its files, format, text or
         image field is refused.
         """
-        step = _future_step(at_step, next_step, "update_plan")
+        step = future_step(at_step, next_step, "update_plan")
         live = self.live_at(step)
         for spec in sources:
             old = live.get(spec.name)
@@ -194,7 +195,7 @@ class LiveSources:
     ) -> int:
         """Queue ``change`` (``catalogs``: of its added sources) from ``at_step`` (default:
         ``next_step``); returns the step it takes effect at."""
-        step = _future_step(at_step, next_step, "update_plan")
+        step = future_step(at_step, next_step, "update_plan")
         for spec, catalog in zip(change.added, catalogs, strict=True):
             self.add_source(spec, catalog, step, next_step)
         for name in change.removed:
@@ -209,7 +210,7 @@ class LiveSources:
     ) -> int:
         """Change source weights from ``at_step`` (default: ``next_step``, the first step not
         drawn yet); returns the step it takes effect at."""
-        step = _future_step(at_step, next_step, "set_weights")
+        step = future_step(at_step, next_step, "set_weights")
         live = list(self.live_at(step))
         clean = (
             check_weights("weights", weights, live)
@@ -226,7 +227,7 @@ class LiveSources:
                 f"set_weights: {clean} would leave no source with a weight > 0 at step {step}"
             )
         self.schedule.change(step, clean)
-        self._log({"step": step, "kind": "weights", "weights": clean})
+        self.record({"step": step, "kind": "weights", "weights": clean})
         return step
 
     def add_source(
@@ -242,7 +243,7 @@ class LiveSources:
 
         ``ordered=False`` (a resume with a new plan) lets it go before changes queued later.
         """
-        step = _future_step(at_step, next_step, "add_source")
+        step = future_step(at_step, next_step, "add_source")
         if ordered:
             self._in_order(step, "add_source")
         if spec.name in self.live_at(step):
@@ -254,7 +255,7 @@ class LiveSources:
                 "format; add it under a new name"
             )
         self._schedule_change(step, "add", (spec, catalog))
-        self._log(
+        self.record(
             {
                 "step": step,
                 "kind": "add",
@@ -272,7 +273,7 @@ class LiveSources:
 
         ``ordered=False`` (a resume with a new plan) lets it go before changes queued later.
         """
-        step = _future_step(at_step, next_step, "remove_source")
+        step = future_step(at_step, next_step, "remove_source")
         if ordered:
             self._in_order(step, "remove_source")
         live = list(self.live_at(step))
@@ -283,7 +284,7 @@ class LiveSources:
         if len(live) == 1:
             raise JobError(f"remove_source: {name!r} is the job's last source")
         self._schedule_change(step, "remove", name)
-        self._log({"step": step, "kind": "remove", "source": name})
+        self.record({"step": step, "kind": "remove", "source": name})
         return step
 
     def apply_next(self, step: int) -> Applied | None:
@@ -327,10 +328,12 @@ class LiveSources:
                     self._pending.append((entry["step"], "remove", entry["source"]))
         self._pending.sort(key=lambda p: p[0])
 
-    # -- internals ---------------------------------------------------------------------------
-    def _log(self, entry: dict[str, Any]) -> None:
+    def record(self, entry: dict[str, Any]) -> None:
+        """Log a live change (a stage change, :mod:`.stages`, logs here too)."""
         self.log.append(entry)
         self._on_log(entry)
+
+    # -- internals ---------------------------------------------------------------------------
 
     def _in_order(self, step: int, what: str) -> None:
         """Refuse a source change before one already queued for a later step."""
@@ -381,7 +384,7 @@ def adopt_plan(sources: LiveSources, plan: Plan, catalogs: Sequence[Catalog], st
         sources.remove_source(name, step, step, ordered=False)
 
 
-def _future_step(at_step: int | None, next_step: int, what: str) -> int:
+def future_step(at_step: int | None, next_step: int, what: str) -> int:
     """The step a change asked for ``at_step`` takes effect at: ``next_step`` is the first
     step a change may still reach (the first not built, :mod:`.rewind`)."""
     if at_step is None:

@@ -62,6 +62,10 @@ class ReadAhead:
         self._seen: dict[int, tuple[Any, ...]] = {}  # what the last look at a source saw
         self._quotas: tuple[tuple[bytes, int], np.ndarray] | None = None  # the last ones, by input
 
+    def restage(self, batch: BatchSpec) -> None:
+        """Size read-ahead for ``batch``'s stages (a live stage change, :mod:`.stages`)."""
+        self._budget = _largest_budget(batch)
+
     def add_source(self) -> None:
         """A stream joined the job: a meter for it."""
         self.meters.append(Meter())
@@ -252,7 +256,7 @@ class ReadAhead:
         return self._window_of(self._steps_per_unit(i, share))
 
     def source_stats(self, weights: np.ndarray) -> list[dict[str, Any]]:
-        """Per source: its cursor, counters and reads, as ``Coordinator.stats`` reports them."""
+        """Per source: its cursor, counters and reads, as ``PlaneView.stats`` reports them."""
         shares = self.budget_shares(weights)  # once: per source, it was n^2 with n sources
         quotas = self._quotas_at(shares) if self._loader.quotas else None
         return [

@@ -26,6 +26,7 @@ import numpy as np
 
 from omniload_dask.batching.labels import Holes
 from omniload_dask.core.actions import ReadSpec
+from omniload_dask.core.keys import Keys
 from omniload_dask.errors import JobError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources import Catalog
@@ -71,7 +72,7 @@ class Unit:
         """The keys of its read tasks (the unit's own key when it is read whole)."""
         if self.parts == 1:
             return (self.key,)
-        return tuple(f"{self.key}-p{p}" for p in range(self.parts))
+        return tuple(Keys.read_part(self.key, p) for p in range(self.parts))
 
     @property
     def pending(self) -> int:

@@ -29,9 +29,10 @@ from omniload_dask.core.figures import Figures, StepFigures
 from omniload_dask.core.live import LiveSources, PlanChange
 from omniload_dask.core.reads import ReadAhead
 from omniload_dask.core.rewind import Rewinds
+from omniload_dask.core.stages import LiveStages, StageChange
 from omniload_dask.core.stepping import StepCycle
 from omniload_dask.core.streams import SourceStream
-from omniload_dask.plan import Plan, SourceSpec
+from omniload_dask.plan import BatchSpec, Plan, SourceSpec
 
 __all__ = ["PlaneView"]
 
@@ -48,8 +49,10 @@ class PlaneView:
         figures: Figures,
         reads: ReadAhead,
         rewinds: Rewinds,
+        stages: LiveStages,
     ) -> None:
         self._plan = plan
+        self._stages = stages
         self._rewinds = rewinds
         self._sources = sources
         self._cycle = cycle
@@ -142,6 +145,17 @@ class PlaneView:
         a source changed its files or format). Nothing changes until
         :meth:`.Coordinator.apply_change`."""
         return self._sources.plan_change(sources, at_step, self.earliest_change)[1]
+
+    @property
+    def batch(self) -> BatchSpec:
+        """The job's batch and its stages, as live changes left them (:mod:`.stages`)."""
+        return self._stages.batch
+
+    def stage_change(self, batch: BatchSpec, at_step: int | None) -> StageChange | None:
+        """What a plan version's ``batch`` changes of the stages from ``at_step`` (default:
+        :attr:`earliest_change`; None: nothing). Nothing changes until
+        :meth:`.Coordinator.apply_stages`."""
+        return self._stages.change(batch, at_step, self.earliest_change)
 
     # -- ranks -------------------------------------------------------------------------------
     def slowest(self) -> int:

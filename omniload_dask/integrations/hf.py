@@ -153,17 +153,21 @@ class OmniloadIterable(IterableDataset):
 
 
 class OmniloadEvalIterable(IterableDataset):
-    """Passes over a plan's further stream (``streams.validation``) as an ``eval_dataset``:
+    """Passes over a plan's further stream (``validation`` under ``streams``) as an ``eval_dataset``:
     each iteration (one ``Trainer.evaluate``) is the next pass, ``make(pass_index)`` the
     feeder for it (e.g. ``lambda k: shared.feeder(stream="validation", pass_index=k)``).
 
     Every rank evaluates as often as the others, so their pass numbers agree; a pass gives the
     same batches whenever it runs (or the plan's rotation), this rank's share of each step.
+    The count of passes goes into each checkpoint with the feeder's state
+    (``eval_passes``), so a resumed run goes on with the rotation where it was.
+    ``on_batch(mb)`` as :class:`OmniloadIterable`'s.
     """
 
-    def __init__(self, make: Callable[[int], Any]) -> None:
+    def __init__(self, make: Callable[[int], Any], *, on_batch: Any = None) -> None:
         super().__init__()
         self.make = make
+        self.on_batch = on_batch
         self.passes = 0  # evaluations so far: the next pass's number
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -171,6 +175,8 @@ class OmniloadEvalIterable(IterableDataset):
         feeder = self.make(index)
         try:
             for mb in feeder:
+                if self.on_batch is not None:
+                    self.on_batch(mb)
                 yield hf_batch(mb)
         finally:
             feeder.close()
@@ -206,11 +212,13 @@ def resolve_checkpoint(resume: str | bool | None, output_dir: str) -> str | None
 
 
 class OmniloadCallback(TrainerCallback):
-    """Saves each rank's feeder state into every checkpoint folder, and refuses a train loader
-    that ``accelerate`` sharded again."""
+    """Saves each rank's feeder state (and the count of evaluation passes of ``evals()``, an
+    :class:`OmniloadEvalIterable` or None) into every checkpoint folder, and refuses a train
+    loader that ``accelerate`` sharded again."""
 
-    def __init__(self, data: OmniloadIterable) -> None:
+    def __init__(self, data: OmniloadIterable, evals: Callable[[], Any] = lambda: None) -> None:
         self.data = data
+        self.evals = evals
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Refuse a train loader that ``accelerate`` wrapped in its own sharding."""
@@ -228,8 +236,12 @@ class OmniloadCallback(TrainerCallback):
         folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         os.makedirs(folder, exist_ok=True)
         path = state_file(folder, args.process_index)
+        state = self.data.state_dict()
+        evals = self.evals()
+        if isinstance(evals, OmniloadEvalIterable):
+            state["eval_passes"] = evals.passes
         with open(path + ".tmp", "w") as f:
-            json.dump(self.data.state_dict(), f)
+            json.dump(state, f)
         os.replace(path + ".tmp", path)  # never half a state beside a whole checkpoint
 
 
@@ -255,7 +267,7 @@ class OmniloadTrainer(Trainer):
                 )
         self.args.ignore_data_skip = True  # the feeder resumes itself; skipping would read
         data.micro_steps = self.args.gradient_accumulation_steps
-        self.add_callback(OmniloadCallback(data))
+        self.add_callback(OmniloadCallback(data, lambda: self.eval_dataset))
 
     def get_train_dataloader(self) -> DataLoader:
         """A plain loader: each item is already this rank's packed micro-batch."""
@@ -279,7 +291,10 @@ class OmniloadTrainer(Trainer):
         folder = resolve_checkpoint(resume_from_checkpoint, str(self.args.output_dir))
         if folder is not None:
             assert isinstance(self.train_dataset, OmniloadIterable)
-            self.train_dataset.load_state_dict(load_rank_state(folder, self.args.process_index))
+            state = load_rank_state(folder, self.args.process_index)
+            self.train_dataset.load_state_dict(state)
+            if isinstance(self.eval_dataset, OmniloadEvalIterable):  # the rotation goes on
+                self.eval_dataset.passes = int(state.get("eval_passes", 0))
         return super().train(
             resume_from_checkpoint=folder, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
         )

@@ -45,8 +45,8 @@ class SharedJob:
         and hand its name and address to every rank. A collective: every rank calls it."""
         import torch.distributed as dist
 
-        from omniload_dask.cluster import internals as _dask
         from omniload_dask.cluster.job import Job
+        from omniload_dask.internals import comms as _comms
 
         if not (dist.is_available() and dist.is_initialized()):
             raise JobError(
@@ -65,7 +65,7 @@ class SharedJob:
                     dashboard_address=None,
                     **job_args,
                 )
-                sched = _dask.scheduler_address(job.client)
+                sched = _comms.scheduler_address(job.client)
                 message = [(job.name, sched, job.info, None)]
             except Exception as exc:  # tell the other ranks instead of leaving them waiting
                 message = [(None, None, None, f"{type(exc).__name__}: {exc}")]

@@ -55,16 +55,21 @@ class _Stream(IterableDataset):
 
 
 class _Passes(IterableDataset):
-    """Passes over a further stream: each iteration (one validation run) is the next pass."""
+    """Passes over a further stream: each iteration (one validation run) is the next pass,
+    counted by the data module (its checkpoint state keeps the count); the sanity check
+    before training reads the next pass without counting it."""
 
-    def __init__(self, shared: SharedJob, stream: str) -> None:
+    def __init__(self, module: OmniloadDataModule, stream: str) -> None:
         super().__init__()
-        self.shared, self.stream = shared, stream
-        self.passes = 0  # validation runs so far (the same on every rank): the next pass
+        self.module, self.stream = module, stream
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        index, self.passes = self.passes, self.passes + 1
-        with self.shared.feeder(stream=self.stream, pass_index=index) as feeder:
+        module = self.module
+        index = module.eval_passes
+        trainer = getattr(module, "trainer", None)
+        if trainer is None or not trainer.sanity_checking:
+            module.eval_passes += 1
+        with module.start().feeder(stream=self.stream, pass_index=index) as feeder:
             yield from feeder
 
 
@@ -92,6 +97,7 @@ class OmniloadDataModule(pl.LightningDataModule):
         self.shared: SharedJob | None = None
         self.feeder: Any = None
         self._position: tuple[int, int] = (0, 0)
+        self.eval_passes = 0  # validation runs so far (the same on every rank): the next pass
 
     @property
     def micro_batches(self) -> int:
@@ -136,7 +142,8 @@ class OmniloadDataModule(pl.LightningDataModule):
                 "OmniloadDataModule.val_dataloader: the plan has no streams.validation "
                 "(add one, or give no validation loop)"
             )
-        return DataLoader(_Passes(self.start(), "validation"), batch_size=None, num_workers=0)
+        self.start()
+        return DataLoader(_Passes(self, "validation"), batch_size=None, num_workers=0)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Note the position after ``batch`` when it goes to a training step."""
@@ -146,8 +153,9 @@ class OmniloadDataModule(pl.LightningDataModule):
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank resumes: after the last micro-batch a training step took."""
-        return feeder_state(*self._position)
+        """Where this rank resumes: after the last micro-batch a training step took, and the
+        count of validation passes (a resumed run goes on with the plan's rotation)."""
+        return {**feeder_state(*self._position), "eval_passes": self.eval_passes}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at the checkpoint's position (the job starts there in ``train_dataloader``)."""
@@ -155,6 +163,7 @@ class OmniloadDataModule(pl.LightningDataModule):
             if key not in state_dict:
                 raise JobError(f"OmniloadDataModule: checkpoint state has no {key!r}")
         self._position = (int(state_dict["step"]), int(state_dict["micro_step"]))
+        self.eval_passes = int(state_dict.get("eval_passes", 0))
 
     def teardown(self, stage: str) -> None:
         """Close the feeder, then (a collective) stop the job on rank 0."""

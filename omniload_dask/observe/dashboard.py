@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.internals import dashboard as _dashboard
+from omniload_dask.internals import server as _server
 from omniload_dask.observe import metrics
 from omniload_dask.observe.formatting import (
     checkpoint_text,
@@ -57,7 +58,7 @@ def install(scheduler: Any, plugin: Any) -> dict[str, bool]:
     """Add the page to ``scheduler``'s dashboard and ``plugin``'s jobs to ``/metrics``."""
     return {
         "metrics": metrics.register(plugin),
-        "page": _dask.add_dashboard_page(scheduler, ROUTE, job_page_document, NAV_NAME),
+        "page": _dashboard.add_dashboard_page(scheduler, ROUTE, job_page_document, NAV_NAME),
     }
 
 
@@ -68,7 +69,7 @@ def job_page_document(scheduler: Any, extra: dict[str, Any], doc: Any) -> None:
     doc.title = "Dask: Omniload"
     doc.add_root(page.root)
     doc.add_periodic_callback(page.update, UPDATE_MS)
-    _dask.style_dashboard_document(doc, extra)
+    _dashboard.style_dashboard_document(doc, extra)
 
 
 class JobPage:
@@ -112,7 +113,7 @@ class JobPage:
 
     def _update(self) -> None:
         """Follow the jobs that run now; rebuild for a new run; refresh what changed."""
-        plugin = _dask.scheduler_plugin(self.scheduler, "omniload")
+        plugin = _server.scheduler_plugin(self.scheduler, "omniload")
         jobs = sorted(plugin.jobs) if plugin is not None else []
         if list(self.select.options) != jobs:
             self.select.options = jobs

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.internals import server as _server
 
 __all__ = ["METRICS", "register"]
 
@@ -101,10 +101,10 @@ class _Collector:
         seen: set[str] = set()
         for plugin in list(_plugins):
             scheduler = getattr(plugin, "scheduler", None)
-            if scheduler is None or not _dask.scheduler_running(scheduler):
+            if scheduler is None or not _server.scheduler_running(scheduler):
                 continue
             try:
-                jobs = _dask.run_on_scheduler_loop(scheduler, lambda p=plugin: _all_stats(p))
+                jobs = _server.run_on_scheduler_loop(scheduler, lambda p=plugin: _all_stats(p))
             except Exception:  # a scrape must never fail because of the data plane
                 logger.exception("omniload: reading the jobs for /metrics failed")
                 continue

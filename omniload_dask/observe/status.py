@@ -28,8 +28,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from omniload_dask.cluster import internals as _dask
 from omniload_dask.errors import JobError
+from omniload_dask.internals import comms as _comms
 from omniload_dask.observe.formatting import (
     checkpoint_text,
     efficiency_text,
@@ -60,7 +60,7 @@ def connect(address: str, timeout: float, security: Any = None) -> Any:
     from distributed import Client
 
     try:
-        _dask.probe_scheduler(address, timeout, security)
+        _comms.probe_scheduler(address, timeout, security)
     except (ValueError, TypeError) as exc:
         raise JobError(f"not a scheduler address: {address!r} ({exc})") from None
     except (OSError, TimeoutError) as exc:
@@ -72,7 +72,7 @@ def connect(address: str, timeout: float, security: Any = None) -> Any:
 
 def job_stats(client: Any, job: str | None, address: str) -> list[dict[str, Any]]:
     """``stats()`` of job ``job``, or of every job when None (errors name what is wrong)."""
-    jobs = _dask.call(client, "jobs")
+    jobs = _comms.call(client, "jobs")
     if jobs is None:  # Dask answers None for a handler it does not have
         raise JobError(
             f"the scheduler at {address!r} runs no omniload data plane: start a job there "
@@ -83,7 +83,7 @@ def job_stats(client: Any, job: str | None, address: str) -> list[dict[str, Any]
             have = ", ".join(jobs) or "none"
             raise JobError(f"no omniload job named {job!r} at {address!r} (running: {have})")
         jobs = [job]
-    return [_dask.call(client, "stats", job=name) for name in jobs]
+    return [_comms.call(client, "stats", job=name) for name in jobs]
 
 
 def format_status(stats: dict[str, Any], now: float | None = None) -> str:

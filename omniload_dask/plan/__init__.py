@@ -53,7 +53,9 @@ every output shows a plan without them (:meth:`Plan.redacted`, :mod:`.credential
 The modules: ``specs`` (the frozen section specs), ``plan`` (:class:`Plan`: the whole plan, its
 plain-data form, resume key and stream fingerprint), ``parse`` (:func:`load_plan`,
 :func:`parse_plan`: the top level) with one parser module per group of sections
-(``parse_sources``, ``parse_batch``, ``parse_mixing``, ``parse_cost``), and ``fields`` (field by
+(``parse_sources``, ``parse_batch``, ``parse_mixing``, ``parse_cost``), ``cost`` (what a
+document piece costs, from the ``cost`` section: the one home of that arithmetic, which the
+balancer calls), and ``fields`` (field by
 field validation that names the path), ``credentials`` (what counts as one, redaction,
 resolution). Import the names below from this package.
 """
@@ -79,6 +81,7 @@ from omniload_dask.plan.specs import (
     SourceSpec,
     StageSpec,
     TokenizerSpec,
+    TokenMaskSpec,
 )
 
 __all__ = [
@@ -97,6 +100,7 @@ __all__ = [
     "SchedulePoint",
     "SourceSpec",
     "StageSpec",
+    "TokenMaskSpec",
     "TokenizerSpec",
     "check_weights",
     "load_plan",

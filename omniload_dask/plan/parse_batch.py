@@ -115,6 +115,14 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
         fail(f.at("max_document_tokens"), "only applies with long_documents: split", max_doc)
     if tokens is not None and tokens < seq_len and long_docs == "truncate":
         fail(f.at("global_tokens"), f"must be >= seq_len ({seq_len}) so any document fits", tokens)
+    if tokens is not None and max_doc is not None and max_doc <= seq_len and tokens < max_doc:
+        # (documents capped at or under seq_len are kept whole: see BatchSpec.whole_documents)
+        fail(
+            f.at("global_tokens"),
+            f"must be >= max_document_tokens ({max_doc}): documents are kept whole, so any "
+            "document must fit a global batch",
+            tokens,
+        )
     pad = f.flag("pad_to_seq_len", False)
     f.raw("stages")  # (read by parse_stages, once this batch is known)
     f.done()

@@ -1,7 +1,7 @@
 """Parser of the ``cost`` section: how much balancing weight one document piece carries.
 
 A ``model`` (or ``encoder.model``) description is turned into the linear and quadratic
-coefficients by :func:`omniload_dask.batching.cost.transformer_coefficients`; a ``function`` is
+coefficients by :func:`omniload_dask.plan.cost.transformer_coefficients`; a ``function`` is
 imported and tried once here, so a plan that loads can be balanced. A ``calibration`` names a
 file written by ``omniload calibrate`` (:mod:`omniload_dask.calibrate`)::
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from omniload_dask.batching.cost import check_function, load_function, transformer_coefficients
+from omniload_dask.plan.cost import check_function, load_function, transformer_coefficients
 from omniload_dask.plan.fields import Fields, fail, resolve_path
 from omniload_dask.plan.limits import MAX_COST
 from omniload_dask.plan.specs import CostSpec

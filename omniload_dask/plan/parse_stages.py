@@ -102,11 +102,11 @@ def read_stages(f: Fields, batch: BatchSpec, layout: LayoutSpec) -> BatchSpec:
 def _step_of_tokens(s: Fields, at: int, before: BatchSpec, step: int, tokens: int) -> int:
     """The first step that starts with at least ``at`` tokens drawn, from the stage before
     (it starts at ``step`` with ``tokens`` drawn): known only where it fills steps exactly."""
-    if before.global_tokens is None or before.long_documents != "split":
+    if before.global_tokens is None or before.whole_documents:
         fail(
             s.at("at_tokens"),
             "needs every step before it filled exactly: global_tokens with long_documents: "
-            "split (or give at_step)",
+            "split and documents that may be cut (or give at_step)",
             at,
         )
     return step + max(0, math.ceil((at - tokens) / before.global_tokens))

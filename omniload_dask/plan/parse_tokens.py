@@ -16,6 +16,12 @@ the plan's tokenizer (checked when a job starts and by ``omniload validate``)::
       eod: 50256                            # ends each document (kept as its last token)
       vocabulary: {size: 50257}
       transform: my_pkg.fim:apply           # run on the workers, see preprocess.transforms
+    - name: sft
+      format: arrow                         # save_to_disk folder of a pre-tokenized SFT set
+      path: data/sft
+      tokens: input_ids
+      mask: {column: labels, kind: labels}  # -100 where the loss skips a token (or loss_mask)
+      vocabulary: {size: 50257}
 
 ``transform`` / ``filter`` name ``package.module:function`` and apply to every source.
 """
@@ -28,12 +34,19 @@ from typing import Any
 from omniload_dask.plan.choices import FLAT_DTYPES, TOKEN_DTYPES
 from omniload_dask.plan.fields import Fields, fail
 from omniload_dask.plan.limits import MAX_TOKEN_ID
-from omniload_dask.plan.specs import TOKEN_FORMATS
+from omniload_dask.plan.specs import TOKEN_FORMATS, TokenMaskSpec
 
-__all__ = ["FLAT_DTYPES", "FUNCTION_PATTERN", "TOKEN_COLUMN_FORMATS", "read_token_fields"]
+__all__ = [
+    "FLAT_DTYPES",
+    "FUNCTION_PATTERN",
+    "MASK_KINDS",
+    "TOKEN_COLUMN_FORMATS",
+    "read_token_fields",
+]
 
 TOKEN_COLUMN_FORMATS = ("arrow", "parquet", "mds")  # a token-id column by name (``tokens``)
 FUNCTION_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_]\w*"
+MASK_KINDS = ("loss_mask", "labels")
 
 
 def read_token_fields(f: Fields, fmt: str) -> dict[str, Any]:
@@ -50,6 +63,10 @@ def read_token_fields(f: Fields, fmt: str) -> dict[str, Any]:
             )
         out["tokens"] = f.text("tokens")
     is_tokens = fmt in TOKEN_FORMATS or "tokens" in out
+    if f.has("mask"):
+        out["mask"] = _mask(f, fmt, out.get("tokens"))
+    else:
+        f.raw("mask")
     out.update(_vocabulary(f, is_tokens))
     if f.has("eod") and fmt != "flat":
         fail(f.at("eod"), "only applies to format: flat (a flat token array)", f.raw("eod"))
@@ -102,3 +119,30 @@ def _vocabulary(f: Fields, is_tokens: bool) -> dict[str, Any]:
             out[key] = value
     v.done()
     return out
+
+
+def _mask(f: Fields, fmt: str, tokens: str | None) -> TokenMaskSpec:
+    """``mask: {column, kind, ignore_index}``: a per-token target mask beside the token ids,
+    for the formats with columns."""
+    if tokens is None:
+        why = (
+            "have no column beside their ids"
+            if fmt in TOKEN_FORMATS
+            else "need sources[].tokens (a token-id column) for a mask column"
+        )
+        fail(
+            f.at("mask"),
+            f"names a mask column of {'/'.join(TOKEN_COLUMN_FORMATS)} token sources "
+            f"({fmt} sources {why})",
+            f.raw("mask"),
+        )
+    m = f.mapping("mask")
+    column = m.text("column")
+    if column == tokens:
+        fail(m.at("column"), "must be another column than sources[].tokens", column)
+    kind = m.text("kind", "loss_mask", choices=MASK_KINDS)
+    if m.has("ignore_index") and kind != "labels":
+        fail(m.at("ignore_index"), "only applies to kind: labels", m.raw("ignore_index"))
+    ignore = m.integer("ignore_index", -100, min=-(2**31), max=-1) if kind == "labels" else -100
+    m.done()
+    return TokenMaskSpec(column, kind, ignore)

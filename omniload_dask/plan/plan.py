@@ -190,6 +190,7 @@ def source_identity(spec: SourceSpec) -> dict[str, Any]:
             for key in ("tokens", "dtype", "eod")
             if getattr(spec, key) is not None
         },
+        **({"mask": asdict(spec.mask)} if spec.mask is not None else {}),
     }
 
 

@@ -38,6 +38,10 @@ def source_dict(spec: SourceSpec) -> dict[str, Any]:
     for key in ("tokens", "dtype", "eod", "transform", "filter"):
         if data[key] is None:
             data.pop(key)  # (absent: the plan data, and so the stream fingerprint, as before)
+    if spec.mask is None:
+        data.pop("mask")
+    elif spec.mask.kind != "labels":
+        data["mask"].pop("ignore_index")
     if spec.chat is None:
         data.pop("chat")
     else:

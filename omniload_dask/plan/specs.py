@@ -12,18 +12,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import omniload_dask.plan.choices as choices
 from omniload_dask.errors import PlanError
 from omniload_dask.plan.chat import ChatSpec
-from omniload_dask.plan.choices import (
-    Fanout,
-    Interpolation,
-    LongDocuments,
-    MixingBy,
-    MixingOver,
-    SourceFormat,
-    TokenDtype,
-    TokenizerKind,
-)
 from omniload_dask.plan.credentials import StorageOptions
 
 __all__ = [
@@ -42,6 +33,7 @@ __all__ = [
     "SchedulePoint",
     "SourceSpec",
     "StageSpec",
+    "TokenMaskSpec",
     "TokenizerSpec",
 ]
 
@@ -57,11 +49,25 @@ TOKEN_FORMATS = ("megatron", "flat")  # formats whose records are always token i
 
 
 @dataclass(frozen=True)
+class TokenMaskSpec:
+    """A token source's per-token mask column (``sources[].mask``), beside its ids.
+
+    ``kind: loss_mask``: 1/true where the token is a target, 0/false where not. ``kind:
+    labels``: Hugging Face labels, unshifted: the token's own id where it is a target,
+    ``ignore_index`` where it is not (:mod:`omniload_dask.sources.token_masks`).
+    """
+
+    column: str
+    kind: str = "loss_mask"
+    ignore_index: int = -100
+
+
+@dataclass(frozen=True)
 class SourceSpec:
     """One data source: where its files are, how to read them and its mixing weight."""
 
     name: str
-    format: SourceFormat
+    format: choices.SourceFormat
     paths: tuple[str, ...]
     weight: float
     text: str = "text"
@@ -79,11 +85,12 @@ class SourceSpec:
     vocab_size: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
-    dtype: TokenDtype | None = None
+    dtype: choices.TokenDtype | None = None
     eod: int | None = None
     # User code run on the workers: ``package.module:function`` (preprocess.transforms).
     transform: str | None = None
     filter: str | None = None
+    mask: TokenMaskSpec | None = None  # a token source's target mask column; None: every token
     chat: ChatSpec | None = None  # conversations and their targets; None: plain text
 
     @property
@@ -106,7 +113,7 @@ class TokenizerSpec:
     (``special_tokens``: token -> id) are not in the file, and ``bos``/``eos`` name two of them.
     """
 
-    kind: TokenizerKind = "byte"
+    kind: choices.TokenizerKind = "byte"
     path: str | None = None
     bos: str | None = None
     eos: str | None = None
@@ -191,6 +198,13 @@ class BatchSpec:
     ``seq_len``, and a step whose documents do not pack into ``micro_batches`` gets one more
     micro-batch on every rank.
 
+    Whole documents (:attr:`whole_documents`): under ``truncate``, and under ``split`` when
+    ``max_document_tokens`` is at or under the ``seq_len`` of every micro-batch a document may
+    go to. Every document then fits a micro-batch, so the only reason left to cut one would
+    be to fill a step exactly; a plan that caps documents that low asks for them whole (SFT
+    conversations), and gets them packed as under ``truncate``, never cut between
+    micro-batches or steps.
+
     With ``buckets`` (context buckets, see :class:`BucketSpec`) each rank's step has micro-batches
     of several sizes, the buckets' in the order declared; ``seq_len`` is then the longest
     bucket's and ``micro_batches`` their total.
@@ -200,7 +214,7 @@ class BatchSpec:
     micro_batches: int
     global_tokens: int | None
     global_documents: int | None
-    long_documents: LongDocuments = "split"
+    long_documents: choices.LongDocuments = "split"
     max_document_tokens: int | None = None
     pad_to_seq_len: bool = False
     buckets: tuple[BucketSpec, ...] = ()
@@ -226,6 +240,23 @@ class BatchSpec:
     def context_buckets(self) -> tuple[BucketSpec, ...]:
         """The declared buckets, or the single one that ``seq_len``/``micro_batches`` make."""
         return self.buckets or (BucketSpec(self.seq_len, self.micro_batches),)
+
+    @property
+    def whole_documents(self) -> bool:
+        """Documents are never cut (class doc): ``truncate``, or ``max_document_tokens`` at or
+        under the ``seq_len`` of every bucket a document may go to (its source's pinned one,
+        else the longest bucket without sources)."""
+        if self.long_documents == "truncate":
+            return True
+        cap = self.max_document_tokens
+        return cap is not None and cap <= self.whole_limit
+
+    @property
+    def whole_limit(self) -> int:
+        """The longest document that fits whole in any micro-batch it may be routed to."""
+        pinned = [b.seq_len for b in self.context_buckets if b.sources]
+        free = [b.seq_len for b in self.context_buckets if not b.sources]
+        return min([*pinned, max(free)] if free else pinned)
 
     @property
     def document_cap(self) -> int:
@@ -357,15 +388,15 @@ class MixingSpec:
     point, and for sources a point does not name, the sources' own ``weight`` applies.
     """
 
-    by: MixingBy = "tokens"
-    over: MixingOver = "steps"
-    interpolate: Interpolation = "constant"
+    by: choices.MixingBy = "tokens"
+    over: choices.MixingOver = "steps"
+    interpolate: choices.Interpolation = "constant"
     schedule: tuple[SchedulePoint, ...] = ()
 
 
 @dataclass(frozen=True)
 class CostSpec:
-    """Cost of one document piece of L tokens, to balance ranks by (see :mod:`omniload_dask.batching.cost`).
+    """Cost of one document piece of L tokens, to balance ranks by (see :mod:`omniload_dask.plan.cost`).
 
     ``piece + linear * L + quadratic * L**2`` (dense layers plus attention), with the
     coefficients given, or derived from ``model`` (a transformer description: hidden, layers,
@@ -443,7 +474,7 @@ class LoaderSpec:
     # A job that expects live changes: draw at most ``live_lead`` steps past the slowest rank
     # (0: no bound), so that a change takes effect that soon (see core.rewind).
     live_lead: int = 0
-    fanout: Fanout = "none"
+    fanout: choices.Fanout = "none"
     # The embedded cluster on TLS, with temporary certificates (Job.start(security=True)).
     tls: bool = False
 

@@ -167,7 +167,10 @@ def target_notes(sources: Any, tokenizer: TokenizerSpec, load: bool) -> list[str
             except SourceError as exc:
                 notes.append(f"sources[{i}] ({spec.name}): chat template not loaded: {exc}")
                 continue
-        notes.append(f"sources[{i}] ({spec.name}) trains on {describe_rule(spec.chat, template)}")
+        rule = describe_rule(spec.chat, template)
+        if spec.mask is not None:  # a token source's mask column
+            rule = f"the tokens its {spec.mask.kind} column {spec.mask.column!r} marks"
+        notes.append(f"sources[{i}] ({spec.name}) trains on {rule}")
     return notes
 
 

@@ -10,7 +10,8 @@ validate``), never a silent mix of two vocabularies::
     -> sources[0].vocabulary.size: 50257, but the plan's tokenizer has 258 ids
 
 :func:`describe_token_source` is what ``validate`` lists per token source: vocabulary, dtype,
-documents and tokens (from the index where the format has one), and the user code it imports.
+documents and tokens (from the index where the format has one), its mask column where it has
+one, and the user code it imports.
 """
 
 from __future__ import annotations
@@ -65,24 +66,33 @@ def check_user_code(plan: Plan) -> None:
 
 def describe_token_source(spec: SourceSpec) -> dict[str, Any]:
     """What a token source holds, as discovery finds it: vocabulary, dtype, documents and
-    tokens (None where only reading every record would tell)."""
+    tokens (None where only reading every record would tell), and its mask column."""
     from dataclasses import replace
 
     from omniload_dask.sources.registry import discover_source
 
-    # (the index's lengths, which a job with user code does not plan with, are still there)
-    catalog = discover_source(replace(spec, transform=None, filter=None), "raise")
+    # (the index's lengths, which a job with user code or a mask does not plan with, are
+    # still there)
+    catalog = discover_source(replace(spec, transform=None, filter=None, mask=None), "raise")
+    if spec.mask is not None:  # (its files' mask columns checked, as a job's discovery does)
+        discover_source(spec, "raise")
     rows = catalog.rows
     documents = int(rows.sum()) if len(rows) and (rows >= 0).all() else None
     tokens = int(catalog.lengths.sum()) if catalog.lengths is not None else None
     vocabulary = {"size": spec.vocab_size, "bos_id": spec.bos_id, "eos_id": spec.eos_id}
-    return {
+    out: dict[str, Any] = {
         "vocabulary": {k: v for k, v in vocabulary.items() if v is not None},
         "dtype": _dtype(spec, catalog.files[0]) if catalog.files else None,
         "files": len(catalog.files),
         "documents": documents,
         "tokens": tokens,
     }
+    if spec.mask is not None:  # (discovery checked that every file has it)
+        mask: dict[str, Any] = {"column": spec.mask.column, "kind": spec.mask.kind}
+        if spec.mask.kind == "labels":
+            mask["ignore_index"] = spec.mask.ignore_index
+        out["mask"] = mask
+    return out
 
 
 def _dtype(spec: SourceSpec, url: str) -> str | None:

@@ -7,10 +7,13 @@ stream stays the same across workers, faults and resume::
 
     text source   {"text": "def f(x): ...", "source": "code", "id": 1234}
     token source  {"tokens": array([...], uint32), "source": "web", "id": 5678}
+    with a mask   {"tokens": ..., "mask": array([F, F, T, ...]), "source": "sft", "id": 9}
 
 A transform returns the record (changed or not; a text record's ``text`` a string, a token
-record's ``tokens`` a 1-d array of ids) or ``None`` to drop it; a filter returns true to keep
-it. They run before tokenizing (text) or before the data plane hears of the record (tokens).
+record's ``tokens`` a 1-d array of ids and, where the source has a mask column
+(``sources[].mask``), its ``mask``: one bool a token, true where the token is a target, as long
+as ``tokens`` and with a target after the first token) or ``None`` to drop it; a filter returns
+true to keep it. They run before tokenizing (text) or before the data plane hears of the record (tokens).
 Dropped records are counted per source as ``filtered``; a function that raises or returns
 something else makes the record a bad record (source, file, record, what happened), which the
 plan's ``on_error`` raises or skips and counts::
@@ -102,15 +105,19 @@ def apply_user_code(
     is_tokens = records.tokens is not None
     is_chat = records.chats is not None
     ids = encode_sample_ids(source_index, files, records.offsets).tolist()
+    masks: list[Any] = []
     if is_tokens:
         assert records.tokens is not None and records.lengths is not None
         ends = np.cumsum(records.lengths)
         items: list[Any] = np.split(records.tokens, ends[:-1]) if len(ends) else []
+        if records.mask is not None:
+            masks = np.split(records.mask, ends[:-1]) if len(ends) else []
     elif is_chat:  # a chat source's conversations, rendered after the user code
         items = list(records.chats or [])
     else:
         items = list(records.texts)
     kept: list[Any] = []
+    kept_masks: list[np.ndarray] = []
     rows: list[int] = []
     bad = list(records.bad)
     bad_files: list[int] = []
@@ -120,6 +127,8 @@ def apply_user_code(
     for row, (value, sample_id) in enumerate(zip(items, ids, strict=True)):
         offset = int(records.offsets[row])
         record: Any = {field: value, "source": spec.name, "id": sample_id}
+        if masks:
+            record["mask"] = masks[row]
         rng = None
         try:
             for code, is_filter in ((filt, True), (trans, False)):
@@ -140,6 +149,8 @@ def apply_user_code(
                 dropped += 1
                 continue
             kept.append(_checked(record, field, trans, vocab))
+            if masks:
+                kept_masks.append(_checked_mask(record, kept[-1], trans))
             rows.append(row)
         except _Wrong as exc:
             bad.append((offset, str(exc)))
@@ -153,7 +164,10 @@ def apply_user_code(
     if is_tokens:
         lengths = np.asarray([len(t) for t in kept], np.int64)
         flat = np.concatenate(kept) if kept else np.zeros(0, np.int64)
-        out_records = RawRecords.of_tokens(flat, lengths, offsets, bad)
+        mask = None
+        if records.mask is not None:
+            mask = np.concatenate(kept_masks) if kept_masks else np.zeros(0, bool)
+        out_records = RawRecords.of_tokens(flat, lengths, offsets, bad, mask)
     elif is_chat:
         out_records = RawRecords([""] * len(kept), offsets, bad, chats=kept)
     else:
@@ -194,3 +208,25 @@ def _checked(record: Any, field: str, trans: UserCode | None, vocab: int) -> Any
             f"the vocabulary of {vocab} ids (sources[].vocabulary.size)"
         )
     return array.astype(np.uint32)
+
+
+def _checked_mask(record: dict[str, Any], tokens: np.ndarray, trans: UserCode | None) -> Any:
+    """The target mask of a transform's output: 1-d bools or 0/1 integers, as long as its
+    ``tokens``, with a target after the first token (as a mask column must)."""
+    name = trans.name if trans is not None else "the filter"
+    if "mask" not in record:
+        raise _Wrong(f"{name} returned no 'mask' (the source has a mask column: keep it)")
+    mask = np.asarray(record["mask"])
+    binary = mask.dtype.kind == "b" or (
+        mask.dtype.kind in "iu" and bool(np.isin(mask, (0, 1)).all())
+    )
+    if mask.ndim != 1 or not binary:
+        raise _Wrong(
+            f"{name} returned 'mask' as {mask.dtype} of shape {mask.shape}; expected one bool "
+            "a token (true: a target)"
+        )
+    if len(mask) != len(tokens):
+        raise _Wrong(f"{name} returned {len(tokens)} tokens and a 'mask' of {len(mask)}")
+    if len(tokens) and not mask[1:].any():
+        raise _Wrong(f"{name} returned a 'mask' with no target token after the first")
+    return mask.astype(bool)

@@ -10,7 +10,7 @@ unit at a time.
 This package exports the pure data (:class:`Catalog`, :class:`RawRecords`, sample ids), which
 the data plane imports; the parts that open files through fsspec are imported from their
 modules: :mod:`.registry` (``discover_source``, ``read_unit_records``), :mod:`.files`,
-:mod:`.zstd` and the formats :mod:`.jsonl`, :mod:`.parquet`, :mod:`.webdataset`.
+:mod:`.decoding` and the formats :mod:`.jsonl`, :mod:`.parquet`, :mod:`.webdataset`.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 schema message, then record batches of ``writer_batch_size`` rows) beside ``state.json`` and
 ``dataset_info.json``. The source's path is the folder (or globs of ``.arrow`` files); its
 records are rows, either a column of token ids (``sources[].tokens``, e.g. ``input_ids``: a list
-of integers per row, no tokenizer runs) or a text column (``sources[].text``) that the plan's
-tokenizer turns into tokens. A record's offset is its row number in its file.
+of integers per row, no tokenizer runs; with ``sources[].mask``, a ``loss_mask`` or ``labels``
+column beside it) or a text column (``sources[].text``) that the plan's tokenizer turns into
+tokens. A record's offset is its row number in its file.
 
 A stream file has no footer to seek by, so discovery reads each file through once, message by
 message: where each record batch starts, its rows and, for a token column, every row's length
@@ -33,6 +34,7 @@ from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 from omniload_dask.sources.parquet import column_texts
 from omniload_dask.sources.token_arrays import check_token_field, list_column
+from omniload_dask.sources.token_masks import check_mask_field, mask_list_column, masked_records
 
 __all__ = ["FORMAT", "ArrowFolder", "text_records", "token_records"]
 
@@ -83,29 +85,39 @@ class ArrowFolder:
         first = int(np.searchsorted(layout.firsts, start, side="right")) - 1
         last = int(np.searchsorted(layout.firsts, stop, side="left"))
         column = spec.tokens or spec.text
-        pieces = []
+        names = [column] if spec.mask is None else [column, spec.mask.column]
+        pieces: list[list[Any]] = [[] for _ in names]
         with open_file(fs, path) as f:
             for b in range(first, last):
                 f.seek(int(layout.positions[b]))
                 batch = pa.ipc.read_record_batch(pa.ipc.read_message(f), layout.schema)
                 lo = max(start - int(layout.firsts[b]), 0)
                 hi = min(stop - int(layout.firsts[b]), batch.num_rows)
-                pieces.append(batch.column(column).slice(lo, hi - lo))
-        values = pa.chunked_array(pieces, type=layout.schema.field(column).type)
+                for got, name in zip(pieces, names, strict=True):
+                    got.append(batch.column(name).slice(lo, hi - lo))
+        values = [
+            pa.chunked_array(got, type=layout.schema.field(name).type)
+            for got, name in zip(pieces, names, strict=True)
+        ]
         if spec.tokens is not None:
-            return token_records(spec, values, start)
-        return text_records(spec, values, start)
+            return token_records(spec, values[0], start, values[1] if spec.mask else None)
+        return text_records(spec, values[0], start)
 
 
-def token_records(spec: SourceSpec, column: Any, first_row: int) -> RawRecords:
-    """Rows of a token-id column (lists of integers) from row ``first_row`` on; a null row is
-    a bad record."""
+def token_records(spec: SourceSpec, column: Any, first_row: int, mask: Any = None) -> RawRecords:
+    """Rows of a token-id column (lists of integers) from row ``first_row`` on, with their
+    targets from the ``mask`` column where the source has one; a null row is a bad record."""
     flat, lengths, null_rows = list_column(column)
     offsets = np.arange(first_row, first_row + len(lengths), dtype=np.int64)
-    bad = [
-        (int(r), f"column {spec.tokens!r} is null or holds a null id")
-        for r in offsets[null_rows].tolist()
-    ]
+    why = f"column {spec.tokens!r} is null or holds a null id"
+    if mask is not None:
+        values, value_lengths, null_masks = mask_list_column(mask)
+        reasons = dict.fromkeys(np.flatnonzero(null_rows).tolist(), why)
+        assert spec.mask is not None
+        for r in np.flatnonzero(null_masks & ~null_rows).tolist():
+            reasons[r] = f"mask column {spec.mask.column!r} is null or holds a null value"
+        return masked_records(spec, flat, lengths, values, value_lengths, offsets, reasons)
+    bad = [(int(r), why) for r in offsets[null_rows].tolist()]
     keep = ~null_rows
     return RawRecords.of_tokens(flat, lengths[keep], offsets[keep], bad)
 
@@ -169,6 +181,8 @@ def _check_column(spec: SourceSpec, url: str, schema: Any) -> None:
     """The source's token column (a list of integers) or text column (strings) is there."""
     if spec.tokens is not None:
         check_token_field(spec, url, schema)
+        if spec.mask is not None:
+            check_mask_field(spec, url, schema)
         return
     if spec.text not in schema.names:
         raise SourceError(

@@ -53,9 +53,10 @@ class RawRecords:
     ``images`` (image-text sources) holds each record's encoded images, in order; ``chats``
     (chat sources) each record's conversation (:func:`~omniload_dask.sources.chat.conversation`),
     its text then empty. A token source's records are token ids already: ``tokens`` holds them
-    all, flat, and ``lengths`` each record's count (``texts`` is then empty). A per-token column
-    beside the ids (a loss mask) would travel the same way, one flat array as long as
-    ``tokens``, into the shard's ``target`` mask.
+    all, flat, and ``lengths`` each record's count (``texts`` is then empty). A token source
+    with a mask column (``sources[].mask``) has ``mask`` too: one flat bool array as long as
+    ``tokens``, true where the token is a target (:mod:`.token_masks`); it becomes the shard's
+    ``target`` mask.
     """
 
     texts: list[str]
@@ -65,15 +66,17 @@ class RawRecords:
     chats: list[Any] | None = None
     tokens: np.ndarray | None = None
     lengths: np.ndarray | None = None
+    mask: np.ndarray | None = None
 
     @classmethod
     def of_tokens(
         cls, tokens: np.ndarray, lengths: np.ndarray, offsets: np.ndarray,
-        bad: list[tuple[int, str]] | None = None,
+        bad: list[tuple[int, str]] | None = None, mask: np.ndarray | None = None,
     ) -> RawRecords:  # fmt: skip
-        """Token records: ``tokens`` flat, ``lengths`` per record, at ``offsets``."""
+        """Token records: ``tokens`` flat, ``lengths`` per record, at ``offsets`` (``mask``:
+        their targets, flat, where the source has a mask column)."""
         return cls([], np.asarray(offsets, np.int64), bad or [], tokens=tokens,
-                   lengths=np.asarray(lengths, np.int64))  # fmt: skip
+                   lengths=np.asarray(lengths, np.int64), mask=mask)  # fmt: skip
 
     @property
     def count(self) -> int:

@@ -13,7 +13,9 @@ units are shards (or runs of ``unit_records`` samples of one); a read takes the 
 samples, then the one byte range they span (a compressed shard is read and decompressed whole:
 zstd, as ``streaming`` writes it). The token column (``sources[].tokens``) may be encoded
 ``ndarray[:dtype[:shape]]``, ``bytes`` (raw ids of ``sources[].dtype``, int64 if not given, as
-LLM Foundry wrote them) or ``json`` (a list); a text column (``sources[].text``) ``str``.
+LLM Foundry wrote them) or ``json`` (a list); a text column (``sources[].text``) ``str``. A mask
+column (``sources[].mask``) is read beside the ids from an integer or boolean ``ndarray`` or a
+``json`` list (:mod:`.token_masks`).
 Discovery checks that every shard the index lists is there, and the columns.
 """
 
@@ -29,6 +31,7 @@ from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
 from omniload_dask.sources.files import open_file
+from omniload_dask.sources.token_masks import masked_records
 
 __all__ = ["FORMAT", "MosaicShards"]
 
@@ -82,31 +85,43 @@ class MosaicShards:
         shard = index.shards[k]
         lo, hi = start - int(index.firsts[k]), stop - int(index.firsts[k])
         blob, at = _sample_bytes(fs, path.rsplit("/", 1)[0], shard, lo, hi)
-        column = spec.tokens or spec.text
         names = list(shard["column_names"])
-        col = names.index(column)
-        encoding = shard["column_encodings"][col]
+        wanted = [spec.tokens or spec.text] + ([spec.mask.column] if spec.mask else [])
+        cols = [names.index(c) for c in wanted]
         fixed = shard["column_sizes"]
         variable = [j for j, size in enumerate(fixed) if size is None]
-        values = []
+        values: list[list[bytes]] = [[] for _ in cols]
         for s in range(hi - lo):
             a, b = int(at[s]), int(at[s + 1])
             head = np.frombuffer(blob, np.uint32, len(variable), a)
             sizes = list(fixed)
             for j, size in zip(variable, head.tolist(), strict=True):
                 sizes[j] = size
-            begin = a + 4 * len(variable) + sum(sizes[:col])
-            end = begin + sizes[col]
-            if end > b:
-                raise SourceError(f"sample {start + s}: its columns run past its end")
-            values.append(blob[begin:end])
+            for got, col in zip(values, cols, strict=True):
+                begin = a + 4 * len(variable) + sum(sizes[:col])
+                end = begin + sizes[col]
+                if end > b:
+                    raise SourceError(f"sample {start + s}: its columns run past its end")
+                got.append(blob[begin:end])
         offsets = np.arange(start, stop, dtype=np.int64)
         if spec.tokens is None:
-            return RawRecords([v.decode("utf-8") for v in values], offsets, [])
-        arrays = [_decode_ids(spec, encoding, v) for v in values]
+            return RawRecords([v.decode("utf-8") for v in values[0]], offsets, [])
+        encodings = [shard["column_encodings"][col] for col in cols]
+        arrays = [_decode_ids(spec, encodings[0], v) for v in values[0]]
         lengths = np.asarray([len(x) for x in arrays], np.int64)
         tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-        return RawRecords.of_tokens(tokens, lengths, offsets)
+        if spec.mask is None:
+            return RawRecords.of_tokens(tokens, lengths, offsets)
+        masks, reasons = [], {}
+        for r, data in enumerate(values[1]):
+            mask = _decode_ids(spec, encodings[1], data, mask=True)
+            if mask.size and mask.dtype.kind not in "iub":
+                reasons[r] = f"mask column {spec.mask.column!r} holds {mask.dtype} values"
+                mask = np.zeros(0, np.int64)
+            masks.append(mask.astype(np.int64))
+        flat = np.concatenate(masks) if masks else np.zeros(0, np.int64)
+        counts = np.asarray([len(m) for m in masks], np.int64)
+        return masked_records(spec, tokens, lengths, flat, counts, offsets, reasons)
 
 
 class _Index:
@@ -142,8 +157,26 @@ def _shard_file(shard: dict[str, Any]) -> str:
     return str(zipped["basename"] if zipped else shard["raw_data"]["basename"])
 
 
+def _check_mask_column(spec: SourceSpec, where: str, shard: dict[str, Any]) -> None:
+    """The shard has the source's mask column, as an integer/boolean ndarray or json list."""
+    assert spec.mask is not None
+    names, column = list(shard["column_names"]), spec.mask.column
+    if column not in names:
+        raise SourceError(
+            f"{where} has no mask column {column!r} (columns: {', '.join(names)}); set "
+            "sources[].mask.column"
+        )
+    kind, *args = str(shard["column_encodings"][names.index(column)]).split(":")
+    if kind == "json" or (kind == "ndarray" and (not args or np.dtype(args[0]).kind in "iub")):
+        return
+    raise SourceError(
+        f"{where}: mask column {column!r} is encoded {shard['column_encodings'][names.index(column)]!r};"
+        " a mask is read from integer or boolean 'ndarray' columns and 'json' lists"
+    )
+
+
 def _check_columns(spec: SourceSpec, url: str, k: int, shard: dict[str, Any]) -> None:
-    """The shard has the source's column, in an encoding read here."""
+    """The shard has the source's columns, in encodings read here."""
     column = spec.tokens or spec.text
     names = list(shard["column_names"])
     where = f"source {spec.name!r}: file {url!r}: shard {k}"
@@ -160,6 +193,8 @@ def _check_columns(spec: SourceSpec, url: str, k: int, shard: dict[str, Any]) ->
         )
     if spec.tokens is None and encoding != "str":
         raise SourceError(f"{where}: column {column!r} is encoded {encoding!r}, not 'str'")
+    if spec.mask is not None:
+        _check_mask_column(spec, where, shard)
     compression = shard.get("compression")
     if compression and not str(compression).startswith("zstd"):
         raise SourceError(f"{where}: compression {compression!r}; zstd shards are read here")
@@ -185,13 +220,13 @@ def _sample_bytes(
     return data, at - at[0]
 
 
-def _decode_ids(spec: SourceSpec, encoding: str, data: bytes) -> np.ndarray:
-    """One sample's token ids from its column bytes."""
+def _decode_ids(spec: SourceSpec, encoding: str, data: bytes, mask: bool = False) -> np.ndarray:
+    """One sample's token ids (or, ``mask``, its mask values: as stored) from its column bytes."""
     kind, *args = encoding.split(":")
     if kind == "bytes":
         return np.frombuffer(data, np.dtype(spec.dtype or "int64"))
     if kind == "json":
-        return np.asarray(json.loads(data), dtype=np.int64).reshape(-1)
+        return np.asarray(json.loads(data), dtype=None if mask else np.int64).reshape(-1)
     at = 0
     if args:
         dtype = args[0]

@@ -21,7 +21,7 @@ from typing import Any
 from omniload_dask.errors import OmniloadError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.files import list_files
-from omniload_dask.sources.registry import get_format
+from omniload_dask.sources.registry import format_of, get_format
 
 __all__ = ["CHECKSUM_FILES", "PREVIEW_BYTES", "check_source", "check_sources"]
 
@@ -44,7 +44,7 @@ def check_sources(plan: Any) -> tuple[list[str], list[str]]:
 
 def check_source(index: int, spec: SourceSpec, on_error: str) -> tuple[list[str], list[str]]:
     """Problems and notes for source ``index`` of a plan (see the module docstring)."""
-    fmt = get_format(spec.format)
+    fmt = format_of(spec)  # (Parquet with a token column has a reader of its own)
     try:
         fs, files, sizes = list_files(spec, fmt)
     except OmniloadError as exc:
@@ -57,6 +57,8 @@ def check_source(index: int, spec: SourceSpec, on_error: str) -> tuple[list[str]
         records = _first_records(spec, fmt, fs, files[0], units.table)
     except OmniloadError as exc:
         field = "text" if "field" in str(exc) or "column" in str(exc) else "path"
+        if field == "text" and spec.tokens is not None:
+            field = "mask" if "mask column" in str(exc) else "tokens"
         return [f"sources[{index}].{field}: {exc}"], []
     except Exception as exc:  # storage failing under the read: say so, do not crash
         return [f"sources[{index}].path: cannot read {files[0]!r}: {type(exc).__name__}: {exc}"], []
@@ -77,7 +79,7 @@ def check_source(index: int, spec: SourceSpec, on_error: str) -> tuple[list[str]
                 f"and will be skipped and counted (first: offset {offset}: {reason})"
             )
     if spec.format == "parquet":
-        notes.append(_checksum_note(where, fmt, fs, files))
+        notes.append(_checksum_note(where, get_format("parquet"), fs, files))
     return problems, notes
 
 
@@ -93,7 +95,7 @@ def _first_records(
     else:
         stop = min(stop, start + PREVIEW_ROWS)
     got = fmt.read(spec, fs, fs._strip_protocol(url), start, stop)
-    return got.bad, len(got.texts) + len(got.bad)
+    return got.bad, got.count + len(got.bad)
 
 
 def _checksum_note(where: str, fmt: Any, fs: Any, files: list[str]) -> str:

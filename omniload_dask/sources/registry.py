@@ -2,14 +2,17 @@
 
 :func:`formats` maps the plan's ``sources[].format`` to its :class:`~.base.SourceFormat`.
 :func:`discover_source` lists a source into a :class:`~.catalog.Catalog` at start-up;
-:func:`read_unit_records` reads one unit of it. Both run on workers (they open files through
+:func:`read_unit_records` reads one unit of it (:func:`read_records` the reads of a unit). Both run on workers (they open files through
 fsspec); the data plane only ever holds the catalog.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
 
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
@@ -24,6 +27,7 @@ __all__ = [
     "formats",
     "get_format",
     "list_source",
+    "read_records",
     "read_unit_records",
 ]
 
@@ -91,9 +95,10 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
         ) from None
     groups = None
     lengths, length_index = found.lengths, found.length_index
-    if on_error != "raise" or spec.transform or spec.filter:
+    if on_error != "raise" or spec.transform or spec.filter or spec.mask is not None:
         # A record that a read skips (a bad token id) or that user code drops or changes would
-        # differ from the index, and the data plane would have dealt with it already.
+        # differ from the index, and the data plane would have dealt with it already; a
+        # mask's holes (what global_loss_tokens counts) come only with the reads.
         lengths = length_index = None
     merge = min(spec.unit_bytes, spec.merge_bytes)
     if merge > 0 and not spec.has_images:  # image records are large: read file by file
@@ -131,3 +136,42 @@ def read_unit_records(spec: SourceSpec, file_url: str, start: int, stop: int) ->
             f"source {spec.name!r}: file {file_url!r}, unit [{start}, {stop}): "
             f"{type(exc).__name__}: {exc}"
         ) from None
+
+
+def read_records(
+    spec: SourceSpec, reads: Sequence[tuple[int, str, int, int]]
+) -> tuple[RawRecords, np.ndarray, list[str]]:
+    """The records of ``reads`` (``(file index, url, start, stop)`` each) in order, the file
+    index of each, and the url of each bad one (a unit of one read: its own records as the
+    format reads them; a unit of several small files: theirs one after another)."""
+    if len(reads) == 1:
+        f, url, lo, hi = reads[0]
+        records = read_unit_records(spec, url, lo, hi)
+        return records, np.full(len(records.offsets), f, np.int64), [url] * len(records.bad)
+    texts: list[str] = []
+    chats: list[Any] = []
+    offsets, files, bad, urls = [], [], [], []
+    tokens: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    for f, url, lo, hi in reads:
+        one = read_unit_records(spec, url, lo, hi)
+        texts += one.texts
+        chats += one.chats or []
+        offsets.append(np.asarray(one.offsets, np.int64))
+        files.append(np.full(len(one.offsets), f, np.int64))
+        bad += one.bad
+        urls += [url] * len(one.bad)
+        if one.tokens is not None and one.lengths is not None:
+            tokens.append(one.tokens)
+            lengths.append(one.lengths)
+            # (a read whose records all failed to decode has no mask: no tokens either)
+            masks.append(one.mask if one.mask is not None else np.zeros(len(one.tokens), bool))
+    records = RawRecords(
+        texts, np.concatenate(offsets), bad, chats=chats if spec.chat is not None else None
+    )
+    if tokens:
+        records.tokens = np.concatenate(tokens)
+        records.lengths = np.concatenate(lengths)
+        records.mask = np.concatenate(masks) if spec.mask is not None else None
+    return records, np.concatenate(files), urls

@@ -27,7 +27,7 @@ __all__ = ["checked_tokens", "is_token_list", "list_column"]
 
 def checked_tokens(spec: SourceSpec, records: RawRecords) -> RawRecords:
     """``records`` with its token ids as uint32; records with an id outside the source's
-    vocabulary (or not a whole number) moved to ``bad``."""
+    vocabulary (or not a whole number) moved to ``bad`` (with their part of ``mask``)."""
     assert records.tokens is not None and records.lengths is not None
     tokens, lengths = records.tokens, records.lengths
     vocab = int(spec.vocab_size or 2**32)
@@ -39,8 +39,9 @@ def checked_tokens(spec: SourceSpec, records: RawRecords) -> RawRecords:
         ok = (tokens >= 0) & (tokens < vocab)
     if ok is None or bool(ok.all()):
         return RawRecords.of_tokens(
-            tokens.astype(np.uint32, copy=False), lengths, records.offsets, records.bad
-        )
+            tokens.astype(np.uint32, copy=False), lengths, records.offsets, records.bad,
+            records.mask,
+        )  # fmt: skip
     starts = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=starts[1:])
     wrong = np.flatnonzero(~ok)
@@ -60,8 +61,9 @@ def checked_tokens(spec: SourceSpec, records: RawRecords) -> RawRecords:
     keep = np.ones(len(lengths), bool)
     keep[bad_rows] = False
     token_keep = np.repeat(keep, lengths)
+    mask = records.mask[token_keep] if records.mask is not None else None
     return RawRecords.of_tokens(
-        tokens[token_keep].astype(np.uint32), lengths[keep], records.offsets[keep], bad
+        tokens[token_keep].astype(np.uint32), lengths[keep], records.offsets[keep], bad, mask
     )
 
 

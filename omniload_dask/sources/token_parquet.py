@@ -4,7 +4,7 @@ Units are row groups, or runs of ``unit_records`` rows of one, as for text Parqu
 (:mod:`.parquet`); discovery reads every footer and checks that the column is a list of
 integers. A footer gives row counts, not list lengths, so a unit's lengths come with its read.
 A record's offset is its row number in the file; a null row (or one holding a null id) is a
-bad record.
+bad record. A mask column (``sources[].mask``) is read beside the ids (:mod:`.token_masks`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from omniload_dask.sources.decoding import WatchedFile
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.parquet import row_group_units
 from omniload_dask.sources.token_arrays import check_token_field
+from omniload_dask.sources.token_masks import check_mask_field
 
 __all__ = ["FORMAT", "TokenParquet"]
 
@@ -43,6 +44,8 @@ class TokenParquet:
 
         def check(url: str, schema: Any) -> None:
             check_token_field(spec, url, schema)
+            if spec.mask is not None:
+                check_mask_field(spec, url, schema)
 
         return row_group_units(spec, fs, files, check, skip_unreadable)
 
@@ -58,7 +61,8 @@ class TokenParquet:
                 )
                 a = int(np.searchsorted(bounds, start, side="right")) - 1
                 b = int(np.searchsorted(bounds, stop, side="left"))
-                table = pf.read_row_groups(list(range(a, b)), columns=[spec.tokens])
+                columns = [spec.tokens] + ([spec.mask.column] if spec.mask else [])
+                table = pf.read_row_groups(list(range(a, b)), columns=columns)
             except Exception as exc:
                 if f.failure is not None:
                     raise
@@ -67,8 +71,9 @@ class TokenParquet:
                 return RawRecords.of_tokens(
                     empty, empty, empty, [(r, reason) for r in range(start, stop)]
                 )
-        column = table.column(0).slice(start - int(bounds[a]), stop - start)
-        return token_records(spec, column, start)
+        rows = table.slice(start - int(bounds[a]), stop - start)
+        mask = rows.column(1) if spec.mask is not None else None
+        return token_records(spec, rows.column(0), start, mask)
 
 
 FORMAT = TokenParquet()

@@ -37,8 +37,10 @@ training stream's batches and position do not change::
 With training stages (``batch.stages``: a batch ramp-up, a long-context stage) the budget,
 ``seq_len`` and micro-batch count change at declared steps. Each micro-batch then says its
 step's ``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already carries), and
-``feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
-a change before the step it rules.
+``Feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
+a change before the step it rules. A live change of the stages (``Job.update_plan``) reaches
+``Feeder.stage`` with the first step it cuts otherwise (the feeder then reads the job's batch
+again); the micro-batches always carry the stage, ``seq_len`` and count they were built with.
 """
 
 from __future__ import annotations
@@ -51,11 +53,12 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.formats import GroupBatch, expand
-from omniload_dask.cluster import internals as _dask
+from omniload_dask.batching.formats import GroupBatch
+from omniload_dask.batching.wire import expand
 from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.fixes import own_error
-from omniload_dask.plan import BatchSpec
+from omniload_dask.internals import comms as _comms
+from omniload_dask.plan import BatchSpec, Plan, parse_plan
 from omniload_dask.trainer.fanout import StepSupply
 from omniload_dask.trainer.options import FeederOptions
 from omniload_dask.trainer.ranks import resolve_rank
@@ -113,8 +116,8 @@ class Feeder:
         pass_index: int = 0,
     ) -> None:
         if client is not None:
-            address = _dask.scheduler_address(client)
-            security = security if security is not None else _dask.security_of(client)
+            address = _comms.scheduler_address(client)
+            security = security if security is not None else _comms.security_of(client)
         asked = FeederOptions.of(
             job,
             address=address,
@@ -274,9 +277,7 @@ class Feeder:
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:
         """A micro-batch as the trainer gets it: full form, source names, torch or numpy."""
         mb = expand(mb)  # the wire form carries neither labels nor position_ids
-        sources = mb["doc_source"]
-        if len(sources) and int(sources.max()) >= len(self.source_names):  # a source joined
-            self.source_names = list(self._supply.info()["sources"])
+        self.source_names, self.plan = _job_now(mb, self._supply, self.source_names, self.plan)
         return _output(mb, self.source_names, self.output, self.plan.batch)
 
 
@@ -311,6 +312,20 @@ def stage_of(batch: BatchSpec, step: int) -> dict[str, Any]:
     }
 
 
+def _job_now(
+    mb: dict[str, Any], supply: StepSupply, names: list[str], plan: Plan
+) -> tuple[list[str], Plan]:
+    """The job's source names and plan as ``mb`` shows them: read again from the job where a
+    source joined since (a document of an unknown source), or where ``mb`` was built in
+    another stage than ``plan`` gives its step (the stages changed live, ``update_plan``)."""
+    sources = mb["doc_source"]
+    if len(sources) and int(sources.max()) >= len(names):
+        names = list(supply.info()["sources"])
+    if "stage" in mb and int(mb["stage"]) != plan.batch.stage_index(int(mb["step"])):
+        plan = parse_plan(supply.info()["plan"])
+    return names, plan
+
+
 def _output(
     mb: dict[str, Any], source_names: list[str], output: str, batch: BatchSpec
 ) -> dict[str, Any]:
@@ -318,7 +333,7 @@ def _output(
     ``stage`` (see :func:`stage_of`), its arrays as torch tensors for "torch"."""
     out = dict(mb)
     out["doc_source_name"] = [source_names[int(s)] for s in mb["doc_source"]]
-    if batch.stages:  # (a plan without stages keeps the micro-batch as it was)
+    if batch.stages and "stage" not in mb:  # (the data plane says it where it has stages)
         out["stage"] = batch.stage_index(int(mb["step"]))
     if output == "torch":
         import torch

@@ -97,7 +97,7 @@ async def afetch_steps(
     report: dict[str, Any],
     ahead: int = 0,
 ) -> tuple[dict[str, Any], list[list[GroupBatch]]]:
-    """:func:`fetch_steps` as a coroutine on the links' loop (``link.loop``), for a caller
+    """:func:`fetch_steps` as a coroutine on the links' loop (``Link.loop``), for a caller
     that runs there itself (:class:`~.prefetch.Prefetcher` with a ``loop``): no hand-off."""
     coro = _fetch_steps(link, job, ranks, needs, start, count, report, ahead)
     return await asyncio.wait_for(coro, ROUND_TRIP_TIMEOUT)

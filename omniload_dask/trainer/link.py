@@ -31,8 +31,8 @@ from collections import defaultdict, deque
 from collections.abc import Coroutine
 from typing import Any
 
-from omniload_dask.cluster import internals as _dask
-from omniload_dask.cluster.serving import PART_HANDLER, unpack_part
+from omniload_dask.batching.wire import PART_HANDLER, unpack_part
+from omniload_dask.internals import comms as _comms
 
 __all__ = [
     "CALL_SLACK",
@@ -75,8 +75,8 @@ class Link:
         self.security = security
         self.salt = salt
         self._loop = io_loop()
-        self._scheduler = _dask.connection_pool(security, SCHEDULER_CONNECT_TIMEOUT, limit=4)
-        self._workers = _dask.connection_pool(security, WORKER_CONNECT_TIMEOUT)
+        self._scheduler = _comms.connection_pool(security, SCHEDULER_CONNECT_TIMEOUT, limit=4)
+        self._workers = _comms.connection_pool(security, WORKER_CONNECT_TIMEOUT)
         self._closed = False
         self._unreachable: set[str] = set()  # workers whose last fetch failed
         self._scheduler_lost = False  # the last call failed on its connection
@@ -90,8 +90,8 @@ class Link:
         return self._loop
 
     async def _start(self) -> None:
-        await _dask.start_pool(self._scheduler)
-        await _dask.start_pool(self._workers)
+        await _comms.start_pool(self._scheduler)
+        await _comms.start_pool(self._workers)
 
     def call(self, handler: str, /, *, wait: float = 0.0, **kwargs: Any) -> Any:
         """Call the data plane's handler ``omniload_<handler>`` (which may hold the call for
@@ -105,13 +105,13 @@ class Link:
     async def _call(self, handler: str, kwargs: dict[str, Any]) -> Any:
         if (
             self._scheduler_lost
-            and not _dask.pooled(self._scheduler, self.address)
+            and not _comms.pooled(self._scheduler, self.address)
             and await refused(self.address, SCHEDULER_CONNECT_TIMEOUT)
         ):  # the scheduler is down (restarting): the caller's backoff decides when to retry,
             # not Dask's connect, whose backoff grows to seconds while it is refused
             raise ConnectionRefusedError(f"the scheduler at {self.address} refused the connection")
         try:
-            reply = await _dask.rpc(self._scheduler, self.address, "omniload_" + handler, **kwargs)
+            reply = await _comms.rpc(self._scheduler, self.address, "omniload_" + handler, **kwargs)
         except OSError:
             self._scheduler_lost = True
             raise
@@ -176,18 +176,18 @@ class Link:
         return turned
 
     async def _from_worker(self, address: str, refs: list[tuple[str, int]]) -> list[Any]:
-        if not _dask.pooled(self._workers, address) and await refused(
+        if not _comms.pooled(self._workers, address) and await refused(
             address, WORKER_CONNECT_TIMEOUT
         ):  # a killed worker: no waiting for Dask's connect retries, the other holder now
             raise ConnectionRefusedError(f"worker {address} refused the connection")
-        reply = await _dask.rpc(
+        reply = await _comms.rpc(
             self._workers, address, PART_HANDLER, parts=[[k, p] for k, p in refs]
         )
         return [unpack_part(value) for value in reply]
 
     def connections(self) -> int:
         """Comms this link holds open now (to the scheduler and to workers)."""
-        return _dask.open_comms(self._scheduler) + _dask.open_comms(self._workers)
+        return _comms.open_comms(self._scheduler) + _comms.open_comms(self._workers)
 
     def close(self) -> None:
         """Close every connection (idempotent)."""
@@ -198,8 +198,8 @@ class Link:
             self._run(self._close(), 10.0)
 
     async def _close(self) -> None:
-        await _dask.close_pool(self._scheduler)
-        await _dask.close_pool(self._workers)
+        await _comms.close_pool(self._scheduler)
+        await _comms.close_pool(self._workers)
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
         """Run ``coro`` (made of :meth:`acall` and :meth:`afetch`) on the links' loop and wait

@@ -128,7 +128,7 @@ def broadcast(
     options: FeederOptions, place: Place, link: Link, start: int, waits: deque[float]
 ) -> Wired:
     """Fan-out ``"broadcast"``: the DP group's leader fetches every cp slice and broadcasts
-    them over a gloo group (``options.group``, made if None); the others keep no link."""
+    them over a gloo group (``FeederOptions.group``, made if None); the others keep no link."""
     from omniload_dask.trainer.broadcast import GroupShare
 
     layout = place.plan.layout
@@ -195,7 +195,7 @@ def _reporter(waits: deque[float], prefetch: int) -> Report:
 
 
 def _pass_of(options: FeederOptions) -> FeederOptions:
-    """Pass ``pass_index`` over stream ``options.stream``, started or joined: the options
+    """Pass ``pass_index`` over stream ``FeederOptions.stream``, started or joined: the options
     for its job, first step and end."""
     index = options.pass_index
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:

@@ -4,19 +4,22 @@ The documents of a step are fixed by the mix, whatever the DP size. The balancer
 pieces of at most a bucket's ``seq_len`` tokens and gives every piece to a micro-batch of a DP
 group, so that the costliest group (every rank waits for it) costs as little as it can, under
 hard token limits: a micro-batch never holds more than its ``seq_len``. Five passes, in numpy,
-deterministic (ties go to the lower index), one module each::
+deterministic (ties go to the lower index), run by split.py, each in a module of its own with
+one more per idea it is made of::
 
     1 route    each document to a context bucket, an over-full bucket handing its shortest
                documents down; documents cut into pieces; pieces that cost more than a
                group's fair share cut again (routing.py)
-    2 place    pieces by decreasing cost (LPT) in rounds over the groups, each into its
-               group's cheapest micro-batch with room (rounds.py); what no round placed fills
-               the room left (best fit), cut where nothing fits whole; with many micro-batches
+    2 place    pieces by decreasing cost (LPT) in rounds over the groups (rounds.py: each
+               step's queue, queues.py; where a round ends, lpt.py), each into its group's
+               cheapest micro-batch with room (slots.py); what no round placed fills the
+               room left (best fit), cut where nothing fits whole; with many micro-batches
                per group, micro-batches are packed first, then dealt (place.py)
-    3 refine   the heavy groups against the light ones, many pairs at once: a move, a swap, or
-               the exchange of a piece for a run of short ones (refine.py, whole.py); cuts
-               where whole pieces cannot even a step (cuts.py)
-    4 polish   up to 64 groups: exchanges of up to two pieces for up to two (polish.py)
+    3 refine   the heavy groups against the light ones, many pairs at once (refine.py, the
+               pairs: pairs.py): a move, a swap, or the exchange of a piece for a run of short
+               ones (whole.py); cuts where whole pieces cannot even a step (cuts.py)
+    4 polish   up to 64 groups: exchanges of up to two pieces for up to two (polish.py; what
+               a side gives, halves.py; which exchanges a round makes, exchanges.py)
     5 slide    up to 64 groups, cuts allowed: move a cut by a short piece's length (slide.py)
 
 Worked example: 2 groups, 1 micro-batch of 8 tokens each, cost = tokens, documents 6, 5, 3, 2::

@@ -23,7 +23,7 @@ from omniload_dask.batching.balance.pairs import PROGRESS, Pairs, probed
 from omniload_dask.batching.balance.pieces import Bins, Pieces
 from omniload_dask.batching.balance.tables import RoundTables, fractions, rebin
 from omniload_dask.batching.balance.whole import Round, nothing
-from omniload_dask.batching.cost import CostFunction
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = ["cut_round"]
 

@@ -95,6 +95,11 @@ def step_pairs(
     if not has.any():
         none = np.zeros(0, np.int64)
         return Pairs(none, none, none, none, 1, steps), has
+    if steps == 1:  # (the rows' case of one row, in slices: the masks below cost more)
+        n = int(count[0])
+        order = (-load).argsort(kind="stable")
+        heavy, light = order[:n], order[::-1][:n]
+        return Pairs(heavy, light, np.zeros(n, np.int64), probe_of(load, heavy), n, 1), has
     order = (-rows).argsort(axis=1, kind="stable") + (np.arange(steps) * groups)[:, None]
     take = np.arange(groups)[None, :] < count[:, None]  # each step's first ``count``
     heavy, light = order[take], order[:, ::-1][take]

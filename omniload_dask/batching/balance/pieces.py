@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.sorting import stable_order
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = ["Bins", "Pieces", "apart", "by_cost", "side_by_side"]
 

@@ -32,7 +32,7 @@ from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.balance.pieces import Bins, Pieces, by_cost
 from omniload_dask.batching.balance.rounds import group_rounds
 from omniload_dask.batching.balance.routing import Bucket, StepPieces
-from omniload_dask.batching.cost import CostFunction
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = ["DEAL_FROM", "Placed", "fill_room", "pack", "place_steps"]
 

@@ -42,7 +42,7 @@ from omniload_dask.batching.balance.pairs import PROGRESS, step_pairs
 from omniload_dask.batching.balance.pieces import Bins, Pieces
 from omniload_dask.batching.balance.tables import RoundTables
 from omniload_dask.batching.balance.whole import Round, nothing, whole_round
-from omniload_dask.batching.cost import CostFunction
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = ["CUT_BELOW", "CUT_ROUNDS", "ROUNDS", "SMALL_CUT_ROUNDS", "STEPS_UP_TO", "refine"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniload_dask.batching.balance.pieces import Pieces
-from omniload_dask.batching.cost import CostFunction
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = [
     "Bucket", "StepPieces", "ladder", "pieces_of", "route", "spill", "split_documents",
@@ -107,14 +107,19 @@ def spill(
     movable: np.ndarray,
     ladder: list[int],
     capacity: np.ndarray,
+    whole: np.ndarray | None = None,
 ) -> int:
-    """Hand the shortest length-routed documents of an over-full bucket to the next shorter."""
+    """Hand the shortest length-routed documents of an over-full bucket to the next shorter;
+    with ``whole`` (each bucket's ``seq_len``, where documents may not be cut) only those that
+    the shorter bucket holds whole."""
     spilled = 0
     for hi, lo in zip(ladder[:0:-1], ladder[-2::-1], strict=True):
         over = int(lengths[bucket == hi].sum() - capacity[hi])
         if over <= 0:
             continue
         cand = ((bucket == hi) & movable).nonzero()[0]
+        if whole is not None:
+            cand = cand[lengths[cand] <= whole[lo]]
         cand = cand[np.lexsort((cand, lengths[cand]))]
         take = int(lengths[cand].cumsum().searchsorted(over, side="left")) + 1
         bucket[cand[:take]] = lo
@@ -152,7 +157,9 @@ def pieces_of(
     seq = np.asarray([b.seq_len for b in buckets], dtype=np.int64)
     micro = np.asarray([b.micro_batches for b in buckets], dtype=np.int64)
     movable = np.ones(len(lengths), bool) if by_length is None else np.asarray(by_length, bool)
-    spilled = spill(lengths, doc_bucket, movable, ladder(buckets), micro * seq * groups)
+    spilled = spill(
+        lengths, doc_bucket, movable, ladder(buckets), micro * seq * groups, None if cut else seq
+    )
     doc, start = split_documents(lengths, seq[doc_bucket] if len(seq) > 1 else seq[0])
     piece_bucket = doc_bucket[doc]
     length = np.minimum(lengths[doc] - start, seq[piece_bucket])

@@ -33,8 +33,8 @@ from __future__ import annotations
 import numpy as np
 
 from omniload_dask.batching.balance.pieces import Bins, Pieces
-from omniload_dask.batching.cost import CostFunction
 from omniload_dask.batching.sorting import stable_order
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = ["SLIDE_UP_TO", "slide"]
 

@@ -24,7 +24,7 @@ bucket has fewer pieces than micro-batches: it is handed out empty and counted
 (``Assignment.empty_micro_batches``; :mod:`omniload_dask.batching.fill` fills it after).
 
 A document's ``extra`` cost (the vision encoder's cost of its images, see
-:mod:`omniload_dask.batching.cost`) is added to its first piece, where its images sit, so groups
+:mod:`omniload_dask.plan.cost`) is added to its first piece, where its images sit, so groups
 are balanced on backbone and encoder cost together; a piece cut keeps it in its first part.
 ``benchmarks/balance.py --compare`` measures what each pass adds and ``benchmarks/dealing.py``
 what dealing costs.
@@ -51,7 +51,7 @@ from omniload_dask.batching.balance.routing import (
     structural_bound,
 )
 from omniload_dask.batching.balance.slide import slide
-from omniload_dask.batching.cost import CostFunction
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = [
     "Assignment", "Bucket", "RoutedDocuments", "balance", "balance_steps", "route", "split_documents",

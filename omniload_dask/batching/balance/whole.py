@@ -26,7 +26,7 @@ import numpy as np
 from omniload_dask.batching.balance.pairs import PROGRESS, Pairs, probed
 from omniload_dask.batching.balance.pieces import Bins, Pieces
 from omniload_dask.batching.balance.tables import RoundTables, Runs, rebin
-from omniload_dask.batching.cost import CostFunction
+from omniload_dask.plan.cost import CostFunction
 
 __all__ = ["Round", "nothing", "whole_round"]
 

@@ -1,5 +1,5 @@
-"""Bounds on what Dask remembers of every new key and every submit (Dask internals, like
-:mod:`omniload_dask.cluster.internals`).
+"""Bounds on what Dask remembers of every new key and every submit (Dask internals, kept in
+this package).
 
 A job's keys are new every step and it submits a few tasks every step, so whatever Dask keeps
 per key name or per ``update_graph`` for as long as the process or a span lives grows with the

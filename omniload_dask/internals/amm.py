@@ -1,5 +1,5 @@
 """Standby copies through Dask's Active Memory Manager (its policy classes are Dask internals,
-kept here beside :mod:`omniload_dask.cluster.internals`).
+kept in this package).
 
 :func:`install_standby` adds a policy that asks for a second replica of each registered key,
 and wraps Dask's ``ReduceReplicas`` so that it leaves those replicas alone;

@@ -1,21 +1,12 @@
-"""Every use of Dask internals in one place, so an upgrade of distributed touches one file.
+"""The Dask servers' internals: the scheduler's, workers' and nanny's state and hooks.
 
-"Internals" are the parts of distributed that are not its documented API: the scheduler's task,
-worker and client state, what the ``transition`` hook's keyword arguments hold, the worker's task
-state and memory, the comm layer (``ConnectionPool``, handlers, ``to_serialize``), the nanny's
-handlers, the dashboard's Bokeh application; the Active Memory Manager's policy classes are in
-:mod:`omniload_dask.cluster.amm`, the bounds on Dask's per-key memory in :mod:`.forgetting`. Everything else in the package uses Dask's public API only.
-
-- What Dask remembers of every new key and every submit (``key_split``'s cache, the spans'
-  metadata) is bounded in :mod:`omniload_dask.cluster.forgetting`, which reaches into the
-  same internals.
 - Workers attach a read task's sample metadata to the task's own finished message (the worker
   task state's ``metadata``), which the scheduler passes to plugins' ``transition`` hooks as
   ``metadata=...``: no extra RPC and no ordering race with the result landing in memory.
-- A fetching agent (a feeder, a group leader, a node agent) needs no ``Client``: it calls the
-  data plane's handlers and the workers' part handler (:mod:`.serving`) with Dask's comms
-  (``ConnectionPool``), and fetches no futures: the data plane holds each block until every
-  rank of its groups has passed it. Workers serve parts from their memory (``worker.data``).
+- Workers serve parts of blocks from their memory (``worker.data``, :func:`worker_value`); a
+  worker told that a peer left drops its comms to it (:func:`drop_peer`).
+- The data plane's own client is trusted only on its first stream (:func:`client_connected`):
+  the scheduler may forget every key of a client Dask reconnected.
 """
 
 from __future__ import annotations
@@ -24,7 +15,6 @@ import logging
 import time
 from typing import Any
 
-from omniload_dask.cluster.arguments import check_sendable
 from omniload_dask.fixes import own_message
 
 logger = logging.getLogger(__name__)
@@ -150,11 +140,6 @@ def scheduler_security(scheduler: Any) -> Any:
     )
 
 
-def scheduler_address(client: Any) -> str | None:
-    """The address of the scheduler ``client`` talks to (None if it has none yet)."""
-    return client.scheduler.address if client.scheduler is not None else None
-
-
 READ_RESOURCE = "omniload-read"
 
 
@@ -198,66 +183,9 @@ def worker_read_slots() -> int | None:
     return max(1, slots)
 
 
-# ---------------------------------------------------------------------- comms, no Client
-def connection_pool(security: Any, connect_timeout: float, limit: int = 64) -> Any:
-    """Dask's pool of comms (``distributed.core.ConnectionPool``) with the client side of
-    ``security`` (a ``distributed.Security``; None: Dask's config, ``distributed.comm.tls.*``).
-
-    Call :func:`start_pool` on the event loop that will use it. A fetching agent uses two:
-    one to the scheduler, one to the workers (with a short ``connect_timeout``: Dask retries
-    a refused connection until ``distributed.comm.timeouts.connect``, and a worker just killed
-    would hold the agent that long before it tries the standby copy).
-    """
-    from distributed import Security
-    from distributed.core import ConnectionPool
-
-    args = (security or Security()).get_connection_args("client")
-    return ConnectionPool(limit=limit, connection_args=args, timeout=connect_timeout)
-
-
-async def start_pool(pool: Any) -> None:
-    """Start ``pool`` on the running event loop."""
-    await pool.start()
-
-
-async def close_pool(pool: Any) -> None:
-    """Close every comm of ``pool``."""
-    await pool.close()
-
-
-async def rpc(pool: Any, address: str, handler: str, /, **kwargs: Any) -> Any:
-    """Call the handler ``handler`` of the Dask server at ``address`` (a scheduler's
-    ``omniload_*`` handlers, or a worker's :mod:`.serving` handler) through ``pool``; a
-    remote error is raised here."""
-    return await getattr(pool(address), handler)(**kwargs)
-
-
-def pooled(pool: Any, address: str) -> bool:
-    """Whether ``pool`` holds a comm to ``address`` that is not known to be closed."""
-    comms = [*pool.available.get(address, ()), *pool.occupied.get(address, ())]
-    return any(not comm.closed() for comm in comms)
-
-
-def open_comms(pool: Any) -> int:
-    """Comms ``pool`` holds open now."""
-    return int(pool.open)
-
-
-def security_of(client: Any) -> Any:
-    """The ``distributed.Security`` a client connects with."""
-    return getattr(client, "security", None)
-
-
 def worker_value(worker: Any, key: str) -> Any:
     """The value of ``key`` in ``worker``'s memory (unspilled if need be), or None."""
     return worker.data.get(key)
-
-
-def wire(value: Any) -> Any:
-    """``value`` marked for Dask's serialization in a handler's reply (buffers out of band)."""
-    from distributed.protocol import to_serialize
-
-    return to_serialize(value)
 
 
 def client_stream(client: Any) -> Any:
@@ -317,70 +245,6 @@ def wait_workers_idle(client: Any, timeout: float) -> bool:
         time.sleep(0.05)
 
 
-def call(client: Any, handler: str, /, *, call_timeout: float | None = None, **kwargs: Any) -> Any:
-    """Call the scheduler handler ``omniload_<handler>`` from a synchronous client (waiting at
-    most ``call_timeout`` seconds, if given).
-
-    The reply comes back as plain data with lists (msgpack turns lists into tuples).
-    """
-    check_sendable(handler, kwargs)  # (msgpack would raise a bare OverflowError)
-    method = getattr(client.scheduler, "omniload_" + handler)
-    return _lists(client.sync(method, callback_timeout=call_timeout, **kwargs))
-
-
-def _lists(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_lists(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _lists(v) for k, v in value.items()}
-    return value
-
-
-# ---------------------------------------------------------------------- dashboard
-def add_dashboard_page(
-    scheduler: Any, route: str, make_document: Any, nav_name: str | None = None
-) -> bool:
-    """Serve a Bokeh page at ``route`` on the scheduler's running dashboard; link it in the nav.
-
-    ``make_document(scheduler, extra, doc)`` builds a session's document, as Dask's own pages
-    do (``extra`` holds the navigation's template variables). The page gets a Bokeh server
-    application of its own, added to the scheduler's HTTP application next to Dask's; it is
-    stopped with the scheduler's other HTTP applications. Returns False where the scheduler has
-    no Bokeh dashboard (``dashboard_address=None`` or bokeh missing). Idempotent per scheduler.
-    """
-    try:
-        from bokeh.server.server import BokehTornado
-        from distributed.dashboard.core import BokehApplication
-        from distributed.dashboard.scheduler import template_variables
-        from tornado.ioloop import IOLoop
-    except ImportError:
-        return False
-    http = getattr(scheduler, "http_application", None)
-    apps = [app for app in getattr(http, "applications", ()) if isinstance(app, BokehTornado)]
-    if http is None or not apps:
-        return False
-    if any(route in app.app_paths for app in apps):
-        return True
-    variables = template_variables(scheduler)  # memoized: the dict Dask's pages render from
-    if nav_name and nav_name not in variables["pages"]:
-        variables["pages"].append(nav_name)  # the same list object: every page's nav shows it
-    prefix = getattr(apps[0], "_prefix", "") or "/"
-    app = BokehApplication({route: make_document}, scheduler, prefix, variables)
-    http.add_application(app)
-    app.initialize(IOLoop.current())
-    app.start()
-    return True
-
-
-def style_dashboard_document(doc: Any, extra: dict[str, Any]) -> None:
-    """Give ``doc`` the look of Dask's pages: their template (with navigation) and theme."""
-    from distributed.dashboard.components.scheduler import BOKEH_THEME, env
-
-    doc.template = env.get_template("simple.html")
-    doc.template_variables.update(extra)
-    doc.theme = BOKEH_THEME
-
-
 def scheduler_plugin(scheduler: Any, name: str) -> Any:
     """The plugin registered on ``scheduler`` under ``name``, or None."""
     return getattr(scheduler, "plugins", {}).get(name)
@@ -391,27 +255,6 @@ def scheduler_running(scheduler: Any) -> bool:
     from distributed.core import Status
 
     return getattr(scheduler, "status", None) not in (Status.closing, Status.closed)
-
-
-def probe_scheduler(address: str, timeout: float, security: Any = None) -> None:
-    """Open and close one connection to ``address`` (raises OSError/ValueError if it can't),
-    with the client side of ``security`` (None: Dask's config).
-
-    Checking first keeps a failed ``Client(...)`` from leaving a half-built client behind,
-    whose clean-up prints a traceback at exit.
-    """
-    import asyncio
-
-    from distributed import Security
-    from distributed.comm import connect
-
-    args = (security or Security()).get_connection_args("client")
-
-    async def probe() -> None:
-        comm = await connect(address, timeout=timeout, **args)
-        await comm.close()
-
-    asyncio.run(probe())
 
 
 def run_on_scheduler_loop(scheduler: Any, fn: Any, timeout: float = 10.0) -> Any:
@@ -437,7 +280,6 @@ def run_on_scheduler_loop(scheduler: Any, fn: Any, timeout: float = 10.0) -> Any
     return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout)
 
 
-# ---------------------------------------------------------------------- worker life
 SCHEDULER_LOST = "worker-handle-scheduler-connection-broken"  # a worker's close reason
 
 
