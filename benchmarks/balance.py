@@ -12,7 +12,7 @@ the simulated step time (the slowest rank's cost) against the paper's baseline, 
 draws and packs its own stream (first fit, in stream order, into the same micro-batches), and
 against the perfect-balance bound (the mean rank cost), the padding a fixed-shape trainer would
 add (1 - tokens / (ranks * micro-steps * seq_len)), documents cut to fill micro-batches, and the
-planning time per global batch. ``--compare`` adds LPT without the refinement pass.
+dealing time per global batch. ``--compare`` adds LPT without the refinement pass.
 
 Two further checks: the whole data-plane step (draw + balance + recipes, ``Coordinator``) timed
 on real JSON Lines files at DP 128 through :class:`~omniload_dask.testing.InlineDataPlane`; and
@@ -230,11 +230,11 @@ def write_source(folder: Path, name: str, lengths: np.ndarray, rng: np.random.Ge
                 out.write(json.dumps({"text": text}) + "\n")
 
 
-PHASES = ("draw_step", "plan_steps", "commit_step")
+PHASES = ("draw_step", "deal_steps", "commit_step")
 
 
 def coordinator_timing(dp: int, steps: int, seed: int) -> dict[str, Any]:
-    """The data plane's own per-step planning (draw, balance, recipes) on real files."""
+    """The data plane's own per-step dealing (draw, balance, recipes) on real files."""
     from omniload_dask.core.coordinator import Coordinator
     from omniload_dask.plan import parse_plan
     from omniload_dask.testing import InlineDataPlane

@@ -687,7 +687,7 @@ def _sleep_until(t: float) -> None:
 
 def _scheduler_tree(groups: dict[str, list[int]]) -> set[int]:
     """The scheduler's processes: on the README cluster its whole tree (a data plane's
-    planning process is its child); on the embedded one only its own (its children are the
+    dealing process is its child); on the embedded one only its own (its children are the
     Dask workers)."""
     from support.accounting import tree
 
@@ -838,7 +838,7 @@ def analyse(run: dict[str, Any], cost: Any, timer: Any, cap: float | None = None
         out["worker_threads_cpu_s_per_mtoken"] = {
             k: round(v / mtok, 3) for k, v in run["worker_threads"].items()}  # fmt: skip
     if run.get("scheduler_threads") and out.get("steps_in_window"):
-        # the README cluster's scheduler: its event loop against the planning thread (and
+        # the README cluster's scheduler: its event loop against the dealing thread (and
         # Dask's own helper threads), per step
         out["scheduler_threads_ms_per_step"] = {
             k: round(v / out["steps_in_window"] * 1e3, 2)

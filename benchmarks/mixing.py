@@ -1,9 +1,9 @@
-"""Planning time of a global batch drawn from many sources (the paper's largest mix has 306).
+"""Dealing time of a global batch drawn from many sources (the paper's largest mix has 306).
 
     python benchmarks/mixing.py [--quick] [--sources 300]
 
 The real data plane (coordinator, mixer, balancer) runs on synthetic catalogs: read units are
-"reported" at once with deterministic heavy-tailed document lengths, so only planning is timed,
+"reported" at once with deterministic heavy-tailed document lengths, so only dealing is timed,
 never I/O. For each configuration it reports the median and p99 time of
 
 - ``select``: the mixer alone (``Mixer.select`` over every source's upcoming documents),
@@ -98,20 +98,20 @@ def run(sources: int, dp: int, steps: int, by: str, documents: int | None = None
             report(actions)
             if coord.view.next_step > before:
                 step_ms.append(elapsed)
-                phases.append(dict(coord.parts.figures.timing))
+                phases.append(dict(coord.components.figures.timing))
                 docs.append(coord.view.history[-1].documents)
                 break
         # the draw alone, on the same candidates the coordinator saw
         weights = coord.view.weights_at(coord.view.next_step)
         cands = [
             s.candidates(
-                coord.parts.sources.caps[i],
+                coord.components.sources.caps[i],
                 int(global_tokens * weights[i] / weights.sum() * 1.25) + 8192,
                 1,
             )
             for i, s in enumerate(coord.view.streams)
         ]
-        mixer_probe.tags = coord.parts.drawer.mixer.tags.copy()
+        mixer_probe.tags = coord.components.drawer.mixer.tags.copy()
         t0 = time.perf_counter()
         mixer_probe.select(
             weights,

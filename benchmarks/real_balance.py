@@ -1,28 +1,28 @@
 """Balance on the head to head's real steps: efficiency against each step's bound, cuts and
-planning time, per DP size and number of cut rounds.
+dealing time, per DP size and number of cut rounds.
 
     python benchmarks/real_balance.py [--dp 8,16,32] [--steps 150] [--cut-rounds 8,12]
                                       [--together 8] [--quick]
 
-``planning.py``'s synthetic ``h2h`` mix is easier than the real corpus (0.988 against
+``dealing.py``'s synthetic ``h2h`` mix is easier than the real corpus (0.988 against
 0.958 after the polish, 2026-12-02), so balance work is judged here. The steps are those of
 ``head_to_head.py``'s plan: its real corpus (``support/realcorpus.py``), Tekken, one 8192-token
 micro-batch per rank, the mix 0.6 / 0.3 / 0.1 by documents, and the cost that ``head_to_head``
 fitted on this machine's real compute (its calibration file, when a run left one under
 ``--root``; else the figures fitted on 2026-12-02, said so in the output). The data plane runs
 inline (:class:`~omniload_dask.testing.InlineDataPlane`, no cluster, no batches built) and the
-drawn steps are kept. Each setting of ``refine.SMALL_CUT_ROUNDS`` then plans the same steps
+drawn steps are kept. Each setting of ``refine.SMALL_CUT_ROUNDS`` then deals the same steps
 again, so every setting weighs the same documents::
 
-    drawn steps (the first WARMUP dropped) -> StepPlanner.plan per setting -> per step:
+    drawn steps (the first WARMUP dropped) -> StepDealer.deal per setting -> per step:
         efficiency = mean / max of the DP groups' costs
         bound      = head_to_head.balance_bound over the final pieces (what any assignment
                      of these pieces could reach under the token limits)
         cuts       = documents continued in another micro-batch
 
-Planning time is the CPU time of planning all kept steps, the best of ``--runs``; on a busy
-host read it as a ratio between settings. ``--together K`` (default 8) also plans the steps K
-at a time, as the scheduler plugin's planning thread does (``StepPlanner.plan_steps``: pass 3
+Dealing time is the CPU time of dealing all kept steps, the best of ``--runs``; on a busy
+host read it as a ratio between settings. ``--together K`` (default 8) also deals the steps K
+at a time, as the scheduler plugin's dealing thread does (``StepDealer.deal_steps``: pass 3
 of K steps side by side), in alternation with one by one, and checks that every step gets the
 same split and recipes bit for bit (``same_splits_together``). Ends with ``RESULT {json}``.
 """
@@ -64,15 +64,15 @@ def drawn_steps(plan: Any, steps: int) -> list[Any]:
     from omniload_dask.testing import InlineDataPlane
 
     plane = InlineDataPlane(plan, build=False)
-    planner = plane.coord.parts.planner
+    dealer = plane.coord.components.dealer
     kept: list[Any] = []
-    plan_step = planner.plan
+    deal_step = dealer.deal
 
     def keep(drawn: Any) -> Any:
         kept.append(drawn)
-        return plan_step(drawn)
+        return deal_step(drawn)
 
-    planner.plan = keep  # type: ignore[method-assign]
+    dealer.deal = keep  # type: ignore[method-assign]
     plane.draw(steps + WARMUP)
     return kept[WARMUP : WARMUP + steps]
 
@@ -81,34 +81,34 @@ def weigh(
     plan: Any, drawn: list[Any], cut_rounds: int, runs: int, together: int = 0
 ) -> dict[str, Any]:
     """Plan ``drawn`` again with ``cut_rounds`` rounds of cuts (up to 64 groups); with
-    ``together``, also ``together`` steps at a time (``StepPlanner.plan_steps``, as the
-    scheduler plugin's planning thread does), timed in alternation with one by one, and
+    ``together``, also ``together`` steps at a time (``StepDealer.deal_steps``, as the
+    scheduler plugin's dealing thread does), timed in alternation with one by one, and
     checked to give every step the same split and recipes."""
-    from planning import balance_figures
+    from dealing import balance_figures
 
     from omniload_dask.batching.balance import refine
-    from omniload_dask.core.planning import StepPlanner
+    from omniload_dask.core.dealer import StepDealer
 
     kept = refine.SMALL_CUT_ROUNDS
     refine.SMALL_CUT_ROUNDS = cut_rounds
     try:
-        planner = StepPlanner(plan)
+        dealer = StepDealer(plan)
         best = best_together = float("inf")
-        planned: list[Any] = []
+        dealt: list[Any] = []
         grouped: list[Any] = []
         for _ in range(runs):
             t0 = time.thread_time()
-            planned = [planner.plan(d) for d in drawn]
+            dealt = [dealer.deal(d) for d in drawn]
             best = min(best, time.thread_time() - t0)
             if together:
                 t0 = time.thread_time()
                 grouped = []
                 for i in range(0, len(drawn), together):
-                    grouped += planner.plan_steps(drawn[i : i + together])
+                    grouped += dealer.deal_steps(drawn[i : i + together])
                 best_together = min(best_together, time.thread_time() - t0)
     finally:
         refine.SMALL_CUT_ROUNDS = kept
-    figures = {k: round(v, 4) for k, v in balance_figures([p.split for p in planned]).items()}
+    figures = {k: round(v, 4) for k, v in balance_figures([p.split for p in dealt]).items()}
     out = {
         "cut_rounds": cut_rounds,
         **figures,
@@ -118,14 +118,12 @@ def weigh(
         out["together"] = together
         out["plan_ms_per_step_together"] = round(best_together / len(drawn) * 1e3, 2)
         out["ratio_plan_time_together"] = round(best_together / best, 3)
-        out["same_splits_together"] = all(
-            _same(a, b) for a, b in zip(planned, grouped, strict=True)
-        )
+        out["same_splits_together"] = all(_same(a, b) for a, b in zip(dealt, grouped, strict=True))
     return out
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Whether two planned steps have the same split and recipes, bit for bit."""
+    """Whether two dealt steps have the same split and recipes, bit for bit."""
     import numpy as np
 
     fields = ("doc", "start", "length", "cost", "group", "micro", "micro_capacity")
@@ -153,10 +151,10 @@ def main() -> None:
     parser.add_argument("--dp", default="8,16,32", help="DP sizes, comma-separated")
     parser.add_argument("--steps", type=int, default=150, help="steps weighed per DP size")
     parser.add_argument("--cut-rounds", default="8,12", help="settings of SMALL_CUT_ROUNDS")
-    parser.add_argument("--runs", type=int, default=3, help="planning runs per setting (best)")
+    parser.add_argument("--runs", type=int, default=3, help="dealing runs per setting (best)")
     parser.add_argument(
         "--together", type=int, default=8,
-        help="also plan this many steps at a time (0: not), as the planning thread does",
+        help="also deal this many steps at a time (0: not), as the dealing thread does",
     )  # fmt: skip
     parser.add_argument("--corpus-mb", type=float, default=80)
     parser.add_argument("--seq-len", type=int, default=8192)
@@ -201,7 +199,7 @@ def main() -> None:
                 f"  cut rounds {rounds:2d}: efficiency {point['efficiency_mean']:.4f} "
                 f"bound {point['balance_bound_mean']:.4f} gap {point['gap_mean']:.4f} "
                 f"(within 0.01: {point['within_001']:.0%} of steps) "
-                f"cuts {point['cuts_per_step']:.1f} a step, planning "
+                f"cuts {point['cuts_per_step']:.1f} a step, dealing "
                 f"{point['plan_ms_per_step']:.2f} ms a step"
                 + (
                     f"; {args.together} at a time {point['plan_ms_per_step_together']:.2f} ms a "

@@ -9,7 +9,7 @@ omniload_dask.preload`` in its own process (so its CPU-seconds and RSS can be re
 ``--workers`` ``dask worker`` processes. N trainer ranks are simulated by fetching agents, one
 per node of ``--ranks-per-node`` ranks (with tp 8 a node is one model-parallel group: what a
 broadcast leader or a node agent fetches for; with tp 1 it holds 8 DP groups, which a node
-agent fetches in one request). Every agent is a ``trainer.fanout.DirectSteps``, the code path
+agent fetches in one request). Every agent is a ``trainer.fanout.DirectSupply``, the code path
 of a real feeder, a broadcast leader and a node agent alike: its own connections (a ``Link``:
 Dask comms, no ``Client``), its own prefetch thread with hysteresis, one request for all its
 ranks and parts. Agents share a few host processes (``--hosts``). Each host consumes one step
@@ -156,11 +156,11 @@ class Cluster:
         return tuple(int(sum(r[i] for r in rows)) for i in range(3))  # type: ignore[return-value]
 
     def plane_figures(self, job: str) -> tuple[float, int]:
-        """CPU-seconds the job's data plane spent planning steps, and agents' requests."""
+        """CPU-seconds the job's data plane spent dealing steps, and agents' requests."""
 
         def figures(dask_scheduler: Any) -> tuple[float, int]:
             run = dask_scheduler.plugins["omniload"].jobs[job]
-            return float(run.planner.cpu_s), int(run.requests)
+            return float(run.dealing.cpu_s), int(run.requests)
 
         cpu, requests = self.client.run_on_scheduler(figures)
         return float(cpu), int(requests)
@@ -210,7 +210,7 @@ def host_main() -> None:
     """A host process of simulated agents (config as JSON on stdin); prints ``TICK step``
     after each step, then ``HOST {json}``."""
     from omniload_dask.plan import parse_plan
-    from omniload_dask.trainer.fanout import DirectSteps
+    from omniload_dask.trainer.fanout import DirectSupply
     from omniload_dask.trainer.fetch import wait_report
     from omniload_dask.trainer.link import Link
 
@@ -224,7 +224,7 @@ def host_main() -> None:
         link = Link(cfg["address"], salt=ranks[0])
         report = wait_report(recent, 0, cfg["prefetch"])
         agents.append(
-            DirectSteps(
+            DirectSupply(
                 link,
                 cfg["job"],
                 ranks,
@@ -462,7 +462,7 @@ def run_point(
     waits = np.asarray([w for r in results for w in r["waits"]]) * 1e3
     calls = sum(r["calls"] for r in results)
     cpu = (cpu1 - cpu0) / steps
-    planning = (plan1 - plan0) / steps
+    dealing = (plan1 - plan0) / steps
     in_process = stats.get("planning_in") == "process"
     return {
         "ranks": ranks,
@@ -473,12 +473,10 @@ def run_point(
         "step_seconds": step_s,
         "seconds_per_step": round((t1 - t0) / steps, 3),
         "scheduler_cpu_s_per_step": round(cpu, 4),
-        "planning_cpu_s_per_step": round(planning, 4),
+        "planning_cpu_s_per_step": round(dealing, 4),
         "planning_in": stats.get("planning_in"),
-        "scheduler_cpu_s_per_step_without_planning": round(
-            cpu if in_process else cpu - planning, 4
-        ),
-        "data_plane_cpu_s_per_step": round(cpu + planning if in_process else cpu, 4),
+        "scheduler_cpu_s_per_step_without_planning": round(cpu if in_process else cpu - dealing, 4),
+        "data_plane_cpu_s_per_step": round(cpu + dealing if in_process else cpu, 4),
         "scheduler_cpu_share": round((cpu1 - cpu0) / (t1 - t0), 3),
         "scheduler_rss_mb": round(rss / 2**20, 1),
         "worker_connections": connections,
@@ -498,11 +496,11 @@ def run_point(
     }
 
 
-# ---------------------------------------------------------------------- planning
+# ---------------------------------------------------------------------- dealing
 def measure_planning(dp: int, docs: int, repeats: int = 5) -> tuple[float, float]:
     """Median ms to split one global batch of ``docs`` documents among ``dp`` groups (the
-    data plane's own planner, synthetic lengths), and its balance efficiency."""
-    from omniload_dask.core.planning import StepPlanner
+    data plane's own dealer, synthetic lengths), and its balance efficiency."""
+    from omniload_dask.core.dealer import StepDealer
     from omniload_dask.plan import parse_plan
 
     seq = 8192
@@ -516,7 +514,7 @@ def measure_planning(dp: int, docs: int, repeats: int = 5) -> tuple[float, float
             "sources": [{"name": "a", "format": "jsonl", "path": "x.jsonl"}],
         }
     )
-    planner = StepPlanner(plan)
+    dealer = StepDealer(plan)
     rng = np.random.default_rng(3)
     lengths = rng.lognormal(0, 1, docs)
     lengths = np.maximum(1, (lengths / lengths.sum() * dp * seq * 0.97).astype(np.int64))
@@ -525,19 +523,19 @@ def measure_planning(dp: int, docs: int, repeats: int = 5) -> tuple[float, float
     times, eff = [], 0.0
     for _ in range(repeats):
         t0 = time.perf_counter()
-        split = planner.split(src, lengths)
+        split = dealer.split(src, lengths)
         times.append((time.perf_counter() - t0) * 1e3)
         eff = float(split.efficiency)
     return float(np.median(times)), eff
 
 
 def planning_figures() -> tuple[dict[str, float], dict[str, float]]:
-    """``planning_ms`` (and balance efficiency) per case: ``benchmarks/planning.py``'s
+    """``planning_ms`` (and balance efficiency) per case: ``benchmarks/dealing.py``'s
     measurement (the whole drawn step in the real coordinator) where it can be imported,
     else the split alone (:func:`measure_planning`)."""
     try:
         sys.path.insert(0, str(Path(__file__).parent))
-        from planning import measure as external  # type: ignore[import-not-found]
+        from dealing import measure as external  # type: ignore[import-not-found]
     except ImportError:
         external = None
     ms, eff = {}, {}

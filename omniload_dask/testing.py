@@ -56,8 +56,8 @@ class InlineDataPlane:
         together: int = 1,
         resume_unverified: bool = False,
     ) -> None:
-        """``together``: steps drawn before they are planned, side by side, and committed
-        (the scheduler plugin plans up to ``planner.STEPS_AT_ONCE``; 1: one by one).
+        """``together``: steps drawn before they are dealt, side by side, and committed
+        (the scheduler plugin deals up to ``dealing.STEPS_AT_ONCE``; 1: one by one).
         ``resume_unverified``: as ``Job.start``'s (a manifest without its own digest)."""
         self.plan = plan
         self.together = together
@@ -308,7 +308,7 @@ def check_resume_equivalence(
     checkpoint's log must replay. ``resume_plan`` is the plan the restored runs start with
     (default: ``plan``), e.g. the plan version the live changes led to. Each restore starts
     from the checkpoint as the uninterrupted run left it.
-    ``together``: the runs plan that many steps together (the checkpoint is then
+    ``together``: the runs deal that many steps together (the checkpoint is then
     written with steps in flight between draws and commits).
     """
     if plan.checkpoint is None:

@@ -10,7 +10,7 @@ import pytest
 from omniload_dask.core import autoscale
 from omniload_dask.core.autoscale import Meter, part_count, quotas, recommend_workers
 from omniload_dask.core.events import WorkersChanged
-from omniload_dask.plan import READS_PER_THREAD
+from omniload_dask.plan import READ_SLOTS_PER_THREAD
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
 from .conftest import make_plan, record_reads
@@ -111,9 +111,9 @@ def test_in_flight_reads_stay_within_quotas_that_follow_weight_times_cost(small_
         plane.step(t)
     stats = plane.coord.view.stats()["sources"]
     q = [s["quota"] for s in stats]
-    slots = 4 * READS_PER_THREAD  # 4 workers of one tokenizing thread, two reads each
+    slots = 4 * READ_SLOTS_PER_THREAD  # 4 workers of one tokenizing thread, two reads each
     assert sum(q) == slots * plan.loader.reads_per_thread
-    work = plane.coord.parts.reads.read_work(
+    work = plane.coord.components.reads.read_work(
         plane.coord.view.weights_at(plane.coord.view.next_step)
     )
     expect = quotas(work, slots * plan.loader.reads_per_thread)
@@ -142,17 +142,17 @@ def test_weights_by_documents_give_read_slots_by_the_tokens_they_bring(small_sou
     plane = InlineDataPlane(plan, timing=per_token)
     for t in range(4):
         plane.step(t)
-    reads, coord = plane.coord.parts.reads, plane.coord
+    reads, coord = plane.coord.components.reads, plane.coord
     weights = coord.view.weights_at(coord.view.next_step)
     shares = reads.budget_shares(weights)
-    lengths = coord.parts.sources.mean_lengths()
+    lengths = coord.components.sources.mean_lengths()
     assert shares.sum() == pytest.approx(1.0)
     assert shares == pytest.approx(weights * lengths / np.dot(weights, lengths))
     # web has half of the documents but the shortest; books a quarter, the longest.
     assert weights[0] > weights[2] and lengths[2] > 3 * lengths[0]
     assert shares[2] > shares[0]
     q = [s["quota"] for s in coord.view.stats()["sources"]]
-    slots = 4 * READS_PER_THREAD * plan.loader.reads_per_thread  # 4 workers' reads in flight
+    slots = 4 * READ_SLOTS_PER_THREAD * plan.loader.reads_per_thread  # 4 workers' reads in flight
     assert q[2] > q[0] and q == quotas(reads.read_work(weights), slots).tolist()
     work = reads.read_work(weights)
     assert work == pytest.approx(shares * 2048 * np.asarray([m.per_token for m in reads.meters]))
@@ -169,9 +169,9 @@ def test_weights_by_tokens_into_a_document_budget_give_shares_of_the_documents(s
     plane = InlineDataPlane(plan)
     for t in range(4):
         plane.step(t)
-    reads, coord = plane.coord.parts.reads, plane.coord
+    reads, coord = plane.coord.components.reads, plane.coord
     weights = coord.view.weights_at(coord.view.next_step)
-    lengths = coord.parts.sources.mean_lengths()
+    lengths = coord.components.sources.mean_lengths()
     shares = reads.budget_shares(weights)
     assert (lengths > 0).all() and lengths[2] > 3 * lengths[0]
     assert shares == pytest.approx((weights / lengths) / (weights / lengths).sum())
@@ -188,12 +188,12 @@ def test_quotas_react_to_weight_changes_and_worker_counts(small_sources):
     for t in range(3):
         plane.step(t)
     coord = plane.coord
-    before = coord.parts.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
+    before = coord.components.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
     coord.set_weights({"web": 0.1, "code": 0.1, "books": 10})
-    after = coord.parts.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
+    after = coord.components.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
     assert after[2] > before[2] and after[0] <= before[0]
     coord.handle(WorkersChanged(8, 16))  # cluster.scale(8), two threads each
-    scaled = coord.parts.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
+    scaled = coord.components.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
     assert scaled.sum() == 16 * plan.loader.reads_per_thread and scaled[2] > after[2]
     assert coord.view.stats()["worker_threads"] == 16
 

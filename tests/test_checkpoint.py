@@ -36,8 +36,8 @@ def ckpt(root: Path, **extra) -> dict:
 
 @pytest.mark.parametrize("together", [1, 6])
 def test_restoring_at_every_step_gives_the_same_batches(corpus, tmp_path, together):
-    # together: the checkpoint written while steps are drawn ahead and planned side by side,
-    # as the scheduler plugin's planning thread does (each delta is its own draw's)
+    # together: the checkpoint written while steps are drawn ahead and dealt side by side,
+    # as the scheduler plugin's dealing thread does (each delta is its own draw's)
     plan = make(corpus, **ckpt(tmp_path, compact_every=7, keep_bases=50))
     compared = check_resume_equivalence(plan, 30, list(range(0, 30)), together=together)
     assert compared == sum(range(1, 31))

@@ -13,7 +13,7 @@ from distributed import Client
 from omniload_dask import Job, local_cluster
 from omniload_dask.cluster.adaptive import OmniloadAdaptive
 from omniload_dask.demo import encode_image, synthetic_image
-from omniload_dask.plan import READS_PER_THREAD, parse_plan
+from omniload_dask.plan import READ_SLOTS_PER_THREAD, parse_plan
 from omniload_dask.sources import decode_sample_id
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
@@ -66,7 +66,7 @@ def test_image_batches_on_a_cluster_are_bit_identical_to_the_reference(image_roo
     assert sources["cap"]["images_read"] > 0 and sources["wds"]["images_read"] > 0
     assert sources["txt"]["images_read"] == 0 and sources["txt"]["bad_images"] == 0
     assert all(s["quota"] >= 1 for s in stats["sources"])
-    assert stats["worker_threads"] == 2 * READS_PER_THREAD  # two workers' read slots
+    assert stats["worker_threads"] == 2 * READ_SLOTS_PER_THREAD  # two workers' read slots
 
 
 def test_bad_images_on_a_cluster_are_skipped_and_counted_per_source(image_root):
@@ -110,17 +110,17 @@ def test_quotas_follow_cluster_scale_and_the_stream_does_not_change(image_root):
             for mb in f:
                 got.append({k: v for k, v in mb.items() if k != "doc_source_name"})
                 if len(got) == 4:
-                    assert job.stats()["worker_threads"] == READS_PER_THREAD
+                    assert job.stats()["worker_threads"] == READ_SLOTS_PER_THREAD
                     slots_before = sum(s["quota"] or 0 for s in job.stats()["sources"])
                     cluster.scale(2)
-                    assert _wait(lambda: job.stats()["worker_threads"] == 2 * READS_PER_THREAD)
+                    assert _wait(lambda: job.stats()["worker_threads"] == 2 * READ_SLOTS_PER_THREAD)
                     slots_after = sum(s["quota"] or 0 for s in job.stats()["sources"])
                     assert slots_after > slots_before
         wanted = client.sync(client.scheduler.omniload_workers_wanted)
         assert wanted["workers"] == 2 and wanted["wanted"] >= 1
         assert "scale" in wanted["jobs"]
         cluster.scale(1)  # a worker leaves: the slots shrink again
-        assert _wait(lambda: job.stats()["worker_threads"] == READS_PER_THREAD)
+        assert _wait(lambda: job.stats()["worker_threads"] == READ_SLOTS_PER_THREAD)
         assert sum(s["quota"] or 0 for s in job.stats()["sources"]) < slots_after
         job.stop()
     assert len(got) == len(ref)

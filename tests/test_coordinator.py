@@ -121,7 +121,7 @@ def test_released_steps_are_rebuilt_identically_within_retention(small_plan):
     for rank in range(small_plan.layout.world_size):  # every rank moves on past step 5
         plane.coord.handle(StepsRequested(rank, 6, 1))
     plane.coord.advance()
-    assert not any(step < 6 for step, _ in plane.coord.parts.delivery.held)
+    assert not any(step < 6 for step, _ in plane.coord.components.delivery.held)
     again = {g: batch_digest(b) for g, b in plane.step(2).items()}
     assert again == first[2]
 
@@ -239,7 +239,7 @@ def test_context_parallel_ranks_fetch_their_slices_and_tensor_parallel_peers_one
     for rank in range(layout.world_size):
         plane.coord.handle(StepsRequested(rank, 3, 1))
     plane.coord.advance()
-    assert not any(step < 3 for step, _ in plane.coord.parts.delivery.held)
+    assert not any(step < 3 for step, _ in plane.coord.components.delivery.held)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -268,7 +268,7 @@ def test_a_draw_that_waits_is_retried_only_once_a_source_it_waited_for_reports(s
         for _, bs in InlineDataPlane(small_plan).stream(12)
     ]
     plane = InlineDataPlane(small_plan, shuffle_reports=seed)
-    drawer, streams = plane.coord.parts.drawer, plane.coord.view.streams
+    drawer, streams = plane.coord.components.drawer, plane.coord.view.streams
     wait: dict[str, Any] = {}  # the last wait: its step, all versions, the awaited ones
     counts: Counter[str] = Counter()
     select, draw = drawer.mixer.select, drawer.draw

@@ -12,7 +12,7 @@ import pytest
 
 from omniload_dask.cluster.waiters import Waiters
 from omniload_dask.core.actions import SubmitConstruct
-from omniload_dask.core.blocks import batch_end, fetch_depth, groups_per_task, steps_per_task
+from omniload_dask.core.blocks import fetch_depth, groups_per_task, steps_per_task, together_end
 from omniload_dask.core.events import StepsRequested
 from omniload_dask.core.keys import parse as parse_key
 from omniload_dask.core.positions import RankPositions, Tournament
@@ -65,7 +65,7 @@ def test_an_agent_request_moves_all_its_ranks_and_releases_what_its_groups_fetch
     plan = make_plan(small_sources, layout={"dp": 2, "tp": 2}, loader={"groups_per_task": 1})
     plane = InlineDataPlane(plan)
     list(plane.stream(3))
-    held = dict(plane.coord.parts.delivery.held)
+    held = dict(plane.coord.components.delivery.held)
     steps = sorted({s for s, _ in held})
     assert steps[0] == 2 and all((s, g) in held for s in steps for g in range(2))
     # one agent for DP group 0's two ranks
@@ -73,7 +73,7 @@ def test_an_agent_request_moves_all_its_ranks_and_releases_what_its_groups_fetch
     released = {k for a in actions if hasattr(a, "keys") for k in a.keys}
     assert {held[(s, 0)] for s in steps} <= released
     assert not {held[(s, 1)] for s in steps} & released  # group 1 has not moved
-    assert plane.coord.parts.delivery.where.furthest == steps[-1] + 5
+    assert plane.coord.components.delivery.where.furthest == steps[-1] + 5
 
 
 def test_blocks_build_several_dp_groups_in_one_task_and_every_rank_gets_its_own_part(
@@ -122,7 +122,7 @@ def test_the_default_block_size_keeps_at_most_eight_tasks_a_step_of_half_a_milli
     assert size(8, 1 << 20) == 1
 
 
-def test_a_step_drawn_planned_and_committed_in_phases_is_the_step_advance_makes(small_plan):
+def test_a_step_drawn_dealt_and_committed_in_phases_is_the_step_advance_makes(small_plan):
     inline = InlineDataPlane(small_plan)
     phased = InlineDataPlane(small_plan)
     coord = phased.coord
@@ -130,16 +130,16 @@ def test_a_step_drawn_planned_and_committed_in_phases_is_the_step_advance_makes(
         ref = {g: batch_digest(b) for g, b in inline.step(step).items()}
         for rank in range(small_plan.layout.world_size):
             coord.handle(StepsRequested(rank, step, 1))
-        while coord.view.planned_step <= step:
+        while coord.view.dealt_step <= step:
             phased._settle()
             drawn = coord.draw_step()
             if drawn is None:
                 continue
             assert coord.view.busy and coord.view.next_step == drawn.step + 1
-            assert coord.view.planned_step == drawn.step  # not fetchable before its commit
+            assert coord.view.dealt_step == drawn.step  # not fetchable before its commit
             coord.set_weights({"web": 2.0})  # a change meanwhile counts from the next step
             assert coord.view.log[-1]["step"] == drawn.step + 1
-            coord.commit_step(coord.plan_steps([drawn])[0])
+            coord.commit_step(coord.deal_steps([drawn])[0])
             phased._run(coord.take_actions())
         got = {g: batch_digest(b) for g, b in phased.step(step).items()}
         assert got == ref
@@ -161,7 +161,7 @@ def test_waiting_agents_wake_only_for_what_they_wait_for():
         ]
         await asyncio.sleep(0.01)
         assert len(waiters) == 3
-        waiters.planned(4)  # steps 0..3 planned
+        waiters.dealt(4)  # steps 0..3 dealt
         await asyncio.sleep(0.01)
         assert woke == ["step3"]
         waiters.key_ready("omniload-batch-x-2-1")  # another block
@@ -173,7 +173,7 @@ def test_waiting_agents_wake_only_for_what_they_wait_for():
         waiters.wake_all()
         await asyncio.gather(*tasks)
         assert woke == ["step3", "key", "step5"] and len(waiters) == 0
-        await waiters.wait(2, 0.01)  # planned already: returns at once
+        await waiters.wait(2, 0.01)  # dealt already: returns at once
         await waiters.wait(9, 0.01)  # times out and takes itself out
         assert len(waiters) == 0
 
@@ -308,17 +308,17 @@ def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(sm
             plane._run(coord.take_actions())
             plane.read_one()  # a draw waits for a read
             continue
-        coord.commit_step(coord.plan_steps([drawn])[0])
-        seen.append((drawn.step, coord.view.planned_step, coord.batch_for(0, drawn.step)))
+        coord.commit_step(coord.deal_steps([drawn])[0])
+        seen.append((drawn.step, coord.view.dealt_step, coord.batch_for(0, drawn.step)))
         plane._run(coord.take_actions())
         if drawn.step == 5:
             break
-    planned = [p for _, p, _ in seen]
+    dealt = [p for _, p, _ in seen]
     # step 0 alone, then steps 1-4 fetchable once step 4 is in
-    assert planned == [1, 1, 1, 1, 5, 5]
+    assert dealt == [1, 1, 1, 1, 5, 5]
     assert [part is None for *_, part in seen] == [False, True, True, True, False, True]
-    assert coord.batch_for(1, 3) == (coord.parts.delivery.held[(3, 1)], 2 * 2 + 1)
-    assert coord.parts.delivery.draw_target() >= 9  # the draw goes on to the block's end
+    assert coord.batch_for(1, 3) == (coord.components.delivery.held[(3, 1)], 2 * 2 + 1)
+    assert coord.components.delivery.draw_target() >= 9  # the draw goes on to the block's end
 
 
 @pytest.mark.parametrize(
@@ -326,13 +326,13 @@ def test_the_steps_of_a_block_being_drawn_are_not_fetchable_until_its_last_is(sm
     [(0, 8, 4, 5), (0, 4, 4, 1), (1, 8, 4, 9), (3, 8, 4, 9), (5, 8, 4, 13), (1, 8, 8, 9), (1, 8, 16, 9),
      (9, 8, 16, 17), (17, 8, 16, 25), (4, 8, 1, 12), (1, 1, 4, 2), (1, 3, 4, 4)],
 )  # fmt: skip
-def test_a_batch_of_steps_planned_together_ends_at_a_block_end(first, most, steps, end):
+def test_steps_dealt_together_end_at_a_block_end(first, most, steps, end):
     # origin 0: step 0 alone, then blocks of ``steps`` from step 1 (longer than a batch of
     # ``most``: in batches of most, the last cut at the block's end)
-    assert batch_end(first, most, 0, steps) == end
+    assert together_end(first, most, 0, steps) == end
 
 
-def test_whole_blocks_are_planned_together_and_a_block_drawn_in_part_waits(small_sources):
+def test_whole_blocks_are_dealt_together_and_a_block_drawn_in_part_waits(small_sources):
     # four reads in flight (2 workers x 2 read slots x 1), so that some draws wait for one
     loader = {"steps_per_task": 4, "reads_per_thread": 1}
     plane = InlineDataPlane(make_plan(small_sources, loader=loader))
@@ -340,18 +340,18 @@ def test_whole_blocks_are_planned_together_and_a_block_drawn_in_part_waits(small
     batches, drawn, waited = [], [], 0
     for _ in range(1000):
         if not drawn:
-            for rank in range(2):  # the ranks are 8 steps behind the last planned one
-                coord.handle(StepsRequested(rank, max(0, coord.view.planned_step - 8), 20))
+            for rank in range(2):  # the ranks are 8 steps behind the last dealt one
+                coord.handle(StepsRequested(rank, max(0, coord.view.dealt_step - 8), 20))
             one = coord.draw_step()
             drawn = [one] if one is not None else []
-        batch, drawn = coord.draw_batch(drawn, 8) if drawn else ([], [])
+        batch, drawn = coord.draw_together(drawn, 8) if drawn else ([], [])
         if not batch:  # the draw waits for a read (steps of a block drawn in part, or none)
             waited += bool(drawn)
             plane._run(coord.take_actions())
             plane.read_one()
             continue
-        for planned in coord.plan_steps(batch):
-            coord.commit_step(planned)
+        for dealt in coord.deal_steps(batch):
+            coord.commit_step(dealt)
         plane._run(coord.take_actions())
         batches.append([d.step for d in batch])
         if batches[-1][-1] >= 40:

@@ -53,16 +53,16 @@ def take(feeders, n, out, waits=None):
 
 
 def _settled(dask_scheduler) -> bool:
-    """Every job's data plane at rest (nothing left to draw, no step planning, no block of
+    """Every job's data plane at rest (nothing left to draw, no step dealing, no block of
     several steps being gathered), no task runs or waits, and every batch and shard in memory
     has two copies."""
     for run in dask_scheduler.plugins["omniload"].jobs.values():
         coord = run.coord
-        if run._planning is not None or coord.parts.delivery.offered_step is not None:
+        if run._dealt_soon is not None or coord.components.delivery.offered_step is not None:
             return False  # a construction is still to come
         if (
             coord.view.end_step is None
-            and coord.view.next_step < coord.parts.delivery.draw_target()
+            and coord.view.next_step < coord.components.delivery.draw_target()
         ):
             return False
     for key, ts in dask_scheduler.tasks.items():
@@ -284,7 +284,7 @@ def test_a_rank_that_never_fetches_is_named_by_the_feeders_and_in_status(
             got: dict = {}
             take(feeders, 24, got)  # 4 * (prefetch + lookahead) + 8: the draw stops here
             deadline = time.monotonic() + 60
-            while not all(f._source.stalls.warnings for f in feeders):
+            while not all(f._supply.stalls.warnings for f in feeders):
                 assert time.monotonic() < deadline, "no feeder warned"
                 time.sleep(0.1)
             stats = job.stats()

@@ -412,16 +412,16 @@ def test_the_data_plane_balances_encoder_and_backbone_cost_together(image_root):
     plane = InlineDataPlane(plan)
     for step in range(6):
         plane.step(step)
-    assert plane.coord.parts.planner.cost.has_encoder
+    assert plane.coord.components.dealer.cost.has_encoder
     # The plane's figures include the encoder terms: recompute one step's group costs.
-    record = plane.coord.parts.delivery.steps[5]
-    assert len(record.costs) == 4 and plane.coord.parts.figures.efficiency_min > 0.8
+    record = plane.coord.components.delivery.steps[5]
+    assert len(record.costs) == 4 and plane.coord.components.figures.efficiency_min > 0.8
     backbone_only = dataclasses.replace(
         plan, cost=dataclasses.replace(plan.cost, encoder_linear=0.0, encoder_quadratic=0.0)
     )
     other = InlineDataPlane(backbone_only, build=False)
     other.draw(6)
-    assert float(other.coord.parts.delivery.steps[5].costs.sum()) < float(record.costs.sum())
+    assert float(other.coord.components.delivery.steps[5].costs.sum()) < float(record.costs.sum())
 
 
 def test_placeholder_must_be_in_a_huggingface_vocabulary(image_root, tmp_path):

@@ -41,7 +41,7 @@ def digests(plane: InlineDataPlane, start: int, stop: int) -> dict[int, dict]:
 
 def draw_unbuilt(plane: InlineDataPlane, count: int, commit: bool) -> None:
     """Draw ``count`` steps past the built ones and leave them unbuilt: committed into the
-    block being drawn (``commit``), or in flight (drawn, not planned)."""
+    block being drawn (``commit``), or in flight (drawn, not dealt)."""
     coord = plane.coord
     world = plane.plan.layout.world_size
     for rank in range(world):
@@ -57,9 +57,9 @@ def draw_unbuilt(plane: InlineDataPlane, count: int, commit: bool) -> None:
             continue
         drawn += 1
         if commit:
-            planned = coord.plan_steps([step])
-            assert planned is not None
-            coord.commit_step(planned[0])
+            dealt = coord.deal_steps([step])
+            assert dealt is not None
+            coord.commit_step(dealt[0])
     raise AssertionError("could not draw the steps")
 
 
@@ -69,7 +69,7 @@ def test_a_change_lands_at_the_first_unbuilt_step_as_in_a_fresh_run(corpus, comm
     plane = InlineDataPlane(plan)
     before = digests(plane, 0, 5)
     view = plane.coord.view
-    built = view.planned_step
+    built = view.dealt_step
     draw_unbuilt(plane, 3 if commit else 2, commit)
     drawn_to = view.next_step
     assert drawn_to > built == view.earliest_change
@@ -104,7 +104,7 @@ def test_an_explicit_step_among_the_drawn_ones_is_accepted_and_an_earlier_one_re
     plane = InlineDataPlane(plan)
     digests(plane, 0, 5)
     view = plane.coord.view
-    built = view.planned_step
+    built = view.dealt_step
     draw_unbuilt(plane, 3, commit=True)
     with pytest.raises(JobError, match=f"already built .* effect at is {built}"):
         plane.coord.set_weights(CHANGE, at_step=built - 1)
@@ -121,7 +121,7 @@ def test_resume_across_a_redraw_replays_it(corpus):
     plan = plan_of(corpus, checkpoint=True)
     plane = InlineDataPlane(plan)
     digests(plane, 0, 5)
-    built = plane.coord.view.planned_step
+    built = plane.coord.view.dealt_step
     draw_unbuilt(plane, 3, commit=True)
     plane.checkpoint()  # (holds the steps below the first unbuilt one only)
     assert plane.coord.set_weights(CHANGE).step == built

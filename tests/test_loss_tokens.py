@@ -1,5 +1,5 @@
 """``global_loss_tokens``: every micro-batch carries its step's count of loss tokens over every
-DP rank and micro-batch, counted by the planner from what the read tasks report (the records'
+DP rank and micro-batch, counted by the dealer from what the read tasks report (the records'
 holes), equal to what the ranks' labels hold, also across blocks, cp slices and resume; and
 the loss rule it serves, on two gloo processes: a sum of token losses over
 ``global_loss_tokens`` with gradients summed across DP gives one process's gradients over the
@@ -217,17 +217,17 @@ def test_image_placeholders_are_counted_out_of_the_steps_total(tmp_path: Path, c
     assert placeholders > 0  # (the count had image tokens to leave out)
 
 
-@pytest.mark.parametrize("planning", ["loop", "process"])
+@pytest.mark.parametrize("where", ["loop", "process"])
 def test_a_job_on_a_cluster_hands_every_rank_the_steps_count(
-    corpus: Path, planning: str, monkeypatch: pytest.MonkeyPatch
+    corpus: Path, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from omniload_dask import Job
-    from omniload_dask.cluster import planner
+    from omniload_dask.cluster import dealing
     from omniload_dask.testing import assert_batches_equal
 
-    if planning == "process":  # the planning process counts from the holes it is sent
-        monkeypatch.setattr(planner, "INLINE_MS", -1.0)
-        monkeypatch.setattr(planner, "PROCESS_MIN_GROUPS", 1)
+    if where == "process":  # the dealing process counts from the holes it is sent
+        monkeypatch.setattr(dealing, "INLINE_MS", -1.0)
+        monkeypatch.setattr(dealing, "PROCESS_MIN_GROUPS", 1)
 
     plan = sft_plan(
         corpus,
@@ -244,7 +244,7 @@ def test_a_job_on_a_cluster_hands_every_rank_the_steps_count(
                     want = plane.step(int(mb["step"]))[rank].micro_batches[int(mb["micro_step"])]
                     got = {k: v for k, v in mb.items() if k != "doc_source_name"}
                     assert_batches_equal(want, got)  # (global_loss_tokens among the fields)
-        assert job.stats()["planning_in"] == ("process" if planning == "process" else "thread")
+        assert job.stats()["planning_in"] == ("process" if where == "process" else "thread")
     for step in range(3):
         total, carried = step_counts(plane, step)
         assert carried == {total}

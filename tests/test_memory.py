@@ -22,8 +22,8 @@ def sample(job: Job) -> dict[str, int]:
     return {
         "futures": len(run.futures),
         "tasks": len(sched.tasks),
-        "held": len(run.coord.parts.delivery.held),
-        "retained_steps": len(run.coord.parts.delivery.steps),
+        "held": len(run.coord.components.delivery.held),
+        "retained_steps": len(run.coord.components.delivery.steps),
         "units": sum(len(s.units) for s in run.coord.view.streams),
         "managed": sum(ws.nbytes for ws in sched.workers.values()),
         "worker_rss": sum(worker_rss.values()),

@@ -104,7 +104,7 @@ def test_realised_shares_are_rolling_over_the_window_and_use_the_mixing_basis():
 
 
 def test_realised_shares_count_a_source_that_joined_after_the_steps_as_zero():
-    # A source joins at the draw of a step whose figures are not counted yet (it is planned
+    # A source joins at the draw of a step whose figures are not counted yet (it is dealt
     # in a thread): the job lists three sources, every step counted so far has two.
     figures = [_figure(0, [30, 10], [1, 3], [0.5, 0.5]), _figure(1, [10, 30], [1, 1], [0.5, 0.5])]
     _, target, realised = realised_shares(figures, 3, "tokens", window=2)

@@ -1,5 +1,5 @@
 """The data plane at scale, on a real cluster: blocks of DP groups served part by part, agents
-fetching for several ranks, planning off the event loop, no per-step state piling up without a
+fetching for several ranks, dealing off the event loop, no per-step state piling up without a
 checkpoint, and the data plane's own client surviving a lost connection."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from distributed import Client
 
 from omniload_dask import Job, local_cluster
-from omniload_dask.cluster import planner
+from omniload_dask.cluster import dealing
 from omniload_dask.testing import InlineDataPlane
-from omniload_dask.trainer.fanout import DirectSteps
+from omniload_dask.trainer.fanout import DirectSupply
 from omniload_dask.trainer.link import Link
 
 from .conftest import make_plan
@@ -56,7 +56,7 @@ def test_blocks_of_dp_groups_hand_each_rank_its_own_part(small_sources, cluster)
     with Client(cluster) as client:
         job = Job.start(plan, client=client)
         got = collect(job, steps=4)
-        keys = plugin_job(client, "blocks", lambda run: sorted(run.coord.parts.delivery.steps))
+        keys = plugin_job(client, "blocks", lambda run: sorted(run.coord.components.delivery.steps))
         held = client.run(_block_parts)
         job.stop()
     assert_same(ref, got)
@@ -86,7 +86,7 @@ def test_one_agent_fetches_every_slice_of_a_dp_group_in_one_round_trip(small_sou
         job = Job.start(plan, client=client)
         ranks = layout.group_ranks(1)
         link = Link(cluster.scheduler_address)
-        steps = DirectSteps(link, "agent", ranks, [(1, 0), (1, 1)], 0, 4, lambda b: {}, pick=None)
+        steps = DirectSupply(link, "agent", ranks, [(1, 0), (1, 1)], 0, 4, lambda b: {}, pick=None)
         try:
             got = {r: [] for r in ranks}
             for step in range(3):
@@ -95,7 +95,7 @@ def test_one_agent_fetches_every_slice_of_a_dp_group_in_one_round_trip(small_sou
                 for r in ranks:
                     got[r] += slices[layout.coords(r)["cp"]].micro_batches
             seen = plugin_job(
-                client, "agent", lambda run: run.coord.parts.delivery.where.last_seen.tolist()
+                client, "agent", lambda run: run.coord.components.delivery.where.last_seen.tolist()
             )
         finally:
             steps.close()
@@ -111,7 +111,7 @@ def _guard_rank_arrays(dask_scheduler, name):
     import numpy as np
 
     run = dask_scheduler.plugins["omniload"].jobs[name]
-    where = run.coord.parts.delivery.where
+    where = run.coord.components.delivery.where
     world = len(where.position)
     run.scans = scans = []
 
@@ -142,7 +142,7 @@ def test_no_request_scans_every_rank(small_sources, cluster):
         job = Job.start(plan, client=client)
         world = client.run_on_scheduler(_guard_rank_arrays, name="noscan")
         agents = [
-            DirectSteps(
+            DirectSupply(
                 Link(cluster.scheduler_address), "noscan", layout.group_ranks(g), [(g, 0)],
                 0, 2, lambda b: {}, pick=None, max_steps=6,
             )
@@ -158,8 +158,8 @@ def test_no_request_scans_every_rank(small_sources, cluster):
                         got[r] += batch.micro_batches
             scans = plugin_job(client, "noscan", lambda run: list(run.scans))
             # the guard sees a scan when there is one
-            check = plugin_job(client, "noscan", lambda run: run.coord.parts.delivery.slowest() >= 0
-                               and run.coord.parts.delivery.where.position.min() >= 0
+            check = plugin_job(client, "noscan", lambda run: run.coord.components.delivery.slowest() >= 0
+                               and run.coord.components.delivery.where.position.min() >= 0
                                and list(run.scans))  # fmt: skip
         finally:
             for agent in agents:
@@ -172,15 +172,15 @@ def test_no_request_scans_every_rank(small_sources, cluster):
 
 @pytest.mark.parametrize("where", ["thread", "process"])
 def test_planning_off_the_loop_gives_the_same_stream(small_plan, monkeypatch, where):
-    monkeypatch.setattr(planner, "INLINE_MS", -1.0)  # every step off the loop
+    monkeypatch.setattr(dealing, "INLINE_MS", -1.0)  # every step off the loop
     if where == "process":
-        monkeypatch.setattr(planner, "PROCESS_MIN_GROUPS", 1)
+        monkeypatch.setattr(dealing, "PROCESS_MIN_GROUPS", 1)
     ref = reference(small_plan, 8)
     with Job.start(small_plan, workers=1, dashboard_address=None) as job:
         got = collect(job, steps=8)
         stats = job.stats()
         pending = plugin_job(
-            job.client, small_plan.name, lambda run: len(run.coord.parts.recorder.pending)
+            job.client, small_plan.name, lambda run: len(run.coord.components.recorder.pending)
         )
     assert_same(ref, got)
     assert stats["planning_in"] == where
@@ -242,20 +242,20 @@ def test_the_job_fails_saying_so_when_its_client_cannot_connect_again(small_sour
 
 def test_the_planning_thread_plans_whole_blocks_of_steps(small_sources, monkeypatch):
     # A block of several steps is fetchable once its last step is drawn and built: its
-    # steps wait for one another and go to the planning thread together (whole blocks, up
-    # to the planner's batch of steps).
-    monkeypatch.setattr(planner, "INLINE_MS", -1.0)  # every step off the loop
+    # steps wait for one another and go to the dealing thread together (whole blocks, up
+    # to StepDealing's batch of steps).
+    monkeypatch.setattr(dealing, "INLINE_MS", -1.0)  # every step off the loop
     # batches of 8 steps at most: the ranks fetch one after another here, so the job draws
     # only about 24 steps, and batches of 16 would be too few to tell anything
-    monkeypatch.setattr(planner, "STEPS_AT_ONCE", 8)
+    monkeypatch.setattr(dealing, "STEPS_AT_ONCE", 8)
     batches: list[list[int]] = []
-    start = planner.StepPlanning.start
+    start = dealing.StepDealing.start
 
     def recorded(self, drawn):
         batches.append([d.step for d in drawn])
         return start(self, drawn)
 
-    monkeypatch.setattr(planner.StepPlanning, "start", recorded)
+    monkeypatch.setattr(dealing.StepDealing, "start", recorded)
     plan = make_plan(small_sources, name="blocks", loader={"steps_per_task": 4})
     ref = reference(plan, 13)
     with Job.start(plan, workers=2, dashboard_address=None) as job:
@@ -268,7 +268,7 @@ def test_the_planning_thread_plans_whole_blocks_of_steps(small_sources, monkeypa
     for batch in batches[:-1]:  # (drawn ahead until the job stopped: the last may be cut)
         assert batch[0] == 0 or batch[0] % 4 == 1
         assert batch[-1] == 0 or batch[-1] % 4 == 0
-        assert len(batch) <= planner.STEPS_AT_ONCE
+        assert len(batch) <= dealing.STEPS_AT_ONCE
 
 
 def test_checkpoint_snapshots_are_taken_while_blocks_of_steps_are_drawn(
@@ -276,7 +276,7 @@ def test_checkpoint_snapshots_are_taken_while_blocks_of_steps_are_drawn(
 ):
     # Steps of a block drawn in part wait in flight, and a snapshot needs none in flight: when
     # one is due, the job lets them through, and the snapshot follows.
-    monkeypatch.setattr(planner, "INLINE_MS", -1.0)
+    monkeypatch.setattr(dealing, "INLINE_MS", -1.0)
     plan = make_plan(
         small_sources, name="snapshots", loader={"steps_per_task": 4},
         checkpoint={"url": str(tmp_path / "ckpt"), "flush_seconds": 0.05, "compact_every": 4,

@@ -1,5 +1,5 @@
 """The data plane is sealed: events and live changes go in through the coordinator's methods,
-everything else reads its view; no module outside ``core`` writes it or reaches into its parts.
+everything else reads its view; no module outside ``core`` writes it or reaches into its components.
 
 Each test reads the package's source, so a module that breaks the rule fails here with its
 name and line.
@@ -27,8 +27,8 @@ SURFACE = {
     "adopt_plan",
     "advance",
     "draw_step",
-    "draw_batch",
-    "plan_steps",
+    "draw_together",
+    "deal_steps",
     "commit_step",
     "take_actions",
     "has_actions",
@@ -39,7 +39,7 @@ SURFACE = {
     "take_deltas",
     "stop_recording",
     "view",
-    "parts",
+    "components",
 }
 
 
@@ -84,14 +84,14 @@ def _offences(where: str, source: str) -> list[str]:
         ):
             out.append(f"{where}:{node.lineno}: {node.func.id} on the coordinator")
         if isinstance(node, ast.Attribute) and _is_coordinator(node.value):
-            if node.attr.startswith("_") or node.attr == "parts":
+            if node.attr.startswith("_") or node.attr == "components":
                 out.append(f"{where}:{node.lineno}: reaches into coordinator.{node.attr}")
             elif node.attr not in SURFACE:
                 out.append(f"{where}:{node.lineno}: coordinator.{node.attr} is not its surface")
     return out
 
 
-def test_no_module_outside_core_writes_the_coordinator_or_reaches_into_its_parts():
+def test_no_module_outside_core_writes_the_coordinator_or_reaches_into_its_components():
     offences = [
         o
         for path in _outside_core()
@@ -107,7 +107,7 @@ def test_the_check_sees_each_kind_of_breach():
         "coord.view.history[0] = 1": "writes into",
         "setattr(run.coord, 'error', 'x')": "setattr",
         "run.coord._cycle.max_in_flight": "reaches into",
-        "self.coord.parts.delivery": "reaches into",
+        "self.coord.components.delivery": "reaches into",
         "coord.delivery.where": "not its surface",
     }
     for code, expected in samples.items():

@@ -1,7 +1,7 @@
-"""Steps planned together: the same splits and the same stream as steps planned one by one.
+"""Steps dealt together: the same splits and the same stream as steps dealt one by one.
 
-The scheduler plugin's planning thread takes every step that can be drawn (up to
-``planner.STEPS_AT_ONCE``) and plans them side by side (``StepPlanner.plan_steps``; pass 2's
+The scheduler plugin's dealing thread takes every step that can be drawn (up to
+``dealing.STEPS_AT_ONCE``) and deals them side by side (``StepDealer.deal_steps``; pass 2's
 rounds over groups and passes 3 to 5 in one set of numpy calls for all of them). The balancer
 has one code path, a step alone being the case of one; that a step's split does not depend on
 the steps beside it is what these tests check: every split must be the one its step alone
@@ -89,7 +89,7 @@ def test_steps_side_by_side_split_exactly_as_each_alone(seed, groups, micro, ste
 
 def test_steps_of_different_shapes_and_sizes_beyond_the_limit_split_as_each_alone():
     # Steps that need more micro-batches than declared go side by side with their own kind;
-    # two buckets, or more groups than STEPS_UP_TO, are planned one by one.
+    # two buckets, or more groups than STEPS_UP_TO, are dealt one by one.
     rng = np.random.default_rng(5)
     cost = CostModel(1.0, 1 / 64)
     cases = [
@@ -111,7 +111,7 @@ def test_steps_of_different_shapes_and_sizes_beyond_the_limit_split_as_each_alon
 
 
 @pytest.mark.parametrize("together", [3, 8])
-def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_sources, together):
+def test_the_data_plane_draws_the_same_stream_with_steps_dealt_together(small_sources, together):
     # Token-scheduled weights read the tokens drawn before a step: with steps in flight they
     # must count those too. A finite stream must end at the same step, after them.
     plan = parse_plan(plan_dict(
@@ -126,13 +126,13 @@ def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_
     one = InlineDataPlane(plan)
     many = InlineDataPlane(plan, together=together)
     sizes: list[int] = []
-    plan_steps = many.coord.parts.planner.plan_steps
+    deal_steps = many.coord.components.dealer.deal_steps
 
     def counted(drawn):
         sizes.append(len(drawn))
-        return plan_steps(drawn)
+        return deal_steps(drawn)
 
-    many.coord.parts.planner.plan_steps = counted  # type: ignore[method-assign]
+    many.coord.components.dealer.deal_steps = counted  # type: ignore[method-assign]
     steps = 0
     while one.coord.view.end_step is None or steps < one.coord.view.end_step:
         a, b = one.step(steps), many.step(steps)
@@ -142,7 +142,7 @@ def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_
         steps += 1
         assert steps < 500
     assert many.coord.view.end_step == one.coord.view.end_step == steps
-    assert 1 < max(sizes) <= together  # (steps were planned together)
+    assert 1 < max(sizes) <= together  # (steps were dealt together)
     assert [f.efficiency for f in many.coord.view.history] == [
         f.efficiency for f in one.coord.view.history
     ]
@@ -150,7 +150,7 @@ def test_the_data_plane_draws_the_same_stream_with_steps_planned_together(small_
 
 def test_the_refinement_knobs_apply_to_steps_side_by_side(monkeypatch):
     # Who tunes the balancer through refine's module constants (benchmarks/real_balance.py
-    # sets SMALL_CUT_ROUNDS) tunes both ways of planning the same.
+    # sets SMALL_CUT_ROUNDS) tunes both ways of dealing the same.
     from omniload_dask.batching.balance import refine
 
     monkeypatch.setattr(refine, "SMALL_CUT_ROUNDS", 2)

@@ -44,7 +44,7 @@ NAMES = sorted(p.name for p in PLANS.glob("*.yaml"))
 def stream_digests(plan_file: Path, folder: Path, together: int = 1) -> tuple[str, str]:
     """SHA-256 over the first ``STEPS`` steps of ``plan_file`` run on demo data in ``folder``:
     of every group's batches, and of the documents of each step (module doc). ``together``:
-    steps planned side by side (as the scheduler plugin's planning thread does)."""
+    steps dealt side by side (as the scheduler plugin's dealing thread does)."""
     from omniload_dask.demo import make_demo_data
 
     make_demo_data(folder / "demo-data")
@@ -91,9 +91,9 @@ def test_every_plan_streams_exactly_as_the_stored_digest(name: str, demo_folder:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_steps_planned_together_stream_as_the_stored_digest(name: str, demo_folder: Path) -> None:
-    # The scheduler plugin draws up to planner.STEPS_AT_ONCE steps and plans them together.
-    from omniload_dask.cluster.planner import STEPS_AT_ONCE
+def test_steps_dealt_together_stream_as_the_stored_digest(name: str, demo_folder: Path) -> None:
+    # The scheduler plugin draws up to dealing.STEPS_AT_ONCE steps and deals them together.
+    from omniload_dask.cluster.dealing import STEPS_AT_ONCE
 
     stored = json.loads(DIGESTS.read_text())
     assert stream_digests(PLANS / name, demo_folder / "together", STEPS_AT_ONCE)[0] == stored[name]

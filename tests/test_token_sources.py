@@ -291,7 +291,7 @@ def test_index_lengths_let_the_data_plane_draw_before_any_read_reports(tmp_path)
     assert run.coord.view.next_step >= 1 and run.reads == 0  # drawn and built from the index alone
     skip = parse_plan(plan_dict([src], on_error="skip"))
     assert (
-        InlineDataPlane(skip).coord.parts.sources.streams[0].catalog.lengths is None
+        InlineDataPlane(skip).coord.components.sources.streams[0].catalog.lengths is None
     )  # reads decide
 
 

@@ -15,7 +15,7 @@ from distributed import Client
 
 from omniload_dask import Job, PlanError, TokenizerError, local_cluster
 from omniload_dask.cluster.tasks import tokenizer_threads
-from omniload_dask.plan import READS_PER_THREAD, TokenizerSpec, parse_plan
+from omniload_dask.plan import READ_SLOTS_PER_THREAD, TokenizerSpec, parse_plan
 from omniload_dask.preprocess.tokenize import describe, load_tokenizer, own_threads, tokenize
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
 
@@ -162,7 +162,7 @@ def test_a_tiktoken_plan_streams_the_same_inline_and_on_a_cluster(small_sources,
             slots = client.run(lambda dask_worker: dask_worker.state.total_resources)
     # the worker runs two reads at once (its omniload-read resource) and tokenizes them on one
     # thread: one read decodes while the other tokenizes
-    assert [s.get("omniload-read") for s in slots.values()] == [READS_PER_THREAD] == [2]
+    assert [s.get("omniload-read") for s in slots.values()] == [READ_SLOTS_PER_THREAD] == [2]
     assert [len(names) for names in own.values()] == [1]
     flat = [mb for step in ref for mb in step]
     assert len(got) == len(flat)

@@ -20,7 +20,7 @@ plain one and a chat whose tokens ``8 9 10`` are targets only from 9 on::
     labels           [6 7 -100 9 10 -100]       (plain text: every token after the first)
     num_loss_tokens  4                          labels that are not -100
     global_loss_tokens                          the sum of num_loss_tokens over every DP group
-                                                and micro-batch of the step (the planner's
+                                                and micro-batch of the step (the dealer's
                                                 count: :mod:`omniload_dask.core.loss_tokens`)
 
 With images (plans with image-text sources) a micro-batch also carries the pixel patches of every
@@ -218,7 +218,7 @@ class Recipe:
 class RecipeTable:
     """The recipes of several DP groups of one step, packed into a few arrays.
 
-    What planning hands back and what a block's construction task gets: pickling a handful of
+    What dealing hands back and what a block's construction task gets: pickling a handful of
     arrays costs a fraction of pickling one :class:`Recipe` per group, at thousands of groups
     a step. Recipe i is group ``groups[i]``: its pieces are rows ``piece_bounds[i]:
     piece_bounds[i + 1]`` of ``pieces`` and its shard slots entries ``slot_bounds[i]:

@@ -30,7 +30,7 @@ So each source's cumulative share tracks its weight with a lag of at most one do
 result is a pure function of the weights, the tags and the upcoming document sizes: never of
 timing. A weight change only changes the increments from then on, so the next batches follow the
 new weights at once, with no catch-up burst. :meth:`Mixer.select` works on numpy arrays of
-candidates (one sort per batch), which keeps planning well under a millisecond per thousand
+candidates (one sort per batch), which keeps a draw well under a millisecond per thousand
 documents.
 """
 

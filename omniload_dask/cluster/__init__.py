@@ -4,7 +4,7 @@
   argument checks, and delegation to the parts below.
 - :mod:`.lifecycle`: starting (discovery, resume from a checkpoint) and changing jobs; the
   data plane's own client, which :mod:`.watchdog` replaces when its connection is lost.
-- :mod:`.running`: a running job, its pump (planning in a thread) and long-polls;
+- :mod:`.running`: a running job, its pump (dealing in a thread) and long-polls;
   :mod:`.waiters`: fetching agents waiting, each on the one step or block it needs.
 - :mod:`.executor`: the coordinator's actions as Dask submits and releases, with priorities.
 - :mod:`.standby`: second copies of upcoming batches and shards on another worker.

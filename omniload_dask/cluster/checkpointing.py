@@ -100,7 +100,7 @@ class CheckpointSchedule:
         # The ranks' positions go with each flush (O(ranks): not on every tick).
         writer.add([], dict(enumerate(coord.view.rank_positions())))
         latest = writer.manifest.bases[-1]["step"] if writer.manifest.bases else 0
-        # No snapshot while a step is being planned (its figures are not counted yet): the
+        # No snapshot while a step is being dealt (its figures are not counted yet): the
         # next flush compacts instead.
         wanted = coord.view.next_step - latest >= self._spec.compact_every
         compact = wanted and not coord.view.busy

@@ -40,7 +40,7 @@ from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.fixes import own_error
 from omniload_dask.internals import comms as _comms
 from omniload_dask.internals import server as _server
-from omniload_dask.plan import READS_PER_THREAD, Plan, load_plan, parse_plan
+from omniload_dask.plan import READ_SLOTS_PER_THREAD, Plan, load_plan, parse_plan
 from omniload_dask.trainer.feeder import Feeder
 
 CLOSE_IDLE_TIMEOUT = 3.0  # seconds close() lets a stopped job's running reads finish
@@ -60,7 +60,7 @@ def local_cluster(
     **kwargs: Any,
 ) -> LocalCluster:
     """The embedded cluster: worker processes with ``threads_per_worker`` tokenizing threads
-    each, and :data:`~omniload_dask.plan.READS_PER_THREAD` read slots for each of them (one
+    each, and :data:`~omniload_dask.plan.READ_SLOTS_PER_THREAD` read slots for each of them (one
     read decodes its records while another tokenizes).
 
     Each worker also gets one more thread, for constructions: reads ask for the
@@ -69,7 +69,7 @@ def local_cluster(
     (``/metrics``, ``/health``) then listens on a free port instead of 8787. The cluster runs
     with :data:`.settings.DASK_SETTINGS` (a cluster given by address gets them from the preload).
     """
-    slots = threads_per_worker * READS_PER_THREAD
+    slots = threads_per_worker * READ_SLOTS_PER_THREAD
     kwargs.setdefault("resources", {"omniload-read": slots})
     if kwargs.get("security") is not None and dashboard_address is not None:
         dashboard_address = _loopback(dashboard_address)

@@ -232,9 +232,9 @@ async def open_job(
     }
     executor = ActionExecutor(client, plan, coord.view.spec_of, standby, read_resources)
     job = RunningJob(plan, coord, info, executor, writer)
-    count, threads = workers()
-    if threads:
-        coord.handle(WorkersChanged(count, threads))
+    count, read_slots = workers()
+    if read_slots:
+        coord.handle(WorkersChanged(count, read_slots))
     return job
 
 

@@ -175,12 +175,12 @@ class OmniloadPlugin(SchedulerPlugin):
             self._standby.worker_lost(worker)
 
     def _workers_changed(self) -> None:
-        """Read quotas count worker threads: tell every job (a Dask cluster's ``scale`` and losses)."""
-        workers, threads = _server.worker_threads(self.scheduler)
+        """Read quotas count the workers' read slots: tell every job (a Dask cluster's ``scale`` and losses)."""
+        workers, read_slots = _server.worker_threads(self.scheduler)
         resource = _server.read_resource(self.scheduler)
         self._read_resources = {_server.READ_RESOURCE: 1} if resource else None
         for job in self.jobs.values():
-            job.on_workers(workers, threads)
+            job.on_workers(workers, read_slots)
 
     # ------------------------------------------------------------------ job control
     async def start_job(

@@ -1,20 +1,20 @@
 """A job running on the scheduler: its coordinator, its futures, and the loop that drives them.
 
 One :class:`RunningJob` per job. Everything on it runs on the scheduler's event loop (handlers,
-plugin hooks, the pump) except the planning of a step, so nothing needs a lock. Events come in
+plugin hooks, the pump) except the dealing of a step, so nothing needs a lock. Events come in
 from the plugin (a read or a construction finished, a task failed, an agent asked for steps);
 each one *pokes* the job, and one pump task at a time runs the data plane::
 
     poke()  ->  pump: draw a step (on the loop: cheap)
-                      -> plan it (split + recipes) in the job's planning process or thread,
-                         or inline while that is quick (:mod:`.planner`); the loop serves
+                      -> deal it (split + recipes) in the job's dealing process or thread,
+                         or inline while that is quick (:mod:`.dealing`); the loop serves
                          requests meanwhile
                       -> commit it: constructions submitted, waiting agents woken
                       -> reads kept ahead, actions executed, checkpoint tick
                       again while something moved, yielding to the loop in between
 
 Fetching agents long-poll in :meth:`RunningJob.batches`; each waits on the one thing it needs
-next (a step to be planned, or a block to reach memory, see :class:`Waiters`), so a step
+next (a step to be dealt, or a block to reach memory, see :class:`Waiters`), so a step
 wakes only the agents it concerns.
 """
 
@@ -30,11 +30,11 @@ from distributed import Client, Future
 
 from omniload_dask.checkpoint import CheckpointWriter
 from omniload_dask.cluster.checkpointing import CheckpointSchedule
+from omniload_dask.cluster.dealing import StepDealing
 from omniload_dask.cluster.executor import ActionExecutor
-from omniload_dask.cluster.planner import StepPlanning
 from omniload_dask.cluster.tasks import ReadReport
 from omniload_dask.cluster.waiters import Waiters
-from omniload_dask.core.coordinator import Coordinator, DrawnStep, PlannedStep
+from omniload_dask.core.coordinator import Coordinator, DealtStep, DrawnStep
 from omniload_dask.core.events import (
     Cause,
     ConstructionDone,
@@ -89,8 +89,8 @@ class RunningJob:
         self.scheduler_closing = False  # feeders then wait for a new scheduler, not fail
         self.pumps = 0  # data-plane runs (draw/commit + execute), for diagnostics
         self.requests = 0  # agents' calls to ``batches``
-        self.planner = StepPlanning(plan, coord)
-        self._planning: asyncio.Future[list[PlannedStep] | None] | None = None
+        self.dealing = StepDealing(plan, coord)
+        self._dealt_soon: asyncio.Future[list[DealtStep] | None] | None = None
         self._drawn: list[DrawnStep] = []  # drawn, waiting for the rest of their block
         self._dirty = False
         self._pump: asyncio.Task[None] | None = None
@@ -132,9 +132,9 @@ class RunningJob:
         self.coord.handle(TaskFailed(key, scrub(text, self.secrets)))
         self.waiters.wake_all()
 
-    def on_workers(self, workers: int, threads: int) -> None:
-        """The cluster's workers changed (read quotas count their threads)."""
-        self.coord.handle(WorkersChanged(workers, threads))
+    def on_workers(self, workers: int, read_slots: int) -> None:
+        """The cluster's workers changed (read quotas count their read slots)."""
+        self.coord.handle(WorkersChanged(workers, read_slots))
         self.poke()
 
     def on_client_lost(self, client: Client) -> int:
@@ -206,7 +206,7 @@ class RunningJob:
         locate: Callable[[str], list[str] | None],
     ) -> tuple[list[list[list[Any]]], dict[str, list[str]], int | str]:
         """The ready steps' parts, who has their blocks, and what the first step not ready
-        waits for (its step number: to be planned; a key: to reach memory)."""
+        waits for (its step number: to be dealt; a key: to reach memory)."""
         coord = self.coord
         ready: list[list[list[Any]]] = []
         who_has: dict[str, list[str]] = {}
@@ -249,7 +249,7 @@ class RunningJob:
             self.pumps += 1
             # (drawn and committed steps count as moves too: a step of a multi-step block
             # being drawn is not fetchable yet, but the draw must go on)
-            before = (view.planned_step, view.end_step, view.failure, view.committed_step)
+            before = (view.dealt_step, view.end_step, view.failure, view.committed_step)
             actions: list[Any] = []
             try:
                 self._step()
@@ -261,11 +261,11 @@ class RunningJob:
                 logger.exception("omniload data plane failed")
                 text = scrub(f"internal error: {exc!r}", self.secrets)
                 coord.handle(JobFailed(text, Cause.ADAPTER))
-            after = (view.planned_step, view.end_step, view.failure, view.committed_step)
+            after = (view.dealt_step, view.end_step, view.failure, view.committed_step)
             if after != before or actions:
                 self._dirty = True
             if after[0] != before[0]:
-                self.waiters.planned(after[0])
+                self.waiters.dealt(after[0])
             if after[1:3] != before[1:3]:
                 self.waiters.wake_all()  # the stream ended or the job failed
             if self.checkpoints is not None:
@@ -273,34 +273,34 @@ class RunningJob:
             await asyncio.sleep(0)
 
     def _step(self) -> None:
-        """Commit the steps planned in the thread, or draw the next ones and plan them
-        together (:meth:`~omniload_dask.core.coordinator.Coordinator.draw_batch`: up to the
-        planner's batch; where blocks hold several steps, whole blocks)."""
+        """Commit the steps dealt in the thread, or draw the next ones and deal them
+        together (:meth:`~omniload_dask.core.coordinator.Coordinator.draw_together`: up to
+        :attr:`.StepDealing.at_once`; where blocks hold several steps, whole blocks)."""
         coord = self.coord
-        if self._planning is not None:
-            if not self._planning.done():
+        if self._dealt_soon is not None:
+            if not self._dealt_soon.done():
                 return  # its completion pokes the pump
-            planning, self._planning = self._planning, None
-            for done in planning.result() or []:
+            dealing, self._dealt_soon = self._dealt_soon, None
+            for done in dealing.result() or []:
                 coord.commit_step(done)
             return
         if not self._drawn:
             drawn = coord.draw_step()
             if drawn is None:
                 return
-            if self.planner.inline():
-                planned = self.planner.plan_here(drawn)
-                if planned is not None:
-                    coord.commit_step(planned)
+            if self.dealing.inline():
+                dealt = self.dealing.deal_here(drawn)
+                if dealt is not None:
+                    coord.commit_step(dealt)
                 return
             self._drawn = [drawn]
         hold = self.checkpoints is None or not self.checkpoints.snapshot_waits
-        batch, self._drawn = coord.draw_batch(self._drawn, self.planner.batch, hold)
-        if not batch:
+        together, self._drawn = coord.draw_together(self._drawn, self.dealing.at_once, hold)
+        if not together:
             return  # the rest of a block: a read's report pokes the pump
         # Off the loop; its end pokes the pump, which commits them.
-        self._planning = self.planner.start(batch)
-        self._planning.add_done_callback(lambda _: None if self.stopped else self.poke())
+        self._dealt_soon = self.dealing.start(together)
+        self._dealt_soon.add_done_callback(lambda _: None if self.stopped else self.poke())
 
     async def final_flush(self) -> None:
         """Write the checkpoint's pending deltas now (no-op without a checkpoint)."""
@@ -313,7 +313,7 @@ class RunningJob:
         if self._pump is not None:
             self._pump.cancel()
             self._pump = None
-        self.planner.close()
+        self.dealing.close()
         self.executor.release_all()
         self.coord.handle(JobFailed("job stopped", Cause.STOPPED))
         self.waiters.wake_all()

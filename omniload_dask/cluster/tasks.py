@@ -35,7 +35,7 @@ from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers ba
 from omniload_dask.cluster.retry import with_retries
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.internals import server as _server
-from omniload_dask.plan import READS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
+from omniload_dask.plan import READ_SLOTS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.chat_encode import encode_chats
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
@@ -100,10 +100,10 @@ def _tokenizer_threads() -> None:
 
 
 def tokenizer_threads(read_slots: int) -> int:
-    """A worker's tokenizing threads: one for each :data:`~omniload_dask.plan.READS_PER_THREAD`
+    """A worker's tokenizing threads: one for each :data:`~omniload_dask.plan.READ_SLOTS_PER_THREAD`
     of the reads it runs at once (at least one), so that while a read tokenizes the next one
     reads and decodes its records instead of the tokenizer waiting for it."""
-    return max(1, math.ceil(read_slots / READS_PER_THREAD))
+    return max(1, math.ceil(read_slots / READ_SLOTS_PER_THREAD))
 
 
 def read_unit(

@@ -1,13 +1,13 @@
 """Fetching agents waiting in a long-poll, each on the one thing it needs next.
 
 An agent's request for steps ``s..`` that nothing is ready for waits for either step ``s`` to
-be planned, or one block key to reach memory. Waking every waiting agent whenever anything
+be dealt, or one block key to reach memory. Waking every waiting agent whenever anything
 moved would cost O(agents) per event, thousands of wake-ups a step at scale; here an event
 wakes only the agents it concerns::
 
-    agent A waits for step 41 to be planned     waiters.wait(41, timeout)
+    agent A waits for step 41 to be dealt       waiters.wait(41, timeout)
     agent B waits for block "...-40-3"          waiters.wait("omniload-batch-...-40-3", ...)
-    step 41 planned                             waiters.planned(42)      -> A wakes
+    step 41 dealt                               waiters.dealt(42)        -> A wakes
     block "...-40-3" in memory                  waiters.key_ready(key)   -> B wakes
     the job ended, failed or stopped            waiters.wake_all()
 
@@ -23,21 +23,21 @@ __all__ = ["Waiters"]
 
 
 class Waiters:
-    """Waiting agents by the step they wait to be planned, or by the key they wait for."""
+    """Waiting agents by the step they wait to be dealt, or by the key they wait for."""
 
     def __init__(self) -> None:
         self._steps: dict[int, list[asyncio.Future[None]]] = {}
         self._keys: dict[str, list[asyncio.Future[None]]] = {}
-        self._planned = 0
+        self._dealt = 0
 
     def __len__(self) -> int:
         return sum(map(len, self._steps.values())) + sum(map(len, self._keys.values()))
 
     async def wait(self, blocker: int | str, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) until step ``blocker`` is planned, or key ``blocker``
+        """Wait (at most ``timeout`` s) until step ``blocker`` is dealt, or key ``blocker``
         is in memory, or everyone is woken."""
-        if isinstance(blocker, int) and blocker < self._planned:
-            return  # planned meanwhile: look again at once
+        if isinstance(blocker, int) and blocker < self._dealt:
+            return  # dealt meanwhile: look again at once
         table: dict = self._steps if isinstance(blocker, int) else self._keys
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
@@ -55,10 +55,10 @@ class Waiters:
                 if not waiting:
                     del table[blocker]
 
-    def planned(self, planned: int) -> None:
-        """Every step below ``planned`` is planned now."""
-        self._planned = planned
-        for step in [s for s in self._steps if s < planned]:
+    def dealt(self, dealt: int) -> None:
+        """Every step below ``dealt`` is dealt now."""
+        self._dealt = dealt
+        for step in [s for s in self._steps if s < dealt]:
             _wake(self._steps.pop(step))
 
     def key_ready(self, key: str) -> None:

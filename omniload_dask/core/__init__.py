@@ -10,13 +10,13 @@ read it through ``Coordinator.view``)::
     live          the sources as they change: streams, caps, weight schedule, change log
     streams       one source's sample stream: unit and row order per epoch, the read cursor
     draw          drawing a global batch from the sources' next documents (the mixer)
-    stepping      the step cycle: draw, plan, commit, in order (planning may run elsewhere)
-    planning      a drawn step's split among the DP groups, and each group's recipe
+    stepping      the step cycle: draw, deal, commit, in order (dealing may run elsewhere)
+    dealer        a drawn step's split among the DP groups, and each group's recipe
     delivery      which batch each rank gets: blocks held, parts, rebuilds
     positions     the ranks' positions, per DP group and job-wide, kept incrementally
     reads         which read units to submit: windows, quotas, parts, cost meters
     autoscale     read task sizes, quotas and worker counts from measured costs
-    figures       counters, per-step figures, planning times, the realised mixture
+    figures       counters, per-step figures, dealing times, the realised mixture
     state         snapshots and per-step deltas of the state, as plain data (checkpoints)
     actions       what the adapter carries out: submit a read or a construction, release
     keys          the task keys of a run

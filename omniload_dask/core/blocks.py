@@ -34,10 +34,10 @@ __all__ = [
     "MAX_BLOCK_STEPS",
     "STEP_BLOCK_TOKENS",
     "OpenBlock",
-    "batch_end",
     "fetch_depth",
     "groups_per_task",
     "steps_per_task",
+    "together_end",
 ]
 
 BLOCKS_PER_STEP = 8  # with loader.groups_per_task 0 (auto): at most about this many a step
@@ -47,7 +47,7 @@ BLOCK_TOKENS = 1 << 19
 # Where one block holds a whole step, an auto block holds steps of about this many tokens, at
 # most MAX_BLOCK_STEPS (the ranks' prefetch follows it): 16 steps at dp 8 with one 8,192-token
 # micro-batch a group. Larger blocks mean fewer construction tasks, standby copies and ranks'
-# requests a step (each costs the scheduler the same whatever its size) and more steps planned
+# requests a step (each costs the scheduler the same whatever its size) and more steps dealt
 # side by side; the cap bounds what a rank prefetches and a worker holds.
 STEP_BLOCK_TOKENS = 1 << 20
 MAX_BLOCK_STEPS = 16
@@ -98,10 +98,10 @@ def block_of(step: int, origin: int, steps: int) -> tuple[int, int]:
     return first, first + steps
 
 
-def batch_end(first: int, most: int, origin: int, steps: int) -> int:
-    """The step after the last of a batch of at most ``most`` steps from ``first``, planned
-    together: where blocks hold several ``steps``, the last block end within it (a block
-    longer than ``most`` steps goes in batches of ``most``)."""
+def together_end(first: int, most: int, origin: int, steps: int) -> int:
+    """The step after the last of at most ``most`` steps from ``first`` dealt together: where
+    blocks hold several ``steps``, the last block end within them (a block longer than
+    ``most`` steps goes ``most`` at a time)."""
     limit = first + most
     end = block_of(first, origin, steps)[1]
     if end > limit:

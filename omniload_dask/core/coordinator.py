@@ -7,7 +7,7 @@ here and depends only on the plan, the seed, t and the reported lengths, never o
 
     ranks ask for steps  ->  draw step t when every source's next documents are known
                              (mixing.Mixer picks them)                    draw_step
-                         ->  split it among the DP groups by cost and     plan_steps (pure:
+                         ->  split it among the DP groups by cost and     deal_steps (pure:
                              write each group's recipe                     may run off the
                                                                            adapter's loop)
                          ->  one SubmitConstruct per block of DP groups   commit_step
@@ -27,8 +27,8 @@ rank c fetches slice c, so no rank loads what a peer already loaded.
     apply_stages / adopt_plan      as checked: :class:`.events.Scheduled`): by default the
                                    first step not built; steps drawn and not built are drawn
                                    again (:mod:`.rewind`); stages: :mod:`.stages`
-    draw_step / draw_batch /       the step cycle, phase by phase (below), or all of it inline
-    plan_steps / commit_step /
+    draw_step / draw_together /    the step cycle, phase by phase (below), or all of it inline
+    deal_steps / commit_step /
     advance
     part_for / batch_for           what a rank fetches (a released step is queued for a rebuild)
     take_actions                   the actions queued by the cycle, reads kept ahead
@@ -36,15 +36,15 @@ rank c fetches slice c, so no rank loads what a peer already loaded.
     take_deltas / stop_recording
 
 Everything else reads: :attr:`Coordinator.view` (:class:`.views.PlaneView`) for where the cycle
-is, figures and stats. The parts behind it each own one concern and get what they need passed
+is, figures and stats. The components behind it each own one concern and get what they need passed
 in: the sources and their live changes (:mod:`.live`), the draw (:mod:`.draw`), the split into
-recipes (:mod:`.planning`), which batch each rank gets (:mod:`.delivery`), read-ahead
-(:mod:`.reads`) and figures (:mod:`.figures`); :attr:`Coordinator.parts` shows them to tests and
+recipes (:mod:`.dealer`), which batch each rank gets (:mod:`.delivery`), read-ahead
+(:mod:`.reads`) and figures (:mod:`.figures`); :attr:`Coordinator.components` shows them to tests and
 tools that look inside, never to the package's modules outside ``core``. Its actions are in
 :mod:`.actions` and task keys in :mod:`.keys`.
 
 :meth:`Coordinator.advance` runs the three phases of each step inline. An adapter that must not
-block (the scheduler plugin) calls them one by one and runs :meth:`Coordinator.plan_steps`, the
+block (the scheduler plugin) calls them one by one and runs :meth:`Coordinator.deal_steps`, the
 costly one, in a thread: between a draw and its commit the step is *in flight* (``busy``);
 the draw has moved the cursors and ``next_step``, so live changes take effect after it.
 The job's failure (:class:`.events.Failure`) is state: the first one stays, and no step is
@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from omniload_dask.core.actions import Action, ReadSpec, Release, SubmitConstruct, SubmitRead
+from omniload_dask.core.dealer import DealtStep, DrawnStep, StepDealer
 from omniload_dask.core.delivery import Delivery, Part
 from omniload_dask.core.draw import Drawer
 from omniload_dask.core.events import (
@@ -82,7 +83,6 @@ from omniload_dask.core.events import (
 from omniload_dask.core.figures import Figures, StepFigures
 from omniload_dask.core.keys import Keys, is_data_key
 from omniload_dask.core.live import LiveSources, PlanChange, adopt_plan
-from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
 from omniload_dask.core.reads import ReadAhead
 from omniload_dask.core.rewind import Rewinds, redraw
 from omniload_dask.core.stages import LiveStages, StageChange
@@ -94,10 +94,10 @@ from omniload_dask.plan import Plan, SourceSpec
 from omniload_dask.sources import Catalog
 
 __all__ = [
+    "Components",
     "Coordinator",
+    "DealtStep",
     "DrawnStep",
-    "Parts",
-    "PlannedStep",
     "ReadSpec",
     "Release",
     "StepFigures",
@@ -107,13 +107,13 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class Parts:
-    """The coordinator's parts, for tests and tools that look inside (the package's modules
+class Components:
+    """The coordinator's components, for tests and tools that look inside (the package's modules
     outside ``core`` never do: they hand in events and read :class:`.PlaneView`)."""
 
     sources: LiveSources
     drawer: Drawer
-    planner: StepPlanner
+    dealer: StepDealer
     reads: ReadAhead
     delivery: Delivery
     figures: Figures
@@ -137,18 +137,18 @@ class Coordinator:
         self._plan = plan
         self._keys = Keys(run_id, plan.layout.cp)
         self._sources = LiveSources(plan, catalogs, on_log=self._logged)
-        self._planner = StepPlanner(plan)
-        self._drawer = Drawer(self._sources, plan, with_extra=self._planner.cost.has_encoder)
+        self._dealer = StepDealer(plan)
+        self._drawer = Drawer(self._sources, plan, with_extra=self._dealer.cost.has_encoder)
         self._reads = ReadAhead(self._sources, plan, self._keys)
         self._delivery = Delivery(plan, self._keys, start_step)
-        self._figures = Figures(plan.layout.dp, self._planner.declared_micro_steps)
+        self._figures = Figures(plan.layout.dp, self._dealer.declared_micro_steps)
         self._recorder = StateRecorder(self._sources, self._drawer, self._figures)
         self._cycle = StepCycle(
-            self._sources, self._drawer, self._planner, self._reads, self._delivery, self._figures
+            self._sources, self._drawer, self._dealer, self._reads, self._delivery, self._figures
         )
         self._rewinds = Rewinds(self._sources, self._drawer, self._figures, self._keys)
         self._stages = LiveStages(
-            plan, self._sources.record, self._drawer, self._planner, self._reads
+            plan, self._sources.record, self._drawer, self._dealer, self._reads
         )
         parts = (self._sources, self._cycle, self._delivery, self._figures, self._reads)
         self._view = PlaneView(plan, *parts, self._rewinds, self._stages)
@@ -162,9 +162,9 @@ class Coordinator:
         return self._view
 
     @property
-    def parts(self) -> Parts:
-        """The parts, for tests and tools that look inside (see :class:`Parts`)."""
-        return Parts(*(getattr(self, f"_{part.name}") for part in fields(Parts)))
+    def components(self) -> Components:
+        """The components, for tests and tools that look inside (see :class:`Components`)."""
+        return Components(*(getattr(self, f"_{c.name}") for c in fields(Components)))
 
     # -- events ------------------------------------------------------------------------------
     def handle(self, event: Event) -> list[Action]:
@@ -172,10 +172,10 @@ class Coordinator:
         rank has fetched). The step cycle's own actions come from :meth:`take_actions`."""
         if isinstance(event, ReadReported):
             extra = None
-            if event.patches is not None and self._planner.cost.has_encoder:
+            if event.patches is not None and self._dealer.cost.has_encoder:
                 sq = event.patches_sq
                 sq = sq if sq is not None else np.zeros(len(event.patches))
-                extra = self._planner.cost.encoder_of(event.patches, sq)
+                extra = self._dealer.cost.encoder_of(event.patches, sq)
             r = event
             self._reads.on_report(
                 r.key, r.lengths, r.skipped, extra, r.seconds, r.records, r.filtered, r.holes
@@ -185,7 +185,7 @@ class Coordinator:
         elif isinstance(event, ConstructionDone):
             self._reads.on_construct(event.seconds, event.batches)
         elif isinstance(event, WorkersChanged):
-            self._reads.on_workers(event.workers, event.threads)
+            self._reads.on_workers(event.workers, event.read_slots)
         elif isinstance(event, TaskFailed):
             if is_data_key(event.key):
                 self._cycle.fail(Failure(event.message, Cause.TASK))
@@ -237,29 +237,29 @@ class Coordinator:
 
     # -- the step cycle ----------------------------------------------------------------------
     def advance(self, max_steps: int | None = None, together: int = 1) -> list[Action]:
-        """Draw, plan and commit what can be drawn (at most ``max_steps``), keep reads ahead,
-        return actions. Up to ``together`` steps are drawn, then planned side by side and
-        committed, as the scheduler plugin's planning thread does: the same stream."""
+        """Draw, deal and commit what can be drawn (at most ``max_steps``), keep reads ahead,
+        return actions. Up to ``together`` steps are drawn, then dealt side by side and
+        committed, as the scheduler plugin's dealing thread does: the same stream."""
         together, done = max(1, together), 0
         while max_steps is None or done < max_steps:
             most = together if max_steps is None else min(together, max_steps - done)
-            batch = self._draw_steps(most)
-            if not batch:
+            drawn = self._draw_steps(most)
+            if not drawn:
                 break
-            planned = self.plan_steps(batch)
-            for one in planned or []:
+            dealt = self.deal_steps(drawn)
+            for one in dealt or []:
                 self.commit_step(one)
-            done += len(batch)
-            if planned is None:
-                break  # the job failed: the steps stay in flight, as a failed plan leaves them
+            done += len(drawn)
+            if dealt is None:
+                break  # the job failed: the steps stay in flight, as a failed deal leaves them
         return self.take_actions()
 
     def draw_step(self, most_in_flight: int = 1) -> DrawnStep | None:
         """Draw the next step if the ranks want it and its documents are known, else None.
 
-        Its cursors move now (and ``next_step``); :meth:`plan_steps` and :meth:`commit_step`
+        Its cursors move now (and ``next_step``); :meth:`deal_steps` and :meth:`commit_step`
         follow, in step order. No step is drawn while ``most_in_flight`` are in flight
-        (:meth:`draw_batch` draws several), nor after the job failed.
+        (:meth:`draw_together` draws several), nor after the job failed.
         """
         cycle = self._cycle
         if cycle.failure is not None or len(cycle.in_flight) >= most_in_flight:
@@ -280,17 +280,17 @@ class Coordinator:
                 self._drawn_deltas[drawn.step] = self._recorder.drawn(drawn.step)
         return drawn
 
-    def draw_batch(
+    def draw_together(
         self, drawn: list[DrawnStep], most: int, hold: bool = True
     ) -> tuple[list[DrawnStep], list[DrawnStep]]:
-        """Draw on after ``drawn`` (steps drawn and not planned yet, in order, at least one) and
-        split them: the steps to plan together now (none: wait), and those that wait.
+        """Draw on after ``drawn`` (steps drawn and not dealt yet, in order, at least one) and
+        split them: the steps to deal together now (none: wait), and those that wait.
 
-        A batch holds up to ``most`` steps. Where a construction builds several steps (a
+        Up to ``most`` steps go together. Where a construction builds several steps (a
         block), it ends at a block's end, and while the draw waits for a read, the whole blocks
         drawn go and the steps of a block drawn in part wait for the rest of it: none of them
-        is fetchable before the block's last step is drawn, and a block's steps planned
-        together cost less than in several batches. With ``hold`` False (a checkpoint
+        is fetchable before the block's last step is drawn, and a block's steps dealt
+        together cost less than in several hand-offs. With ``hold`` False (a checkpoint
         snapshot waits for the steps in flight) every step drawn goes."""
         delivery = self._delivery
         drawn = [
@@ -299,7 +299,7 @@ class Coordinator:
         if not drawn:  # (a redraw dropped those drawn, and nothing can be drawn now)
             return [], []
         first = drawn[0].step
-        end = delivery.batch_end(first, most)
+        end = delivery.together_end(first, most)
         drawn = drawn + self._draw_steps(end - first - len(drawn))
         cycle = self._cycle
         if len(drawn) == end - first or not (hold and cycle.waits_for_reads) or cycle.failure:
@@ -308,27 +308,27 @@ class Coordinator:
         take = ends[-1] if ends else 0
         return drawn[:take], drawn[take:]
 
-    def plan_steps(self, drawn: Sequence[DrawnStep]) -> list[PlannedStep] | None:
+    def deal_steps(self, drawn: Sequence[DrawnStep]) -> list[DealtStep] | None:
         """Split drawn steps (in order) among the DP groups and write the recipes, side by side
-        where the balancer can (:meth:`.StepPlanner.plan_steps`); None when the job fails.
+        where the balancer can (:meth:`.StepDealer.deal_steps`); None when the job fails.
         Pure: reads only ``drawn`` and the plan, so it may run in another thread."""
         try:
-            return self._planner.plan_steps(drawn)
+            return self._dealer.deal_steps(drawn)
         except JobError as exc:
             self._cycle.fail(Failure(str(exc), Cause.DATA_PLANE))
             return None
 
-    def commit_step(self, planned: PlannedStep) -> None:
-        """Submit a planned step's constructions, count it, and let ranks fetch it."""
-        if self._rewinds.was_dropped(planned.drawn):
+    def commit_step(self, dealt: DealtStep) -> None:
+        """Submit a dealt step's constructions, count it, and let ranks fetch it."""
+        if self._rewinds.was_dropped(dealt.drawn):
             return
-        self._rewinds.committing(planned.drawn.step)
-        self._actions += self._cycle.commit(planned)
-        self._rewinds.prune(self._view.planned_step)
-        delta = self._drawn_deltas.pop(planned.drawn.step, None)
+        self._rewinds.committing(dealt.drawn.step)
+        self._actions += self._cycle.commit(dealt)
+        self._rewinds.prune(self._view.dealt_step)
+        delta = self._drawn_deltas.pop(dealt.drawn.step, None)
         if self._recording:  # (no delta: recording began after its draw)
             recorder = self._recorder
-            recorder.committed(delta or recorder.drawn(planned.drawn.step), self._cycle.end_step)
+            recorder.committed(delta or recorder.drawn(dealt.drawn.step), self._cycle.end_step)
 
     def take_actions(self) -> list[Action]:
         """Keep reads ahead, then hand over every action queued since the last call."""
@@ -346,14 +346,14 @@ class Coordinator:
 
     # -- what ranks fetch --------------------------------------------------------------------
     def batch_for(self, rank: int, step: int) -> Part | None:
-        """What ``rank`` fetches for ``step`` once planned, ``(block key, part)``, else None
+        """What ``rank`` fetches for ``step`` once dealt, ``(block key, part)``, else None
         (a released step is rebuilt): its DP group's batch, or its cp rank's slice of it."""
         group, cp = self._delivery.coords(rank)
         return self.part_for(group, cp, step)
 
     def part_for(self, group: int, cp: int, step: int) -> Part | None:
         """What DP group ``group``'s cp rank ``cp`` fetches for ``step``, as :meth:`batch_for`."""
-        part, rebuild = self._delivery.part_for(group, cp, step, self._view.planned_step)
+        part, rebuild = self._delivery.part_for(group, cp, step, self._view.dealt_step)
         if rebuild is not None:
             self._actions.append(rebuild)
         return part
@@ -363,7 +363,7 @@ class Coordinator:
         """The full data-plane state (plain data, :mod:`.state`) at ``view.earliest_change``;
         not while a step is in flight (``view.busy``: its figures are not counted yet)."""
         if self._view.busy:
-            raise InternalError("internal error: state_dict() while a step is being planned")
+            raise InternalError("internal error: state_dict() while a step is being dealt")
         cycle = self._cycle
         now = snapshot(cycle.next_step, cycle.end_step, self._sources, self._drawer, self._figures)
         floor = self._view.earliest_change
@@ -410,10 +410,10 @@ class Coordinator:
         cycle = self._cycle
         limit = len(cycle.in_flight) + most
         cycle.waits_for_reads = False  # (the last draw sets it, if it finds nothing)
-        batch: list[DrawnStep] = []
-        while len(batch) < most and (step := self.draw_step(limit)) is not None:
-            batch.append(step)
-        return batch
+        drawn: list[DrawnStep] = []
+        while len(drawn) < most and (step := self.draw_step(limit)) is not None:
+            drawn.append(step)
+        return drawn
 
     def _submit_reads(self) -> None:
         # Read ahead for sources that take part now or within the lookahead (schedules).

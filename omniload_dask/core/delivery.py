@@ -22,7 +22,7 @@ group * cp + c`` of a block is step ``first + offset``'s (see :mod:`.keys`)::
 
     dp=2, steps_per_task=4   blocks: step 0 alone, then steps 1-4, 5-8, ...
                              step 3, group 1 -> part 2 * 2 + 1 = 5
-    steps 1, 2, 3 drawn      not fetchable (planned_step 1); step 4 drawn -> one task
+    steps 1, 2, 3 drawn      not fetchable (dealt_step 1); step 4 drawn -> one task
 
 Pure: no I/O and no Dask.
 """
@@ -41,10 +41,10 @@ from omniload_dask.batching.formats import RecipeTable
 from omniload_dask.core.actions import ReadSpec, Release, SubmitConstruct
 from omniload_dask.core.blocks import (
     OpenBlock,
-    batch_end,
     block_of,
     groups_per_task,
     steps_per_task,
+    together_end,
 )
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.positions import RankPositions
@@ -153,9 +153,9 @@ class Delivery:
         every step is a block of its own)."""
         return block_of(step, self._origin, self.block_steps)[1]
 
-    def batch_end(self, first: int, most: int) -> int:
-        """:func:`.blocks.batch_end` for this job's blocks."""
-        return batch_end(first, most, self._origin, self.block_steps)
+    def together_end(self, first: int, most: int) -> int:
+        """:func:`.blocks.together_end` for this job's blocks."""
+        return together_end(first, most, self._origin, self.block_steps)
 
     @property
     def offered_step(self) -> int | None:
@@ -258,11 +258,11 @@ class Delivery:
         return int(self.where.group_of[rank]), int(self.where.cp_of[rank])
 
     def part_for(
-        self, group: int, cp: int, step: int, planned: int
+        self, group: int, cp: int, step: int, dealt: int
     ) -> tuple[Part | None, SubmitConstruct | None]:
-        """What group ``group``'s cp rank ``cp`` fetches for ``step`` (None: not planned yet),
+        """What group ``group``'s cp rank ``cp`` fetches for ``step`` (None: not dealt yet),
         and the construction that rebuilds it if it was released."""
-        if step >= planned:
+        if step >= dealt:
             return None, None
         if self._open is not None and step >= self._open.first:
             return None, None  # its block is still being drawn

@@ -7,7 +7,7 @@ the actions the event calls for at once::
 
     ReadReported("omniload-read-r1-0-0-3", lengths, skipped=0)   the cursor may move on
     ConstructionDone(seconds=0.04, batches=2)                    cost meters only
-    WorkersChanged(workers=4, threads=8)                         read quotas
+    WorkersChanged(workers=4, read_slots=8)                      read quotas
     StepsRequested(ranks=(0, 1), start=7, count=2)               -> Release of blocks fetched
     TaskFailed("omniload-batch-r1-7-0", "MemoryError: ...")      the job fails (Failure)
     JobFailed("job stopped", Cause.STOPPED)                      the job fails (Failure)
@@ -70,7 +70,7 @@ class ReadReported:
 
     Image sources also report each record's patches (sum, and sum of squares over its images)
     for the encoder cost. Sources whose records have tokens that are not targets (chat, images)
-    report them (``holes``), so that the planner counts each step's loss tokens exactly.
+    report them (``holes``), so that the dealer counts each step's loss tokens exactly.
     ``seconds`` (the task's compute time) and ``records`` (read, bad
     ones included) feed the cost meters that size reads; they never change the stream.
     """
@@ -96,10 +96,11 @@ class ConstructionDone:
 
 @dataclass(frozen=True)
 class WorkersChanged:
-    """The cluster now has ``workers`` workers with ``threads`` threads in all."""
+    """The cluster now has ``workers`` workers with ``read_slots`` read slots in all (their
+    ``omniload-read`` resources, else their threads): reads it runs at once."""
 
     workers: int
-    threads: int
+    read_slots: int
 
 
 @dataclass(frozen=True)

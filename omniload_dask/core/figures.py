@@ -1,4 +1,4 @@
-"""The data plane's figures: counters, per-step records, planning times, the realised mix.
+"""The data plane's figures: counters, per-step records, dealing times, the realised mix.
 
 :class:`Figures` owns what the data plane has counted since the job began (documents, tokens,
 capacity, cuts, balance efficiency; a checkpoint carries them as ``counters``) and the records
@@ -57,7 +57,7 @@ class StepFigures:
 
 
 class Figures:
-    """Counters since the job began, the last steps' figures, and planning times."""
+    """Counters since the job began, the last steps' figures, and dealing times."""
 
     def __init__(self, groups: int, declared_micro_steps: int) -> None:
         """Figures of a job with ``groups`` DP groups and as many micro-steps per step as
@@ -74,8 +74,8 @@ class Figures:
         self.efficiency_sum = 0.0
         self.efficiency_min = 1.0
         self.history: deque[StepFigures] = deque(maxlen=HISTORY)
-        self.timing: dict[str, float] = {}  # milliseconds of the last step's planning phases
-        self.planning_ms: deque[float] = deque(maxlen=256)
+        self.timing: dict[str, float] = {}  # milliseconds of the last step's dealing phases
+        self.dealing_ms: deque[float] = deque(maxlen=256)
 
     def record(
         self,
@@ -119,11 +119,11 @@ class Figures:
             )
         )
 
-    def planned(self, total_ms: float) -> None:
-        """A step was planned in ``total_ms``; the split and recipes times are in ``timing``."""
+    def dealt(self, total_ms: float) -> None:
+        """A step was dealt in ``total_ms``; the split and recipes times are in ``timing``."""
         split = self.timing.get("split_ms", 0.0) + self.timing.get("recipes_ms", 0.0)
         self.timing.update(step_ms=total_ms, draw_ms=total_ms - split)
-        self.planning_ms.append(total_ms)
+        self.dealing_ms.append(total_ms)
 
     def counters(self) -> list[Any]:
         """The values of :data:`COUNTERS`, in that order."""
@@ -154,7 +154,7 @@ class Figures:
             "efficiency_mean": self.efficiency_sum / steps if steps else None,
             "efficiency_min": self.efficiency_min if steps else None,
             "efficiency_recent": [round(f.efficiency, 4) for f in recent],
-            "planning_ms_p50": float(np.median(self.planning_ms)) if self.planning_ms else None,
+            "planning_ms_p50": float(np.median(self.dealing_ms)) if self.dealing_ms else None,
         }
 
     def step_figures(self, start: int = 0) -> list[StepFigures]:

@@ -3,7 +3,7 @@
 Every micro-batch carries ``global_loss_tokens``: the labels that are not -100 over every DP
 group and micro-batch of its step, so that a trainer normalises its loss by the same count on
 every rank. A step's construction may be split over several blocks, so no constructor sees
-the whole step; the planner counts it from the pieces it cuts and what each read unit reported
+the whole step; the dealer counts it from the pieces it cuts and what each read unit reported
 (its records' :class:`~omniload_dask.batching.labels.Holes`, none for plain text)::
 
     piece (doc 0, tokens [0, 512))   plain text          511 loss tokens

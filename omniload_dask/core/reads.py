@@ -28,7 +28,7 @@ from omniload_dask.core.autoscale import Meter
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import LiveSources, token_shares
 from omniload_dask.core.streams import Unit, UnitRef
-from omniload_dask.plan import READS_PER_THREAD, BatchSpec, Plan
+from omniload_dask.plan import READ_SLOTS_PER_THREAD, BatchSpec, Plan
 
 __all__ = ["IN_FLIGHT_STEPS", "MAX_UNITS_AHEAD", "ReadAhead"]
 
@@ -51,7 +51,9 @@ class ReadAhead:
         self._by_documents = plan.mixing_by == "documents"
         self._keys = keys
         self.workers = plan.loader.workers
-        self.threads = plan.loader.workers * plan.loader.threads_per_worker * READS_PER_THREAD
+        self.read_slots = (
+            plan.loader.workers * plan.loader.threads_per_worker * READ_SLOTS_PER_THREAD
+        )
         self.meters = [Meter() for _ in sources.streams]
         self.construct_meter = Meter()
         self._unit_of: dict[str, tuple[int, UnitRef]] = {}  # read key -> (source, unit)
@@ -99,11 +101,11 @@ class ReadAhead:
         group batches (its DP groups times its steps)."""
         self.construct_meter.add(seconds, batches, batches, 0)
 
-    def on_workers(self, workers: int, threads: int) -> None:
-        """The cluster now has ``workers`` workers running ``threads`` reads at once in all
+    def on_workers(self, workers: int, read_slots: int) -> None:
+        """The cluster now has ``workers`` workers running ``read_slots`` reads at once in all
         (their ``omniload-read`` resources, else their threads)."""
         self.workers = max(0, int(workers))
-        self.threads = max(0, int(threads))
+        self.read_slots = max(0, int(read_slots))
 
     def forget(self, unit: Unit) -> None:
         """``unit`` is released: reports of its tasks are ignored from now on."""
@@ -232,7 +234,7 @@ class ReadAhead:
 
     def _quotas_at(self, shares: np.ndarray) -> np.ndarray:
         """:meth:`read_quotas` at the sources' shares of the budget (:meth:`budget_shares`)."""
-        slots = max(1, self._loader.reads_per_thread * max(self.threads, 1))
+        slots = max(1, self._loader.reads_per_thread * max(self.read_slots, 1))
         work = self._work_at(shares)
         key = (work.tobytes(), slots)  # asked a few times a step; changes with a read report
         if self._quotas is None or self._quotas[0] != key:

@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from omniload_dask.core.actions import Release
+from omniload_dask.core.dealer import DrawnStep
 from omniload_dask.core.delivery import Delivery
 from omniload_dask.core.draw import Drawer
 from omniload_dask.core.figures import Figures
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import LiveSources
-from omniload_dask.core.planning import DrawnStep
 from omniload_dask.core.stepping import StepCycle
 from omniload_dask.core.streams import SourceStream, Unit
 from omniload_dask.errors import InternalError
@@ -75,7 +75,7 @@ class Rewinds:
         self._dropped: list[DrawnStep] = []  # steps in flight that a redraw dropped
 
     def was_dropped(self, drawn: DrawnStep) -> bool:
-        """Whether a redraw dropped ``drawn`` while it was planned (its plan is void)."""
+        """Whether a redraw dropped ``drawn`` while it was dealt (its split is void)."""
         if not any(drawn is d for d in self._dropped):
             return False
         self._dropped = [d for d in self._dropped if d is not drawn]

@@ -67,7 +67,7 @@ class LiveStages:
     """The job's batch as live changes leave it, and the check and merge of a new one.
 
     ``record`` logs a change (:meth:`.LiveSources.record`: the job's one log of live
-    changes); ``cutters`` (the draw, the planner, read-ahead) take the batch after each.
+    changes); ``cutters`` (the draw, the dealer, read-ahead) take the batch after each.
     """
 
     def __init__(

@@ -1,19 +1,19 @@
-"""The step cycle: draw, plan, commit, in step order.
+"""The step cycle: draw, deal, commit, in step order.
 
 ::
 
     draw(t)      live changes due at t applied; the mixer picks t's documents, the cursors
                  move past them, next_step = t + 1                    (cheap)
-    plan(t)      StepPlanner.plan: split by cost, recipes               (pure; may run in a
+    deal(t)      StepDealer.deal: split by cost, recipes               (pure; may run in a
                                                                          thread meanwhile)
     commit(t)    blocks held and their constructions submitted, figures counted, units the
-                 cursors passed released; ranks may fetch t now (planned_step = t + 1)
+                 cursors passed released; ranks may fetch t now (dealt_step = t + 1)
 
 Between a draw and its commit the step is *in flight*: live changes then take effect from the
 step after it (``next_step`` has moved), and no snapshot is taken (its figures are not
 counted yet). Up to ``max_in_flight`` steps may be in flight (1 unless the job says more:
-the scheduler plugin draws the steps it can and plans them side by side, see
-:meth:`.StepPlanner.plan_steps`); they are committed in order. A draw weighs the tokens of
+the scheduler plugin draws the steps it can and deals them side by side, see
+:meth:`.StepDealer.deal_steps`); they are committed in order. A draw weighs the tokens of
 the steps in flight as drawn (:attr:`StepCycle.drawn_tokens`), so the stream is the same
 whatever their number. :class:`StepCycle` holds where the cycle is (``next_step``,
 ``end_step``, the steps in flight) and does the draw and the commit over the coordinator's
@@ -29,12 +29,12 @@ import time
 import numpy as np
 
 from omniload_dask.core.actions import Action, Release
+from omniload_dask.core.dealer import DealtStep, DrawnStep, StepDealer
 from omniload_dask.core.delivery import Delivery, StepRecord
 from omniload_dask.core.draw import Drawer
 from omniload_dask.core.events import Failure
 from omniload_dask.core.figures import Figures
 from omniload_dask.core.live import LiveSources
-from omniload_dask.core.planning import DrawnStep, PlannedStep, StepPlanner
 from omniload_dask.core.reads import ReadAhead
 from omniload_dask.errors import InternalError
 
@@ -48,7 +48,7 @@ class StepCycle:
         self,
         sources: LiveSources,
         drawer: Drawer,
-        planner: StepPlanner,
+        dealer: StepDealer,
         reads: ReadAhead,
         delivery: Delivery,
         figures: Figures,
@@ -56,7 +56,7 @@ class StepCycle:
         """A cycle at step 0 over the coordinator's parts."""
         self._sources = sources
         self._drawer = drawer
-        self._planner = planner
+        self._dealer = dealer
         self._reads = reads
         self._delivery = delivery
         self._figures = figures
@@ -75,7 +75,7 @@ class StepCycle:
             self.failure = failure
 
     @property
-    def planned_step(self) -> int:
+    def dealt_step(self) -> int:
         """The first step not committed."""
         return self.next_step - len(self.in_flight)
 
@@ -112,20 +112,20 @@ class StepCycle:
         self.next_step += 1
         return drawn, actions
 
-    def commit(self, planned: PlannedStep) -> list[Action]:
-        """Hold and build the planned step's blocks, count it, release the units passed."""
-        drawn, split = planned.drawn, planned.split
+    def commit(self, dealt: DealtStep) -> list[Action]:
+        """Hold and build the dealt step's blocks, count it, release the units passed."""
+        drawn, split = dealt.drawn, dealt.split
         if not self.in_flight or drawn is not self.in_flight[0]:
             raise InternalError(f"internal error: step {drawn.step} committed out of order")
         del self.in_flight[0]
         self._flight_tokens -= int(drawn.docs.lengths.sum())
         step, docs, figures = drawn.step, drawn.docs, self._figures
-        figures.timing.update(split_ms=planned.split_ms, recipes_ms=planned.recipes_ms)
-        actions: list[Action] = list(self._delivery.offer(step, planned.recipes, drawn.specs))
+        figures.timing.update(split_ms=dealt.split_ms, recipes_ms=dealt.recipes_ms)
+        actions: list[Action] = list(self._delivery.offer(step, dealt.recipes, drawn.specs))
         n = len(self._sources.streams)
         source_tokens = np.bincount(docs.sources, weights=docs.lengths, minlength=n)
         record = StepRecord(
-            planned.recipes, drawn.specs, split.group_costs, split.group_tokens, source_tokens
+            dealt.recipes, drawn.specs, split.group_costs, split.group_tokens, source_tokens
         )
         figures.record(
             step,
@@ -142,7 +142,7 @@ class StepCycle:
             for u in docs.finished:
                 self._reads.forget(u)
         self._delivery.keep(step, record, self.next_step)
-        figures.planned((time.perf_counter() - drawn.started) * 1e3)
+        figures.dealt((time.perf_counter() - drawn.started) * 1e3)
         return actions
 
     def rewind(self, step: int) -> list[DrawnStep]:

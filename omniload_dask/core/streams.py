@@ -42,7 +42,7 @@ class Unit:
 
     ``extra`` is a cost per record beyond its tokens' (image encoder terms), when the source
     reports one; ``holes`` its records' tokens that are no targets (chat sources, images: what
-    the planner counts a step's loss tokens with). With ``parts > 1`` the unit is read by tasks ``keys[p]``; ``bounds`` numbers
+    the dealer counts a step's loss tokens with). With ``parts > 1`` the unit is read by tasks ``keys[p]``; ``bounds`` numbers
     their records: part p holds the unit's rows ``bounds[p]:bounds[p + 1]``.
     """
 

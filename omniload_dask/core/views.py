@@ -3,10 +3,10 @@
 :class:`PlaneView` is how every module outside :mod:`omniload_dask.core` reads the data plane
 (the adapter, the checkpoint schedule, the dashboard, stats). It only reads: nothing on it
 changes a cursor, a hold or a counter, so a reader can call it at any time (also while a step
-is being planned in another thread: what it reads is written only on the adapter's loop)::
+is being dealt in another thread: what it reads is written only on the adapter's loop)::
 
     view = coord.view
-    view.next_step, view.planned_step, view.end_step     where the stream is
+    view.next_step, view.dealt_step, view.end_step     where the stream is
     view.earliest_change, view.delivered_step             where a live change can land,
                                                           where the ranks are
     view.failure                                          None, or why the job stopped
@@ -69,21 +69,21 @@ class PlaneView:
     @property
     def committed_step(self) -> int:
         """The first step not committed (its constructions not submitted yet)."""
-        return self._cycle.planned_step
+        return self._cycle.dealt_step
 
     @property
-    def planned_step(self) -> int:
+    def dealt_step(self) -> int:
         """The first step ranks cannot fetch yet: every step below it is committed and its
         block is built (a block of several steps only once its last step is committed)."""
         first = self._delivery.offered_step
-        planned = self._cycle.planned_step
-        return planned if first is None else min(planned, first)
+        dealt = self._cycle.dealt_step
+        return dealt if first is None else min(dealt, first)
 
     @property
     def earliest_change(self) -> int:
         """The first step a live change can take effect at: the first step not built where
         the steps drawn past it can be drawn again (:mod:`.rewind`), else :attr:`next_step`."""
-        return self._rewinds.floor(self.planned_step, self._cycle.next_step)
+        return self._rewinds.floor(self.dealt_step, self._cycle.next_step)
 
     @property
     def delivered_step(self) -> int:
@@ -182,7 +182,7 @@ class PlaneView:
 
     @property
     def timing(self) -> Mapping[str, float]:
-        """The last step's planning times (``split_ms``, ``recipes_ms``, ...)."""
+        """The last step's dealing times (``split_ms``, ``recipes_ms``, ...)."""
         return self._figures.timing
 
     def stats(self) -> dict[str, Any]:
@@ -201,7 +201,7 @@ class PlaneView:
             "ranks": self._delivery.positions(),
             "held_back": self._delivery.held_back(),
             "sources": self._reads.source_stats(weights),
-            "worker_threads": self._reads.threads,
+            "worker_threads": self._reads.read_slots,
             "work_per_step": self.work_per_step(),
         }
 

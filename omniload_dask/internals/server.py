@@ -158,7 +158,7 @@ def read_resource(scheduler: Any) -> bool:
     and keeps its other threads for constructions, which are short and must not queue behind
     a read. The embedded cluster sets this up; on other clusters start workers with
     ``--resources omniload-read=2`` and one thread more than that (two reads a tokenizing
-    thread, :data:`~omniload_dask.plan.READS_PER_THREAD`).
+    thread, :data:`~omniload_dask.plan.READ_SLOTS_PER_THREAD`).
     """
     workers = getattr(scheduler, "workers", None) or {}
     return bool(workers) and all(

@@ -68,7 +68,7 @@ from omniload_dask.plan.spec_data import source_dict, tokenizer_dict
 from omniload_dask.plan.specs import (
     BYTE_IMAGE_TOKEN,
     NO_CAP,
-    READS_PER_THREAD,
+    READ_SLOTS_PER_THREAD,
     BatchSpec,
     BucketSpec,
     CheckpointSpec,
@@ -87,7 +87,7 @@ from omniload_dask.plan.specs import (
 __all__ = [
     "BYTE_IMAGE_TOKEN",
     "NO_CAP",
-    "READS_PER_THREAD",
+    "READ_SLOTS_PER_THREAD",
     "BatchSpec",
     "BucketSpec",
     "CheckpointSpec",

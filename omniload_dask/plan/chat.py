@@ -28,12 +28,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from omniload_dask.plan.choices import CHAT_LAYOUTS, TRAIN_ON, ChatLayout, TrainOn
 from omniload_dask.plan.fields import Fields, fail, resolve_path
 
 __all__ = ["LAYOUTS", "TRAIN_ON", "ChatSpec", "read_chat"]
 
-LAYOUTS = ("messages", "sharegpt", "prompt_completion")
-TRAIN_ON = ("assistant", "all", "last_assistant", "completion", "everything")
+LAYOUTS = CHAT_LAYOUTS
 _FIELD = {"messages": "messages", "sharegpt": "conversations", "prompt_completion": "prompt"}
 # ShareGPT speakers as the roles chat templates know
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -50,10 +50,10 @@ class ChatSpec:
     neither ``template`` nor ``template_file`` the tokenizer's own template is used.
     """
 
-    layout: str = "messages"
+    layout: ChatLayout = "messages"
     field: str = "messages"
     completion: str = "completion"
-    train_on: str = "assistant"
+    train_on: TrainOn = "assistant"
     template: str | None = None
     template_file: str | None = None
     # longest conversation kept (tokens); a longer one is a bad record, never cut. Unset in the
@@ -70,13 +70,13 @@ class ChatSpec:
 
 def read_chat(f: Fields, base_dir: str | os.PathLike[str] | None) -> ChatSpec:
     """A source's ``chat`` section (see the module docstring)."""
-    layout = f.text("layout", "messages", choices=LAYOUTS)
+    layout = f.choice("layout", "messages", CHAT_LAYOUTS)
     field = f.text("field", _FIELD[layout])
     completion = f.text("completion", "completion")
     if layout != "prompt_completion" and f.has("completion"):
         fail(f.at("completion"), "only applies to layout: prompt_completion", f.raw("completion"))
-    default = "completion" if layout == "prompt_completion" else "assistant"
-    train_on = f.text("train_on", default, choices=TRAIN_ON)
+    default: TrainOn = "completion" if layout == "prompt_completion" else "assistant"
+    train_on = f.choice("train_on", default, TRAIN_ON)
     if layout == "prompt_completion" and train_on in ("assistant", "last_assistant"):
         fail(
             f.at("train_on"),

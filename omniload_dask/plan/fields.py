@@ -28,11 +28,13 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 from omniload_dask.errors import PlanError
 from omniload_dask.plan.credentials import StorageOptions, is_reference
+
+C = TypeVar("C", bound=str)  # a choice field's ``Literal`` type (plan.choices)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -162,6 +164,12 @@ class Fields:
         if pattern is not None and not re.fullmatch(pattern, value):
             fail(self.at(key), f"must match {pattern}", value)
         return value
+
+    def choice(self, key: str, default: C | None, choices: tuple[C, ...]) -> C:
+        """One of ``choices`` (a ``Literal``'s values, :mod:`.choices`), typed as that
+        ``Literal``; required without a ``default``."""
+        value = self.text(key, default, choices=choices)
+        return next(c for c in choices if c == value)
 
     def flag(self, key: str, default: bool) -> bool:
         """A ``true``/``false`` field."""

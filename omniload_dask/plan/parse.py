@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from omniload_dask.errors import PlanError
+from omniload_dask.plan.choices import FANOUTS, ON_ERROR
 from omniload_dask.plan.fields import Fields, fail, resolve_path
 from omniload_dask.plan.parse_batch import check_bucket_sources, read_batch, read_layout
 from omniload_dask.plan.parse_cost import read_cost
@@ -64,7 +65,7 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
         fail("version", f"this omniload-dask reads plan version {PLAN_VERSION}", version)
     name = top.text("name", "omniload", pattern=NAME_PATTERN)
     seed = top.integer("seed", 0, min=0, max=2**63 - 1)
-    on_error = top.text("on_error", "raise", choices=("raise", "skip"))
+    on_error = top.choice("on_error", "raise", ON_ERROR)
     layout = read_layout(top.mapping("layout"))
     batch_fields = top.mapping("batch")
     batch = read_stages(batch_fields, read_batch(batch_fields, layout), layout)
@@ -147,9 +148,6 @@ def _checkpoint(top: Fields, base_dir: str | os.PathLike[str] | None) -> Checkpo
     return spec
 
 
-FANOUTS = ("none", "broadcast", "node")
-
-
 def _loader(f: Fields) -> LoaderSpec:
     """The ``loader`` section (tuning only)."""
     d = LoaderSpec()
@@ -168,7 +166,7 @@ def _loader(f: Fields) -> LoaderSpec:
         groups_per_task=f.integer("groups_per_task", d.groups_per_task, min=0, max=1 << 20),
         steps_per_task=f.integer("steps_per_task", d.steps_per_task, min=0, max=64),
         live_lead=f.integer("live_lead", d.live_lead, min=0, max=1 << 20),
-        fanout=f.text("fanout", d.fanout, choices=FANOUTS),
+        fanout=f.choice("fanout", d.fanout, FANOUTS),
         tls=f.flag("tls", d.tls),
     )
     f.done()

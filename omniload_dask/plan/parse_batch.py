@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from omniload_dask.plan.choices import LONG_DOCUMENTS
 from omniload_dask.plan.fields import Fields, fail
 from omniload_dask.plan.limits import (
     MAX_BUCKETS,
@@ -108,7 +109,7 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
         )
     if tokens is None and docs is None:
         tokens = capacity
-    long_docs = f.text("long_documents", "split", choices=("split", "truncate"))
+    long_docs = f.choice("long_documents", "split", LONG_DOCUMENTS)
     max_doc = f.optional_int("max_document_tokens", min=1, max=MAX_STEP_TOKENS)
     if max_doc is not None and long_docs == "truncate":
         fail(f.at("max_document_tokens"), "only applies with long_documents: split", max_doc)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from omniload_dask.plan.choices import INTERPOLATIONS, MIXING_BY, MIXING_OVER
 from omniload_dask.plan.fields import Fields, check_number, fail
 from omniload_dask.plan.limits import MAX_SCHEDULE_AT, MAX_WEIGHT
 from omniload_dask.plan.specs import MixingSpec, SchedulePoint
@@ -17,9 +18,9 @@ __all__ = ["check_weights", "read_mixing"]
 
 def read_mixing(f: Fields, names: list[str]) -> MixingSpec:
     """The ``mixing`` section: what is shared out, and the schedule of weights over ``names``."""
-    by = f.text("by", "tokens", choices=("tokens", "documents"))
-    over = f.text("over", "steps", choices=("steps", "tokens"))
-    interpolate = f.text("interpolate", "constant", choices=("constant", "linear"))
+    by = f.choice("by", "tokens", MIXING_BY)
+    over = f.choice("over", "steps", MIXING_OVER)
+    interpolate = f.choice("interpolate", "constant", INTERPOLATIONS)
     points: list[SchedulePoint] = []
     raw = f.raw("schedule", [])
     if not isinstance(raw, (list, tuple)):

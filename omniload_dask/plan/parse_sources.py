@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from omniload_dask.plan.chat import read_chat
+from omniload_dask.plan.choices import SOURCE_FORMATS, TOKENIZER_KINDS
 from omniload_dask.plan.fields import Fields, fail, resolve_path
 from omniload_dask.plan.limits import (
     MAX_EPOCHS,
@@ -39,9 +40,8 @@ __all__ = [
     "read_tokenizer",
 ]
 
-FORMATS = ("jsonl", "parquet", "webdataset", "megatron", "arrow", "mds", "flat")
+FORMATS = SOURCE_FORMATS
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
-TOKENIZER_KINDS = ("byte", "huggingface", "tiktoken")
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"  # plan and source names
 
 
@@ -53,7 +53,7 @@ def parse_source(data: Any, path: str = "source") -> SourceSpec:
 def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpec:
     """One ``sources[]`` entry; relative local paths are taken from ``base_dir``."""
     name = f.text("name", pattern=NAME_PATTERN)
-    fmt = f.text("format", choices=FORMATS)
+    fmt = f.choice("format", None, SOURCE_FORMATS)
     raw_path = f.required("path")
     if isinstance(raw_path, str):
         raw_paths = [raw_path]
@@ -168,7 +168,7 @@ def read_tokenizer(f: Fields, base_dir: str | os.PathLike[str] | None) -> Tokeni
           bos: "<|begin_of_text|>"
           eos: "<|end_of_text|>"
     """
-    kind = f.text("kind", "byte", choices=TOKENIZER_KINDS)
+    kind = f.choice("kind", "byte", TOKENIZER_KINDS)
     path = None
     if kind != "byte":
         path = resolve_path(f.text("path"), base_dir, field=f.at("path"))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from omniload_dask.plan.choices import FLAT_DTYPES, TOKEN_DTYPES
 from omniload_dask.plan.fields import Fields, fail
 from omniload_dask.plan.limits import MAX_TOKEN_ID
 from omniload_dask.plan.specs import TOKEN_FORMATS, TokenMaskSpec
@@ -43,7 +44,6 @@ __all__ = [
     "read_token_fields",
 ]
 
-FLAT_DTYPES = ("uint16", "uint32", "int32")
 TOKEN_COLUMN_FORMATS = ("arrow", "parquet", "mds")  # a token-id column by name (``tokens``)
 FUNCTION_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_]\w*"
 MASK_KINDS = ("loss_mask", "labels")
@@ -73,9 +73,9 @@ def read_token_fields(f: Fields, fmt: str) -> dict[str, Any]:
     if f.has("dtype") and fmt not in ("flat", "mds"):
         fail(f.at("dtype"), "only applies to flat sources and MDS 'bytes' columns", f.raw("dtype"))
     if fmt == "mds" and f.has("dtype"):
-        out["dtype"] = f.text("dtype", choices=(*FLAT_DTYPES, "int64"))
+        out["dtype"] = f.choice("dtype", None, TOKEN_DTYPES)
     if fmt == "flat":
-        out["dtype"] = f.text("dtype", "uint16", choices=FLAT_DTYPES)
+        out["dtype"] = f.choice("dtype", "uint16", FLAT_DTYPES)
         eod = f.optional_int("eod", min=0, max=MAX_TOKEN_ID)
         if eod is None:
             eod = out.get("eos_id")

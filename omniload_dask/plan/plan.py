@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omniload_dask.errors import PlanError
+from omniload_dask.plan.choices import MixingBy, OnError
 from omniload_dask.plan.credentials import (
     redact,
     redact_url,
@@ -52,14 +53,14 @@ class Plan:
     cost: CostSpec = field(default_factory=CostSpec)
     loader: LoaderSpec = field(default_factory=LoaderSpec)
     mixing: MixingSpec = field(default_factory=MixingSpec)
-    on_error: str = "raise"
+    on_error: OnError = "raise"
     checkpoint: CheckpointSpec | None = None
     version: int = PLAN_VERSION
     images: ImageSpec | None = None  # set when a source has images
     streams: tuple[StreamSpec, ...] = ()  # named streams besides training (validation)
 
     @property
-    def mixing_by(self) -> str:
+    def mixing_by(self) -> MixingBy:
         """What the mixing weights share out: ``tokens`` or ``documents``."""
         return self.mixing.by
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import omniload_dask.plan.choices as choices
 from omniload_dask.errors import PlanError
 from omniload_dask.plan.chat import ChatSpec
 from omniload_dask.plan.credentials import StorageOptions
@@ -19,7 +20,7 @@ from omniload_dask.plan.credentials import StorageOptions
 __all__ = [
     "BYTE_IMAGE_TOKEN",
     "NO_CAP",
-    "READS_PER_THREAD",
+    "READ_SLOTS_PER_THREAD",
     "TOKEN_FORMATS",
     "BatchSpec",
     "BucketSpec",
@@ -38,11 +39,12 @@ __all__ = [
 
 BYTE_IMAGE_TOKEN = 258  # the byte tokenizer's image placeholder (after BOS 256, EOS 257)
 NO_CAP = 2**62  # the document cap of a plan that sets none (split): longer than any document
-# A worker runs this many reads for each tokenizing thread it has: while one read tokenizes,
+# Read slots (``omniload-read`` resources) a worker has for each tokenizing thread: it runs
+# that many reads at once per thread, so that while one read tokenizes,
 # the next reads and decodes its records, and the tokenizer never waits for a read to start
 # (with one read a thread, the tokenizer idles while each next read opens its file and
 # decodes; a second one in flight hides that).
-READS_PER_THREAD = 2
+READ_SLOTS_PER_THREAD = 2
 TOKEN_FORMATS = ("megatron", "flat")  # formats whose records are always token ids
 
 
@@ -65,7 +67,7 @@ class SourceSpec:
     """One data source: where its files are, how to read them and its mixing weight."""
 
     name: str
-    format: str
+    format: choices.SourceFormat
     paths: tuple[str, ...]
     weight: float
     text: str = "text"
@@ -83,7 +85,7 @@ class SourceSpec:
     vocab_size: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
-    dtype: str | None = None
+    dtype: choices.TokenDtype | None = None
     eod: int | None = None
     # User code run on the workers: ``package.module:function`` (preprocess.transforms).
     transform: str | None = None
@@ -111,7 +113,7 @@ class TokenizerSpec:
     (``special_tokens``: token -> id) are not in the file, and ``bos``/``eos`` name two of them.
     """
 
-    kind: str = "byte"
+    kind: choices.TokenizerKind = "byte"
     path: str | None = None
     bos: str | None = None
     eos: str | None = None
@@ -212,7 +214,7 @@ class BatchSpec:
     micro_batches: int
     global_tokens: int | None
     global_documents: int | None
-    long_documents: str = "split"
+    long_documents: choices.LongDocuments = "split"
     max_document_tokens: int | None = None
     pad_to_seq_len: bool = False
     buckets: tuple[BucketSpec, ...] = ()
@@ -386,9 +388,9 @@ class MixingSpec:
     point, and for sources a point does not name, the sources' own ``weight`` applies.
     """
 
-    by: str = "tokens"
-    over: str = "steps"
-    interpolate: str = "constant"
+    by: choices.MixingBy = "tokens"
+    over: choices.MixingOver = "steps"
+    interpolate: choices.Interpolation = "constant"
     schedule: tuple[SchedulePoint, ...] = ()
 
 
@@ -444,8 +446,8 @@ class LoaderSpec:
     """Tuning that changes speed and memory, never which samples are delivered."""
 
     workers: int = 2
-    # tokenizing threads per worker of the embedded cluster; it runs READS_PER_THREAD reads
-    # at once on each (one decodes its records while another tokenizes)
+    # tokenizing threads per worker of the embedded cluster; each has READ_SLOTS_PER_THREAD read
+    # slots (reads at once) (one decodes its records while another tokenizes)
     threads_per_worker: int = 1
     read_ahead: int = 2
     prefetch: int = 2
@@ -455,7 +457,8 @@ class LoaderSpec:
     standby: bool = True  # a second copy of upcoming batches and shards on another worker
     # Auto-partitioning (see :mod:`omniload_dask.core.autoscale`): read tasks last about
     # ``task_seconds`` (0: never split a unit); with ``quotas``, sources share
-    # ``reads_per_thread`` in-flight reads per read slot by weight x measured cost.
+    # ``reads_per_thread`` in-flight reads per read slot by weight x measured cost (the field's
+    # name says "thread" for the read slot: a plan field, kept as users write it).
     task_seconds: float = 0.5
     quotas: bool = True
     reads_per_thread: int = 2
@@ -471,7 +474,7 @@ class LoaderSpec:
     # A job that expects live changes: draw at most ``live_lead`` steps past the slowest rank
     # (0: no bound), so that a change takes effect that soon (see core.rewind).
     live_lead: int = 0
-    fanout: str = "none"
+    fanout: choices.Fanout = "none"
     # The embedded cluster on TLS, with temporary certificates (Job.start(security=True)).
     tls: bool = False
 

@@ -97,7 +97,7 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
     lengths, length_index = found.lengths, found.length_index
     if on_error != "raise" or spec.transform or spec.filter or spec.mask is not None:
         # A record that a read skips (a bad token id) or that user code drops or changes would
-        # differ from the index, and the data plane would have planned with it already; a
+        # differ from the index, and the data plane would have dealt with it already; a
         # mask's holes (what global_loss_tokens counts) come only with the reads.
         lengths = length_index = None
     merge = min(spec.unit_bytes, spec.merge_bytes)

@@ -1,16 +1,16 @@
 """Where a feeder's steps come from: its own fetch, its group's broadcast, or its node's agent.
 
-A :class:`~omniload_dask.trainer.feeder.Feeder` takes each step's batch from a *step source*
-(:class:`Steps`); the batch a rank sees is the same whichever it is::
+A :class:`~omniload_dask.trainer.feeder.Feeder` takes each step's batch from a *step supply*
+(:class:`StepSupply`); the batch a rank sees is the same whichever it is::
 
-    fanout "none"       DirectSteps     the rank fetches its own part (one agent per rank)
-    fanout "broadcast"  BroadcastSteps  the lowest rank of the DP group fetches the group's
-                                        parts (every cp slice) and broadcasts them over a
-                                        gloo group of torch.distributed; each rank takes its
-                                        own: one fetch per model-parallel group
-    fanout "node"       NodeSteps       a node-local agent (:mod:`.node`) fetches for the
-                        (.node_steps)   node's ranks and hands batches over shared memory:
-                                        one fetch per node and part
+    fanout "none"       DirectSupply     the rank fetches its own part (one agent per rank)
+    fanout "broadcast"  BroadcastSupply  the lowest rank of the DP group fetches the group's
+                                         parts (every cp slice) and broadcasts them over a
+                                         gloo group of torch.distributed; each rank takes its
+                                         own: one fetch per model-parallel group
+    fanout "node"       NodeSupply       a node-local agent (:mod:`.node`) fetches for the
+                        (.node_supply)   node's ranks and hands batches over shared memory:
+                                         one fetch per node and part
 
 Only fetching agents connect to the data plane and the workers, so connections per worker
 follow agents, not ranks.
@@ -28,11 +28,11 @@ from omniload_dask.trainer.fetch import StallWatch, afetch_steps
 from omniload_dask.trainer.link import Link
 from omniload_dask.trainer.prefetch import Prefetcher
 
-__all__ = ["BroadcastSteps", "DirectSteps", "Steps"]
+__all__ = ["BroadcastSupply", "DirectSupply", "StepSupply"]
 
 
-class Steps(Protocol):
-    """A feeder's source of steps."""
+class StepSupply(Protocol):
+    """A feeder's supply of steps: where it takes each step's batch from."""
 
     @property
     def calls(self) -> int:
@@ -69,7 +69,7 @@ class Steps(Protocol):
         ...
 
 
-class DirectSteps:
+class DirectSupply:
     """Steps fetched by this process for ``ranks``: the parts ``needs`` (group, cp) of each.
 
     ``pick`` is the need whose batch :meth:`take` returns (None: the list of all of them).
@@ -156,7 +156,7 @@ class DirectSteps:
         self.link.close()
 
 
-class BroadcastSteps:
+class BroadcastSupply:
     """Steps shared within a DP group: its lowest rank fetches every cp slice and broadcasts.
 
     Every rank of the group must iterate in step (a broadcast is collective): the group's
@@ -167,7 +167,7 @@ class BroadcastSteps:
         self,
         share: GroupShare,
         cp_rank: int,
-        fetcher: DirectSteps | None,
+        fetcher: DirectSupply | None,
         info: Callable[[], dict[str, Any]],
     ) -> None:
         self._share = share

@@ -8,7 +8,7 @@ iterating only takes from that buffer. It
 refills with hysteresis: when at most ``prefetch - refill`` steps are left, it asks for enough
 to fill up again (``refill`` is half the prefetch), so with a deep prefetch one call brings
 several steps. Each item is one micro-batch in the
-packed layout (see :mod:`omniload_dask.batching.formats`), as torch tensors when torch is
+packed form (see :mod:`omniload_dask.batching.formats`), as torch tensors when torch is
 installed, else numpy arrays::
 
     feeder = job.feeder(dp_rank=0)
@@ -55,23 +55,19 @@ import numpy as np
 
 from omniload_dask.batching.formats import GroupBatch
 from omniload_dask.batching.wire import expand
-from omniload_dask.core.blocks import fetch_depth
 from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.fixes import own_error
 from omniload_dask.internals import comms as _comms
 from omniload_dask.plan import BatchSpec, Plan, parse_plan
-from omniload_dask.plan.streams import TRAIN
-from omniload_dask.trainer.fanout import BroadcastSteps, DirectSteps, Steps
-from omniload_dask.trainer.fetch import wait_report
-from omniload_dask.trainer.link import Link
-from omniload_dask.trainer.ranks import resolve_rank, torch_available
+from omniload_dask.trainer.fanout import StepSupply
+from omniload_dask.trainer.options import FeederOptions
+from omniload_dask.trainer.ranks import resolve_rank
+from omniload_dask.trainer.wiring import ask_job, wire
 
 __all__ = ["Feeder", "resolve_rank", "stage_of"]
 
 STATE_VERSION = 1
 REPORT_WAITS = 1024  # recent waits behind the p50/p99 a feeder reports to the data plane
-FANOUTS = ("none", "broadcast", "node")
-STREAM_START_WAIT = 120.0  # seconds a pass's job may take to start (its sources are listed)
 
 
 class Feeder:
@@ -89,6 +85,10 @@ class Feeder:
     node, default from ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``). Every rank of a group (or node)
     must then use the same ``fanout``, ``max_steps`` and states. ``stream``/``pass_index``:
     a pass over a further stream; :attr:`stage`: the batch's shape now (module docstring).
+
+    The arguments become one frozen :class:`~.options.FeederOptions` (:attr:`options`, checked
+    before anything opens); :func:`~.wiring.wire` builds this rank's supply of steps from it,
+    one small factory per fan-out, and every field is set here from what it returns.
     """
 
     def __init__(
@@ -118,134 +118,47 @@ class Feeder:
         if client is not None:
             address = _comms.scheduler_address(client)
             security = security if security is not None else _comms.security_of(client)
-        if address is None:
-            raise JobError("Feeder: give a client or a scheduler address")
-        self.stream, self.pass_index = stream or TRAIN, pass_index
-        if self.stream != TRAIN:  # a pass over a further stream: a job of its own
-            job, start_step, max_steps = _stream_pass(
-                address, security, job, self.stream, pass_index, start_step, max_steps
-            )
-        if fanout is not None and fanout not in FANOUTS:
-            raise JobError(f"Feeder: fanout must be one of {', '.join(FANOUTS)}, got {fanout!r}")
-        self.address = address
-        self._security = security
-        self.job = job
-        self.output = output or ("torch" if torch_available() else "numpy")
-        if self.output not in ("torch", "numpy"):
-            raise JobError(f"Feeder: output must be 'torch' or 'numpy', got {self.output!r}")
-        self.max_steps = max_steps
+        asked = FeederOptions.of(
+            job,
+            address=address,
+            security=security,
+            rank=rank,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            tp_rank=tp_rank,
+            pp_rank=pp_rank,
+            cp_rank=cp_rank,
+            prefetch=prefetch,
+            output=output,
+            max_steps=max_steps,
+            start_step=start_step,
+            reconnect_timeout=reconnect_timeout,
+            fanout=fanout,
+            group=group,
+            node_ranks=node_ranks,
+            stream=stream,
+            pass_index=pass_index,
+        )
         self.waits: deque[float] = deque(maxlen=100_000)
         self._recent_waits: deque[float] = deque(maxlen=REPORT_WAITS)
+        wired = wire(asked, self._recent_waits)  # the one construction path (.wiring)
+        self.options = wired.options  # (a further stream's pass: its job, start and end)
+        self.job, self.address = self.options.job, self.options.address
+        self.stream, self.pass_index = self.options.stream, self.options.pass_index
+        self.output, self.max_steps = self.options.output, self.options.max_steps
+        self.fanout = wired.fanout
+        place = wired.place
+        self.plan, self.layout = place.plan, place.plan.layout
+        self.source_names = list(place.sources)
+        self.rank, self.dp_rank, self.cp_rank = place.rank, place.dp_rank, place.cp_rank
+        self.prefetch = place.prefetch
+        self._link = wired.link
+        self._supply = wired.supply
         self.micro_batches = 0
         self.tokens = 0
-        self._link: Link | None = None
-        self._ranks: dict[str, Any] = dict(
-            rank=rank, dp_rank=dp_rank, dp_size=dp_size, tp_rank=tp_rank, pp_rank=pp_rank
-        )
-        node = dict(
-            node_ranks=node_ranks,
-            prefetch=prefetch,
-            start=start_step,
-            reconnect_timeout=reconnect_timeout,
-        )
-        if fanout == "node":  # the agent has the job's info: no connection of our own
-            self._node(security, cp_rank, node)
-        else:
-            self._link = Link(address, security)
-            try:
-                info = self._link.call("info", job=job)
-                self._setup(info, cp_rank, prefetch)
-                self.fanout = fanout or self.plan.loader.fanout
-                if self.fanout == "node":
-                    self._link.close()
-                    self._link = None
-                    self._node(security, cp_rank, node)
-                else:
-                    start = start_step if start_step is not None else _start_of(info)
-                    self._source = self._direct(group, start, reconnect_timeout)
-            except BaseException:
-                if self._link is not None:
-                    self._link.close()
-                raise
-        self._step = self._start
+        self._step = wired.start
         self._micro = 0
         self._current: GroupBatch | None = None
-
-    # ------------------------------------------------------------------ set-up
-    def _setup(self, info: dict[str, Any], cp_rank: int, prefetch: int | None) -> None:
-        """Plan, layout and this rank's place in it, from the job's ``info``."""
-        self.plan: Plan = parse_plan(info["plan"])
-        self.source_names: list[str] = list(info["sources"])
-        self.layout = self.plan.layout
-        self.rank = resolve_rank(self.layout, cp_rank=cp_rank, **self._ranks)
-        coords = self.layout.coords(self.rank)
-        self.dp_rank, self.cp_rank = coords["dp"], coords["cp"]
-        self.prefetch = prefetch or fetch_depth(self.plan)  # >= two blocks of several steps
-        if self.prefetch < 1:
-            raise JobError(f"Feeder: prefetch must be >= 1, got {self.prefetch}")
-
-    def _direct(self, group: Any, start: int, reconnect_timeout: float) -> Steps:
-        """This rank's own fetch, or its DP group's broadcast (``fanout``)."""
-        assert self._link is not None
-        self._start = start
-        self._link.salt = self.rank
-        dp, cp = self.dp_rank, self.cp_rank
-        if self.fanout == "none":
-            return DirectSteps(
-                self._link,
-                self.job,
-                [self.rank],
-                [(dp, cp)],
-                start,
-                self.prefetch,
-                self._report,
-                max_steps=self.max_steps,
-                reconnect_timeout=reconnect_timeout,
-            )
-        from omniload_dask.trainer.broadcast import GroupShare
-
-        share = GroupShare(self.layout, self.rank, group)
-        fetcher = None
-        if share.is_leader:
-            needs = [(dp, c) for c in range(self.layout.cp)]
-            fetcher = DirectSteps(
-                self._link,
-                self.job,
-                share.members,
-                needs,
-                start,
-                self.prefetch,
-                self._report,
-                pick=None,
-                max_steps=self.max_steps,
-                reconnect_timeout=reconnect_timeout,
-            )
-        else:  # the group's leader fetches: no connection of this rank's own
-            self._link.close()
-            self._link = None
-        return BroadcastSteps(share, cp, fetcher, self._ask)
-
-    def _node(self, security: Any, cp_rank: int, opts: dict[str, Any]) -> None:
-        """Steps from this node's agent (started here if this is the node's first rank)."""
-        from omniload_dask.trainer.node_steps import NodeSteps
-
-        self.fanout = "node"
-        source = NodeSteps.for_rank(
-            self.job,
-            self.address,
-            self._ranks["rank"],
-            self._report,
-            security=security,
-            max_steps=self.max_steps,
-            **opts,
-        )
-        try:
-            self._setup(source.job_info, cp_rank, opts["prefetch"] or source.prefetcher.prefetch)
-        except BaseException:
-            source.close()
-            raise
-        self._start = source.start
-        self._source = source
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -256,7 +169,7 @@ class Feeder:
             raise StopIteration
         t0 = time.perf_counter()
         if self._current is None:
-            self._current = _take(self._source, self._step)
+            self._current = _take(self._supply, self._step)
         batch = self._current
         waited = time.perf_counter() - t0
         self.waits.append(waited)
@@ -264,7 +177,7 @@ class Feeder:
         mb = batch.micro_batches[self._micro]
         self._micro += 1
         if self._micro >= len(batch.micro_batches):
-            self._source.done(self._step)
+            self._supply.done(self._step)
             self._current = None
             self._step += 1
             self._micro = 0
@@ -321,7 +234,7 @@ class Feeder:
             raise JobError(
                 f"Feeder.load_state_dict: step and micro_step must be >= 0, got {step}, {micro}"
             )
-        self._source.reset(step)
+        self._supply.reset(step)
         self._step, self._micro, self._current = step, micro, None
 
     @property
@@ -333,12 +246,12 @@ class Feeder:
     @property
     def calls(self) -> int:
         """Round trips this rank made to the data plane (or its node agent)."""
-        return self._source.calls
+        return self._supply.calls
 
     @property
     def reconnects(self) -> int:
         """Round trips retried after a lost connection or a missing job."""
-        return self._source.reconnects
+        return self._supply.reconnects
 
     def stats(self) -> dict[str, Any]:
         """This rank's wait times and counts, plus the job's counters (records skipped...)."""
@@ -346,13 +259,11 @@ class Feeder:
 
     def _ask(self, handler: str = "info") -> dict[str, Any]:
         """The job's ``info`` (or ``stats``), over this feeder's connection or a short one."""
-        if self._link is not None:
-            return dict(self._link.call(handler, job=self.job))
-        return _ask_once(self.address, self._security, self.job, handler)
+        return ask_job(self._link, self.options, handler)
 
     def close(self) -> None:
         """Stop fetching (it ends within one poll) and close the connections."""
-        self._source.close()
+        self._supply.close()
         if self._link is not None:
             self._link.close()
 
@@ -363,14 +274,10 @@ class Feeder:
         self.close()
 
     # ------------------------------------------------------------------ helpers
-    def _report(self, buffered: int) -> dict[str, Any]:
-        """This rank's figures for the data plane's monitoring."""
-        return wait_report(self._recent_waits, buffered, self.prefetch)
-
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:
         """A micro-batch as the trainer gets it: full form, source names, torch or numpy."""
         mb = expand(mb)  # the wire form carries neither labels nor position_ids
-        self.source_names, self.plan = _job_now(mb, self._source, self.source_names, self.plan)
+        self.source_names, self.plan = _job_now(mb, self._supply, self.source_names, self.plan)
         return _output(mb, self.source_names, self.output, self.plan.batch)
 
 
@@ -387,42 +294,6 @@ def _stats(feeder: Feeder, step: int, job: dict[str, Any]) -> dict[str, Any]:
         "skipped": {s["name"]: s["skipped"] for s in job["sources"]},
         "job": job,
     }
-
-
-def _stream_pass(
-    address: str,
-    security: Any,
-    job: str,
-    stream: str,
-    index: Any,
-    start_step: int | None,
-    max_steps: int | None,
-) -> tuple[str, int | None, int | None]:
-    """Pass ``index`` over ``stream`` of ``job``, started or joined: its job's name, and the
-    first step and end of the pass (where the caller gives none)."""
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise JobError(f"Feeder: pass_index must be an integer >= 0, got {index!r}")
-    reply = _ask_once(
-        address, security, job, "stream_pass", wait=STREAM_START_WAIT, stream=stream, index=index
-    )
-    start = int(reply["first"]) if start_step is None else start_step
-    if max_steps is None and reply["end"] is not None:
-        max_steps = int(reply["end"])
-    return str(reply["job"]), start, max_steps
-
-
-def _ask_once(address: str, security: Any, job: str, handler: str, **kwargs: Any) -> dict[str, Any]:
-    """The reply of the job's ``handler`` over a short connection of its own."""
-    link = Link(address, security)
-    try:
-        return dict(link.call(handler, job=job, **kwargs))
-    finally:
-        link.close()
-
-
-def _start_of(info: dict[str, Any]) -> int:
-    """Where a feeder starts by default: where the job started (or resumed)."""
-    return int(info.get("start_step") or 0)
 
 
 def stage_of(batch: BatchSpec, step: int) -> dict[str, Any]:
@@ -442,16 +313,16 @@ def stage_of(batch: BatchSpec, step: int) -> dict[str, Any]:
 
 
 def _job_now(
-    mb: dict[str, Any], source: Steps, names: list[str], plan: Plan
+    mb: dict[str, Any], supply: StepSupply, names: list[str], plan: Plan
 ) -> tuple[list[str], Plan]:
     """The job's source names and plan as ``mb`` shows them: read again from the job where a
     source joined since (a document of an unknown source), or where ``mb`` was built in
     another stage than ``plan`` gives its step (the stages changed live, ``update_plan``)."""
     sources = mb["doc_source"]
     if len(sources) and int(sources.max()) >= len(names):
-        names = list(source.info()["sources"])
+        names = list(supply.info()["sources"])
     if "stage" in mb and int(mb["stage"]) != plan.batch.stage_index(int(mb["step"])):
-        plan = parse_plan(source.info()["plan"])
+        plan = parse_plan(supply.info()["plan"])
     return names, plan
 
 
@@ -473,9 +344,9 @@ def _output(
     return out
 
 
-def _take(source: Steps, step: int) -> GroupBatch:
-    """``source.take(step)``; the job's own error raised from here, with its message only."""
+def _take(supply: StepSupply, step: int) -> GroupBatch:
+    """``supply.take(step)``; the job's own error raised from here, with its message only."""
     try:
-        return source.take(step)
+        return supply.take(step)
     except OmniloadError as exc:  # it came with the frames of the fetch loop and the scheduler
         raise own_error(exc) from None

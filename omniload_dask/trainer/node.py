@@ -5,7 +5,7 @@ all. One agent process per node does: it asks for the steps of every part its ra
 request for all of them), fetches each part once, writes it into a shared-memory segment
 (:mod:`.shm`), and hands the segment's name to each local rank that asks; the rank copies the
 batch out. The agent is started by the node's first rank (``python -m
-omniload_dask.trainer.node``; the rank side is :mod:`.node_steps`) and talks to its ranks over
+omniload_dask.trainer.node``; the rank side is :mod:`.node_supply`) and talks to its ranks over
 a Unix socket::
 
     rank -> agent   ("attach", rank, start)                -> ("ok", job info)
@@ -338,7 +338,7 @@ class NodeAgent:
 
 
 def main() -> None:
-    """Run an agent from the pickled arguments on stdin (what :class:`NodeSteps` starts)."""
+    """Run an agent from the pickled arguments on stdin (what :class:`NodeSupply` starts)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # clean up: socket, segments
     job, address, ranks, path, security, prefetch = pickle.loads(sys.stdin.buffer.read())
     linger = float(os.environ.get("OMNILOAD_AGENT_LINGER", LINGER))

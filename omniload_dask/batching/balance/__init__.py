@@ -30,7 +30,7 @@ Worked example: 2 groups, 1 micro-batch of 8 tokens each, cost = tokens, documen
                  g0 [6 2]  cost 8          g1 [5 3]  cost 8
     3-5        loads 8, 8: nothing to even (efficiency mean/max = 1.0)
 
-Steps side by side. The planning thread balances several steps at once
+Steps side by side. The dealing thread balances several steps at once
 (:func:`balance_steps`): their pieces and micro-batches go into one set of tables, step s's
 groups numbered from ``s * groups`` (:func:`~.pieces.side_by_side`), and passes 2 to 5 run once
 for all of them, each step keeping its own queue, rounds, pairs and reasons to stop. There is

@@ -11,7 +11,7 @@ round places nothing; what is left goes to best fit (:mod:`.place`)::
     2 groups x 1 micro-batch of 8 tokens, cost = L, queue 6 5 3 2
     round 1: 6 -> g0, 5 -> g1           round 2: 3 -> g1 (5), then 2 -> g0 (6 < 5 + 3)
 
-Several steps run side by side (the planning thread's steps of one bucket and as many
+Several steps run side by side (the dealing thread's steps of one bucket and as many
 micro-batches): step s's groups are numbered from ``s * groups`` and its bins from
 ``s * groups * micro``, and every step keeps its own queue, rounds and reasons to stop::
 

@@ -26,8 +26,8 @@ bucket has fewer pieces than micro-batches: it is handed out empty and counted
 A document's ``extra`` cost (the vision encoder's cost of its images, see
 :mod:`omniload_dask.plan.cost`) is added to its first piece, where its images sit, so groups
 are balanced on backbone and encoder cost together; a piece cut keeps it in its first part.
-``benchmarks/balance.py --compare`` measures what each pass adds and ``benchmarks/planning.py``
-what planning costs.
+``benchmarks/balance.py --compare`` measures what each pass adds and ``benchmarks/dealing.py``
+what dealing costs.
 """
 
 from __future__ import annotations

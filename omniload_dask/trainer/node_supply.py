@@ -5,7 +5,7 @@ listens), attaches at its start step, and then asks for steps like any fetching 
 with hysteresis (:mod:`.prefetch`); each step arrives as the name of a shared-memory segment,
 which it copies out (:mod:`.shm`)::
 
-    steps = NodeSteps.for_rank("job", "tcp://scheduler:8786", rank=5, report=...)
+    steps = NodeSupply.for_rank("job", "tcp://scheduler:8786", rank=5, report=...)
     batch = steps.take(12)      # step 12 of rank 5's part, from the agent
     steps.done(12)              # the agent may free step 12 once every rank is past it
 
@@ -36,10 +36,10 @@ from omniload_dask.trainer.node import (
 from omniload_dask.trainer.prefetch import Prefetcher
 from omniload_dask.trainer.shm import read_segment
 
-__all__ = ["NodeSteps"]
+__all__ = ["NodeSupply"]
 
 
-class NodeSteps:
+class NodeSupply:
     """A rank's steps from its node's agent (started by the node's first rank if needed)."""
 
     def __init__(
@@ -87,7 +87,7 @@ class NodeSteps:
         prefetch: int | None = None,
         start: int | None = None,
         **kwargs: Any,
-    ) -> NodeSteps:
+    ) -> NodeSupply:
         """Steps for global ``rank`` of a node (``node_ranks``, default from the
         environment); prefetch 8 unless given."""
         if rank is None:  # from torch.distributed or $RANK, as resolve_rank does

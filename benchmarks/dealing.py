@@ -1,10 +1,10 @@
-"""Planning time of one global batch: everything the data plane does per drawn step, by phase.
+"""Dealing time of one global batch: everything the data plane does per drawn step, by phase.
 
-    python benchmarks/planning.py [--quick] [--mix balance|manysources|h2h] [--runs 3] [--steps 6]
+    python benchmarks/dealing.py [--quick] [--mix balance|manysources|h2h] [--runs 3] [--steps 6]
 
 The real :class:`~omniload_dask.core.coordinator.Coordinator` runs on synthetic catalogs (no
 I/O: a read unit "reports" at once, with document lengths drawn from a fixed seed per unit),
-so only planning is timed. One point is a DP size and a global batch of about ``docs``
+so only dealing is timed. One point is a DP size and a global batch of about ``docs``
 documents::
 
     dp1024_docs16384   DP 1,024; a global batch of 16,384 x 1,024 = 16 Mi tokens (mix
@@ -26,9 +26,9 @@ weights 0.026 / 0.205 / 0.769: at DP 8 about 19 documents a step, ``--point 8 19
 document (the global batch does not depend on the DP size); the layout follows from it.
 
 Per point it reports, as the best of ``--runs`` runs (a fresh coordinator each, so each run
-plans the same steps) of the process's CPU time, the median over the timed steps of:
+deals the same steps) of the process's CPU time, the median over the timed steps of:
 
-- ``step``: one drawn step, its three phases ``Coordinator.draw_step``, ``plan_steps`` and
+- ``step``: one drawn step, its three phases ``Coordinator.draw_step``, ``deal_steps`` and
   ``commit_step`` (the apply of live changes, the draw,
   the split, the recipes, the construction actions, the figures and the state record);
 - ``draw`` (the mixer's selection and the cursors), ``split`` (routing to buckets, the split
@@ -39,13 +39,13 @@ model) mean and minimum, the structural bound (``Assignment.bound``: the mean gr
 the costliest piece of at most ``seq_len`` tokens, what any split that does not cut documents
 shorter can reach) mean, and the documents cut per step. Ends with ``RESULT {json}``.
 
-``--consecutive N`` plans N consecutive steps per point instead (one run, two warm-up steps)
+``--consecutive N`` deals N consecutive steps per point instead (one run, two warm-up steps)
 and reports their balance against ``benchmarks/head_to_head.py``'s ``balance_bound`` of each
 step's pieces under its token limit: efficiency mean (standard error) and minimum, the bound's
 mean, the mean gap and the share of steps within 0.01 of it, the sum of the steps' peak group
 costs, cuts a step, and the medians of ``split`` and ``step``::
 
-    python benchmarks/planning.py --mix h2h --point 8 19 --consecutive 1000
+    python benchmarks/dealing.py --mix h2h --point 8 19 --consecutive 1000
 
 :func:`planning_ms` gives the per-step figure alone, keyed like ``"dp1024_docs16384"``, for
 other benchmarks (``benchmarks/scale.py``).
@@ -177,7 +177,7 @@ def setup(dp: int, docs: int, mix: Mix, steps: int) -> tuple[Any, list[Catalog],
         for i, w in enumerate(mix.weights.tolist())
     ]
     plan = parse_plan({
-        "name": "planning", "seed": 1,
+        "name": "dealing", "seed": 1,
         "batch": {"seq_len": SEQ_LEN, "micro_batches": micro, "global_tokens": tokens},
         "layout": {"dp": dp}, "cost": mix.cost, "sources": sources,
         "loader": {"lookahead": 0, "prefetch": 1},
@@ -227,20 +227,20 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
         return wrapper
 
     splits: list[Any] = []
-    split = coord.parts.planner.split
+    split = coord.components.dealer.split
 
     def keep_split(*args: Any, **kwargs: Any) -> Any:
         out = split(*args, **kwargs)
         splits.append(out)
         return out
 
-    coord.parts.drawer.draw = timed("draw", coord.parts.drawer.draw)  # type: ignore[method-assign]
-    coord.parts.planner.split = timed("split", keep_split)  # type: ignore[method-assign]
-    coord.parts.planner.recipes = timed("recipes", coord.parts.planner.recipes)  # type: ignore[method-assign]
+    coord.components.drawer.draw = timed("draw", coord.components.drawer.draw)  # type: ignore[method-assign]
+    coord.components.dealer.split = timed("split", keep_split)  # type: ignore[method-assign]
+    coord.components.dealer.recipes = timed("recipes", coord.components.dealer.recipes)  # type: ignore[method-assign]
     # One drawn step is its three phases (draw, plan, commit; see core/stepping.py); they
-    # add up to "step" whether they ran inline or, in the plugin, in a planning process.
+    # add up to "step" whether they ran inline or, in the plugin, in a dealing process.
     coord.draw_step = timed("step", coord.draw_step)  # type: ignore[method-assign]
-    coord.plan_steps = timed("step", coord.plan_steps)  # type: ignore[method-assign]
+    coord.deal_steps = timed("step", coord.deal_steps)  # type: ignore[method-assign]
     coord.commit_step = timed("step", coord.commit_step)  # type: ignore[method-assign]
     rows, step_splits = [], []  # (each step's split: its last)
     ranks = list(range(plan.layout.world_size))
@@ -280,7 +280,7 @@ def _bound(a: Any) -> float:
 
 
 def balance_figures(splits: list[Any]) -> dict[str, float]:
-    """Balance of planned steps (their ``Assignment``s) against each one's bound: efficiency
+    """Balance of dealt steps (their ``Assignment``s) against each one's bound: efficiency
     mean (standard error) and minimum, the bound's mean, the mean gap, the share of steps
     within 0.01 of their bound, and cuts a step (also ``benchmarks/real_balance.py``'s)."""
     eff = np.asarray([a.efficiency for a in splits])
@@ -297,7 +297,7 @@ def balance_figures(splits: list[Any]) -> dict[str, float]:
 
 
 def consecutive(dp: int, docs: int, mix: str, steps: int) -> dict[str, Any]:
-    """Balance and planning time of ``steps`` consecutive steps of one point (module doc)."""
+    """Balance and dealing time of ``steps`` consecutive steps of one point (module doc)."""
     run = run_once(dp, docs, MIXES[mix](), steps, 2)
     rows = run["rows"]
     return {
@@ -390,12 +390,12 @@ def main() -> int:
                   f"{c['step_ms_median']:.2f} ms", flush=True)  # fmt: skip
         load = [load_before, os.getloadavg()[0]]
         print(f"load average (1 min): {load[0]:.2f} before, {load[1]:.2f} after")
-        print("RESULT " + json.dumps({"benchmark": "planning", "mix": args.mix, "load_average":
+        print("RESULT " + json.dumps({"benchmark": "dealing", "mix": args.mix, "load_average":
                                       load, "consecutive": found}, sort_keys=True))  # fmt: skip
         return 0
     steps = args.steps or (3 if args.quick else 6)
     load_before = os.getloadavg()[0]
-    print(f"planning per global batch, mix {args.mix}, seq_len {SEQ_LEN}, CPU ms, best of "
+    print(f"dealing per global batch, mix {args.mix}, seq_len {SEQ_LEN}, CPU ms, best of "
           f"{args.runs} runs, median over {steps} steps")  # fmt: skip
     print(f"{'point':>18} {'docs/grp':>8} {'micro':>5} {'fill':>5} {'step':>7} {'max':>7} "
           f"{'draw':>6} {'split':>6} {'recipes':>7} {'rest':>6} {'eff mean':>8} {'min':>6} "
@@ -413,7 +413,7 @@ def main() -> int:
     load_after = os.getloadavg()[0]
     print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
     result = {
-        "benchmark": "planning",
+        "benchmark": "dealing",
         "mix": args.mix,
         "quick": args.quick,
         "load_average": [load_before, load_after],

@@ -1,8 +1,8 @@
 """From a drawn step's documents to one recipe per DP group: the split, then the pieces.
 
-:meth:`StepPlanner.split` routes the documents to context buckets and balances them over the
+:meth:`StepDealer.split` routes the documents to context buckets and balances them over the
 DP groups by cost (:mod:`omniload_dask.batching.balance`), then fills any micro-batch a group
-was left without (:mod:`omniload_dask.batching.fill`). :meth:`StepPlanner.recipes` turns the
+was left without (:mod:`omniload_dask.batching.fill`). :meth:`StepDealer.recipes` turns the
 split into each group's :class:`~omniload_dask.batching.formats.Recipe`, all packed in one
 :class:`~omniload_dask.batching.formats.RecipeTable`: rows of ``(micro-step, shard slot, row,
 token start, token stop)`` (tokens of the record: a document continued from an earlier step
@@ -41,12 +41,12 @@ from omniload_dask.core.loss_tokens import step_loss_tokens
 from omniload_dask.plan import BatchSpec, Plan
 from omniload_dask.plan.cost import CostModel
 
-__all__ = ["DrawnStep", "PlannedStep", "StepPlanner"]
+__all__ = ["DealtStep", "DrawnStep", "StepDealer"]
 
 
 @dataclass
 class DrawnStep:
-    """A step drawn and not yet planned: its documents and the reads that hold them."""
+    """A step drawn and not yet dealt: its documents and the reads that hold them."""
 
     step: int
     docs: Documents
@@ -56,7 +56,7 @@ class DrawnStep:
 
 
 @dataclass
-class PlannedStep:
+class DealtStep:
     """A drawn step split among the DP groups: every group's recipe, packed."""
 
     drawn: DrawnStep
@@ -66,7 +66,7 @@ class PlannedStep:
     recipes_ms: float
 
 
-class StepPlanner:
+class StepDealer:
     """The plan's cost model, context buckets and batch shape, applied to one step at a time."""
 
     def __init__(self, plan: Plan) -> None:
@@ -96,7 +96,7 @@ class StepPlanner:
         """Micro-steps per step that the plan declares (a step may need more)."""
         return sum(b.micro_batches for b in self.buckets)
 
-    def plan(self, drawn: DrawnStep) -> PlannedStep:
+    def deal(self, drawn: DrawnStep) -> DealtStep:
         """Split a drawn step and write its recipes (pure: safe in another thread)."""
         docs = drawn.docs
         t0 = time.perf_counter()
@@ -104,14 +104,14 @@ class StepPlanner:
         t1 = time.perf_counter()
         recipes = self.recipes(drawn.step, split, docs, drawn.epochs)
         t2 = time.perf_counter()
-        return PlannedStep(drawn, split, recipes, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        return DealtStep(drawn, split, recipes, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
-    def plan_steps(self, drawn: Sequence[DrawnStep]) -> list[PlannedStep]:
-        """:meth:`plan` of several steps at once: the same planned steps, their splits made
+    def deal_steps(self, drawn: Sequence[DrawnStep]) -> list[DealtStep]:
+        """:meth:`deal` of several steps at once: the same dealt steps, their splits made
         side by side where the balancer can (:func:`~.balance.balance_steps`); each step's
-        times are its share of the whole. (One step goes through :meth:`plan`.)"""
+        times are its share of the whole. (One step goes through :meth:`deal`.)"""
         if len(drawn) == 1:
-            return [self.plan(drawn[0])]
+            return [self.deal(drawn[0])]
         t0 = time.perf_counter()
         splits = self.split_steps(
             [(d.docs.sources, d.docs.lengths, d.docs.extra) for d in drawn], [d.step for d in drawn]
@@ -123,7 +123,7 @@ class StepPlanner:
         t2 = time.perf_counter()
         n = len(drawn)
         return [
-            PlannedStep(d, s, r, (t1 - t0) * 1e3 / n, (t2 - t1) * 1e3 / n)
+            DealtStep(d, s, r, (t1 - t0) * 1e3 / n, (t2 - t1) * 1e3 / n)
             for d, s, r in zip(drawn, splits, recipes, strict=True)
         ]
 
@@ -166,15 +166,15 @@ class StepPlanner:
         return out
 
     def recipes(
-        self, step: int, plan: Assignment, docs: Documents, epochs: np.ndarray
+        self, step: int, split: Assignment, docs: Documents, epochs: np.ndarray
     ) -> RecipeTable:
         """Every group's recipe, packed: its pieces, and its reads in shard-slot order as
         indices into the step's reads (read k holds ``docs.slots[k]``, drawn in epoch
         ``epochs[k]``)."""
         groups, nu = self._groups, max(1, len(docs.slots))
-        order = plan.output_order()
-        group = plan.group[order]
-        doc = plan.doc[order]
+        order = split.output_order()
+        group = split.group[order]
+        doc = split.doc[order]
         # The (group, read) pairs of the pieces in order of first use (from one pass, see
         # sorting.first_use). Pieces are in group order, so the pairs are too: each group's
         # shard slots number its reads in order of first use.
@@ -184,14 +184,14 @@ class StepPlanner:
         # less that, so every group's slots count from 0 (a group's task reads only its own).
         pair_bounds = np.searchsorted(pair // nu, np.arange(groups + 1))
         table = np.empty((len(order), 5), dtype=np.int64)
-        table[:, 0] = plan.micro[order]
+        table[:, 0] = split.micro[order]
         table[:, 1] = number - pair_bounds[group]
         table[:, 2] = docs.rows[doc]
         start = table[:, 3]
-        start[:] = plan.start[order]
+        start[:] = split.start[order]
         if docs.starts is not None:  # the rest of a document begun in an earlier step
             start += docs.starts[doc]
-        np.add(start, plan.length[order], out=table[:, 4])
+        np.add(start, split.length[order], out=table[:, 4])
         used = pair % nu
         staged = self._staged[0]
         batch = staged.at(step)
@@ -203,10 +203,10 @@ class StepPlanner:
             slot_bounds=pair_bounds.astype(np.int64),
             slot_reads=used,
             slot_epochs=np.asarray(epochs, dtype=np.int64)[used],
-            num_micro_steps=plan.num_micro_steps,
+            num_micro_steps=split.num_micro_steps,
             seq_len=batch.seq_len,
             pad_to_seq_len=batch.pad_to_seq_len,
-            micro_seq_lens=tuple(plan.micro_capacity.tolist()),
+            micro_seq_lens=tuple(split.micro_capacity.tolist()),
             patch_size=self._patch_size,
             global_loss_tokens=step_loss_tokens(docs, doc, start, table[:, 4]),
             stage=staged.stage_index(step) if staged.stages else -1,
