@@ -19,9 +19,17 @@ runs, every format's stream is checked token for token against what the tools wr
 in-process data plane draws a few steps and each delivered piece is compared with its document
 (``token_mismatches``: tokens that differ, must be 0).
 
+``--rounds N`` runs every system N times, the order reversed each round; ``--breakdown`` adds
+each omniload run's time line from ``Job.start`` to the first batch (``support/first_batch.py``);
+``--profile DIR`` writes py-spy records of the scheduler, the Dask workers and ranks 0 and 1
+(summarise them with ``support/pyspy_summary.py``).
+
 The last line is ``RESULT {json}`` with ``ratio_tokens_per_s_vs_megatron``, ``..._litdata``,
-``..._mosaic`` (by R; omniload's best format against each; per format in ``by_format``),
-``cpu_s_per_mtoken`` (each system), ``first_batch_s``, ``balance_mean``, ``token_mismatches``.
+``..._mosaic`` (by R; the conservative figure: our lowest format in its lowest round; per format
+in ``by_format``, the best format's in ``best_format``), ``cpu_s_per_mtoken`` (each system),
+``first_batch_s`` (each system, its slowest round), ``balance_mean``, ``token_mismatches``.
+On a shared host, tokens/s also measure the CPU share each system's processes get: compare
+``cpu_s_per_mtoken`` too (``tokens.json`` has ``cpu_cores`` and ``host_busy_cores`` per run).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ host). Every figure is seconds after the driver sent GO to rank 0 (``t_launch``)
     job_started        Job.start returned in rank 0 (client, plugin, discovery, coordinator)
     loaders_ready      the last rank's Feeder was constructed (its link to the scheduler)
     discover           first start .. last stop of the discovery tasks
+    tokenizer_check    the task that loads the plan's tokenizer (discovery waits for it)
     first_read         the first read task's compute start .. stop (its worker)
     reads_before_block reads that finished before the first batch task started
     first_block        the first batch task's compute start .. stop
@@ -68,6 +69,9 @@ def first_batch_timeline(
     discover, reads, blocks = span("discover"), span("read"), span("batch")
     if discover:
         out["discover"] = [at(discover[0][0]), at(max(s[1] for s in discover))]
+    tokenizer = span("tokenizer")  # (discovery waits for it too: the plan's tokenizer, loaded)
+    if tokenizer:
+        out["tokenizer_check"] = [at(tokenizer[0][0]), at(tokenizer[0][1])]
     if reads:
         out["first_read"] = [at(reads[0][0]), at(reads[0][1])]
     if blocks:
