@@ -203,7 +203,7 @@ def _loader(spec: dict[str, Any], plan: Any, go: dict[str, Any]) -> Any:
     return Feeder(go["job"], address=go["address"], rank=rank, output="torch")
 
 
-def _import_loader(system: str) -> None:
+def _import_loader(system: str) -> Any:
     """Import the module of ``system``'s loader, as a training script does at its top."""
     import importlib
 
@@ -217,6 +217,7 @@ def _import_loader(system: str) -> None:
     loaded = importlib.import_module(module.get(system, "omniload_dask.trainer.feeder"))
     if system == "mosaic":
         loaded.import_streaming()  # MosaicML Streaming itself (and the stubs it needs here)
+    return loaded
 
 
 def role_rank(spec: dict[str, Any]) -> None:
@@ -225,7 +226,9 @@ def role_rank(spec: dict[str, Any]) -> None:
     import torch  # the trainer's own import: part of the "before" figure
 
     torch.set_num_threads(1)
-    _import_loader(f"loader:{spec['loader']}" if spec.get("loader") else spec["system"])
+    loaded = _import_loader(f"loader:{spec['loader']}" if spec.get("loader") else spec["system"])
+    if hasattr(loaded, "warm_up"):  # another benchmark's loaders: their imports, at the top
+        loaded.warm_up(spec["system"])
     _emit("READY", {"pid": os.getpid()})
     commands = Commands()
     kind, go = commands.read()
@@ -235,14 +238,17 @@ def role_rank(spec: dict[str, Any]) -> None:
 
     plan = parse_plan(spec["plan"])
     job = None
+    marks = {"go": time.monotonic()}  # where a rank's time to its first batch goes
     if go.get("start_job"):  # rank 0 on the README cluster starts the job, as users do
         from omniload_dask import Job
 
         job = Job.start(plan, address=go["address"])
         go = {**go, "job": job.name}
+        marks["job_started"] = time.monotonic()
         _emit("JOB", {"job": job.name})
     commands.watch()
     loader = _loader(spec, plan, go)
+    marks["loader_ready"] = time.monotonic()
     log: dict[str, list[Any]] = {"t": [], "tokens": [], "pieces": [], "step": []}
     step_pieces: list[list[int]] = []
     step_tokens, first = 0, None
@@ -258,7 +264,7 @@ def role_rank(spec: dict[str, Any]) -> None:
             now = time.monotonic()
             if first is None:
                 first = now
-                _emit("FIRST", {"t": now})
+                _emit("FIRST", {"t": now, "marks": marks})
             cu = np.asarray(mb["cu_seqlens"], dtype=np.int64)
             step_pieces.append(np.diff(cu).tolist())
             step_tokens += int(mb["num_tokens"])
@@ -496,6 +502,7 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
                logs: Path, extra: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """Run one system at ``ranks`` ranks; return its raw figures (logs, CPU, memory)."""
     from support.accounting import cpu_with_reaped, tree_sample
+    from support.first_batch import first_batch_timeline, watch_tasks
 
     name = f"{extra['tag']}-{system}-r{ranks}"
     quiet = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
@@ -532,6 +539,9 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
             cluster = ReadmeCluster(args.workers, logs, {**os.environ, **args.cluster_env})
             groups["scheduler"] = [cluster.scheduler.pid]
             groups["dask_workers"] = [p.pid for p in cluster.workers]
+        timeline: dict[str, Any] | None = None
+        if cluster is not None and getattr(args, "breakdown", False):
+            watch_tasks(cluster.address)  # (before the job: its first tasks are the story)
         t_launch = time.monotonic()
         if system == "omniload_ext":
             assert cluster is not None
@@ -551,8 +561,12 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         else:
             for c in children:
                 c.send("GO")
-        firsts = [m["t"] for m in expect_all(children, "FIRST", 600)]
+        first_msgs = expect_all(children, "FIRST", 600)
+        firsts = [m["t"] for m in first_msgs]
+        marks = [m.get("marks", {}) for m in first_msgs]
         t_first = max(firsts)
+        if cluster is not None and getattr(args, "breakdown", False):
+            timeline = first_batch_timeline(cluster.address, t_launch, marks, firsts)
         _sleep_until(t_first + args.warmup)
         roots = [pid for pids in groups.values() for pid in pids]
         t_a, cpu_a, host_a = time.monotonic(), cpu_with_reaped(roots), _host_cpu()
@@ -589,7 +603,8 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
             cluster.close()
     return {
         "system": system, "ranks": ranks, "sources": len(plan["sources"]),
-        "t_launch": t_launch, "t_a": t_a, "t_b": t_b, "firsts": firsts,
+        "t_launch": t_launch, "t_a": t_a, "t_b": t_b, "firsts": firsts, "marks": marks,
+        "timeline": timeline,
         "done": done, "plane": plane, "before_pss": before.pss,
         "cpu": _cpu_by_group(cpu_a, cpu_b, groups, scheduler_tree),
         "worker_threads": _thread_split(threads_a, threads_b),
@@ -781,6 +796,9 @@ def analyse(run: dict[str, Any], cost: Any, timer: Any, cap: float | None = None
     out: dict[str, Any] = {"system": run["system"], "ranks": run["ranks"],
                            "sources": run["sources"], "window_s": seconds,
                            "first_batch_s": max(run["firsts"]) - run["t_launch"],
+                           "first_batch_timeline": run.get("timeline"),
+                           "loaders_ready_s": _spread(run.get("marks"), "loader_ready",
+                                                      run["t_launch"]),
                            "load": run["load"], "processes": run["processes"],
                            "memory": run["memory"]}  # fmt: skip
     logs = [d["log"] for d in run["done"]]
@@ -852,6 +870,12 @@ def analyse(run: dict[str, Any], cost: Any, timer: Any, cap: float | None = None
     if out.get("steps_in_window"):
         out["scheduler_cpu_ms_per_step"] = round(cpu["scheduler"] / out["steps_in_window"] * 1e3, 2)
     return out
+
+
+def _spread(marks: list[dict[str, float]] | None, mark: str, t0: float) -> list[float] | None:
+    """The first and last rank's ``mark``, in seconds after ``t0`` (None: no rank has it)."""
+    got = [m[mark] - t0 for m in marks or () if mark in m]
+    return [round(min(got), 3), round(max(got), 3)] if got else None
 
 
 def _check_estimates(logs: list[Any], idx: Any, timer: Any, count: int = 3) -> dict[str, Any]:

@@ -18,6 +18,9 @@ read before (its event-loop tick, disk counters) :func:`dask_setup` sets on the 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import threading
 from typing import Any
 
 from omniload_dask.cluster import settings
@@ -27,9 +30,29 @@ from omniload_dask.internals import server as _server
 settings.apply_defaults()
 
 
+# The readers' libraries, imported by a worker while it waits for its first job: pyarrow (Arrow,
+# Parquet) pulls pandas in on its first array conversion, which takes seconds on a busy host;
+# the order (pyarrow whole before pandas) is the one pyarrow's own lazy import takes.
+WARM_MODULES = ("pyarrow", "pyarrow.ipc", "pyarrow.parquet", "pyarrow.compute", "pandas")
+
+
+def warm_imports(modules: tuple[str, ...] = WARM_MODULES) -> list[str]:
+    """Import ``modules`` (those not installed are left out); returns the ones imported. A
+    job's first discovery and first reads then do not pay for them, so its first batch does
+    not wait on Python imports."""
+    done = []
+    for name in modules:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+            done.append(name)
+    return done
+
+
 def dask_setup(server: Any) -> None:
-    """Dask's preload hook: add the data-plane plugin to a scheduler (once); tune a worker."""
+    """Dask's preload hook: add the data-plane plugin to a scheduler (once); tune a worker and
+    import its readers' libraries in the background (:func:`warm_imports`)."""
     if _server.is_scheduler(server):
         server.add_plugin(OmniloadPlugin(), idempotent=True)
     else:
         _server.tune_server(server)
+        threading.Thread(target=warm_imports, name="omniload-warm-imports", daemon=True).start()

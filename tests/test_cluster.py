@@ -261,6 +261,16 @@ def test_feeders_in_other_processes_attach_by_address(small_sources, cluster, tm
         job.close()
 
 
+def _warm_modules() -> bool:
+    """In a worker: whether the preload's background imports are all there."""
+    import importlib.util
+
+    from omniload_dask.preload import WARM_MODULES
+
+    installed = [n for n in WARM_MODULES if importlib.util.find_spec(n.split(".")[0]) is not None]
+    return all(name in sys.modules for name in installed)
+
+
 def _worker_settings(dask_worker: Any) -> dict[str, Any]:
     """What the worker preload tuned, as seen inside a worker."""
     import os
@@ -345,6 +355,11 @@ def test_plugin_and_cluster_settings_preloaded_on_a_dask_scheduler_and_worker(
         assert list(tuned.values()) == [
             {"profiler": False, "tick_ms": 200.0, "disk": False, "tokenizers": "false"}
         ]
+        # the readers' libraries are imported in the background before any job asks for them
+        deadline = time.time() + 120
+        while list(client.run(_warm_modules).values()) != [True] and time.time() < deadline:
+            time.sleep(0.5)
+        assert list(client.run(_warm_modules).values()) == [True]
         plan = make_plan(small_sources, name="preloaded", layout={"dp": 1})
         job = Job.start(plan, client=client)
         batch = next(job.feeder(dp_rank=0, output="numpy"))

@@ -76,9 +76,32 @@ def megatron_dataset(extra: dict[str, Any], seed: int, seq_len: int, samples: in
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
+        # No dense [1, L, L] mask per sample: users with flash / TE attention build the causal
+        # mask on the device (Megatron-LM's --no-create-attention-mask-in-dataloader, which
+        # training scripts with those kernels commonly pass). With it, every sample carries L*L bytes (64 MiB at
+        # L = 8192) through the DataLoader's shared memory, which is a set-up artefact, not
+        # its reading path.
+        create_attention_mask=False,
     )
     built = BlendedMegatronDatasetBuilder(GPTDataset, [samples, 0, 0], lambda: True, config)
     return built.build()[0]
+
+
+def warm_up(system: str) -> None:
+    """The imports a training script makes at its top, before it asks for data (so that the
+    first batch counts the loader's start, not Python importing Megatron-Core)."""
+    import torch
+    import torch.utils.data  # noqa: F401
+
+    if system == "megatron":
+        import megatron.core.datasets.blended_megatron_dataset_builder
+        import megatron.core.datasets.gpt_dataset  # noqa: F401
+    elif system == "litdata":
+        import litdata  # noqa: F401
+    elif system == "mosaic_tokens":
+        from support.baselines import import_streaming
+
+        import_streaming()
 
 
 def make_loader(spec: dict[str, Any], plan: Any, go: dict[str, Any]) -> Any:
@@ -130,7 +153,7 @@ def make_loader(spec: dict[str, Any], plan: Any, go: dict[str, Any]) -> Any:
 
         return _Loader(loader, litdata_blocks, micro)
     if system == "mosaic_tokens":
-        from baselines import ChunkPacker, import_streaming
+        from support.baselines import ChunkPacker, import_streaming
 
         streaming, _ = import_streaming()
         from streaming.base.util import clean_stale_shared_memory
