@@ -131,7 +131,7 @@ def test_a_block_holds_its_parts_packed_and_its_standby_copy_keeps_them(demo):
         pickle.dumps(block, protocol=5, buffer_callback=buffers.append), buffers=buffers
     )
     assert len(buffers) == len(wanted)  # one buffer a part, out of band
-    assert loads(dumps({"x": copy}))["x"].components.keys() == block.components.keys()
+    assert loads(dumps({"x": copy}))["x"].parts.keys() == block.parts.keys()
     for p, batch in wanted.items():
         assert_same(batch, unpack_part(over_the_wire(copy.parts[p])))
     arrays = sum(v.nbytes for b in wanted.values() for mb in b.micro_batches
