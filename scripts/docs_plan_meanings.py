@@ -360,7 +360,7 @@ MEANINGS: dict[str, Any] = {
     "loader.standby": "a standby copy of every upcoming batch and read shard on a second worker",
     "loader.task_seconds": {
         "values": "`0`, or `0.01` .. `600`",
-        "meaning": "a read unit measured to take longer is read in parts (`0`: never split)",
+        "meaning": "a read unit measured to take longer is read in portions (`0`: never split)",
     },
     "loader.quotas": "share the read slots among sources by weight x measured cost",
     "loader.reads_per_thread": "reads in flight per read slot of the workers",

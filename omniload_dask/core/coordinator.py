@@ -52,7 +52,7 @@ drawn after it.
 
 Read units are submitted ahead of need (a window per source that covers the steps drawn ahead),
 and released as soon as the cursor has passed them and their constructions are submitted. How
-they are read is sized from measured costs (:mod:`.autoscale`): a costly unit is read in parts,
+they are read is sized from measured costs (:mod:`.autoscale`): a costly unit is read in portions,
 and each source keeps at most its quota of reads in flight; neither changes the stream.
 """
 
