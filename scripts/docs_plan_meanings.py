@@ -363,7 +363,10 @@ MEANINGS: dict[str, Any] = {
         "meaning": "a read unit measured to take longer is read in portions (`0`: never split)",
     },
     "loader.quotas": "share the read slots among sources by weight x measured cost",
-    "loader.reads_per_thread": "reads in flight per read slot of the workers",
+    "loader.reads_per_slot": (
+        "reads in flight per read slot of the workers (`reads_per_thread`, its former name, is "
+        "still read, with a warning)"
+    ),
     "loader.groups_per_task": "DP groups one construction task builds (`0`: about 8 tasks a "
     "step, each of at least 0.5 M tokens)",
     "loader.steps_per_task": "steps one construction task builds when a block holds a whole "

@@ -112,11 +112,11 @@ def test_in_flight_reads_stay_within_quotas_that_follow_weight_times_cost(small_
     stats = plane.coord.view.stats()["sources"]
     q = [s["quota"] for s in stats]
     slots = 4 * READ_SLOTS_PER_THREAD  # 4 workers of one tokenizing thread, two reads each
-    assert sum(q) == slots * plan.loader.reads_per_thread
+    assert sum(q) == slots * plan.loader.reads_per_slot
     work = plane.coord.components.reads.read_work(
         plane.coord.view.weights_at(plane.coord.view.next_step)
     )
-    expect = quotas(work, slots * plan.loader.reads_per_thread)
+    expect = quotas(work, slots * plan.loader.reads_per_slot)
     assert q == expect.tolist()
     assert q[2] == max(q)  # the dearest source per token gets the most slots
     # Reads in flight never exceed a source's quota (plus the one a waiting draw needs).
@@ -152,7 +152,7 @@ def test_weights_by_documents_give_read_slots_by_the_tokens_they_bring(small_sou
     assert weights[0] > weights[2] and lengths[2] > 3 * lengths[0]
     assert shares[2] > shares[0]
     q = [s["quota"] for s in coord.view.stats()["sources"]]
-    slots = 4 * READ_SLOTS_PER_THREAD * plan.loader.reads_per_thread  # 4 workers' reads in flight
+    slots = 4 * READ_SLOTS_PER_THREAD * plan.loader.reads_per_slot  # 4 workers' reads in flight
     assert q[2] > q[0] and q == quotas(reads.read_work(weights), slots).tolist()
     work = reads.read_work(weights)
     assert work == pytest.approx(shares * 2048 * np.asarray([m.per_token for m in reads.meters]))
@@ -194,7 +194,7 @@ def test_quotas_react_to_weight_changes_and_worker_counts(small_sources):
     assert after[2] > before[2] and after[0] <= before[0]
     coord.handle(WorkersChanged(8, 16))  # cluster.scale(8), two threads each
     scaled = coord.components.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
-    assert scaled.sum() == 16 * plan.loader.reads_per_thread and scaled[2] > after[2]
+    assert scaled.sum() == 16 * plan.loader.reads_per_slot and scaled[2] > after[2]
     assert coord.view.stats()["worker_threads"] == 16
 
 

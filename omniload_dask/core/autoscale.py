@@ -8,7 +8,7 @@ the sample stream (that stays a function of plan, seed, step and weight log):
 1. **Task size.** A read unit whose measured cost exceeds ``loader.task_seconds`` is read in
    portions (:meth:`~omniload_dask.sources.Catalog.portions`: row, byte or record sub-ranges that
    together hold exactly the unit's records), so tasks last about the target time.
-2. **Per-source quotas.** The cluster keeps ``reads_per_thread`` reads in flight per read slot
+2. **Per-source quotas.** The cluster keeps ``reads_per_slot`` reads in flight per read slot
    of its workers; each source gets a share of those slots in proportion to the read work its weight
    asks of it per step (its share of the budget x the budget x measured cost per token or
    document; with ``mixing.by: documents`` and a token budget, the share of the tokens that

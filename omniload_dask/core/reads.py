@@ -233,7 +233,7 @@ class ReadAhead:
 
     def _quotas_at(self, shares: np.ndarray) -> np.ndarray:
         """:meth:`read_quotas` at the sources' shares of the budget (:meth:`budget_shares`)."""
-        slots = max(1, self._loader.reads_per_thread * max(self.read_slots, 1))
+        slots = max(1, self._loader.reads_per_slot * max(self.read_slots, 1))
         work = self._work_at(shares)
         key = (work.tobytes(), slots)  # asked a few times a step; changes with a read report
         if self._quotas is None or self._quotas[0] != key:
