@@ -278,7 +278,7 @@ def run_loader(plan_data: dict, steps: int, step_seconds: float = 0.0) -> dict[s
         "realised": {m["name"]: round(m["realised_total"], 4) for m in mixture},
         "target": {m["name"]: round(m["target_window"], 4) for m in mixture},
         "quota": {n: s["quota"] for n, s in by_source.items()},
-        "read_parts": {n: s["read_parts"] for n, s in by_source.items()},
+        "read_portions": {n: s["read_portions"] for n, s in by_source.items()},
         "seconds_per_record": {n: s["seconds_per_record"] for n, s in by_source.items()},
         "workers_wanted": wanted["wanted"],
         "digest": hash(tuple(tuple(d) for d in digest)),

@@ -239,7 +239,7 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
             "standby": True,
             "task_seconds": 0.5,
             "quotas": True,
-            "reads_per_thread": 2,
+            "reads_per_slot": 2,
             "groups_per_task": 0,
             "steps_per_task": 0,
             "live_lead": 0,

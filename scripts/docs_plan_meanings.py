@@ -360,10 +360,13 @@ MEANINGS: dict[str, Any] = {
     "loader.standby": "a standby copy of every upcoming batch and read shard on a second worker",
     "loader.task_seconds": {
         "values": "`0`, or `0.01` .. `600`",
-        "meaning": "a read unit measured to take longer is read in parts (`0`: never split)",
+        "meaning": "a read unit measured to take longer is read in portions (`0`: never split)",
     },
     "loader.quotas": "share the read slots among sources by weight x measured cost",
-    "loader.reads_per_thread": "reads in flight per read slot of the workers",
+    "loader.reads_per_slot": (
+        "reads in flight per read slot of the workers (`reads_per_thread`, its former name, is "
+        "still read, with a warning)"
+    ),
     "loader.groups_per_task": "DP groups one construction task builds (`0`: about 8 tasks a "
     "step, each of at least 0.5 M tokens)",
     "loader.steps_per_task": "steps one construction task builds when a block holds a whole "

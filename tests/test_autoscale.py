@@ -1,4 +1,4 @@
-"""Auto-partitioning: measured costs size reads (parts, quotas, workers), never the stream."""
+"""Auto-partitioning: measured costs size reads (portions, quotas, workers), never the stream."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from omniload_dask.core import autoscale
-from omniload_dask.core.autoscale import Meter, part_count, quotas, recommend_workers
+from omniload_dask.core.autoscale import Meter, portion_count, quotas, recommend_workers
 from omniload_dask.core.events import WorkersChanged
 from omniload_dask.plan import READ_SLOTS_PER_THREAD
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
@@ -29,18 +29,18 @@ def test_meter_keeps_recent_costs_per_size_record_and_token():
 
 
 @pytest.mark.parametrize(
-    ("size", "per_size", "target", "cap", "parts"),
+    ("size", "per_size", "target", "cap", "portions"),
     [
         (100, None, 0.5, 100, 1),  # not measured yet: whole units
         (100, 0.001, 0.5, 100, 1),  # 0.1 s: small enough
-        (100, 0.02, 0.5, 100, 4),  # 2 s -> 4 parts of 0.5 s
+        (100, 0.02, 0.5, 100, 4),  # 2 s -> 4 portions of 0.5 s
         (100, 0.02, 0.0, 100, 1),  # task_seconds 0: never split
-        (3, 10.0, 0.5, 3, 3),  # no more parts than records
-        (10_000, 1.0, 0.5, 10_000, autoscale.MAX_PARTS),
+        (3, 10.0, 0.5, 3, 3),  # no more portions than records
+        (10_000, 1.0, 0.5, 10_000, autoscale.MAX_PORTIONS),
     ],
 )
-def test_part_count_aims_at_the_target_task_time(size, per_size, target, cap, parts):
-    assert part_count(size, per_size, target, cap) == parts
+def test_portion_count_aims_at_the_target_task_time(size, per_size, target, cap, portions):
+    assert portion_count(size, per_size, target, cap) == portions
 
 
 def test_quotas_follow_weight_times_cost():
@@ -112,11 +112,11 @@ def test_in_flight_reads_stay_within_quotas_that_follow_weight_times_cost(small_
     stats = plane.coord.view.stats()["sources"]
     q = [s["quota"] for s in stats]
     slots = 4 * READ_SLOTS_PER_THREAD  # 4 workers of one tokenizing thread, two reads each
-    assert sum(q) == slots * plan.loader.reads_per_thread
+    assert sum(q) == slots * plan.loader.reads_per_slot
     work = plane.coord.components.reads.read_work(
         plane.coord.view.weights_at(plane.coord.view.next_step)
     )
-    expect = quotas(work, slots * plan.loader.reads_per_thread)
+    expect = quotas(work, slots * plan.loader.reads_per_slot)
     assert q == expect.tolist()
     assert q[2] == max(q)  # the dearest source per token gets the most slots
     # Reads in flight never exceed a source's quota (plus the one a waiting draw needs).
@@ -152,7 +152,7 @@ def test_weights_by_documents_give_read_slots_by_the_tokens_they_bring(small_sou
     assert weights[0] > weights[2] and lengths[2] > 3 * lengths[0]
     assert shares[2] > shares[0]
     q = [s["quota"] for s in coord.view.stats()["sources"]]
-    slots = 4 * READ_SLOTS_PER_THREAD * plan.loader.reads_per_thread  # 4 workers' reads in flight
+    slots = 4 * READ_SLOTS_PER_THREAD * plan.loader.reads_per_slot  # 4 workers' reads in flight
     assert q[2] > q[0] and q == quotas(reads.read_work(weights), slots).tolist()
     work = reads.read_work(weights)
     assert work == pytest.approx(shares * 2048 * np.asarray([m.per_token for m in reads.meters]))
@@ -194,11 +194,11 @@ def test_quotas_react_to_weight_changes_and_worker_counts(small_sources):
     assert after[2] > before[2] and after[0] <= before[0]
     coord.handle(WorkersChanged(8, 16))  # cluster.scale(8), two threads each
     scaled = coord.components.reads.read_quotas(coord.view.weights_at(coord.view.next_step))
-    assert scaled.sum() == 16 * plan.loader.reads_per_thread and scaled[2] > after[2]
+    assert scaled.sum() == 16 * plan.loader.reads_per_slot and scaled[2] > after[2]
     assert coord.view.stats()["worker_threads"] == 16
 
 
-def test_slow_units_are_read_in_parts_that_report_as_one(small_sources):
+def test_slow_units_are_read_in_portions_that_report_as_one(small_sources):
     plan = make_plan(small_sources, loader={"task_seconds": 0.5})
     plane = InlineDataPlane(plan, timing=_costly(plan, [0.0, 0.0, 0.5]))  # 16 rows: 8 s
     reads = record_reads(plane)
@@ -206,12 +206,12 @@ def test_slow_units_are_read_in_parts_that_report_as_one(small_sources):
         plane.step(t)
     books = [r for r in reads if r.source == 2]
     split = [r for r in books if "-p" in r.key]
-    assert split, "books units should be read in parts once measured"
+    assert split, "books units should be read in portions once measured"
     assert all(r.stop - r.start <= 2 for r in split)  # 0.5 s at 0.5 s per record: ~1 row each
-    assert plane.coord.view.stats()["sources"][2]["read_parts"] > 1
+    assert plane.coord.view.stats()["sources"][2]["read_portions"] > 1
 
 
-def test_the_stream_is_unchanged_by_parts_quotas_and_worker_counts(small_sources):
+def test_the_stream_is_unchanged_by_portions_quotas_and_worker_counts(small_sources):
     plan = make_plan(small_sources, batch={"seq_len": 128, "global_tokens": 1024})
     ref = [bs for _, bs in InlineDataPlane(plan).stream(10)]
     off = dataclasses.replace(plan, loader=dataclasses.replace(plan.loader, quotas=False))

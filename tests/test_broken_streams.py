@@ -82,8 +82,8 @@ def read_through_units(path: Path) -> tuple[list[tuple[int, str]], list[tuple[in
     bad: list[tuple[int, str]] = []
     for u in range(cat.num_units):
         f, lo, hi = cat.units[u].tolist()
-        parts = cat.parts(u, 3) if u % 2 else [(lo, hi)]  # some units read in parts
-        for a, b in parts:
+        portions = cat.portions(u, 3) if u % 2 else [(lo, hi)]  # some units read in portions
+        for a, b in portions:
             rec = read_unit_records(sp, cat.files[f], a, b)
             good += list(zip(rec.offsets.tolist(), rec.texts, strict=True))
             bad += rec.bad

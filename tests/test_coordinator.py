@@ -75,10 +75,10 @@ def test_every_sample_of_an_epoch_is_delivered_exactly_once(small_sources):
     by_doc: dict[int, list[tuple[int, int]]] = {}
     for doc, _, off, n in epoch0:
         by_doc.setdefault(doc, []).append((off, n))
-    for parts in by_doc.values():
-        parts.sort()
-        assert parts[0][0] == 0
-        assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(parts))
+    for pieces in by_doc.values():
+        pieces.sort()
+        assert pieces[0][0] == 0
+        assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(pieces))
     assert Counter((d, o) for d, _, o, _ in epoch0).most_common(1)[0][1] == 1
 
 

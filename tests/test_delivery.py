@@ -334,7 +334,7 @@ def test_steps_dealt_together_end_at_a_block_end(first, most, steps, end):
 
 def test_whole_blocks_are_dealt_together_and_a_block_drawn_in_part_waits(small_sources):
     # four reads in flight (2 workers x 2 read slots x 1), so that some draws wait for one
-    loader = {"steps_per_task": 4, "reads_per_thread": 1}
+    loader = {"steps_per_task": 4, "reads_per_slot": 1}
     plane = InlineDataPlane(make_plan(small_sources, loader=loader))
     coord = plane.coord
     batches, drawn, waited = [], [], 0

@@ -152,12 +152,12 @@ def test_webdataset_parts_hold_exactly_the_units_records(image_root):
         whole = read_unit_records(spec, cat.files[f], lo, hi)
         for count in (2, 3, 8, 50):
             offsets, got = [], []
-            for a, b in cat.parts(u, count):
+            for a, b in cat.portions(u, count):
                 part = read_unit_records(spec, cat.files[f], a, b)
                 offsets += part.offsets.tolist()
                 got += part.images
             assert offsets == whole.offsets.tolist() and got == whole.images
-        assert len(cat.parts(u, 50)) == cat.rows[u]
+        assert len(cat.portions(u, 50)) == cat.rows[u]
 
 
 def test_discovery_names_the_file_and_field_of_a_bad_image_source(tmp_path):
@@ -388,7 +388,7 @@ def test_stream_with_images_is_the_same_whatever_the_read_order_split_and_quotas
             for a, b in zip(a_step, b_step, strict=True):
                 assert_batches_equal(a, b)
     split = variants[1].coord
-    assert max(s["read_parts"] for s in split.view.stats()["sources"]) > 1
+    assert max(s["read_portions"] for s in split.view.stats()["sources"]) > 1
     assert (
         any("-p" in key for key in variants[1].shards)
         or variants[1].reads > InlineDataPlane(plan).reads

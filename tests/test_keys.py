@@ -26,7 +26,10 @@ RUN = "1a2b3c4d"  # a run id as the plugin makes one: hex digits, no dash
     ("key", "want"),
     [
         (Keys(RUN).read(3, (2, 17)), KeyName(READ, RUN, ("3", "2", "17"))),
-        (Keys.read_part(Keys(RUN).read(3, (2, 17)), 1), KeyName(READ, RUN, ("3", "2", "17", "p1"))),
+        (
+            Keys.read_portion(Keys(RUN).read(3, (2, 17)), 1),
+            KeyName(READ, RUN, ("3", "2", "17", "p1")),
+        ),
         (Keys(RUN).block(40, 5), KeyName(BATCH, RUN, ("40", "5"))),
         (Keys(RUN).steps_block(8, 4), KeyName(BATCH, RUN, ("8", "k4"))),
         (Keys(RUN).rebuild(7, 2, 1), KeyName(BATCH, RUN, ("7", "g2", "r1"))),
@@ -49,7 +52,7 @@ def test_the_source_of_a_read_key_whole_or_in_parts():
     for source in (0, 7, 12):
         key = keys.read(source, (1, 99))
         assert read_source(key) == source
-        assert read_source(Keys.read_part(key, 3)) == source
+        assert read_source(Keys.read_portion(key, 3)) == source
     with pytest.raises(ValueError, match="not a read task's key"):
         read_source(keys.block(1, 0))
 

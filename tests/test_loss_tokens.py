@@ -99,7 +99,7 @@ def test_holes_count_what_the_labels_of_the_pieces_hold() -> None:
         )
         want = int(loss_positions(cu, int(cu[-1]), None, mask).sum())
         assert count_loss_tokens(lo, hi, holes, records) == want
-    # a unit read in parts: the parts' holes, records numbered on
+    # a unit read in portions: the portions' holes, records numbered on
     a = Holes.of(np.array([0, 3, 5]), np.array([0, 1, 1, 0, 1], dtype=bool))
     joined = Holes.join([(2, a), (1, None), (2, a)])
     assert joined is not None

@@ -118,3 +118,37 @@ def test_a_missing_required_field_without_a_near_key_says_only_that():
     del data["batch"]["seq_len"]
     with pytest.raises(PlanError, match=r"^batch\.seq_len: is required$"):
         parse_plan(data)
+
+
+def _with_loader(**loader: Any) -> dict[str, Any]:
+    plan = copy.deepcopy(BASE)
+    plan["loader"] = {"workers": 2, **loader}
+    return plan
+
+
+def test_a_renamed_field_is_read_under_its_former_name_with_a_warning(caplog):
+    with caplog.at_level("WARNING", logger="omniload_dask.plan.fields"):
+        old = parse_plan(_with_loader(reads_per_thread=5))
+    assert old.loader.reads_per_slot == 5
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == ["loader.reads_per_thread is deprecated: name it loader.reads_per_slot "
+                      "(same meaning)"]  # fmt: skip
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="omniload_dask.plan.fields"):
+        new = parse_plan(_with_loader(reads_per_slot=5))
+    assert new.loader == old.loader and not caplog.records
+    # the old name is checked as the new one is
+    with pytest.raises(
+        PlanError,
+        match=r"^loader\.reads_per_slot \(given as reads_per_thread\): must be >= 1, got 0$",
+    ):
+        parse_plan(_with_loader(reads_per_thread=0))
+
+
+def test_a_renamed_field_given_under_both_names_is_an_error():
+    with pytest.raises(PlanError) as err:
+        parse_plan(_with_loader(reads_per_thread=2, reads_per_slot=3))
+    assert str(err.value) == (
+        "loader.reads_per_thread: renamed to 'reads_per_slot', and both are given "
+        "(reads_per_thread=2, reads_per_slot=3); keep 'reads_per_slot' only"
+    )

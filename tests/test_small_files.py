@@ -101,7 +101,7 @@ def test_a_unit_of_small_files_holds_their_records_in_order_under_their_own_ids(
         assert cat.groups is not None and 1 < cat.num_units < len(cat.files)
         files_of = [len(cat.reads(u, 1)[0]) for u in range(cat.num_units)]
         assert sum(files_of) == len(cat.files)
-        assert all(cat.max_parts(u) == n for u, n in enumerate(files_of) if n > 1)
+        assert all(cat.max_portions(u) == n for u, n in enumerate(files_of) if n > 1)
         texts_in_order: list[str] = []
         for u in range(cat.num_units):
             (f, lo, hi), *rest = cat.reads(u, 1)[0]
@@ -153,7 +153,7 @@ def test_a_unit_of_small_files_splits_between_files_into_runs_of_about_equal_siz
     cat = discover_source(_plan(small_files).sources[0])
     for u in range(cat.num_units):
         whole = cat.reads(u, 1)[0]
-        for count in range(1, cat.max_parts(u) + 3):
+        for count in range(1, cat.max_portions(u) + 3):
             reads = cat.reads(u, count)
             assert len(reads) == min(count, len(whole)) and all(reads)
             assert [p for r in reads for p in r] == whole
@@ -164,7 +164,7 @@ def test_a_unit_of_small_files_splits_between_files_into_runs_of_about_equal_siz
 def test_small_files_stream_every_record_once_an_epoch_in_parts_or_whole(small_files):
     def stream(slow: bool = False) -> list:
         plan = _plan(small_files, source_extra={"epochs": 1})
-        # slow: reads that take 0.1 s a record, so that units are read in parts of 0.5 s
+        # slow: reads that take 0.1 s a record, so that units are read in portions of 0.5 s
         timing = (lambda read, shard: 0.1 * max(len(shard), 1)) if slow else None
         plane = InlineDataPlane(plan, timing=timing)
         split = record_reads(plane)
@@ -174,7 +174,7 @@ def test_small_files_stream_every_record_once_an_epoch_in_parts_or_whole(small_f
             step += 1
         if not slow:
             assert any(r.more for r in split)  # reads of several files
-        else:  # units of several files, read in parts
+        else:  # units of several files, read in portions
             assert any("-p" in r.key for r in split if r.source == 0)
         return out
 
@@ -184,9 +184,9 @@ def test_small_files_stream_every_record_once_an_epoch_in_parts_or_whole(small_f
     for sid in full:
         got = sorted((off, tok) for _, s, off, tok in whole if s == sid)
         assert np.concatenate([tok for _, tok in got]).tolist() == full[sid].tolist()
-    parts = stream(slow=True)
-    assert len(parts) == len(whole)
-    for a, b in zip(parts, whole, strict=True):
+    portions = stream(slow=True)
+    assert len(portions) == len(whole)
+    for a, b in zip(portions, whole, strict=True):
         assert a[:3] == b[:3] and a[3].tolist() == b[3].tolist()
 
 
@@ -213,7 +213,7 @@ def test_a_units_reads_are_worked_out_once_however_many_steps_draw_from_it(
         delivered_step(plane, step)
         step += 1
     assert any(r.more for r in submitted)  # units of several files
-    assert calls["catalog"] == len(submitted)  # once a unit (none is read in parts here)
+    assert calls["catalog"] == len(submitted)  # once a unit (none is read in portions here)
     assert calls["named"] > 2 * len(submitted)  # (steps named them far more often)
 
 

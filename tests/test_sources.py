@@ -33,11 +33,11 @@ def read_all(sp: SourceSpec, cat=None) -> tuple[list[str], list[int], list]:
     return out_texts, out_offsets, bad
 
 
-def read_parts(sp: SourceSpec, url: str, parts: list[tuple[int, int]]) -> tuple[list, list]:
-    """Texts and bad records of the reads ``parts`` of one file, in order."""
+def read_portions(sp: SourceSpec, url: str, portions: list[tuple[int, int]]) -> tuple[list, list]:
+    """Texts and bad records of the reads ``portions`` of one file, in order."""
     texts: list[str] = []
     bad: list = []
-    for a, b in parts:
+    for a, b in portions:
         rec = read_unit_records(sp, url, a, b)
         texts += rec.texts
         bad += rec.bad
@@ -116,13 +116,13 @@ def test_compressed_jsonl_is_cut_in_decompressed_ranges_that_hold_every_line_onc
     plain = read_unit_records(spec(str(tmp_path / "plain" / "a.jsonl")), str(tmp_path / "plain" / "a.jsonl"), 0, len(raw))  # fmt: skip
     assert got == docs == plain.texts and bad == []
     assert offsets == plain.offsets.tolist()
-    # and every unit can be read in parts holding exactly its records
+    # and every unit can be read in portions holding exactly its records
     for u in range(cat.num_units):
         f, lo, hi = cat.units[u].tolist()
         whole = read_unit_records(sp, cat.files[f], lo, hi)
-        parts = cat.parts(u, 3)
+        portions = cat.portions(u, 3)
         joined: list[str] = []
-        for a, b in parts:
+        for a, b in portions:
             joined += read_unit_records(sp, cat.files[f], a, b).texts
         assert joined == whole.texts
 
@@ -161,12 +161,15 @@ def test_a_broken_compressed_file_gives_its_whole_lines_and_one_bad_record_howev
     assert good == offsets and len(good) + len(bad) - 1 == k
     if damage == "cut":
         assert got == [json.loads(x)["text"] for x in lines[:k]] and len(bad) == 1
-    # the same records and the same one bad record when every unit is read in parts
+    # the same records and the same one bad record when every unit is read in portions
     for u in range(cat.num_units):
         f, lo, hi = cat.units[u].tolist()
         once = read_unit_records(sp, cat.files[f], lo, hi)
         for n in (2, 3, 5):
-            assert read_parts(sp, cat.files[f], cat.parts(u, n)) == (once.texts, once.bad), (u, n)
+            assert read_portions(sp, cat.files[f], cat.portions(u, n)) == (once.texts, once.bad), (
+                u,
+                n,
+            )
 
 
 @pytest.mark.parametrize("how", ["gzip", "zstd"])
@@ -253,7 +256,7 @@ def test_parquet_unit_records_cut_row_groups_never_across_them(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
-def test_parts_of_a_unit_hold_exactly_its_records_in_file_order(tmp_path, fmt):
+def test_portions_of_a_unit_hold_exactly_its_records_in_file_order(tmp_path, fmt):
     docs = texts(300 if fmt == "parquet" else 3000, seed=5)
     if fmt == "parquet":
         write_parquet(tmp_path / "a.parquet", docs, row_group_size=100)
@@ -266,15 +269,15 @@ def test_parts_of_a_unit_hold_exactly_its_records_in_file_order(tmp_path, fmt):
         f, lo, hi = cat.units[u].tolist()
         whole = read_unit_records(sp, cat.files[f], lo, hi)
         for count in (2, 3, 7):
-            parts = cat.parts(u, count)
-            assert len(parts) == min(count, cat.max_parts(u))
+            portions = cat.portions(u, count)
+            assert len(portions) == min(count, cat.max_portions(u))
             texts_, offsets = [], []
-            for a, b in parts:
+            for a, b in portions:
                 got = read_unit_records(sp, cat.files[f], a, b)
                 texts_ += got.texts
                 offsets += got.offsets.tolist()
             assert texts_ == whole.texts and offsets == whole.offsets.tolist()
-    assert max(cat.max_parts(u) for u in range(cat.num_units)) >= 3
+    assert max(cat.max_portions(u) for u in range(cat.num_units)) >= 3
 
 
 def test_sample_ids_round_trip():
@@ -413,7 +416,7 @@ def test_unreadable_parquet_fails_at_start_up_or_with_on_error_skip_is_bad_recor
     for u in range(cat.num_units):
         f, lo, hi = cat.units[u].tolist()
         once = read_unit_records(sp, cat.files[f], lo, hi)
-        assert read_parts(sp, cat.files[f], cat.parts(u, 3)) == (once.texts, once.bad)
+        assert read_portions(sp, cat.files[f], cat.portions(u, 3)) == (once.texts, once.bad)
 
 
 def test_unreadable_tar_shards_fail_at_start_up_or_with_on_error_skip_are_bad_records(tmp_path):
@@ -437,7 +440,7 @@ def test_unreadable_tar_shards_fail_at_start_up_or_with_on_error_skip_are_bad_re
         texts[f] += once.texts
         bad[f] += once.bad
         # however the unit is split
-        assert read_parts(sp, cat.files[f], cat.parts(u, 4)) == (once.texts, once.bad)
+        assert read_portions(sp, cat.files[f], cat.portions(u, 4)) == (once.texts, once.bad)
     assert len(texts[0]) == 10 and bad[0] == []
     assert texts[1] == [] and [o for o, _ in bad[1]] == [0] and "breaks off" in bad[1][0][1]
     assert 0 < len(texts[2]) < 10 and len(bad[2]) == 1  # the record the cut falls in

@@ -180,7 +180,7 @@ def test_flat_arrays_cut_at_the_end_of_document_id_in_any_parts(tmp_path, name, 
     cat = discover_source(sp)
     f, lo, hi = cat.units[1].tolist()
     whole = read_unit_records(sp, cat.files[f], lo, hi)
-    pieces = [read_unit_records(sp, cat.files[f], a, b) for a, b in cat.parts(1, 7)]
+    pieces = [read_unit_records(sp, cat.files[f], a, b) for a, b in cat.portions(1, 7)]
     assert np.array_equal(np.concatenate([p.tokens for p in pieces]), whole.tokens)
 
 
@@ -317,7 +317,7 @@ def test_plan_vocabulary_must_match_the_tokenizer(tmp_path):
                         ).step(0)  # fmt: skip
 
 
-def test_index_lengths_of_every_part_of_a_unit_match_what_its_reads_give(tmp_path):
+def test_index_lengths_of_every_portion_of_a_unit_match_what_its_reads_give(tmp_path):
     docs = documents(300, seed=17)
     write_megatron(tmp_path / "m" / "c", docs[:200])
     write_megatron(tmp_path / "m" / "d", docs[200:])

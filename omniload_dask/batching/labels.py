@@ -104,17 +104,17 @@ class Holes:
         return cls(bounds, spans.astype(np.int64).reshape(-1, 2))
 
     @classmethod
-    def join(cls, parts: Sequence[tuple[int, Holes | None]]) -> Holes | None:
-        """The holes of parts read one after another, ``(records, holes)`` each (a unit read
-        in parts): their records numbered on, in order; None when no part has any."""
-        if all(h is None for _, h in parts):
+    def join(cls, portions: Sequence[tuple[int, Holes | None]]) -> Holes | None:
+        """The holes of portions read one after another, ``(records, holes)`` each (a unit
+        read in portions): their records numbered on, in order; None when none has any."""
+        if all(h is None for _, h in portions):
             return None
         counts = [
-            np.diff(h.bounds) if h is not None else np.zeros(n, dtype=np.int64) for n, h in parts
+            np.diff(h.bounds) if h is not None else np.zeros(n, dtype=np.int64) for n, h in portions
         ]
         bounds = np.zeros(sum(len(c) for c in counts) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(counts), out=bounds[1:])
-        spans = [h.spans for _, h in parts if h is not None]
+        spans = [h.spans for _, h in portions if h is not None]
         return cls(bounds, np.concatenate(spans).reshape(-1, 2))
 
     def to_wire(self) -> tuple[bytes, bytes]:

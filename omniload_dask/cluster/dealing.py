@@ -188,7 +188,7 @@ def _init_process(plan: dict[str, Any]) -> None:
 
 
 class _Held(NamedTuple):
-    """The part of a read unit that the dealing process needs (see ``step_loss_tokens``)."""
+    """What of a read unit the dealing process needs (see ``step_loss_tokens``)."""
 
     holes: Any
     bounds: Any

@@ -4,7 +4,7 @@ What each module owns (the scheduler plugin and ``testing.InlineDataPlane`` driv
 :class:`~omniload_dask.core.coordinator.Coordinator`, the one way in; modules outside core
 read it through ``Coordinator.view``)::
 
-    coordinator   the one way in: takes events, draws steps, returns actions; composes the parts
+    coordinator   the one way in: takes events, draws steps, returns actions; owns the rest
     events        what comes in (reads reported, ranks' requests, failures) and the job's failure
     views         what every module outside core reads: the cycle's place, figures, stats
     live          the sources as they change: streams, caps, weight schedule, change log
@@ -14,7 +14,7 @@ read it through ``Coordinator.view``)::
     dealer        a drawn step's split among the DP groups, and each group's recipe
     delivery      which batch each rank gets: blocks held, parts, rebuilds
     positions     the ranks' positions, per DP group and job-wide, kept incrementally
-    reads         which read units to submit: windows, quotas, parts, cost meters
+    reads         which read units to submit: windows, quotas, portions, cost meters
     autoscale     read task sizes, quotas and worker counts from measured costs
     figures       counters, per-step figures, dealing times, the realised mixture
     state         snapshots and per-step deltas of the state, as plain data (checkpoints)

@@ -49,7 +49,7 @@ class ReadSpec:
 
 @dataclass(frozen=True)
 class SubmitRead:
-    """Read one unit (or one part of it) into a shard that stays in worker memory."""
+    """Read one unit (or one portion of it) into a shard that stays in worker memory."""
 
     read: ReadSpec
     # Steps of this source's data queued before this unit (-1: a draw waits for it): reads

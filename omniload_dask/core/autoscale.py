@@ -6,9 +6,9 @@ from its read tasks' durations and adapts three levels of how it reads, none of 
 the sample stream (that stays a function of plan, seed, step and weight log):
 
 1. **Task size.** A read unit whose measured cost exceeds ``loader.task_seconds`` is read in
-   parts (:meth:`~omniload_dask.sources.Catalog.parts`: row, byte or record sub-ranges that
+   portions (:meth:`~omniload_dask.sources.Catalog.portions`: row, byte or record sub-ranges that
    together hold exactly the unit's records), so tasks last about the target time.
-2. **Per-source quotas.** The cluster keeps ``reads_per_thread`` reads in flight per read slot
+2. **Per-source quotas.** The cluster keeps ``reads_per_slot`` reads in flight per read slot
    of its workers; each source gets a share of those slots in proportion to the read work its weight
    asks of it per step (its share of the budget x the budget x measured cost per token or
    document; with ``mixing.by: documents`` and a token budget, the share of the tokens that
@@ -36,10 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DECAY", "Meter", "part_count", "quotas", "recommend_workers"]
+__all__ = ["DECAY", "Meter", "portion_count", "quotas", "recommend_workers"]
 
 DECAY = 0.9  # weight of the past at each new measurement (about the last 10 tasks count)
-MAX_PARTS = 64  # a unit is read in at most this many tasks
+MAX_PORTIONS = 64  # a unit is read in at most this many tasks
 HEADROOM = 1.2  # recommend this much more read capacity than the measured need
 
 
@@ -48,7 +48,7 @@ class Meter:
     """Recent read cost of one source: decayed sums over its finished read tasks.
 
     ``size`` is what a unit's cost scales with (records, or bytes where records are not known
-    up front), measured per task so a unit's parts can be sized before it is read.
+    up front), measured per task so a unit's portions can be sized before it is read.
     """
 
     seconds: float = 0.0
@@ -83,15 +83,15 @@ class Meter:
         return self.seconds / self.tokens if self.tokens > 0 else None
 
 
-def part_count(size: int, per_size: float | None, target: float, max_parts: int) -> int:
-    """Parts to read a unit of ``size`` in so each lasts about ``target`` seconds (>= 1).
+def portion_count(size: int, per_size: float | None, target: float, max_portions: int) -> int:
+    """Portions to read a unit of ``size`` in so each lasts about ``target`` seconds (>= 1).
 
     Unmeasured sources (``per_size`` None) and ``target`` 0 read whole units.
     """
     if per_size is None or target <= 0:
         return 1
-    parts = round(size * per_size / target)
-    return int(max(1, min(parts, max_parts, MAX_PARTS)))
+    portions = round(size * per_size / target)
+    return int(max(1, min(portions, max_portions, MAX_PORTIONS)))
 
 
 def quotas(work: np.ndarray, slots: int) -> np.ndarray:

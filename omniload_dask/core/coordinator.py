@@ -52,7 +52,7 @@ drawn after it.
 
 Read units are submitted ahead of need (a window per source that covers the steps drawn ahead),
 and released as soon as the cursor has passed them and their constructions are submitted. How
-they are read is sized from measured costs (:mod:`.autoscale`): a costly unit is read in parts,
+they are read is sized from measured costs (:mod:`.autoscale`): a costly unit is read in portions,
 and each source keeps at most its quota of reads in flight; neither changes the stream.
 """
 
@@ -150,8 +150,8 @@ class Coordinator:
         self._stages = LiveStages(
             plan, self._sources.record, self._drawer, self._dealer, self._reads
         )
-        parts = (self._sources, self._cycle, self._delivery, self._figures, self._reads)
-        self._view = PlaneView(plan, *parts, self._rewinds, self._stages)
+        components = (self._sources, self._cycle, self._delivery, self._figures, self._reads)
+        self._view = PlaneView(plan, *components, self._rewinds, self._stages)
         self._drawn_deltas: dict[int, dict[str, Any]] = {}  # steps in flight: their draws'
         self._recording = True  # per-step deltas for a checkpoint (off: none pile up)
         self._actions: list[Action] = []

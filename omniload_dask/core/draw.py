@@ -9,7 +9,7 @@ lengths, the weights and the mixer's tags, never of timing::
                         ``long_documents: split`` the last one may be cut: its rest leads the
                         next batch)
                     ->  the cursors move past them; each document is located in its read unit
-                        (and part): the shard slot and row a recipe will name, and the token
+                        (and portion): the shard slot and row a recipe will name, and the token
                         where its piece starts (> 0 for the rest of a document cut before)
 
 When a source must report a read first, the draw waits (:meth:`Drawer.draw` returns None), and
@@ -50,7 +50,7 @@ class Documents:
     """The documents of one drawn global batch, in tag order, and where each one lives.
 
     Document d is ``lengths[d]`` tokens (after the cap), from token ``starts[d]`` on, of source
-    ``sources[d]``; it is row ``rows[d]`` of the read task ``slots[slot[d]]`` = (unit, part),
+    ``sources[d]``; it is row ``rows[d]`` of the read task ``slots[slot[d]]`` = (unit, portion),
     whose source is ``slot_source[slot[d]]``. ``starts[d] > 0`` is the rest of a document that
     an earlier batch began; a piece ends before the document does when the batch cut it.
     ``extra`` is each document's encoder cost (image sources; None when the plan declares
@@ -227,7 +227,7 @@ def _locate(
     lengths = np.empty(len(order), dtype=np.int64)
     starts = np.zeros(len(order), dtype=np.int64)
     extra = np.zeros(len(order)) if with_extra else None
-    units: list[tuple[Unit, int]] = []  # (unit, part) read by a shard slot
+    units: list[tuple[Unit, int]] = []  # (unit, portion) read by a shard slot
     unit_source: list[int] = []
     chosen = counts.nonzero()[0].tolist()
     scan = len(chosen) <= FEW_SOURCES  # a scan of a few sources is cheaper than the sort
@@ -244,15 +244,15 @@ def _locate(
         if c.continuing:
             starts[sel[k == 0]] = c.offset
         # Each unit's documents (units in index order, documents in tag order), then each
-        # part's of the unit: runs of one stable sort, not a scan per unit.
+        # portion's of the unit: runs of one stable sort, not a scan per unit.
         for here, at, u in _runs(sel, k, c.unit_of[k]):
             unit = c.units[u]
             assert unit.order is not None  # a candidate's unit has reported
             unit_rows = unit.order[c.row_of[at]]
             if extra is not None and unit.extra is not None:
                 extra[here] = unit.extra[unit_rows]  # (charged to a document's first piece)
-            part, part_rows = unit.locate(unit_rows)
-            for mine, rows_of, p in _runs(here, part_rows, part):
+            portion, portion_rows = unit.locate(unit_rows)
+            for mine, rows_of, p in _runs(here, portion_rows, portion):
                 rows[mine] = rows_of
                 doc_unit[mine] = len(units)
                 units.append((unit, p))

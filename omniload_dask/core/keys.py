@@ -2,7 +2,7 @@
 
 ::
 
-    read unit   omniload-read-{run}-{source}-{epoch}-{position}   (read in parts: ...-p{p})
+    read unit   omniload-read-{run}-{source}-{epoch}-{position}   (read in portions: ...-p{p})
     block       omniload-batch-{run}-{step}-{block}               the batches of a block of DP
                                                                   groups of one step
     steps       omniload-batch-{run}-{first}-k{k}                 every group's batches of the k
@@ -80,9 +80,10 @@ class Keys:
         return f"omniload-batch-{self.run_id}-{step}-g{group}-r{rebuild}"
 
     @staticmethod
-    def read_part(unit_key: str, part: int) -> str:
-        """The key of part ``part`` of a read unit read in parts (``unit_key`` its own key)."""
-        return f"{unit_key}-p{part}"
+    def read_portion(unit_key: str, portion: int) -> str:
+        """The key of portion ``portion`` of a read unit read in portions (``unit_key`` its
+        own key)."""
+        return f"{unit_key}-p{portion}"
 
     def discover(self, source: int | str, change: int | None = None) -> str:
         """The key of source ``source``'s discovery (``change``: the live change adding it)."""
@@ -127,7 +128,7 @@ def is_data_key(key: Any) -> bool:
 
 
 def is_read(key: Any) -> bool:
-    """Whether ``key`` is a read task's (a whole read unit or one part of it)."""
+    """Whether ``key`` is a read task's (a whole read unit or one portion of it)."""
     return isinstance(key, str) and key.startswith(_READ_PREFIX)
 
 
@@ -144,7 +145,7 @@ def run_of(key: Any) -> str | None:
 
 
 def read_source(key: str) -> int:
-    """The source of a read task's key (:meth:`Keys.read`, :meth:`Keys.read_part`)."""
+    """The source of a read task's key (:meth:`Keys.read`, :meth:`Keys.read_portion`)."""
     name = parse(key)
     if name is None or name.kind != READ or not name.fields:
         raise ValueError(f"not a read task's key: {key!r}")

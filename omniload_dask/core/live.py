@@ -291,7 +291,7 @@ class LiveSources:
         """Put the next source change due at ``step`` into effect (None: none is due).
 
         Called until it returns None before ``step`` is drawn; one change at a time, so the
-        caller's parts follow each one (a failing change leaves the earlier ones in effect).
+        caller's components follow each one (a failing change leaves the earlier ones in effect).
         """
         if not self._pending or self._pending[0][0] > step:
             return None

@@ -40,8 +40,8 @@ def step_loss_tokens(docs: Documents, doc: np.ndarray, lo: np.ndarray, hi: np.nd
     keys = slot[pieces]
     edges = np.flatnonzero(np.diff(keys)) + 1
     for here in np.split(pieces, edges) if len(pieces) else []:
-        unit, part = docs.slots[int(slot[here[0]])]
-        first = int(unit.bounds[part]) if unit.bounds is not None else 0
+        unit, portion = docs.slots[int(slot[here[0]])]
+        first = int(unit.bounds[portion]) if unit.bounds is not None else 0
         rows = first + docs.rows[doc[here]]
         total += count_loss_tokens(lo[here], hi[here], unit.holes, rows)
     return total

@@ -1,10 +1,10 @@
-"""Which read units the data plane submits, and how: windows, quotas, parts.
+"""Which read units the data plane submits, and how: windows, quotas, portions.
 
 Each source keeps a window of units submitted ahead of its cursor: enough for the steps drawn
 ahead (``loader.lookahead + loader.prefetch``), measured in how many steps one of its units
 feeds. On top of the window, reads in flight are bounded per source by its quota of the
 cluster's read slots (:func:`.autoscale.quotas`), and a unit that costs more than
-``loader.task_seconds`` is read in parts (:func:`.autoscale.part_count`)::
+``loader.task_seconds`` is read in portions (:func:`.autoscale.portion_count`)::
 
     source web: units feed 0.5 steps each, lookahead 2 + prefetch 2, read_ahead 2
     window = 2 + ceil(4 / 0.5) = 10 units ahead of the cursor; quota 3 in flight
@@ -57,8 +57,8 @@ class ReadAhead:
         self.meters = [Meter() for _ in sources.streams]
         self.construct_meter = Meter()
         self._unit_of: dict[str, tuple[int, UnitRef]] = {}  # read key -> (source, unit)
-        self._part_of: dict[str, tuple[int, int]] = {}  # part key -> (part, its size)
-        self._last_parts: dict[int, int] = {}  # source -> parts of its last submitted unit
+        self._portion_of: dict[str, tuple[int, int]] = {}  # key -> (portion, its size)
+        self._last_portions: dict[int, int] = {}  # source -> its last unit's portions
         self._seen: dict[int, tuple[Any, ...]] = {}  # what the last look at a source saw
         self._quotas: tuple[tuple[bytes, int], np.ndarray] | None = None  # the last ones, by input
 
@@ -87,9 +87,9 @@ class ReadAhead:
         where = self._unit_of.get(key)
         if where is None:
             return
-        part, size = self._part_of.get(key, (0, -1))
+        portion, size = self._portion_of.get(key, (0, -1))
         stream = self._sources.streams[where[0]]
-        reported = stream.report(where[1], lengths, skipped, part, extra, filtered, holes)
+        reported = stream.report(where[1], lengths, skipped, portion, extra, filtered, holes)
         if reported and seconds is not None:
             if size < 0:
                 size = stream.catalog.size(stream.units[where[1]].catalog_index)
@@ -111,22 +111,22 @@ class ReadAhead:
         """``unit`` is released: reports of its tasks are ignored from now on."""
         for key in unit.keys:
             self._unit_of.pop(key, None)
-            self._part_of.pop(key, None)
+            self._portion_of.pop(key, None)
 
     # -- decisions ---------------------------------------------------------------------------
-    def read_spec(self, source: int, unit: Unit, part: int = 0) -> ReadSpec:
-        """What the read task of ``unit``'s part ``part`` reads (made once per unit: every step
-        that draws from the unit names its reads)."""
-        if len(unit.specs) != unit.parts:
+    def read_spec(self, source: int, unit: Unit, portion: int = 0) -> ReadSpec:
+        """What the read task of ``unit``'s portion ``portion`` reads (made once per unit:
+        every step that draws from the unit names its reads)."""
+        if len(unit.specs) != unit.portions:
             catalog = self._sources.streams[source].catalog
             specs = []
             for key, ((f, lo, hi), *rest) in zip(
-                unit.keys, catalog.reads(unit.catalog_index, unit.parts), strict=True
+                unit.keys, catalog.reads(unit.catalog_index, unit.portions), strict=True
             ):
                 more = tuple((g, catalog.files[g], a, b) for g, a, b in rest)
                 specs.append(ReadSpec(key, source, f, catalog.files[f], lo, hi, more, unit.epoch))
             unit.specs = tuple(specs)
-        return unit.specs[part]
+        return unit.specs[portion]
 
     def submit(self, weights: np.ndarray, starved: set[int]) -> list[SubmitRead]:
         """Reads to submit now for sources with ``weights`` > 0 (the larger of the weights
@@ -146,7 +146,7 @@ class ReadAhead:
                 round(float(shares[i]), 3),  # its share of the budget (mean lengths)
                 i in starved,
                 len(stream.units),
-                pending,  # a part of a unit reported (the quota has room)
+                pending,  # a portion of a unit reported (the quota has room)
                 int(quota[i]) if quota is not None else -1,  # costs, weights or workers
             )
             if self._seen.get(i) == seen:
@@ -179,34 +179,33 @@ class ReadAhead:
                     break
                 catalog_index = stream.catalog_index(ref)
                 unit = Unit(self._keys.read(i, ref), ref[0], ref[1], catalog_index)
-                self._split(i, unit)
+                self._size_portions(i, unit)
                 stream.units[ref] = unit
                 stream.know_up_front(ref)
                 for p, key in enumerate(unit.keys):
                     self._unit_of[key] = (i, ref)
-                    if unit.parts > 1:
-                        self._part_of[key] = (p, unit.part_sizes[p])
+                    if unit.portions > 1:
+                        self._portion_of[key] = (p, unit.portion_sizes[p])
                 stream.next_submit = stream.successor(ref)
-                pending += unit.parts
+                pending += unit.portions
                 # How soon the unit is needed, in steps: the units queued before it feed that
                 # many. Workers run reads needed sooner first, whichever source they are of.
                 lead = -1.0 if ref <= need else ahead * steps_per_unit
-                for p in range(unit.parts):
+                for p in range(unit.portions):
                     out.append(SubmitRead(self.read_spec(i, unit, p), lead))
         return out
 
-    def _split(self, source: int, unit: Unit) -> None:
-        """Read ``unit`` in parts of about ``loader.task_seconds`` each (measured cost)."""
+    def _size_portions(self, source: int, unit: Unit) -> None:
+        """Read ``unit`` in portions of about ``loader.task_seconds`` each (measured cost)."""
         catalog = self._sources.streams[source].catalog
         u = unit.catalog_index
         size = catalog.size(u)
-        parts = autoscale.part_count(
-            size, self.meters[source].per_size, self._loader.task_seconds, catalog.max_parts(u)
-        )
-        self._last_parts[source] = parts
-        if parts > 1:
-            unit.part_sizes = tuple(catalog.read_sizes(u, parts))
-            unit.parts = len(unit.part_sizes)
+        per_size, target = self.meters[source].per_size, self._loader.task_seconds
+        portions = autoscale.portion_count(size, per_size, target, catalog.max_portions(u))
+        self._last_portions[source] = portions
+        if portions > 1:
+            unit.portion_sizes = tuple(catalog.read_sizes(u, portions))
+            unit.portions = len(unit.portion_sizes)
 
     # -- figures -----------------------------------------------------------------------------
     def read_work(self, weights: np.ndarray) -> np.ndarray:
@@ -234,7 +233,7 @@ class ReadAhead:
 
     def _quotas_at(self, shares: np.ndarray) -> np.ndarray:
         """:meth:`read_quotas` at the sources' shares of the budget (:meth:`budget_shares`)."""
-        slots = max(1, self._loader.reads_per_thread * max(self.read_slots, 1))
+        slots = max(1, self._loader.reads_per_slot * max(self.read_slots, 1))
         work = self._work_at(shares)
         key = (work.tobytes(), slots)  # asked a few times a step; changes with a read report
         if self._quotas is None or self._quotas[0] != key:
@@ -278,7 +277,7 @@ class ReadAhead:
                 "read_tasks_pending": s.pending_reads(),
                 "quota": int(quotas[i]) if quotas is not None else None,
                 "seconds_per_record": self.meters[i].per_record,
-                "read_parts": self._last_parts.get(i, 1),
+                "read_portions": self._last_portions.get(i, 1),
             }
             for i, s in enumerate(self._sources.streams)
         ]

@@ -64,7 +64,7 @@ class Mark:
 
 
 class Rewinds:
-    """The marks of the steps drawn and not built, and taking the parts back to one."""
+    """The marks of the steps drawn and not built, and taking the components back to one."""
 
     def __init__(self, sources: LiveSources, drawer: Drawer, figures: Figures, keys: Keys):
         self._sources = sources
@@ -150,7 +150,7 @@ class Rewinds:
         return given
 
     def snapshot_at(self, step: int, state: dict[str, Any]) -> dict[str, Any]:
-        """``state`` (the snapshot of the parts now) as it was at the mark of ``step``, the
+        """``state`` (the snapshot of the components now) as it was at the mark of ``step``, the
         floor: the cursors, the mixer and the counters of then; the log and the schedule of
         now (changes for later steps are replayed from the log)."""
         mark = self._marks[step]
@@ -176,7 +176,7 @@ class Rewinds:
 
 
 def redraw(rewinds: Rewinds, cycle: StepCycle, delivery: Delivery, step: int) -> list[Release]:
-    """Draw again from ``step`` (the floor): the parts back to its mark, the steps in flight
+    """Draw again from ``step`` (the floor): the components back to its mark, the steps in flight
     dropped, the block being drawn forgotten. Returns the releases that block held back of
     units not given back to their sources."""
     given = {k for u in rewinds.rewind(step) for k in u.keys}

@@ -57,7 +57,7 @@ class StageChange:
 
 
 class Cutter(Protocol):
-    """A part of the data plane that cuts steps as the batch's stages say."""
+    """A component of the data plane that cuts steps as the batch's stages say."""
 
     def restage(self, batch: BatchSpec) -> None:
         """Cut the steps from now on as ``batch`` and its stages say."""

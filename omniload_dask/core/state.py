@@ -16,7 +16,7 @@ has no cursor (``state`` None) until the step it joins at, and from then on a fr
 Version 2 added the offset (the ninth entry of a source's state vector); a version 1 state is
 read as offset 0.
 
-The state lives in three parts of the data plane, which these functions read and restore:
+The state lives in three components of the data plane, which these functions read and restore:
 the sources (:class:`~.live.LiveSources`: cursors, schedule, log), the mixer
 (:class:`~.draw.Drawer`: tags, virtual time, who takes part) and the counters
 (:class:`~.figures.Figures`).
@@ -178,7 +178,7 @@ def _cursor(out: dict[str, Any], i: int) -> list[int]:
 def restore(
     state: dict[str, Any], sources: LiveSources, drawer: Drawer, figures: Figures
 ) -> tuple[int, int | None]:
-    """Put ``state`` (a snapshot, possibly moved forward) into fresh parts whose streams were
+    """Put ``state`` (a snapshot, possibly moved forward) into fresh components whose streams were
     built from the snapshot's sources, in the same order; returns ``(step, end_step)``.
 
     Changes logged for steps from ``step`` on (sources joining or leaving) are pending again.
@@ -211,7 +211,7 @@ class StateRecorder:
     """
 
     def __init__(self, sources: LiveSources, drawer: Drawer, figures: Figures) -> None:
-        """Start from the parts' state now (deltas are of the steps drawn after it)."""
+        """Start from the components' state now (deltas are of the steps drawn after it)."""
         self._sources = sources
         self._drawer = drawer
         self._figures = figures
@@ -300,7 +300,7 @@ class StateRecorder:
         self.pending.append(delta)
 
     def restart(self, step: int) -> StateRecorder:
-        """The parts were put back to ``step`` (:mod:`.rewind`): a recorder of deltas from
+        """The components were put back to ``step`` (:mod:`.rewind`): a recorder of deltas from
         their state now, with this one's pending entries, less the deltas of steps from
         ``step`` on."""
         fresh = StateRecorder(self._sources, self._drawer, self._figures)

@@ -17,7 +17,7 @@ the scheduler plugin draws the steps it can and deals them side by side, see
 the steps in flight as drawn (:attr:`StepCycle.drawn_tokens`), so the stream is the same
 whatever their number. :class:`StepCycle` holds where the cycle is (``next_step``,
 ``end_step``, the steps in flight) and does the draw and the commit over the coordinator's
-parts.
+components.
 
 Pure: no I/O and no Dask.
 """
@@ -53,7 +53,7 @@ class StepCycle:
         delivery: Delivery,
         figures: Figures,
     ) -> None:
-        """A cycle at step 0 over the coordinator's parts."""
+        """A cycle at step 0 over the coordinator's components."""
         self._sources = sources
         self._drawer = drawer
         self._dealer = dealer
@@ -146,7 +146,7 @@ class StepCycle:
         return actions
 
     def rewind(self, step: int) -> list[DrawnStep]:
-        """Draw ``step`` next (the parts are back where they were before it was drawn,
+        """Draw ``step`` next (the components are back where they were before it was drawn,
         :mod:`.rewind`); returns the steps in flight, dropped (all from ``step`` on)."""
         dropped, self.in_flight = self.in_flight, []
         if any(d.step < step for d in dropped) or self.end_step is not None:
@@ -162,7 +162,7 @@ class StepCycle:
         return actions + list(self._delivery.flush())
 
     def _apply_changes(self, step: int) -> list[Action]:
-        """Put the source changes due at ``step`` into effect, in every part."""
+        """Put the source changes due at ``step`` into effect, in every component."""
         actions: list[Action] = []
         while (applied := self._sources.apply_next(step)) is not None:
             if applied.joined is not None:

@@ -12,9 +12,9 @@ the next global batch, ``long_documents: split``). Record counts per unit
 are learned when the unit's read task reports, so the stream is only known up to the first unit
 that has not reported yet; :meth:`SourceStream.candidates` says how far it is known.
 
-A unit may be read in several parts (tasks over sub-ranges that together hold its records in
-file order, see :mod:`.autoscale`); it is known once every part has reported, and its rows are
-then numbered across the parts exactly as if it had been read whole.
+A unit may be read in several portions (tasks over sub-ranges that together hold its records
+in file order, see :mod:`.autoscale`); it is known once every portion has reported, and its
+rows are then numbered across the portions exactly as if it had been read whole.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ class Unit:
 
     ``extra`` is a cost per record beyond its tokens' (image encoder terms), when the source
     reports one; ``holes`` its records' tokens that are no targets (chat sources, images: what
-    the dealer counts a step's loss tokens with). With ``parts > 1`` the unit is read by tasks ``keys[p]``; ``bounds`` numbers
-    their records: part p holds the unit's rows ``bounds[p]:bounds[p + 1]``.
+    the dealer counts a step's loss tokens with). With ``portions > 1`` the unit is read by
+    tasks ``keys[p]``; ``bounds`` numbers their records: portion p holds the unit's rows
+    ``bounds[p]:bounds[p + 1]``.
     """
 
     key: str
@@ -56,11 +57,11 @@ class Unit:
     filtered: int = 0  # records the source's filter or transform dropped
     extra: np.ndarray | None = None
     holes: Holes | None = None
-    parts: int = 1
-    part_sizes: tuple[int, ...] = ()
+    portions: int = 1
+    portion_sizes: tuple[int, ...] = ()
     bounds: np.ndarray | None = None
-    specs: tuple[ReadSpec, ...] = field(default=(), repr=False)  # its parts' ReadSpecs, once made
-    # lengths came from the source's index at submission; the parts' reports only feed meters
+    specs: tuple[ReadSpec, ...] = field(default=(), repr=False)  # its portions', once made
+    # lengths came from the source's index at submission; the portions' reports only feed meters
     up_front: bool = False
     _metered: set[int] = field(default_factory=set, repr=False)
     _reported: dict[int, tuple[np.ndarray, int, np.ndarray | None, int, Holes | None]] = field(
@@ -70,23 +71,23 @@ class Unit:
     @property
     def keys(self) -> tuple[str, ...]:
         """The keys of its read tasks (the unit's own key when it is read whole)."""
-        if self.parts == 1:
+        if self.portions == 1:
             return (self.key,)
-        return tuple(Keys.read_part(self.key, p) for p in range(self.parts))
+        return tuple(Keys.read_portion(self.key, p) for p in range(self.portions))
 
     @property
     def pending(self) -> int:
         """Read tasks of this unit that have not reported yet."""
         if self.up_front:
-            return self.parts - len(self._metered)
-        return 0 if self.lengths is not None else self.parts - len(self._reported)
+            return self.portions - len(self._metered)
+        return 0 if self.lengths is not None else self.portions - len(self._reported)
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(part, row within the part)`` of the unit's ``rows``."""
-        if self.parts == 1 or self.bounds is None:
+        """``(portion, row within the portion)`` of the unit's ``rows``."""
+        if self.portions == 1 or self.bounds is None:
             return np.zeros(len(rows), dtype=np.int64), rows
-        part = self.bounds.searchsorted(rows, side="right") - 1
-        return part, rows - self.bounds[part]
+        portion = self.bounds.searchsorted(rows, side="right") - 1
+        return portion, rows - self.bounds[portion]
 
     _capped: tuple[int, int] | None = None
 
@@ -113,7 +114,7 @@ class Candidates:
     _running: np.ndarray | None = field(default=None, repr=False)  # cumulative lengths
 
     def prefix(self, want_tokens: int, want_docs: int) -> Candidates:
-        """The shortest leading part with at least ``want_*`` (whole units are collected;
+        """The shortest prefix with at least ``want_*`` (whole units are collected;
         the mixer only needs what the wants ask for, and sorting less is faster)."""
         if self._running is None:
             self._running = self.lengths.cumsum()
@@ -218,28 +219,29 @@ class SourceStream:
         ref: UnitRef,
         lengths: np.ndarray,
         skipped: int,
-        part: int = 0,
+        portion: int = 0,
         extra: np.ndarray | None = None,
         filtered: int = 0,
         holes: Holes | None = None,
     ) -> bool:
         """A read task reported; returns False if the unit is no longer tracked.
 
-        A unit read in parts is complete (``lengths`` set) once all its parts have reported.
+        A unit read in portions is complete (``lengths`` set) once every portion has reported.
         """
         unit = self.units.get(ref)
         if unit is not None and unit.up_front:  # known already: the report only counts
-            if part in unit._metered or part >= unit.parts:
+            if portion in unit._metered or portion >= unit.portions:
                 return False
-            unit._metered.add(part)
+            unit._metered.add(portion)
             self.version += 1
             return True
-        if unit is None or unit.lengths is not None or part in unit._reported:
+        if unit is None or unit.lengths is not None or portion in unit._reported:
             return False
-        unit._reported[part] = (np.asarray(lengths, np.int64), int(skipped), extra, filtered, holes)
-        if len(unit._reported) < unit.parts:
+        got_now = (np.asarray(lengths, np.int64), int(skipped), extra, filtered, holes)
+        unit._reported[portion] = got_now
+        if len(unit._reported) < unit.portions:
             return True
-        got = [unit._reported[p] for p in range(unit.parts)]
+        got = [unit._reported[p] for p in range(unit.portions)]
         unit._reported = {}
         unit.bounds = np.concatenate([[0], np.cumsum([len(g[0]) for g in got])]).astype(np.int64)
         unit.lengths = np.concatenate([g[0] for g in got])
@@ -261,7 +263,7 @@ class SourceStream:
         the stream is then known past it before its read reports. Empty records are skipped
         and counted, as a read skips them."""
         unit = self.units[ref]
-        known = self.catalog.known_lengths(unit.catalog_index, unit.parts)
+        known = self.catalog.known_lengths(unit.catalog_index, unit.portions)
         if known is None:
             return False
         for p, lengths in enumerate(known):
@@ -286,10 +288,10 @@ class SourceStream:
         return self._cache[1].prefix(want_tokens, want_docs)
 
     def _collect(self, cap: int, want_tokens: int, want_docs: int) -> Candidates:
-        parts: list[np.ndarray] = []
-        raw_parts: list[np.ndarray] = []
-        unit_parts: list[np.ndarray] = []
-        row_parts: list[np.ndarray] = []
+        capped: list[np.ndarray] = []
+        raws: list[np.ndarray] = []
+        unit_of: list[np.ndarray] = []
+        row_of: list[np.ndarray] = []
         units: list[Unit] = []
         tokens = docs = 0
         ref, row = (self.epoch, self.position), self.row
@@ -308,14 +310,14 @@ class SourceStream:
                 empty_run = 0
                 raw = unit.lengths[rows]
                 lengths = np.minimum(raw, cap)
-                if not parts and self.offset:  # the rest of a document cut by the last batch
+                if not capped and self.offset:  # the rest of a document cut by the last batch
                     raw = raw.copy()
                     raw[0] -= self.offset
                     lengths[0] -= self.offset
-                parts.append(lengths)
-                raw_parts.append(raw)
-                unit_parts.append(np.full(len(rows), len(units), np.int64))
-                row_parts.append(np.arange(row, row + len(rows), dtype=np.int64))
+                capped.append(lengths)
+                raws.append(raw)
+                unit_of.append(np.full(len(rows), len(units), np.int64))
+                row_of.append(np.arange(row, row + len(rows), dtype=np.int64))
                 tokens += int(lengths.sum())
                 docs += len(rows)
             else:
@@ -333,7 +335,7 @@ class SourceStream:
                     )
             units.append(unit)
             ref, row = self.successor(ref), 0
-        if not parts:
+        if not capped:
             return Candidates(
                 np.zeros(0, np.int64),
                 np.zeros(0, np.int64),
@@ -342,11 +344,11 @@ class SourceStream:
                 complete=complete,
             )
         return Candidates(
-            np.concatenate(parts),
-            np.concatenate(raw_parts),
+            np.concatenate(capped),
+            np.concatenate(raws),
             units,
-            np.concatenate(unit_parts),
-            np.concatenate(row_parts),
+            np.concatenate(unit_of),
+            np.concatenate(row_of),
             waiting,
             complete,
             offset=self.offset,  # offset > 0: the cursor's row has tokens left, it comes first

@@ -38,7 +38,7 @@ __all__ = ["PlaneView"]
 
 
 class PlaneView:
-    """What the data plane's parts say about the job, read only (see the module docstring)."""
+    """What the data plane's components say about the job, read only (see the module docstring)."""
 
     def __init__(
         self,

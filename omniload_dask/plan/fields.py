@@ -21,6 +21,7 @@ characters, a protocol fsspec knows, a bucket or host where the protocol needs o
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import os
 import re
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit
 from omniload_dask.errors import PlanError
 from omniload_dask.plan.credentials import StorageOptions, is_reference
 
+logger = logging.getLogger(__name__)
 C = TypeVar("C", bound=str)  # a choice field's ``Literal`` type (plan.choices)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -120,11 +122,14 @@ class Fields:
         self.path = path
         self._seen: set[str] = set()
         self._asked: set[str] = set()  # keys looked at with has(): known, even if not read
+        self._former: dict[str, str] = {}  # a renamed field given by its former name: new -> old
         _open_fields()[path] = self
 
     def at(self, key: str) -> str:
-        """The path of ``key`` in this mapping, for messages (``sources[2].weight``)."""
-        return f"{self.path}.{key}" if self.path else key
+        """The path of ``key`` in this mapping, for messages (``sources[2].weight``); a field
+        given by its former name says so (:meth:`renamed`)."""
+        path = f"{self.path}.{key}" if self.path else key
+        return f"{path} (given as {self._former[key]})" if key in self._former else path
 
     def has(self, key: str) -> bool:
         """Whether ``key`` is given and not null (does not mark it as read)."""
@@ -136,6 +141,21 @@ class Fields:
         self._seen.add(key)
         value = self.data.get(key)
         return default if value is None else value
+
+    def renamed(self, old: str, new: str) -> None:
+        """Accept ``old``, a field's former name, for ``new``: it is read as ``new`` with a
+        logged warning naming the new field; both given is an error (which one would count?)."""
+        self._asked.add(old)
+        if old not in self.data or self.data[old] is None:
+            return
+        if new in self.data and self.data[new] is not None:
+            raise PlanError(
+                f"{self.at(old)}: renamed to {new!r}, and both are given "
+                f"({old}={self.data[old]!r}, {new}={self.data[new]!r}); keep {new!r} only"
+            )
+        logger.warning("%s is deprecated: name it %s (same meaning)", self.at(old), self.at(new))
+        self.data[new] = self.data.pop(old)
+        self._former[new] = old
 
     def required(self, key: str) -> Any:
         """The value of ``key`` unchecked; a PlanError when it is absent or null."""

@@ -151,6 +151,7 @@ def _checkpoint(top: Fields, base_dir: str | os.PathLike[str] | None) -> Checkpo
 def _loader(f: Fields) -> LoaderSpec:
     """The ``loader`` section (tuning only)."""
     d = LoaderSpec()
+    f.renamed("reads_per_thread", "reads_per_slot")  # the reads are per read slot
     spec = LoaderSpec(
         workers=f.integer("workers", d.workers, min=1, max=1024),
         threads_per_worker=f.integer("threads_per_worker", d.threads_per_worker, min=1, max=256),
@@ -162,7 +163,7 @@ def _loader(f: Fields) -> LoaderSpec:
         standby=f.flag("standby", d.standby),
         task_seconds=_task_seconds(f, d.task_seconds),
         quotas=f.flag("quotas", d.quotas),
-        reads_per_thread=f.integer("reads_per_thread", d.reads_per_thread, min=1, max=1024),
+        reads_per_slot=f.integer("reads_per_slot", d.reads_per_slot, min=1, max=1024),
         groups_per_task=f.integer("groups_per_task", d.groups_per_task, min=0, max=1 << 20),
         steps_per_task=f.integer("steps_per_task", d.steps_per_task, min=0, max=64),
         live_lead=f.integer("live_lead", d.live_lead, min=0, max=1 << 20),

@@ -457,11 +457,11 @@ class LoaderSpec:
     standby: bool = True  # a second copy of upcoming batches and shards on another worker
     # Auto-partitioning (see :mod:`omniload_dask.core.autoscale`): read tasks last about
     # ``task_seconds`` (0: never split a unit); with ``quotas``, sources share
-    # ``reads_per_thread`` in-flight reads per read slot by weight x measured cost (the field's
-    # name says "thread" for the read slot: a plan field, kept as users write it).
+    # ``reads_per_slot`` in-flight reads per read slot by weight x measured cost (plans may
+    # still name it ``reads_per_thread``, its former name: a deprecated alias).
     task_seconds: float = 0.5
     quotas: bool = True
-    reads_per_thread: int = 2
+    reads_per_slot: int = 2
     # Scale (docs/guides/scale.md): DP groups whose batches one construction task
     # builds (0: enough for about 8 tasks a step); how ranks share a fetch: "none" (each rank
     # fetches), "broadcast" (one rank of each DP group fetches and broadcasts over

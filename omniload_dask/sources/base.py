@@ -26,7 +26,7 @@ class Units:
     ``table`` rows are ``(file index, start, stop)``; ``rows`` the records per unit where known
     up front, else -1. A negative ``stop`` means "to the end of the file", and ``-stop - 1`` is
     where that end is estimated to be (the last unit of a compressed JSON Lines file).
-    ``split`` says how :meth:`~omniload_dask.sources.catalog.Catalog.parts` cuts a unit into
+    ``split`` says how :meth:`~omniload_dask.sources.catalog.Catalog.portions` cuts a unit into
     smaller reads with the same records: ``rows`` (start/stop are row numbers), ``bytes`` (byte
     ranges whose records are those starting inside, as JSON Lines), ``marks`` (records start at
     the byte offsets ``marks[mark_index[u]:mark_index[u + 1]]``), or ``none``.
@@ -108,5 +108,5 @@ class SourceFormat(Protocol):
         """Read one unit; a bad record goes to ``bad`` with its offset and reason.
 
         Bytes that cannot be decoded (a truncated or corrupt file) are bad records too, the
-        same ones however the unit is split into parts; a failure of the storage raises.
+        same ones however the unit is split into portions; a failure of the storage raises.
         """

@@ -1,7 +1,7 @@
 """What discovery found for one source, as pure data: its files, read units and their sizes.
 
 The data plane holds one :class:`Catalog` per source and never opens a file: it numbers the
-units, sizes their reads and cuts costly ones into parts (:meth:`Catalog.reads`). Discovery
+units, sizes their reads and cuts costly ones into portions (:meth:`Catalog.reads`). Discovery
 (:func:`~omniload_dask.sources.registry.discover_source`) builds it on a worker.
 
 Small files are read several at a time (:func:`merge_small_files`): a read unit holds
@@ -26,15 +26,15 @@ import numpy as np
 
 __all__ = [
     "MAX_FILES_PER_UNIT",
-    "MIN_PART_BYTES",
+    "MIN_PORTION_BYTES",
     "Catalog",
     "catalog_fingerprint",
     "merge_small_files",
 ]
 
-MIN_PART_BYTES = 64 * 1024  # a byte-range part is at least this long
+MIN_PORTION_BYTES = 64 * 1024  # a byte-range portion is at least this long
 MAX_FILES_PER_UNIT = 64  # whole files one read unit holds at most (merge_small_files)
-Piece = tuple[int, int, int]  # (file index, start, stop): what one format read reads
+FileRange = tuple[int, int, int]  # (file index, start, stop): what one format read reads
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,9 @@ class Catalog:
     it up front (Parquet, tar shards), else -1. ``groups`` (None: one row each) gathers
     consecutive rows into the data plane's read units: unit ``u`` is rows
     ``groups[u]:groups[u + 1]``, read one after another in one task (whole small files, see
-    :func:`merge_small_files`). A unit can be read in parts (:meth:`reads`); which records it
-    holds never depends on that. :meth:`num_units`, :meth:`size`, :meth:`max_parts` and
-    :meth:`reads` number the read units; :meth:`parts` the rows of ``units``.
+    :func:`merge_small_files`). A unit can be read in portions (:meth:`reads`); which records
+    it holds never depends on that. :meth:`num_units`, :meth:`size`, :meth:`max_portions` and
+    :meth:`reads` number the read units; :meth:`portions` the rows of ``units``.
     """
 
     source: str
@@ -91,26 +91,26 @@ class Catalog:
         rows = np.asarray(self.rows, dtype=np.int64)
         return np.where(rows >= 0, rows, by_bytes)
 
-    def max_parts(self, u: int) -> int:
-        """How many parts unit ``u`` can be read in (1: it cannot be split); a unit of several
-        files splits between them."""
+    def max_portions(self, u: int) -> int:
+        """How many portions unit ``u`` can be read in (1: it cannot be split); a unit of
+        several files splits between them."""
         rows = self._rows_of(u)
         if len(rows) > 1:
             return len(rows)
-        return self._row_max_parts(rows[0])
+        return self._row_max_portions(rows[0])
 
-    def _row_max_parts(self, r: int) -> int:
+    def _row_max_portions(self, r: int) -> int:
         _, start, stop = (int(v) for v in self.units[r])
         if self.split in ("rows", "marks"):
             return max(1, int(self.rows[r]))
         if self.split == "bytes":
-            return max(1, (_end(stop) - start) // MIN_PART_BYTES)
+            return max(1, (_end(stop) - start) // MIN_PORTION_BYTES)
         return 1
 
-    def reads(self, u: int, count: int) -> list[list[Piece]]:
+    def reads(self, u: int, count: int) -> list[list[FileRange]]:
         """What each of ``count`` reads that together hold unit ``u``'s records reads, in
         order: a list of ``(file index, start, stop)`` each (``count`` is capped by
-        :meth:`max_parts`). A unit of one row is cut as :meth:`parts` cuts it; a unit of
+        :meth:`max_portions`). A unit of one row is cut as :meth:`portions` cuts it; a unit of
         several files into runs of whole files, of about equal sizes::
 
             unit of rows (3, 0, 50), (4, 0, 70), (5, 0, 30), 2 reads
@@ -119,7 +119,7 @@ class Catalog:
         rows = self._rows_of(u)
         if len(rows) == 1:
             f = int(self.units[rows[0], 0])
-            return [[(f, a, b)] for a, b in self.parts(rows[0], count)]
+            return [[(f, a, b)] for a, b in self.portions(rows[0], count)]
         count = max(1, min(int(count), len(rows)))
         ends = np.cumsum(self._row_sizes[rows.start : rows.stop], dtype=np.float64)
         # cut after the row where each share of the total is reached (at least one row a read)
@@ -128,10 +128,10 @@ class Catalog:
             at = int(np.searchsorted(ends, ends[-1] * p / count, side="left")) + 1
             cuts.append(min(max(at, cuts[-1] + 1), len(rows) - (count - p)))
         cuts.append(len(rows))
-        pieces: list[Piece] = [
+        ranges: list[FileRange] = [
             (f, start, stop) for f, start, stop in self.units[rows.start : rows.stop].tolist()
         ]
-        return [pieces[a:b] for a, b in itertools.pairwise(cuts)]
+        return [ranges[a:b] for a, b in itertools.pairwise(cuts)]
 
     def read_sizes(self, u: int, count: int) -> list[int]:
         """The :meth:`size` of each of :meth:`reads`' reads (they add up to the unit's)."""
@@ -160,23 +160,24 @@ class Catalog:
         if len(rows) == 1:
             r = rows[0]
             base = int(index[r]) - int(self.units[r, 1])
-            return [self.lengths[base + a : base + b] for a, b in self.parts(r, count)]
+            return [self.lengths[base + a : base + b] for a, b in self.portions(r, count)]
         out, r = [], rows.start
         for read in self.reads(u, count):
             out.append(self.lengths[int(index[r]) : int(index[r + len(read)])])
             r += len(read)
         return out
 
-    def parts(self, u: int, count: int) -> list[tuple[int, int]]:
+    def portions(self, u: int, count: int) -> list[tuple[int, int]]:
         """``(start, stop)`` of each of ``count`` reads that together hold the records of row
-        ``u`` of ``units``, in file order (``count`` is capped by its own part count)::
+        ``u`` of ``units``, in file order (``count`` is capped by its own portion count)::
 
-            rows   unit (f, 100, 164), 2 parts -> (100, 132), (132, 164)
-            bytes  unit (f, 0, 4096), 2 parts  -> (0, 2048), (2048, 4096)
-            marks  records at 0, 700, 1900 of unit (f, 0, 2400), 2 parts -> (0, 700), (700, 2400)
+            rows   unit (f, 100, 164), 2 portions -> (100, 132), (132, 164)
+            bytes  unit (f, 0, 4096), 2 portions  -> (0, 2048), (2048, 4096)
+            marks  records at 0, 700, 1900 of unit (f, 0, 2400), 2 portions
+                                                   -> (0, 700), (700, 2400)
         """
         _, start, stop = (int(v) for v in self.units[u])
-        count = max(1, min(int(count), self._row_max_parts(u)))
+        count = max(1, min(int(count), self._row_max_portions(u)))
         if count == 1:
             return [(start, stop)]
         if self.split == "rows" or self.split == "bytes":

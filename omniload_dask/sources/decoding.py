@@ -14,7 +14,7 @@ given every byte the codec could decode before it (:mod:`.members`)::
 
 Where the stream breaks off is a function of the file's bytes alone, so every reader of the file
 sees the same ``broken_at``, whatever range it wants and however much it reads: that keeps
-skipping such a file deterministic when a unit is read in parts (see :mod:`.jsonl`).
+skipping such a file deterministic when a unit is read in portions (see :mod:`.jsonl`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ its end-of-document id kept as its last token; its offset is the position of its
 A file is cut into units of ``unit_bytes`` of tokens. Like JSON Lines' byte ranges, a unit
 ``[start, stop)`` (in tokens) owns the documents that *begin* inside it: at position 0 or right
 after an end-of-document id. It reads on past ``stop`` to the end of its last document, so
-neighbouring units (and parts of a unit) never share or lose a document::
+neighbouring units (and portions of a unit) never share or lose a document::
 
     ids     7 8 E | 9 E 4 | 5 6 E 3        (E: the end-of-document id; | unit bounds 3, 6)
     unit 0  [7 8 E]          unit 1 [9 E] [4 5 6 E]      unit 2 [3] (the file's last, no E)

@@ -9,7 +9,7 @@ unit), so neighbouring units never share or drop a line::
     units   [0 ...... 16)  [16 ....... 32)
     unit 0 reads a, b (b starts at 7 <= 16); unit 1 reads c (starts at 22) and d.
 
-The same rule lets a unit be read in parts (byte sub-ranges) that together hold exactly its
+The same rule lets a unit be read in portions (byte sub-ranges) that together hold exactly its
 lines. A record's offset (and so its sample id) is the byte offset of its line, in the
 decompressed stream where compressed.
 

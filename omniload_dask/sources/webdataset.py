@@ -10,7 +10,7 @@ members with the same key. The record's images are its files with an extension l
 
 Discovery reads every member header once (not the data) to find where each record starts; a
 unit is ``sources[].unit_records`` consecutive records (default 64), ``(file, first byte,
-stop byte)``, and can be read in parts at record boundaries. A record's offset (and so its
+stop byte)``, and can be read in portions at record boundaries. A record's offset (and so its
 sample id) is the byte offset of its first header. A record without an image or text file is a
 bad record (``on_error``); a tar that cannot be parsed fails at start-up, naming the file
 (with ``on_error: skip`` it becomes one bad record). A unit whose tar data breaks off (a
