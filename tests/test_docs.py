@@ -124,6 +124,18 @@ COMMANDS: dict[str, str | tuple[str, ...]] = {
         '"train_lightning.py"',
         '"--resume"',
     ),
+    "torchrun --nproc-per-node 2 examples/train_megatron.py --out runs/megatron --steps 8": (
+        "tests/test_integrations_megatron_train.py",
+        '"train_megatron.py"',
+        '"--out"',
+        '"--steps"',
+    ),
+    "torchrun --nproc-per-node 2 examples/train_megatron.py --out runs/megatron --steps 8 "
+    "--resume": (
+        "tests/test_integrations_megatron_train.py",
+        '"train_megatron.py"',
+        '"--resume"',
+    ),
     "omniload run plans/sft.yaml --make-demo-data": (
         "tests/test_chat.py",
         '"run"',
