@@ -69,13 +69,14 @@ def local_cluster(
     ``dashboard_address=None`` turns the Bokeh dashboard off; the scheduler's small HTTP server
     (``/metrics``, ``/health``) then listens on a free port instead of 8787. The cluster runs
     with :data:`.settings.DASK_SETTINGS` (a cluster given by address gets them from the preload).
-    Its workers run the worker preload (:mod:`omniload_dask.preload`, after any the caller or
-    Dask's config names): while a worker waits for its first job it imports the readers'
-    libraries, which the job's first reads would otherwise wait for.
+    Worker processes run the worker preload (:mod:`omniload_dask.preload`, after any the
+    caller or Dask's config names): while a worker waits for its first job it imports the
+    readers' libraries, which the job's first reads would otherwise wait for.
     """
     slots = threads_per_worker * READ_SLOTS_PER_THREAD
     kwargs.setdefault("resources", {"omniload-read": slots})
-    kwargs["preload"] = _with_worker_preload(kwargs.get("preload"))
+    if processes:  # (in-process workers would change the caller's own Dask defaults)
+        kwargs["preload"] = _with_worker_preload(kwargs.get("preload"))
     if kwargs.get("security") is not None and dashboard_address is not None:
         dashboard_address = _loopback(dashboard_address)
     if dashboard_address is None:
