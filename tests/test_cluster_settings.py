@@ -10,8 +10,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
+import pytest
+from distributed import Client
+
+from omniload_dask import local_cluster
 from omniload_dask.cluster import settings
+from omniload_dask.cluster.job import _with_worker_preload
+from omniload_dask.preload import WARM_MODULES
 
 
 def test_settings_nest_into_dask_config_form():
@@ -50,3 +57,27 @@ def test_importing_the_preload_sets_dask_defaults_that_a_user_setting_overrides(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert user.stdout.split() == ["inf", "False", "50ms"], user.stderr
+
+
+def _warmed() -> list[str]:
+    import sys
+
+    return [m for m in ("omniload_dask.preload", *WARM_MODULES) if m in sys.modules]
+
+
+def test_the_embedded_clusters_workers_run_the_preload_and_warm_the_readers_imports():
+    pytest.importorskip("pandas")
+    got: list[str] = []
+    with (
+        local_cluster(1, dashboard_address=None) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        for _ in range(240):  # (bounded: 60 s for the background imports)
+            got = next(iter(client.run(_warmed).values()))
+            if len(got) == 1 + len(WARM_MODULES):
+                break
+            time.sleep(0.25)
+    assert got == ["omniload_dask.preload", *WARM_MODULES]
+    # a caller's own preloads run too, ours once after them
+    assert _with_worker_preload("mine") == ["mine", "omniload_dask.preload"]
+    assert _with_worker_preload(["omniload_dask.preload"]) == ["omniload_dask.preload"]

@@ -10,7 +10,8 @@ host). Every figure is seconds after the driver sent GO to rank 0 (``t_launch``)
     job_started        Job.start returned in rank 0 (client, plugin, discovery, coordinator)
     loaders_ready      the last rank's Feeder was constructed (its link to the scheduler)
     discover           first start .. last stop of the discovery tasks
-    tokenizer_check    the task that loads the plan's tokenizer (discovery waits for it)
+    tokenizer_check    the task that checks the plan's tokenizer (discovery waits for it; a plan of
+                       token sources only reads its vocabulary, a text plan loads it)
     first_read         the first read task's compute start .. stop (its worker)
     reads_before_block reads that finished before the first batch task started
     first_block        the first batch task's compute start .. stop

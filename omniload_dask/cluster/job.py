@@ -45,6 +45,7 @@ from omniload_dask.trainer.feeder import Feeder
 
 CLOSE_IDLE_TIMEOUT = 3.0  # seconds close() lets a stopped job's running reads finish
 CLOSE_TIMEOUT = 30.0  # seconds each part of close() may take (stop, workers, client, cluster)
+WORKER_PRELOAD = "omniload_dask.preload"  # (imported by name in each worker, not here)
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +69,14 @@ def local_cluster(
     ``dashboard_address=None`` turns the Bokeh dashboard off; the scheduler's small HTTP server
     (``/metrics``, ``/health``) then listens on a free port instead of 8787. The cluster runs
     with :data:`.settings.DASK_SETTINGS` (a cluster given by address gets them from the preload).
+    Worker processes run the worker preload (:mod:`omniload_dask.preload`, after any the
+    caller or Dask's config names): while a worker waits for its first job it imports the
+    readers' libraries, which the job's first reads would otherwise wait for.
     """
     slots = threads_per_worker * READ_SLOTS_PER_THREAD
     kwargs.setdefault("resources", {"omniload-read": slots})
+    if processes:  # (in-process workers would change the caller's own Dask defaults)
+        kwargs["preload"] = _with_worker_preload(kwargs.get("preload"))
     if kwargs.get("security") is not None and dashboard_address is not None:
         dashboard_address = _loopback(dashboard_address)
     if dashboard_address is None:
@@ -86,6 +92,14 @@ def local_cluster(
             dashboard_address=dashboard_address,
             **kwargs,
         )
+
+
+def _with_worker_preload(preload: Any) -> list[str]:
+    """The workers' preloads: ``preload`` (a name or a list; None: Dask's config), then ours."""
+    if preload is None:
+        preload = dask.config.get("distributed.worker.preload", [])
+    names = [preload] if isinstance(preload, str) else list(preload)
+    return names if WORKER_PRELOAD in names else [*names, WORKER_PRELOAD]
 
 
 def _loopback(address: str) -> str:

@@ -253,13 +253,22 @@ async def _discover(
         )
         for i, spec in enumerate(plan.sources)
     ]
-    tok = client.submit(
-        tasks.check_tokenizer,
-        plan.tokenizer,
-        plan.images,
-        key=Keys(run_id).tokenizer(),
-        priority=DISCOVERY_PRIORITY,
-    )
+    if plan.images is None and all(s.has_tokens for s in plan.sources):
+        # (no tokenizer runs: its vocabulary is all the token sources are checked against)
+        tok = client.submit(
+            tasks.check_vocabulary,
+            plan.tokenizer,
+            key=Keys(run_id).tokenizer(),
+            priority=DISCOVERY_PRIORITY,
+        )
+    else:
+        tok = client.submit(
+            tasks.check_tokenizer,
+            plan.tokenizer,
+            plan.images,
+            key=Keys(run_id).tokenizer(),
+            priority=DISCOVERY_PRIORITY,
+        )
     try:
         results = await asyncio.wait_for(client.gather([*futures, tok]), DISCOVERY_TIMEOUT)
     except asyncio.TimeoutError:

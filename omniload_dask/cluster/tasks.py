@@ -41,12 +41,14 @@ from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
 from omniload_dask.preprocess.transforms import apply_user_code, resolve
+from omniload_dask.preprocess.vocabulary import describe_vocabulary
 from omniload_dask.sources import Catalog, RawRecords, encode_sample_ids
 from omniload_dask.sources.registry import discover_source, read_records
 
 __all__ = [
     "ReadReport",
     "check_tokenizer",
+    "check_vocabulary",
     "construct",
     "construct_block",
     "discover",
@@ -88,6 +90,14 @@ def check_tokenizer(spec: TokenizerSpec, images: ImageSpec | None = None) -> dic
             ) from None
     _tokenizer_threads()
     return describe(spec, images.placeholder if images is not None else None)
+
+
+def check_vocabulary(spec: TokenizerSpec) -> dict[str, Any]:
+    """The plan's vocabulary (size, BOS/EOS ids) for a plan whose sources are all token
+    sources, without building the tokenizer, which such a job never runs
+    (:func:`~omniload_dask.preprocess.vocabulary.describe_vocabulary`): its first batch does
+    not wait for a large BPE file to load."""
+    return describe_vocabulary(spec)
 
 
 def _tokenizer_threads() -> None:

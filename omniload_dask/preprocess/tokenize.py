@@ -60,6 +60,7 @@ __all__ = [
     "image_token_id",
     "load_tokenizer",
     "own_threads",
+    "read_tokenizer_file",
     "tokenize",
 ]
 
@@ -128,7 +129,7 @@ class HuggingFaceTokenizer:
     def __init__(self, spec: TokenizerSpec) -> None:
         from tokenizers import Tokenizer
 
-        blob = _read_file(spec)
+        blob = read_tokenizer_file(spec)
         try:
             self._tok = Tokenizer.from_str(blob.decode("utf-8"))
         except Exception as exc:
@@ -281,7 +282,7 @@ class TiktokenTokenizer:
 
 def _read_ranks(spec: TokenizerSpec) -> dict[bytes, int]:
     """The token bytes -> rank table of a tiktoken file; errors name the field, file and line."""
-    blob = _read_file(spec)
+    blob = read_tokenizer_file(spec)
     ranks: dict[bytes, int] = {}
     for number, line in enumerate(blob.splitlines(), start=1):
         if not line.strip():
@@ -311,7 +312,7 @@ def _cached(spec_json: str) -> _Encoder:
     return HuggingFaceTokenizer(spec)
 
 
-def _read_file(spec: TokenizerSpec) -> bytes:
+def read_tokenizer_file(spec: TokenizerSpec) -> bytes:
     """The bytes of the tokenizer file ``tokenizer.path``; errors name the field and the file."""
     assert spec.path is not None
     try:

@@ -16,7 +16,9 @@ zstd, as ``streaming`` writes it). The token column (``sources[].tokens``) may b
 LLM Foundry wrote them) or ``json`` (a list); a text column (``sources[].text``) ``str``. A mask
 column (``sources[].mask``) is read beside the ids from an integer or boolean ``ndarray`` or a
 ``json`` list (:mod:`.token_masks`).
-Discovery checks that every shard the index lists is there, and the columns.
+Discovery checks that every shard the index lists is there, and the columns; where each
+sample's token count follows exactly from the shard headers (:mod:`.mds_lengths`), it gives
+them up front, as Megatron's ``.idx`` does.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
 from omniload_dask.sources.files import open_file
+from omniload_dask.sources.mds_lengths import shard_lengths
 from omniload_dask.sources.token_masks import masked_records
 
 __all__ = ["FORMAT", "MosaicShards"]
@@ -57,6 +60,7 @@ class MosaicShards:
     ) -> Units:
         """Every shard of every index, in runs of ``unit_records`` samples where set."""
         rows: list[tuple[int, int, int]] = []
+        lengths: list[np.ndarray] | None = []
         for i, url in enumerate(files):
             shards = _index(fs, url, spec.name)
             base = url.rsplit("/", 1)[0]
@@ -68,6 +72,9 @@ class MosaicShards:
                         f"source {spec.name!r}: file {url!r}: shard {k} is {name!r}, which "
                         f"is not in {base!r} (a missing or partly copied dataset?)"
                     )
+                if lengths is not None:  # every sample's tokens, where the header tells
+                    known = shard_lengths(spec, fs, fs._strip_protocol(base), shard)
+                    lengths = None if known is None else [*lengths, known]
                 first, count = int(shards.firsts[k]), int(shard["samples"])
                 step = spec.unit_records or max(count, 1)
                 rows.extend(
@@ -75,7 +82,13 @@ class MosaicShards:
                     for lo in range(first, first + count, step)
                 )
         table = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-        return Units(table, table[:, 2] - table[:, 1], split="rows")
+        counts = table[:, 2] - table[:, 1]
+        if not lengths:
+            return Units(table, counts, split="rows")
+        # rows run through each shard's samples in order, shard after shard: their lengths
+        index = np.zeros(len(table) + 1, np.int64)
+        np.cumsum(counts, out=index[1:])
+        return Units(table, counts, "rows", lengths=np.concatenate(lengths), length_index=index)
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
         """Samples ``[start, stop)`` (of one shard): token ids, or texts for the tokenizer."""
