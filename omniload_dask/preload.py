@@ -30,13 +30,32 @@ from omniload_dask.internals import server as _server
 settings.apply_defaults()
 
 
-# The readers' libraries, imported by a worker while it waits for its first job: pyarrow (Arrow,
-# Parquet) pulls pandas in on its first array conversion, which takes seconds on a busy host;
-# the order (pyarrow whole before pandas) is the one pyarrow's own lazy import takes.
-WARM_MODULES = ("pyarrow", "pyarrow.ipc", "pyarrow.parquet", "pyarrow.compute", "pandas")
+# The readers' libraries, for a cluster whose jobs read Arrow, Parquet or MDS: pyarrow pulls
+# pandas in on its first array conversion, which takes seconds on a busy host; the order
+# (pyarrow whole before pandas) is the one pyarrow's own lazy import takes. Not imported by
+# default: they cost a worker about 100 MiB and half a CPU-second, which a text job never
+# needs and which competes with its first reads.
+READER_MODULES = ("pyarrow", "pyarrow.ipc", "pyarrow.parquet", "pyarrow.compute", "pandas")
+WARM_KEY = "omniload.warm-imports"  # Dask config (env: DASK_OMNILOAD__WARM_IMPORTS)
 
 
-def warm_imports(modules: tuple[str, ...] = WARM_MODULES) -> list[str]:
+def warm_modules() -> tuple[str, ...]:
+    """The modules a worker imports in the background before its first job: the Dask config
+    ``omniload.warm-imports``, a list of module names, or ``readers`` for
+    :data:`READER_MODULES`; none by default."""
+    import dask.config
+
+    value = dask.config.get(WARM_KEY, [])
+    if value == "readers":
+        return READER_MODULES
+    if not isinstance(value, (list, tuple)) or not all(isinstance(m, str) for m in value):
+        raise TypeError(
+            f"Dask config {WARM_KEY} must be a list of module names or 'readers', got {value!r}"
+        )
+    return tuple(value)
+
+
+def warm_imports(modules: tuple[str, ...]) -> list[str]:
     """Import ``modules`` (those not installed are left out); returns the ones imported. A
     job's first discovery and first reads then do not pay for them, so its first batch does
     not wait on Python imports."""
@@ -50,9 +69,13 @@ def warm_imports(modules: tuple[str, ...] = WARM_MODULES) -> list[str]:
 
 def dask_setup(server: Any) -> None:
     """Dask's preload hook: add the data-plane plugin to a scheduler (once); tune a worker and
-    import its readers' libraries in the background (:func:`warm_imports`)."""
+    import the configured modules in the background (:func:`warm_modules`)."""
     if _server.is_scheduler(server):
         server.add_plugin(OmniloadPlugin(), idempotent=True)
     else:
         _server.tune_server(server)
-        threading.Thread(target=warm_imports, name="omniload-warm-imports", daemon=True).start()
+        modules = warm_modules()
+        if modules:
+            threading.Thread(
+                target=warm_imports, args=(modules,), name="omniload-warm-imports", daemon=True
+            ).start()

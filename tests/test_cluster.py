@@ -265,9 +265,9 @@ def _warm_modules() -> bool:
     """In a worker: whether the preload's background imports are all there."""
     import importlib.util
 
-    from omniload_dask.preload import WARM_MODULES
+    from omniload_dask.preload import READER_MODULES
 
-    installed = [n for n in WARM_MODULES if importlib.util.find_spec(n.split(".")[0]) is not None]
+    installed = [n for n in READER_MODULES if importlib.util.find_spec(n.split(".")[0]) is not None]
     return all(name in sys.modules for name in installed)
 
 
@@ -327,6 +327,7 @@ def test_plugin_and_cluster_settings_preloaded_on_a_dask_scheduler_and_worker(
         # which the client sends by reference.
         env={
             **{k: v for k, v in env.items() if k != "TOKENIZERS_PARALLELISM"},
+            "DASK_OMNILOAD__WARM_IMPORTS": "readers",  # (opt-in: a cluster reading Arrow)
             "PYTHONPATH": os.pathsep.join(
                 p for p in (str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")) if p
             ),

@@ -12,13 +12,14 @@ import sys
 import textwrap
 import time
 
+import dask
 import pytest
 from distributed import Client
 
 from omniload_dask import local_cluster
 from omniload_dask.cluster import settings
 from omniload_dask.cluster.job import _with_worker_preload
-from omniload_dask.preload import WARM_MODULES
+from omniload_dask.preload import READER_MODULES, warm_modules
 
 
 def test_settings_nest_into_dask_config_form():
@@ -62,22 +63,36 @@ def test_importing_the_preload_sets_dask_defaults_that_a_user_setting_overrides(
 def _warmed() -> list[str]:
     import sys
 
-    return [m for m in ("omniload_dask.preload", *WARM_MODULES) if m in sys.modules]
+    return [m for m in ("omniload_dask.preload", *READER_MODULES) if m in sys.modules]
+
+
+def test_warm_imports_are_opt_in_and_a_bad_value_is_named() -> None:
+    assert warm_modules() == ()  # (a text job never pays for pyarrow and pandas)
+    with dask.config.set({"omniload.warm-imports": "readers"}):
+        assert warm_modules() == READER_MODULES
+    with dask.config.set({"omniload.warm-imports": ["json"]}):
+        assert warm_modules() == ("json",)
+    with (
+        dask.config.set({"omniload.warm-imports": 3}),
+        pytest.raises(TypeError, match=r"omniload\.warm-imports must be a list"),
+    ):
+        warm_modules()
 
 
 def test_the_embedded_clusters_workers_run_the_preload_and_warm_the_readers_imports():
     pytest.importorskip("pandas")
     got: list[str] = []
     with (
+        dask.config.set({"omniload.warm-imports": "readers"}),  # (the worker processes get it)
         local_cluster(1, dashboard_address=None) as cluster,
         Client(cluster, set_as_default=False) as client,
     ):
         for _ in range(240):  # (bounded: 60 s for the background imports)
             got = next(iter(client.run(_warmed).values()))
-            if len(got) == 1 + len(WARM_MODULES):
+            if len(got) == 1 + len(READER_MODULES):
                 break
             time.sleep(0.25)
-    assert got == ["omniload_dask.preload", *WARM_MODULES]
+    assert got == ["omniload_dask.preload", *READER_MODULES]
     # a caller's own preloads run too, ours once after them
     assert _with_worker_preload("mine") == ["mine", "omniload_dask.preload"]
     assert _with_worker_preload(["omniload_dask.preload"]) == ["omniload_dask.preload"]
