@@ -31,6 +31,10 @@ from collections import defaultdict, deque
 from collections.abc import Coroutine
 from typing import Any
 
+# Dask's comms are the link's whole transport: imported with the Feeder (as a training script's
+# imports, at its top), not on the way to its first batch.
+import distributed  # noqa: F401
+
 from omniload_dask.batching.wire import PART_HANDLER, unpack_part
 from omniload_dask.internals import comms as _comms
 
