@@ -227,7 +227,7 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
         return wrapper
 
     splits: list[Any] = []
-    split = coord.components.dealer.split
+    split = coord.components.dealer.assign
 
     def keep_split(*args: Any, **kwargs: Any) -> Any:
         out = split(*args, **kwargs)
@@ -235,7 +235,7 @@ def run_once(dp: int, docs: int, mix: Mix, steps: int, warmup: int) -> dict[str,
         return out
 
     coord.components.drawer.draw = timed("draw", coord.components.drawer.draw)  # type: ignore[method-assign]
-    coord.components.dealer.split = timed("split", keep_split)  # type: ignore[method-assign]
+    coord.components.dealer.assign = timed("split", keep_split)  # type: ignore[method-assign]
     coord.components.dealer.recipes = timed("recipes", coord.components.dealer.recipes)  # type: ignore[method-assign]
     # One drawn step is its three phases (draw, plan, commit; see core/stepping.py); they
     # add up to "step" whether they ran inline or, in the plugin, in a dealing process.

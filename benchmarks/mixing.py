@@ -138,7 +138,7 @@ def run(sources: int, dp: int, steps: int, by: str, documents: int | None = None
         "draw_ms_p99": float(np.percentile(select_ms[warm], 99)),
         "step_ms_p50": float(np.median(step_ms[warm])),
         "plane_draw_ms_p50": float(np.median([p["draw_ms"] for p in phases[warm]])),
-        "split_ms_p50": float(np.median([p["split_ms"] for p in phases[warm]])),
+        "split_ms_p50": float(np.median([p["assign_ms"] for p in phases[warm]])),
         "recipes_ms_p50": float(np.median([p["recipes_ms"] for p in phases[warm]])),
         "step_ms_p99": float(np.percentile(step_ms[warm], 99)),
         "max_share_error_pp": float(error * 100),

@@ -523,7 +523,7 @@ def measure_planning(dp: int, docs: int, repeats: int = 5) -> tuple[float, float
     times, eff = [], 0.0
     for _ in range(repeats):
         t0 = time.perf_counter()
-        split = dealer.split(src, lengths)
+        split = dealer.assign(src, lengths)
         times.append((time.perf_counter() - t0) * 1e3)
         eff = float(split.efficiency)
     return float(np.median(times)), eff

@@ -84,9 +84,9 @@ class StepDealing:
         dealt together count as their time together: one of them alone costs more than
         its share."""
         timing = self.coord.view.timing
-        if "split_ms" not in timing and self._process is not None:
+        if "assign_ms" not in timing and self._process is not None:
             return False
-        each = timing.get("split_ms", 0.0) + timing.get("recipes_ms", 0.0)
+        each = timing.get("assign_ms", 0.0) + timing.get("recipes_ms", 0.0)
         return each * self._together < self.inline_ms
 
     def deal_here(self, drawn: DrawnStep) -> DealtStep | None:
@@ -205,9 +205,9 @@ def _deal_in_process(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
     docs = Documents(sources, lengths, extra, rows, slot, slots, [], [], starts)  # type: ignore[arg-type]
     dealt = _dealer.deal(DrawnStep(step, docs, [], np.asarray(epochs), 0.0))
     return (
-        dealt.split,
+        dealt.assignment,
         dealt.recipes,
-        dealt.split_ms,
+        dealt.assign_ms,
         dealt.recipes_ms,
         time.thread_time() - t0,
     )

@@ -1,6 +1,6 @@
-"""From a drawn step's documents to one recipe per DP group: the split, then the pieces.
+"""From a drawn step's documents to one recipe per DP group: the assignment, then the pieces.
 
-:meth:`StepDealer.split` routes the documents to context buckets and balances them over the
+:meth:`StepDealer.assign` routes the documents to context buckets and balances them over the
 DP groups by cost (:mod:`omniload_dask.batching.balance`), then fills any micro-batch a group
 was left without (:mod:`omniload_dask.batching.fill`). :meth:`StepDealer.recipes` turns the
 split into each group's :class:`~omniload_dask.batching.formats.Recipe`, all packed in one
@@ -60,9 +60,9 @@ class DealtStep:
     """A drawn step split among the DP groups: every group's recipe, packed."""
 
     drawn: DrawnStep
-    split: Assignment
+    assignment: Assignment
     recipes: RecipeTable  # reads as indices into drawn.specs
-    split_ms: float
+    assign_ms: float
     recipes_ms: float
 
 
@@ -100,7 +100,7 @@ class StepDealer:
         """Split a drawn step and write its recipes (pure: safe in another thread)."""
         docs = drawn.docs
         t0 = time.perf_counter()
-        split = self.split(docs.sources, docs.lengths, docs.extra, drawn.step)
+        split = self.assign(docs.sources, docs.lengths, docs.extra, drawn.step)
         t1 = time.perf_counter()
         recipes = self.recipes(drawn.step, split, docs, drawn.epochs)
         t2 = time.perf_counter()
@@ -113,7 +113,7 @@ class StepDealer:
         if len(drawn) == 1:
             return [self.deal(drawn[0])]
         t0 = time.perf_counter()
-        splits = self.split_steps(
+        splits = self.assign_steps(
             [(d.docs.sources, d.docs.lengths, d.docs.extra) for d in drawn], [d.step for d in drawn]
         )
         t1 = time.perf_counter()
@@ -127,7 +127,7 @@ class StepDealer:
             for d, s, r in zip(drawn, splits, recipes, strict=True)
         ]
 
-    def split(
+    def assign(
         self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None, step: int = 0
     ) -> Assignment:
         """Route a step's documents to buckets and split them among the DP groups; no
@@ -137,14 +137,14 @@ class StepDealer:
         ``extra`` is each document's encoder cost (images), balanced with the backbone's;
         ``step`` picks the stage whose buckets rule.
         """
-        return self.split_steps([(src, lengths, extra)], [step])[0]
+        return self.assign_steps([(src, lengths, extra)], [step])[0]
 
-    def split_steps(
+    def assign_steps(
         self,
         steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
         at: Sequence[int] | None = None,
     ) -> list[Assignment]:
-        """:meth:`split` of several steps, ``(src, lengths, extra)`` each (steps ``at``,
+        """:meth:`assign` of several steps, ``(src, lengths, extra)`` each (steps ``at``,
         default 0): the same splits, made side by side where the balancer can
         (:func:`~.balance.balance_steps`), the steps of one stage together."""
         batch, shapes = self._staged

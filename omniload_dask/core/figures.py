@@ -121,7 +121,7 @@ class Figures:
 
     def dealt(self, total_ms: float) -> None:
         """A step was dealt in ``total_ms``; the split and recipes times are in ``timing``."""
-        split = self.timing.get("split_ms", 0.0) + self.timing.get("recipes_ms", 0.0)
+        split = self.timing.get("assign_ms", 0.0) + self.timing.get("recipes_ms", 0.0)
         self.timing.update(step_ms=total_ms, draw_ms=total_ms - split)
         self.dealing_ms.append(total_ms)
 

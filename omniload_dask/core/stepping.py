@@ -114,13 +114,13 @@ class StepCycle:
 
     def commit(self, dealt: DealtStep) -> list[Action]:
         """Hold and build the dealt step's blocks, count it, release the units passed."""
-        drawn, split = dealt.drawn, dealt.split
+        drawn, split = dealt.drawn, dealt.assignment
         if not self.in_flight or drawn is not self.in_flight[0]:
             raise InternalError(f"internal error: step {drawn.step} committed out of order")
         del self.in_flight[0]
         self._flight_tokens -= int(drawn.docs.lengths.sum())
         step, docs, figures = drawn.step, drawn.docs, self._figures
-        figures.timing.update(split_ms=dealt.split_ms, recipes_ms=dealt.recipes_ms)
+        figures.timing.update(assign_ms=dealt.assign_ms, recipes_ms=dealt.recipes_ms)
         actions: list[Action] = list(self._delivery.offer(step, dealt.recipes, drawn.specs))
         n = len(self._sources.streams)
         source_tokens = np.bincount(docs.sources, weights=docs.lengths, minlength=n)

@@ -182,7 +182,7 @@ class PlaneView:
 
     @property
     def timing(self) -> Mapping[str, float]:
-        """The last step's dealing times (``split_ms``, ``recipes_ms``, ...)."""
+        """The last step's dealing times (``assign_ms``, ``recipes_ms``, ...)."""
         return self._figures.timing
 
     def stats(self) -> dict[str, Any]:
