@@ -60,6 +60,7 @@ __all__ = [
     "image_token_id",
     "load_tokenizer",
     "own_threads",
+    "read_ranks",
     "read_tokenizer_file",
     "tokenize",
 ]
@@ -210,7 +211,7 @@ class TiktokenTokenizer:
                 "tokenizer.kind: 'tiktoken' needs the tiktoken package (pip install tiktoken)"
             ) from None
         assert spec.path is not None and spec.pattern is not None
-        ranks = _read_ranks(spec)
+        ranks = read_ranks(spec)
         specials = dict(spec.special_tokens)
         used = set(ranks.values())
         for token, token_id in specials.items():
@@ -280,8 +281,10 @@ class TiktokenTokenizer:
         return ids, chars[starts], chars[np.maximum(ends - 1, 0)] + 1
 
 
-def _read_ranks(spec: TokenizerSpec) -> dict[bytes, int]:
-    """The token bytes -> rank table of a tiktoken file; errors name the field, file and line."""
+def read_ranks(spec: TokenizerSpec, *, decode: bool = True) -> dict[bytes, int]:
+    """The token bytes -> rank table of a tiktoken file; errors name the field, file and line.
+    ``decode=False`` leaves the tokens in base64 (all a vocabulary check needs; a token on two
+    lines keeps its last rank either way, as in the tokenizer's own table)."""
     blob = read_tokenizer_file(spec)
     ranks: dict[bytes, int] = {}
     for number, line in enumerate(blob.splitlines(), start=1):
@@ -289,7 +292,7 @@ def _read_ranks(spec: TokenizerSpec) -> dict[bytes, int]:
             continue
         try:
             token, rank = line.split()
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
+            ranks[base64.b64decode(token, validate=True) if decode else token] = int(rank)
         except (ValueError, binascii.Error):
             shown = line[:60].decode("utf-8", "replace")
             raise TokenizerError(

@@ -32,7 +32,7 @@ from omniload_dask.preprocess.tokenize import (
     BYTE_EOS,
     BYTE_VOCAB,
     describe,
-    read_tokenizer_file,
+    read_ranks,
 )
 
 __all__ = ["describe_vocabulary"]
@@ -45,7 +45,7 @@ def describe_vocabulary(spec: TokenizerSpec) -> dict[str, Any]:
         return {"vocab_size": BYTE_VOCAB, "bos_id": BYTE_BOS, "eos_id": BYTE_EOS}
     if spec.kind != "tiktoken":
         return describe(spec)
-    ranks = set(_ranks(spec).values())
+    ranks = set(read_ranks(spec, decode=False).values())
     specials = dict(spec.special_tokens)
     for token, token_id in specials.items():
         if token_id in ranks:
@@ -59,25 +59,3 @@ def describe_vocabulary(spec: TokenizerSpec) -> dict[str, Any]:
         "bos_id": specials[spec.bos] if spec.bos is not None else None,
         "eos_id": specials[spec.eos] if spec.eos is not None else None,
     }
-
-
-def _ranks(spec: TokenizerSpec) -> dict[bytes, int]:
-    """A tiktoken file's token -> rank table, its tokens left in base64 (a token on two lines
-    keeps its last rank, as in the tokenizer's own table)."""
-    blob = read_tokenizer_file(spec)
-    ranks: dict[bytes, int] = {}
-    for number, line in enumerate(blob.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            token, rank = line.split()
-            ranks[token] = int(rank)
-        except ValueError:
-            shown = line[:60].decode("utf-8", "replace")
-            raise TokenizerError(
-                f"tokenizer.path: {spec.path!r} line {number} is not '<base64 token> <rank>' "
-                f"(a tiktoken BPE file), got {shown!r}"
-            ) from None
-    if not ranks:
-        raise TokenizerError(f"tokenizer.path: {spec.path!r} holds no tokens")
-    return ranks
