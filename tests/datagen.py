@@ -125,6 +125,27 @@ def image_plan(root: Path, **overrides: Any) -> Any:
     return parse_plan(data)
 
 
+def validation_plan(root: Path, name: str, validation: dict[str, Any], **overrides: Any) -> Any:
+    """A one-source training plan (dp 1, one micro-batch of 128 a step) with a ``validation``
+    stream over a held-out file: ``validation`` gives the stream's other fields."""
+    from omniload_dask.plan import parse_plan
+
+    write_jsonl(root / "train.jsonl", texts(100, seed=1, prefix="tr"))
+    write_jsonl(root / "val.jsonl", texts(40, seed=2, prefix="va"))
+    held = {"name": "held", "format": "jsonl", "path": str(root / "val.jsonl")}
+    sources = [{"name": "web", "format": "jsonl", "path": str(root / "train.jsonl")}]
+    return parse_plan(
+        plan_dict(
+            sources,
+            name=name,
+            layout={"dp": 1},
+            batch={"seq_len": 128, "micro_batches": 1, "global_tokens": 128},
+            streams={"validation": {"sources": [held], **validation}},
+            **overrides,
+        )
+    )
+
+
 def sized_texts(lengths: np.ndarray, seed: int, prefix: str) -> list[str]:
     """Texts of exactly these lengths in bytes (with the byte tokenizer: ``length + 2``
     tokens, BOS and EOS), random lowercase letters and spaces."""

@@ -104,22 +104,9 @@ def test_trainer_evaluate_reads_a_validation_pass_and_two_evaluations_agree(tmp_
         OmniloadIterable,
         OmniloadTrainer,
     )
-    from omniload_dask.plan import parse_plan
-    from tests.datagen import plan_dict, texts, write_jsonl
+    from tests.datagen import validation_plan
 
-    write_jsonl(tmp_path / "train.jsonl", texts(100, seed=1, prefix="tr"))
-    write_jsonl(tmp_path / "val.jsonl", texts(40, seed=2, prefix="va"))
-    held = {"name": "held", "format": "jsonl", "path": str(tmp_path / "val.jsonl")}
-    sources = [{"name": "web", "format": "jsonl", "path": str(tmp_path / "train.jsonl")}]
-    plan = parse_plan(
-        plan_dict(
-            sources,
-            name="hf-eval",
-            layout={"dp": 1},
-            batch={"seq_len": 128, "micro_batches": 1, "global_tokens": 128},
-            streams={"validation": {"sources": [held], "steps": 2}},
-        )
-    )
+    plan = validation_plan(tmp_path, "hf-eval", {"steps": 2})
     seen: list[int] = []
     with local_cluster(1, dashboard_address=None) as cluster, Client(cluster) as client:
         job = Job.start(plan, client=client)
@@ -159,22 +146,9 @@ def test_a_resumed_trainer_goes_on_with_the_validation_rotation(tmp_path):
         OmniloadIterable,
         OmniloadTrainer,
     )
-    from omniload_dask.plan import parse_plan
-    from tests.datagen import plan_dict, texts, write_jsonl
+    from tests.datagen import validation_plan
 
-    write_jsonl(tmp_path / "train.jsonl", texts(100, seed=1, prefix="tr"))
-    write_jsonl(tmp_path / "val.jsonl", texts(40, seed=2, prefix="va"))
-    held = {"name": "held", "format": "jsonl", "path": str(tmp_path / "val.jsonl")}
-    sources = [{"name": "web", "format": "jsonl", "path": str(tmp_path / "train.jsonl")}]
-    plan = parse_plan(
-        plan_dict(
-            sources,
-            name="hf-rotation",
-            layout={"dp": 1},
-            batch={"seq_len": 128, "micro_batches": 1, "global_tokens": 128},
-            streams={"validation": {"sources": [held], "steps": 1, "rotation": 3}},
-        )
-    )
+    plan = validation_plan(tmp_path, "hf-rotation", {"steps": 1, "rotation": 3})
     seen: list[int] = []
 
     def run(job, steps, resume=None):

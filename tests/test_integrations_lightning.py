@@ -67,23 +67,9 @@ def test_validation_runs_read_the_same_pass_and_leave_the_training_position(tmp_
     from torch import nn
 
     from omniload_dask.integrations.lightning import OmniloadDataModule
-    from omniload_dask.plan import parse_plan
-    from tests.datagen import plan_dict, texts, write_jsonl
+    from tests.datagen import validation_plan
 
-    write_jsonl(tmp_path / "train.jsonl", texts(100, seed=1, prefix="tr"))
-    write_jsonl(tmp_path / "val.jsonl", texts(40, seed=2, prefix="va"))
-    held = {"name": "held", "format": "jsonl", "path": str(tmp_path / "val.jsonl")}
-    sources = [{"name": "web", "format": "jsonl", "path": str(tmp_path / "train.jsonl")}]
-    plan = parse_plan(
-        plan_dict(
-            sources,
-            name="pl-eval",
-            layout={"dp": 1},
-            batch={"seq_len": 128, "micro_batches": 1, "global_tokens": 128},
-            loader={"workers": 1},
-            streams={"validation": {"sources": [held], "steps": 2}},
-        )
-    )
+    plan = validation_plan(tmp_path, "pl-eval", {"steps": 2}, loader={"workers": 1})
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -139,22 +125,10 @@ def test_a_resumed_fit_goes_on_with_the_validation_rotation(tmp_path):
     from torch import nn
 
     from omniload_dask.integrations.lightning import OmniloadDataModule
-    from omniload_dask.plan import parse_plan
-    from tests.datagen import plan_dict, texts, write_jsonl
+    from tests.datagen import validation_plan
 
-    write_jsonl(tmp_path / "train.jsonl", texts(100, seed=1, prefix="tr"))
-    write_jsonl(tmp_path / "val.jsonl", texts(40, seed=2, prefix="va"))
-    held = {"name": "held", "format": "jsonl", "path": str(tmp_path / "val.jsonl")}
-    sources = [{"name": "web", "format": "jsonl", "path": str(tmp_path / "train.jsonl")}]
-    plan = parse_plan(
-        plan_dict(
-            sources,
-            name="pl-rotation",
-            layout={"dp": 1},
-            batch={"seq_len": 128, "micro_batches": 1, "global_tokens": 128},
-            loader={"workers": 1},
-            streams={"validation": {"sources": [held], "steps": 1, "rotation": 3}},
-        )
+    plan = validation_plan(
+        tmp_path, "pl-rotation", {"steps": 1, "rotation": 3}, loader={"workers": 1}
     )
 
     class Tiny(pl.LightningModule):
