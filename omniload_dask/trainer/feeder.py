@@ -40,10 +40,12 @@ step's ``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already 
 ``Feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
 a change before the step it rules. A live change of the stages (``Job.update_plan``) is
 counted, and each step cut after it carries the count (``stages_version``): the feeder reads
-the job's batch again at the first such step (:mod:`.jobcopy`), so ``Feeder.stage`` shows the
-change from the step it takes effect at, before any step of a stage it altered (even one
-whose start it kept), and after a resume (the count is replayed with the job's log). The
-micro-batches always carry the stage, ``seq_len`` and count they were built with.
+the job's batch again with the first micro-batch of such a step (:mod:`.jobcopy`), so
+``Feeder.stage`` shows the change from there on, before any step of a later stage it altered
+(even one whose start it kept), and after a resume (the count is replayed with the job's log).
+Only a change taking effect at the very step it alters is seen with that step's first
+micro-batch. The micro-batches always carry the stage, ``seq_len`` and count they were built
+with.
 """
 
 from __future__ import annotations
