@@ -113,6 +113,7 @@ def test_a_checkpoint_after_a_live_stage_change_resumes_exactly(tmp_path):
         for resume_plan in (plan, _plan(tmp_path, stages=stages, checkpoint=True)):
             again = InlineDataPlane(resume_plan, resume=at)
             assert again.coord.view.batch.stages[-1].at_step == floor + 2
+            assert again.coord.view.stages_version == 1  # (the count its steps carry)
             assert _digests(again, end - at, start=at) == {t: ref[t] for t in range(at, end)}
 
 
@@ -155,6 +156,40 @@ def test_a_live_change_under_one_documents_minimum_is_refused_naming_the_field(t
     )  # fmt: skip
     with pytest.raises(Exception, match=r"batch.global_tokens: must be >= seq_len"):
         InlineDataPlane(plan).update_plan(parse_plan(bad))
+
+
+def test_a_feeders_copy_of_the_job_is_read_again_once_per_change_of_the_stages_count(tmp_path):
+    from dataclasses import replace
+
+    from omniload_dask.trainer.jobcopy import JobCopy
+
+    run = InlineDataPlane(_plan(tmp_path, stages=(_long(40),)))
+    start = {"plan": run.plan.to_dict(), "sources": run.coord.view.names}
+    list(run.stream(3))
+    at = run.update_plan(_plan(tmp_path, stages=(_altered(40),)))
+    reads: list[int] = []
+
+    def info() -> dict:  # what the job's info handler gives now
+        reads.append(1)
+        batch = run.coord.view.batch
+        return {**start, "plan": replace(run.plan, batch=batch).to_dict(), "stages_version": 1}
+
+    # a feeder started before the change (count 0), and one started after it (count 1)
+    copies = [JobCopy.of(start), JobCopy.of(info())]
+    assert copies[1].plan.batch.at(40).seq_len == 256 and len(reads) == 1
+    per_copy = []
+    for i, copy in enumerate(copies):
+        reads.clear()
+        for t, batches in run.stream(at + 2 - 3, start=3):
+            for mb in batches[0].micro_batches:
+                assert mb.get("stages_version", 0) == int(t >= at), t
+                copy = copy.seen(mb, info)
+                # (a copy read again is the job's batch now: right for every step)
+                assert copy.plan.batch.at(40).seq_len == (256 if t >= at or i else 512), t
+                assert copy.stages_version == int(t >= at), t
+        per_copy.append(len(reads))
+    # read when the stream reaches the change; the later copy also where it meets older steps
+    assert per_copy == [1, 2]
 
 
 def merged_at(at: int) -> tuple[dict, ...]:
@@ -213,3 +248,72 @@ def test_a_running_job_changes_its_stages_and_the_feeders_follow(tmp_path, clust
             assert {mb.get("stage", 0) for mb in micro} == {int(t >= at)}, t
             want = [np.asarray(mb["input_ids"]).tolist() for mb in declared[t][r].micro_batches]
             assert [np.asarray(mb["input_ids"]).tolist() for mb in micro] == want, (r, t)
+
+
+def _ids(micro: list) -> list:
+    return [np.asarray(mb["input_ids"]).tolist() for mb in micro]
+
+
+def _altered(at: int) -> dict:
+    """The long-context stage of :func:`_long` with other values, its start kept."""
+    return {"at_step": at, "seq_len": 256, "micro_batches": 2, "global_tokens": 768}
+
+
+def test_a_change_of_a_later_stage_alone_reaches_feeder_stage_before_that_stage(tmp_path, cluster):
+    # The stage numbers do not change (the later stage keeps its start): the feeder learns
+    # of the change from the count of stage changes its micro-batches carry.
+    far = 70
+    plan = _plan(tmp_path, stages=(_long(far),), checkpoint=True)
+    new = {"stage": 1, "at_step": far, "seq_len": 256, "micro_batches": 2, "global_tokens": 768}
+
+    def seen(f) -> dict:
+        return {k: f.stage[k] for k in new}
+
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        feeders = [job.feeder(rank=r, output="numpy") for r in (0, 1)]
+        for _ in range(3):
+            for f in feeders:
+                next(f.steps())
+        reply = job.update_plan(_plan(tmp_path, stages=(_altered(far),), checkpoint=True))
+        at = reply["step"]
+        assert reply["stages"] == [{**_altered(far), "global_documents": None}]
+        assert at + 2 < far, f"the change takes effect at {at}: too close to step {far}"
+        got: dict[int, dict[int, list]] = {0: {}, 1: {}}
+        for t in range(3, far + 1):
+            for r, f in enumerate(feeders):
+                if t == far:  # the next step is the altered stage's first: seen before it
+                    assert seen(f) == new
+                micro = next(f.steps())
+                got[r][t] = _ids(micro)
+                assert {mb.get("stages_version", 0) for mb in micro} == {int(t >= at)}, t
+                if t >= at:  # (a step cut after the change told the feeder)
+                    assert f.plan.batch.at(far).seq_len == 256, t
+                if t == far:
+                    assert {
+                        (mb["stage"], mb["seq_len"], mb["num_micro_steps"]) for mb in micro
+                    } == {(1, 256, 2)}
+        states = [f.state_dict() for f in feeders]
+        job.flush_checkpoint()
+        for f in feeders:
+            f.close()
+        job.stop()
+        # a resume after the change (from the plan of the start: the log replays it)
+        resume_at = far - 4
+        again = Job.start(plan, client=client, resume=resume_at)
+        try:
+            feeders = [again.feeder(rank=r, output="numpy") for r in (0, 1)]
+            for f, state in zip(feeders, states, strict=True):
+                f.load_state_dict({**state, "step": resume_at})
+                assert seen(f) == {**new, "stage": 0, "at_step": 0, "seq_len": 128,
+                                   "global_tokens": 512}  # fmt: skip
+                assert f.plan.batch.at(far).seq_len == 256  # (read with the job's log)
+            for t in range(resume_at, far + 1):
+                for r, f in enumerate(feeders):
+                    if t == far:
+                        assert seen(f) == new
+                    assert _ids(next(f.steps())) == got[r][t], (r, t)
+        finally:
+            for f in feeders:
+                f.close()
+            again.stop()

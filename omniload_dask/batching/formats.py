@@ -175,7 +175,8 @@ class Recipe:
     order; the shard slot indexes the shards passed to :func:`build`. Micro-step m holds up to
     ``micro_seq_lens[m]`` tokens (context buckets), or ``seq_len`` when that is empty.
     ``global_loss_tokens`` is the step's count of loss tokens over all groups (-1: unknown);
-    ``stage`` the step's training stage where the job's batch has stages (-1: none).
+    ``stage`` the step's training stage where the job's batch has stages (-1: none);
+    ``stages_version`` the count of live stage changes the step was cut after (0: none).
     """
 
     step: int
@@ -190,6 +191,7 @@ class Recipe:
     patch_size: int = 0  # > 0: the plan has images; micro-batches carry the image fields
     global_loss_tokens: int = -1
     stage: int = -1
+    stages_version: int = 0
 
     def capacity(self, micro_step: int) -> int:
         """Token capacity of micro-step ``micro_step``."""
@@ -243,6 +245,7 @@ class RecipeTable:
     patch_size: int = 0
     global_loss_tokens: int = -1  # the step's, over all its groups (not only these)
     stage: int = -1  # the step's training stage (-1: the job's batch has no stages)
+    stages_version: int = 0  # live stage changes the step was cut after (see Recipe)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -267,6 +270,7 @@ class RecipeTable:
             patch_size=self.patch_size,
             global_loss_tokens=self.global_loss_tokens,
             stage=self.stage,
+            stages_version=self.stages_version,
         )
 
     def reads_of(self, i: int) -> np.ndarray:
@@ -411,6 +415,8 @@ def _micro_batch(
         extra["global_loss_tokens"] = recipe.global_loss_tokens
     if recipe.stage >= 0:
         extra["stage"] = recipe.stage
+    if recipe.stages_version:  # (a job whose stages never changed live: no field)
+        extra["stages_version"] = recipe.stages_version
     token_map = images.get("image_token_map")
     if not compact:
         position_ids, labels = derived(input_ids, cu, total, token_map, target)

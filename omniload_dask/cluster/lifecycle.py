@@ -375,8 +375,10 @@ def apply_change(
 
 def job_info(run: RunningJob) -> dict[str, Any]:
     """What the job's start returned, with the sources and the batch as live changes left
-    them (a feeder reads its plan from here)."""
-    info = {**run.info, "sources": run.coord.view.names}
+    them, and the count of stage changes behind that batch (a feeder reads its plan from
+    here, and again where a micro-batch carries another count: ``trainer.jobcopy``)."""
+    view = run.coord.view
+    info = {**run.info, "sources": view.names, "stages_version": view.stages_version}
     if run.coord.view.batch != run.plan.batch:
         info["plan"] = replace(run.plan, batch=run.coord.view.batch).redacted()
     return info

@@ -79,17 +79,18 @@ class StepDealer:
         self._groups = plan.layout.dp
         self._patch_size = plan.images.patch_size if plan.images else 0
 
-    def restage(self, batch: BatchSpec) -> None:
-        """Plan with ``batch`` and its stages (a live stage change, :mod:`.stages`).
+    def restage(self, batch: BatchSpec, version: int = 0) -> None:
+        """Plan with ``batch`` and its stages (a live stage change, :mod:`.stages`), the
+        ``version`` of the stages that the recipes say.
 
-        The batch and the buckets and pins of each of its stages are swapped as one value,
-        read once per call: a plan running in another thread sees either (a step it plans
-        with the old one is drawn again, :mod:`.rewind`)."""
+        The batch, its version and the buckets and pins of each of its stages are swapped as
+        one value, read once per call: a plan running in another thread sees either (a step
+        it plans with the old one is drawn again, :mod:`.rewind`)."""
         stages = batch.every_stage
         # Buckets and pins per stage, and whether it may cut a document between micro-batches
         # (never where documents are kept whole).
         shapes = [(*_shape(b, self._names), not b.whole_documents) for b in stages]
-        self._staged = (batch, shapes)
+        self._staged = (batch, shapes, version)
 
     @property
     def declared_micro_steps(self) -> int:
@@ -147,7 +148,7 @@ class StepDealer:
         """:meth:`assign` of several steps, ``(src, lengths, extra)`` each (steps ``at``,
         default 0): the same splits, made side by side where the balancer can
         (:func:`~.balance.balance_steps`), the steps of one stage together."""
-        batch, shapes = self._staged
+        batch, shapes, _ = self._staged
         stage = [batch.stage_index(t) for t in (at if at is not None else [0] * len(steps))]
         out: list[Assignment] = []
         first = 0
@@ -193,7 +194,7 @@ class StepDealer:
             start += docs.starts[doc]
         np.add(start, split.length[order], out=table[:, 4])
         used = pair % nu
-        staged = self._staged[0]
+        staged, _, version = self._staged
         batch = staged.at(step)
         return RecipeTable(
             step=step,
@@ -210,6 +211,7 @@ class StepDealer:
             patch_size=self._patch_size,
             global_loss_tokens=step_loss_tokens(docs, doc, start, table[:, 4]),
             stage=staged.stage_index(step) if staged.stages else -1,
+            stages_version=version,
         )
 
 

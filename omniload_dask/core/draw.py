@@ -158,7 +158,7 @@ class Drawer:
             self.mixer.commit(result)
         return _locate(result, cands, streams, self._with_extra)
 
-    def restage(self, batch: BatchSpec) -> None:
+    def restage(self, batch: BatchSpec, version: int = 0) -> None:
         """Draw with ``batch``'s stages from now on (a live stage change, :mod:`.stages`)."""
         self._batch = batch
 

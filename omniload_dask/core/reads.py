@@ -62,7 +62,7 @@ class ReadAhead:
         self._seen: dict[int, tuple[Any, ...]] = {}  # what the last look at a source saw
         self._quotas: tuple[tuple[bytes, int], np.ndarray] | None = None  # the last ones, by input
 
-    def restage(self, batch: BatchSpec) -> None:
+    def restage(self, batch: BatchSpec, version: int = 0) -> None:
         """Size read-ahead for ``batch``'s stages (a live stage change, :mod:`.stages`)."""
         self._budget = _largest_budget(batch)
 

@@ -24,6 +24,12 @@ Each change is logged as ``{"step": S, "kind": "stages", "stages": [...]}``, the
 ``S`` on as a plan gives them; :meth:`LiveStages.replay` reads the log over the plan again (a
 resume), so the stream stays a pure function of plan, seed, step and log.
 
+The count of stage changes logged is the stages' ``version`` (0: the plan's own). Every step
+cut after a change carries it (``stages_version`` in its micro-batches, where not 0), so a
+feeder knows its copy of the job's batch is out of date before the step a changed stage
+starts at, even when the change kept every stage's start (only a later stage's values
+changed). It is a count over the log, so a resume (a replay) gives every step the same one.
+
 Pure: no I/O and no Dask.
 """
 
@@ -59,15 +65,17 @@ class StageChange:
 class Cutter(Protocol):
     """A component of the data plane that cuts steps as the batch's stages say."""
 
-    def restage(self, batch: BatchSpec) -> None:
-        """Cut the steps from now on as ``batch`` and its stages say."""
+    def restage(self, batch: BatchSpec, version: int = 0) -> None:
+        """Cut the steps from now on as ``batch`` and its stages say (``version``: the count
+        of stage changes that led to it)."""
 
 
 class LiveStages:
     """The job's batch as live changes leave it, and the check and merge of a new one.
 
     ``record`` logs a change (:meth:`.LiveSources.record`: the job's one log of live
-    changes); ``cutters`` (the draw, the dealer, read-ahead) take the batch after each.
+    changes); ``cutters`` (the draw, the dealer, read-ahead) take the batch after each, with
+    :attr:`version`, the count of stage changes logged.
     """
 
     def __init__(
@@ -77,6 +85,7 @@ class LiveStages:
         self._record = record
         self._cutters = cutters
         self.batch = plan.batch
+        self.version = 0
 
     def change(self, new: BatchSpec, at_step: int | None, next_step: int) -> StageChange | None:
         """Check a plan version's batch ``new`` from ``at_step`` (default: ``next_step``, the
@@ -115,23 +124,24 @@ class LiveStages:
                 f"update_plan: step {change.step} is built now; the stage change would take "
                 f"effect at step {next_step} or later"
             )
-        self._restage(change.batch)
+        self._restage(change.batch, self.version + 1)
         self._record({"step": change.step, "kind": "stages", "stages": change.stages})
         return change.step
 
     def replay(self, log: Sequence[dict[str, Any]]) -> BatchSpec:
         """The plan's batch with the stage changes of ``log`` (a snapshot's) in effect."""
-        batch = self._plan.batch
+        batch, version = self._plan.batch, 0
         for entry in log:
             if entry["kind"] == "stages":
                 batch = _merged(self._plan, batch, int(entry["step"]), list(entry["stages"]))
-        self._restage(batch)
+                version += 1
+        self._restage(batch, version)
         return batch
 
-    def _restage(self, batch: BatchSpec) -> None:
-        self.batch = batch
+    def _restage(self, batch: BatchSpec, version: int) -> None:
+        self.batch, self.version = batch, version
         for cutter in self._cutters:
-            cutter.restage(batch)
+            cutter.restage(batch, version)
 
 
 def _shape(batch: BatchSpec) -> tuple[Any, ...]:

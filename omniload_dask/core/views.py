@@ -151,6 +151,11 @@ class PlaneView:
         """The job's batch and its stages, as live changes left them (:mod:`.stages`)."""
         return self._stages.batch
 
+    @property
+    def stages_version(self) -> int:
+        """The count of stage changes logged: what each step cut since says (:mod:`.stages`)."""
+        return self._stages.version
+
     def stage_change(self, batch: BatchSpec, at_step: int | None) -> StageChange | None:
         """What a plan version's ``batch`` changes of the stages from ``at_step`` (default:
         :attr:`earliest_change`; None: nothing). Nothing changes until

@@ -38,9 +38,14 @@ With training stages (``batch.stages``: a batch ramp-up, a long-context stage) t
 ``seq_len`` and micro-batch count change at declared steps. Each micro-batch then says its
 step's ``stage`` (a number; with ``seq_len`` and ``num_micro_steps`` it already carries), and
 ``Feeder.stage`` gives the stage of the next step whole (:func:`stage_of`), so a trainer sees
-a change before the step it rules. A live change of the stages (``Job.update_plan``) reaches
-``Feeder.stage`` with the first step it cuts otherwise (the feeder then reads the job's batch
-again); the micro-batches always carry the stage, ``seq_len`` and count they were built with.
+a change before the step it rules. A live change of the stages (``Job.update_plan``) is
+counted, and each step cut after it carries the count (``stages_version``): the feeder reads
+the job's batch again with the first micro-batch of such a step (:mod:`.jobcopy`), so
+``Feeder.stage`` shows the change from there on, before any step of a later stage it altered
+(even one whose start it kept), and after a resume (the count is replayed with the job's log).
+Only a change taking effect at the very step it alters is seen with that step's first
+micro-batch. The micro-batches always carry the stage, ``seq_len`` and count they were built
+with.
 """
 
 from __future__ import annotations
@@ -58,8 +63,8 @@ from omniload_dask.batching.wire import expand
 from omniload_dask.errors import JobError, OmniloadError
 from omniload_dask.fixes import own_error
 from omniload_dask.internals import comms as _comms
-from omniload_dask.plan import BatchSpec, Plan, parse_plan
 from omniload_dask.trainer.fanout import StepSupply
+from omniload_dask.trainer.jobcopy import JobCopy, output_of, stage_of
 from omniload_dask.trainer.options import FeederOptions
 from omniload_dask.trainer.ranks import resolve_rank
 from omniload_dask.trainer.wiring import ask_job, wire
@@ -148,6 +153,7 @@ class Feeder:
         self.output, self.max_steps = self.options.output, self.options.max_steps
         self.fanout = wired.fanout
         place = wired.place
+        self._job = JobCopy(place.plan, place.sources, place.stages_version)
         self.plan, self.layout = place.plan, place.plan.layout
         self.source_names = list(place.sources)
         self.rank, self.dp_rank, self.cp_rank = place.rank, place.dp_rank, place.cp_rank
@@ -277,8 +283,9 @@ class Feeder:
     def _convert(self, mb: dict[str, Any]) -> dict[str, Any]:
         """A micro-batch as the trainer gets it: full form, source names, torch or numpy."""
         mb = expand(mb)  # the wire form carries neither labels nor position_ids
-        self.source_names, self.plan = _job_now(mb, self._supply, self.source_names, self.plan)
-        return _output(mb, self.source_names, self.output, self.plan.batch)
+        self._job = self._job.seen(mb, self._supply.info)  # (live changes: .jobcopy)
+        self.source_names, self.plan = list(self._job.names), self._job.plan
+        return output_of(mb, self._job, self.output)
 
 
 def _stats(feeder: Feeder, step: int, job: dict[str, Any]) -> dict[str, Any]:
@@ -294,54 +301,6 @@ def _stats(feeder: Feeder, step: int, job: dict[str, Any]) -> dict[str, Any]:
         "skipped": {s["name"]: s["skipped"] for s in job["sources"]},
         "job": job,
     }
-
-
-def stage_of(batch: BatchSpec, step: int) -> dict[str, Any]:
-    """The training stage that rules ``step`` (``batch.stages``): its number (0: the plan's
-    batch, i: from stage i-1's start), the step it began at, and the batch shape and budget
-    it gives: what a trainer watches to re-plan its micro-batches or learning rate."""
-    index, shape = batch.stage_index(step), batch.at(step)
-    return {
-        "stage": index,
-        "at_step": batch.stages[index - 1].at_step if index else 0,
-        "seq_len": shape.seq_len,
-        "micro_batches": shape.micro_batches,
-        "global_tokens": shape.global_tokens,
-        "global_documents": shape.global_documents,
-        "buckets": [b.to_dict() for b in shape.buckets],
-    }
-
-
-def _job_now(
-    mb: dict[str, Any], supply: StepSupply, names: list[str], plan: Plan
-) -> tuple[list[str], Plan]:
-    """The job's source names and plan as ``mb`` shows them: read again from the job where a
-    source joined since (a document of an unknown source), or where ``mb`` was built in
-    another stage than ``plan`` gives its step (the stages changed live, ``update_plan``)."""
-    sources = mb["doc_source"]
-    if len(sources) and int(sources.max()) >= len(names):
-        names = list(supply.info()["sources"])
-    if "stage" in mb and int(mb["stage"]) != plan.batch.stage_index(int(mb["step"])):
-        plan = parse_plan(supply.info()["plan"])
-    return names, plan
-
-
-def _output(
-    mb: dict[str, Any], source_names: list[str], output: str, batch: BatchSpec
-) -> dict[str, Any]:
-    """``mb`` with each document's source name and, where the plan has stages, its step's
-    ``stage`` (see :func:`stage_of`), its arrays as torch tensors for "torch"."""
-    out = dict(mb)
-    out["doc_source_name"] = [source_names[int(s)] for s in mb["doc_source"]]
-    if batch.stages and "stage" not in mb:  # (the data plane says it where it has stages)
-        out["stage"] = batch.stage_index(int(mb["step"]))
-    if output == "torch":
-        import torch
-
-        for key, value in mb.items():
-            if isinstance(value, np.ndarray):
-                out[key] = torch.from_numpy(value)
-    return out
 
 
 def _take(supply: StepSupply, step: int) -> GroupBatch:

@@ -45,7 +45,8 @@ Report = Callable[[int], dict[str, Any]]
 @dataclass(frozen=True)
 class Place:
     """Where a rank stands in its job: the plan, its sources, this rank and its coordinates,
-    and how many steps it keeps fetched ahead."""
+    how many steps it keeps fetched ahead, and the count of live stage changes the plan's
+    batch shows (:mod:`.jobcopy`)."""
 
     plan: Plan
     sources: tuple[str, ...]
@@ -53,6 +54,7 @@ class Place:
     dp_rank: int
     cp_rank: int
     prefetch: int
+    stages_version: int = 0
 
     @classmethod
     def of(cls, info: dict[str, Any], options: FeederOptions, prefetch: int | None) -> Place:
@@ -64,7 +66,8 @@ class Place:
         depth = prefetch or fetch_depth(plan)
         if depth < 1:
             raise JobError(f"Feeder: prefetch must be >= 1, got {depth}")
-        return cls(plan, tuple(info["sources"]), rank, coords["dp"], coords["cp"], depth)
+        version = int(info.get("stages_version", 0))
+        return cls(plan, tuple(info["sources"]), rank, coords["dp"], coords["cp"], depth, version)
 
 
 @dataclass(frozen=True)
