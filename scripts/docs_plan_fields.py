@@ -354,7 +354,7 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
         },
     }
     calibrated = {
-        "batch": {"seq_len": 64},
+        "batch": {"seq_len": 64, "long_documents": "truncate", "pack_pool": 16},
         "cost": {"calibration": str(calibration)},
         "sources": [_source("web", "jsonl")],
     }

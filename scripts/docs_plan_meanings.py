@@ -224,6 +224,9 @@ MEANINGS: dict[str, Any] = {
     "batch.max_document_tokens": "`split` only: keep at most this many tokens of a document "
     "(the rest is dropped and counted as truncated); at or under `seq_len`, documents are kept "
     "whole (never cut between micro-batches or steps)",
+    "batch.pack_pool": "whole documents and a token budget only: a step's draw packs its "
+    "micro-batches best fit decreasing from the next documents of the mix plus this many, and "
+    "those left wait for a later step (held in the checkpointed cursors; 0: the in-order draw)",
     "batch.pad_to_seq_len": "pad every micro-batch to its capacity (fixed shapes); padding is "
     "never a target",
     "batch.buckets": {

@@ -29,6 +29,7 @@ import numpy as np
 
 from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
 from omniload_dask.batching.sorting import stable_order
+from omniload_dask.core import pool as pool_draw
 from omniload_dask.core.live import LiveSources, token_shares
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
@@ -85,6 +86,7 @@ class Drawer:
         """A mixer over ``sources``; ``with_extra``: documents carry an encoder cost."""
         self._sources = sources
         self._batch = plan.batch
+        self._groups = plan.layout.dp
         self._at(0)
         self._with_extra = with_extra
         n = len(sources.streams)
@@ -121,8 +123,10 @@ class Drawer:
             return None
         for joining in ((weights > 0) & ~self.active).nonzero()[0].tolist():
             self.mixer.activate(joining)  # (re)joining sources start at the virtual time
-        empty = Candidates(np.zeros(0, np.int64))
         shares = self._token_shares(weights)
+        if self._pool:
+            return self._draw_pooled(step, weights, shares)
+        empty = Candidates(np.zeros(0, np.int64))
         cands = [
             stream.candidates(caps[i], *self._wants(i, shares, 1.0)) if weights[i] > 0 else empty
             for i, stream in enumerate(streams)
@@ -158,6 +162,32 @@ class Drawer:
             self.mixer.commit(result)
         return _locate(result, cands, streams, self._with_extra)
 
+    def _draw_pooled(self, step: int, weights: np.ndarray, shares: np.ndarray) -> Documents | None:
+        """:meth:`draw` with ``batch.pack_pool``: a window of the mix, packed (:mod:`.pool`)."""
+        streams, caps = self._sources.streams, self._sources.caps
+        assert self._pool is not None  # (draw calls this only then)
+        tokens, pool, bins, capacity = self._pool
+        got = pool_draw.draw_window(
+            self.mixer,
+            streams,
+            caps,
+            weights,
+            lambda i, scale: self._wants(i, shares, scale),
+            tokens,
+            pool,
+        )
+        if isinstance(got, set):
+            self.starved = got
+            self._starved_seen = self._seen(step, weights, got)
+            return None
+        self.starved = set()
+        rows, cands = got
+        if len(rows):
+            self.active = weights > 0
+            self.weights = weights
+        selection = pool_draw.place(self.mixer, rows, cands, weights, (bins, capacity, tokens))
+        return _locate(selection, cands, streams, self._with_extra, pooled=True)
+
     def restage(self, batch: BatchSpec, version: int = 0) -> None:
         """Draw with ``batch``'s stages from now on (a live stage change, :mod:`.stages`)."""
         self._batch = batch
@@ -170,6 +200,17 @@ class Drawer:
         # (unless documents are kept whole: BatchSpec.whole_documents)
         self._cut = not batch.whole_documents and batch.global_tokens is not None
         self._chunk = batch.seq_len  # long documents are tagged (and flow) in such pieces
+        # pack_pool: (budget, pool, micro-batches of the step, their tokens), else None
+        self._pool = (
+            (
+                batch.global_tokens,
+                batch.pack_pool,
+                self._groups * batch.micro_batches,
+                batch.seq_len,
+            )
+            if batch.pack_pool and batch.global_tokens is not None
+            else None
+        )
 
     def _seen(self, step: int, weights: np.ndarray, sources: set[int]) -> tuple[Any, ...]:
         """What a draw that waited for ``sources`` depends on: the step, the weights, the
@@ -205,10 +246,12 @@ class Drawer:
 
 
 def _locate(
-    selection: Selection, cands: list[Candidates], streams: list[SourceStream], with_extra: bool
-) -> Documents:
+    selection: Selection, cands: list[Candidates], streams: list[SourceStream], with_extra: bool,
+    pooled: bool = False,
+) -> Documents:  # fmt: skip
     """Move the cursors past the chosen documents and find each one's read task and row (of
-    a source's last one, maybe only its first tokens: the rest leads the next batch)."""
+    a source's last one, maybe only its first tokens: the rest leads the next batch).
+    ``pooled``: the chosen may leave some candidates out (holes, :func:`.pool.take`)."""
     order, taken = selection.order, selection.taken
     counts = (
         np.bincount(order[:, 0], minlength=len(streams))
@@ -217,7 +260,9 @@ def _locate(
     )
     finished: list[Unit] = []
     for i, stream in enumerate(streams):
-        if counts[i]:
+        if counts[i] and pooled:
+            finished += pool_draw.take(stream, cands[i], np.sort(order[order[:, 0] == i, 1]))
+        elif counts[i]:
             finished += stream.consume(cands[i], int(counts[i]), selection.cut.get(i, 0))
     # Documents in tag order: (source, unit, row in file order, effective length).
     src = order[:, 0]

@@ -42,7 +42,7 @@ from omniload_dask.core.figures import Figures
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import LiveSources
 from omniload_dask.core.stepping import StepCycle
-from omniload_dask.core.streams import SourceStream, Unit
+from omniload_dask.core.streams import SourceStream, Unit, cursor_state, put_cursor
 from omniload_dask.errors import InternalError
 
 __all__ = ["Mark", "Rewinds", "redraw"]
@@ -53,7 +53,7 @@ class Mark:
     """The data plane's state before step ``step`` was drawn (see the module docstring)."""
 
     step: int
-    cursors: list[list[int]]  # each source's SourceStream.STATE_KEYS values
+    cursors: list[list[Any]]  # each source's SourceStream.state_dict() values
     tags: np.ndarray
     vtime: float
     active: np.ndarray
@@ -189,13 +189,10 @@ def redraw(rewinds: Rewinds, cycle: StepCycle, delivery: Delivery, step: int) ->
     return releases
 
 
-def _cursor(stream: SourceStream) -> list[int]:
-    return [int(getattr(stream, k)) for k in stream.STATE_KEYS]
+def _cursor(stream: SourceStream) -> list[Any]:
+    return list(stream.state_dict().values())
 
 
-def _restore(stream: SourceStream, cursor: list[int]) -> None:
-    """Put ``stream``'s cursor and counters back (its units stay: shards still held)."""
-    for key, value in zip(stream.STATE_KEYS, cursor, strict=True):
-        setattr(stream, key, bool(value) if key == "retired" else int(value))
-    stream._cache = None
-    stream.version += 1
+def _restore(stream: SourceStream, cursor: list[Any]) -> None:
+    """Put ``stream``'s cursor, counters and holes back (its units stay: shards still held)."""
+    put_cursor(stream, cursor_state(cursor))

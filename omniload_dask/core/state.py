@@ -32,6 +32,7 @@ import numpy as np
 from omniload_dask.core.draw import Drawer
 from omniload_dask.core.figures import Figures
 from omniload_dask.core.live import LiveSources
+from omniload_dask.core.streams import cursor_state
 from omniload_dask.plan import source_dict
 from omniload_dask.sources.catalog import catalog_fingerprint
 
@@ -51,7 +52,7 @@ READABLE_VERSIONS = (1, 2)
 # skipped, truncated_tokens, retired, offset, filtered.
 ROW, DOCS, TOKENS, OFFSET = 2, 3, 4, 8
 RARE = slice(5, 8)  # skipped, truncated, retired: sent whole (under "x") when they change
-LATER = slice(9, None)  # filtered (and keys added after it): sent whole too
+LATER = slice(9, None)  # filtered (and keys added after it, and holes): sent whole too
 FRESH = [0] * 10  # the state of a stream that has not drawn yet
 
 
@@ -188,8 +189,7 @@ def restore(
     step = int(state["step"])
     for stream, src in zip(sources.streams, state["sources"], strict=True):
         if src["state"] is not None:
-            vec = list(src["state"]) + [0] * (len(stream.STATE_KEYS) - len(src["state"]))
-            stream.load_state_dict(dict(zip(stream.STATE_KEYS, vec, strict=True)))
+            stream.load_state_dict(cursor_state(src["state"]))
         else:  # added after this step: not part of the job yet
             stream.retired = True
     tags = np.asarray([np.nan if t is None else t for t in state["tags"]], dtype=np.float64)

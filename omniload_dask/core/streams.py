@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ from omniload_dask.errors import JobError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources import Catalog
 
-__all__ = ["SourceStream", "Unit", "UnitRef"]
+__all__ = ["SourceStream", "Unit", "UnitRef", "cursor_state", "put_cursor"]
 
 UnitRef = tuple[int, int]  # (epoch, position in that epoch's unit order)
 
@@ -168,6 +169,7 @@ class SourceStream:
         self.units: dict[UnitRef, Unit] = {}
         self.docs = self.tokens = self.skipped = self.filtered = self.truncated_tokens = 0
         self.retired = False  # removed from the job (its cursor is kept)
+        self.holes: frozenset[tuple[int, int, int]] = frozenset()  # taken ahead (.pool)
         self._cache: tuple[int, Candidates] | None = None  # candidates while nothing changes
         self.version = 0  # bumped whenever the cursor moves or a unit reports
 
@@ -306,6 +308,10 @@ class SourceStream:
                 waiting = True
                 break
             rows = unit.order[row:]  # type: ignore[index]
+            at = np.arange(row, row + len(rows), dtype=np.int64)
+            unread = len(rows)
+            if self.holes:  # documents a pooled draw took ahead of the cursor (.pool)
+                rows, at = _unheld(self.holes, unit, rows, at)
             if len(rows):
                 empty_run = 0
                 raw = unit.lengths[rows]
@@ -317,22 +323,13 @@ class SourceStream:
                 capped.append(lengths)
                 raws.append(raw)
                 unit_of.append(np.full(len(rows), len(units), np.int64))
-                row_of.append(np.arange(row, row + len(rows), dtype=np.int64))
+                row_of.append(at)
                 tokens += int(lengths.sum())
                 docs += len(rows)
             else:
-                empty_run += 1
+                empty_run += 0 if unread else 1  # (a unit whose rest is holes is not empty)
                 if empty_run >= 2 * self.catalog.num_units:  # a whole epoch lies inside
-                    once = {  # one epoch's: each empty unit's file once
-                        u.catalog_index: u.skipped
-                        for u in units
-                        if u.lengths is not None and not len(u.lengths)
-                    }
-                    raise JobError(
-                        f"source {self.spec.name!r}: a whole epoch held no records "
-                        f"({sum(once.values())} bad records skipped in it: see the "
-                        "source's bad_examples); every file of it is unreadable or empty"
-                    )
+                    _no_records(self.spec.name, units)
             units.append(unit)
             ref, row = self.successor(ref), 0
         if not capped:
@@ -431,17 +428,62 @@ class SourceStream:
         "filtered",
     )
 
-    def state_dict(self) -> dict[str, int]:
-        """The cursor and counters: everything that is not re-derived from the files."""
-        return {k: int(getattr(self, k)) for k in self.STATE_KEYS}
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor and counters: everything that is not re-derived from the files; with
+        holes (a pooled draw's, :mod:`.pool`), ``holes`` too, flat ``[epoch, position, row,
+        ...]`` in order (absent when there are none, so other plans' states stay as they were)."""
+        out: dict[str, Any] = {k: int(getattr(self, k)) for k in self.STATE_KEYS}
+        if self.holes:
+            out["holes"] = [x for hole in sorted(self.holes) for x in hole]
+        return out
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s output; no unit is in flight afterwards."""
-        for key in self.STATE_KEYS:
-            value = state.get(key, 0)  # (a state from before a key was added: 0)
-            setattr(self, key, bool(value) if key == "retired" else int(value))
+        put_cursor(self, state)
         self.units.clear()
         self.next_submit = (self.epoch, self.position)
         self._orders.clear()
+
+    def forget_candidates(self) -> None:
+        """The cursor or the holes moved: candidates are collected again."""
         self._cache = None
         self.version += 1
+
+
+def put_cursor(stream: SourceStream, state: dict[str, Any]) -> None:
+    """Set the cursor, counters and holes of ``state`` (its units stay)."""
+    for key in stream.STATE_KEYS:
+        value = state.get(key, 0)  # (a state from before a key was added: 0)
+        setattr(stream, key, bool(value) if key == "retired" else int(value))
+    flat = state.get("holes") or []
+    stream.holes = frozenset(tuple(flat[i : i + 3]) for i in range(0, len(flat), 3))
+    stream.forget_candidates()
+
+
+def _unheld(
+    holes: frozenset[tuple[int, int, int]], unit: Unit, rows: np.ndarray, at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` of ``unit`` (served as its ``at``-th) less those a pooled draw took ahead."""
+    keep = [(unit.epoch, unit.position, k) not in holes for k in at.tolist()]
+    return rows[keep], at[keep]
+
+
+def cursor_state(vector: list[Any]) -> dict[str, Any]:
+    """A stream's state from its vector (:meth:`SourceStream.state_dict`'s values, maybe
+    of an older version with fewer keys, or with the holes last)."""
+    n = len(SourceStream.STATE_KEYS)
+    state: dict[str, Any] = dict(zip(SourceStream.STATE_KEYS, list(vector[:n]), strict=False))
+    if len(vector) > n:
+        state["holes"] = list(vector[n])
+    return state
+
+
+def _no_records(name: str, units: list[Unit]) -> None:
+    """A whole epoch of source ``name`` (its ``units``) held no records: a clear error."""
+    once = {  # one epoch's: each empty unit's file once
+        u.catalog_index: u.skipped for u in units if u.lengths is not None and not len(u.lengths)
+    }
+    raise JobError(
+        f"source {name!r}: a whole epoch held no records ({sum(once.values())} bad records "
+        "skipped in it: see the source's bad_examples); every file of it is unreadable or empty"
+    )

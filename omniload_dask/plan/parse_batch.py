@@ -124,6 +124,7 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
             tokens,
         )
     pad = f.flag("pad_to_seq_len", False)
+    pool = _pack_pool(f, tokens, long_docs, max_doc, seq_len, buckets)
     f.raw("stages")  # (read by parse_stages, once this batch is known)
     f.done()
     return BatchSpec(
@@ -135,7 +136,32 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
         max_document_tokens=max_doc,
         pad_to_seq_len=pad,
         buckets=buckets,
+        pack_pool=pool,
     )
+
+
+def _pack_pool(
+    f: Fields, tokens: int | None, long_docs: str, max_doc: int | None, seq_len: int,
+    buckets: tuple[BucketSpec, ...],
+) -> int:  # fmt: skip
+    """``batch.pack_pool``: documents a step's draw may hold back (0: none); it needs whole
+    documents, a token budget and one bucket."""
+    pool = f.integer("pack_pool", 0, min=0, max=MAX_STEP_DOCUMENTS)
+    if not pool:
+        return 0
+    whole = long_docs == "truncate" or (max_doc is not None and max_doc <= seq_len)
+    why = (
+        "needs whole documents (long_documents: truncate, or max_document_tokens <= seq_len)"
+        if not whole
+        else "needs a token budget (global_tokens), not global_documents"
+        if tokens is None
+        else "works with one bucket (seq_len and micro_batches), not batch.buckets"
+        if len(buckets) > 1
+        else ""
+    )
+    if why:
+        fail(f.at("pack_pool"), why, pool)
+    return pool
 
 
 def _buckets(f: Fields, layout: LayoutSpec, tokens: int | None) -> tuple[BucketSpec, ...]:

@@ -196,7 +196,8 @@ class BatchSpec:
     ``max_document_tokens`` caps a document (the rest is dropped and counted as truncated);
     without it nothing is. ``truncate`` never cuts a document: longer ones are truncated to
     ``seq_len``, and a step whose documents do not pack into ``micro_batches`` gets one more
-    micro-batch on every rank.
+    micro-batch on every rank. ``pack_pool`` (N > 0, whole documents and a token budget only)
+    lets a step's draw leave up to N documents of the mix for a later step (:mod:`.core.pool`).
 
     Whole documents (:attr:`whole_documents`): under ``truncate``, and under ``split`` when
     ``max_document_tokens`` is at or under the ``seq_len`` of every micro-batch a document may
@@ -218,6 +219,7 @@ class BatchSpec:
     max_document_tokens: int | None = None
     pad_to_seq_len: bool = False
     buckets: tuple[BucketSpec, ...] = ()
+    pack_pool: int = 0  # documents the draw may hold back for later steps (0: none)
     stages: tuple[StageSpec, ...] = ()  # later budgets and shapes, by step (see StageSpec)
 
     def at(self, step: int) -> BatchSpec:

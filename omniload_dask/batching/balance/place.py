@@ -23,6 +23,7 @@ step takes about as many as a group (or micro-batch) gets pieces, whatever the D
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -130,7 +131,9 @@ def pack(p: Pieces, bins: Bins, groups: int, cost: CostFunction, cut: bool) -> i
         else:
             left = group_rounds([p], [bins], [queue], groups, micro, lo, load)[0]
         if not fill_room(p, bins, left, lo, hi, cost, cut):
-            return b
+            if cut or not _fit_decreasing(p, bins, mine, lo, hi):
+                return b
+            by_bins = True  # packed bins first: they are dealt to the groups now
         if by_bins:
             _deal(bins, lo, hi, micro, load)
         else:
@@ -150,6 +153,31 @@ def fill_room(
         if not cut:
             return False
         _pour(p, bins, left, lo, hi, cost)
+    return True
+
+
+def _fit_decreasing(p: Pieces, bins: Bins, mine: np.ndarray, lo: int, hi: int) -> bool:
+    """Where the rounds by cost leave whole pieces that fit nowhere: the bucket's pieces
+    ``mine`` packed again by length alone, best fit decreasing (longest first, each into the
+    bin with the least room that holds it; ties: the lower bin), the step's first document
+    first. True when every piece fits; else the bins are as the rounds left them. That is the
+    order in which a pooled draw (``batch.pack_pool``, :func:`omniload_dask.core.pool.
+    pack_window`) chose the step's documents, so its steps always fit; others get one more
+    micro-batch only where even this fails."""
+    length, doc = p.length, p.doc[mine]
+    rooms = sorted((int(bins.capacity[b]), b) for b in range(lo, hi))
+    where = np.empty(len(mine), dtype=np.int64)
+    for k in np.lexsort((doc, -length[mine], doc != 0)).tolist():
+        n = int(length[mine[k]])
+        at = bisect.bisect_left(rooms, (n, -1))
+        if at == len(rooms):
+            return False
+        room, b = rooms.pop(at)
+        bisect.insort(rooms, (room - n, b))
+        where[k] = b
+    bins.room[lo:hi] = bins.capacity[lo:hi]
+    bins.load[lo:hi] = 0.0
+    bins.add(p, mine, where)
     return True
 
 
