@@ -13,6 +13,7 @@ the same validation batches every pass. Exit status 0 only when every check pass
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import shutil
@@ -22,6 +23,21 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def environment() -> dict[str, str]:
+    """This process's environment with the repository first on ``PYTHONPATH`` (the paths
+    already there, where torchtitan may be installed, kept after it)."""
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def titan_version() -> tuple[int, ...]:
+    """The installed torchtitan's release (0.2 and 0.3 name the validator's section apart)."""
+    from omniload_dask.integrations.versions import parse_version
+
+    return parse_version(importlib.metadata.version("torchtitan"))
 
 
 def run(out: Path, steps: int, every: int, extra: list[str], timeout: float) -> int:
@@ -29,8 +45,9 @@ def run(out: Path, steps: int, every: int, extra: list[str], timeout: float) -> 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--standalone"]
     cmd += [str(REPO / "examples" / "train_torchtitan.py"), "--out", str(out)]
     cmd += ["--record", str(out / "record.jsonl"), "--training.steps", str(steps)]
-    cmd += ["--checkpoint.interval", str(every), "--validator.freq", str(every), *extra]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    validation = "validation" if titan_version() < (0, 3) else "validator"  # 0.2's name
+    cmd += ["--checkpoint.interval", str(every), f"--{validation}.freq", str(every), *extra]
+    env = environment()
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "log.txt", "a") as log:
         proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=log, timeout=timeout)
@@ -70,7 +87,7 @@ def main() -> None:
     subprocess.run(
         [sys.executable, "-m", "omniload_dask.cli", "demo-data", "plans/demo-data"],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=environment(),
         check=True,
     )
     n, k, every = args.steps, args.kill_after, args.every

@@ -32,13 +32,16 @@ import hashlib
 import json
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from omniload_dask import Job, load_plan
 from omniload_dask.errors import JobError
 from omniload_dask.integrations.torchtitan import OmniloadDataLoader
+from omniload_dask.integrations.versions import parse_version
 from omniload_dask.internals import comms
 
 PLAN = Path(__file__).parents[1] / "plans" / "tiny_trainers.yaml"
@@ -165,6 +168,31 @@ def hook(trainer: Any, record: str, kill_after: int | None) -> None:
     checkpointer.save, checkpointer.load = on_save, on_load
 
 
+def v02_config(overrides: list[str]) -> tuple[Any, Callable[[], Any]]:
+    """torchtitan 0.2's job config and its Trainer's maker: a registered train spec and a TOML
+    job config (``examples/torchtitan_v02.py``); the loaders are the same recorded ones."""
+    from torchtitan.train import Trainer
+    from torchtitan_v02 import job_config, register
+
+    plan, dp = RUN["plan"], RUN["dp"]
+    micro = plan.batch.global_tokens // (plan.batch.seq_len * dp)
+
+    def loader_config(kind: str, stream: str | None) -> RecordedLoader.Config:
+        return RecordedLoader.Config(
+            job=RUN["job"],
+            address=RUN["address"],
+            pad_to=plan.batch.seq_len,
+            stream=stream,
+            record=RUN["record"],
+            kind=kind,
+            micro_batches=micro if kind == "train" else 0,
+        )
+
+    register(RUN, loader_config, RecordedLoader)
+    config = job_config(RUN, overrides)
+    return config, lambda: Trainer(config)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default=str(PLAN))
@@ -177,7 +205,6 @@ def main() -> None:
         raise SystemExit("this example trains one DP rank: torchrun --nproc-per-node 1")
     plan = load_plan(args.plan)
     import torch
-    from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger
 
     init_logger()
@@ -190,14 +217,20 @@ def main() -> None:
             job=job.name,
             address=comms.scheduler_address(job.client),
             vocab_size=int(job.info["tokenizer"]["vocab_size"]),
+            eos_id=job.info["tokenizer"]["eos_id"],
         )
-        # torchtitan's own entry: a config function named by --module/--config, then overrides
-        argv = ["--module", "__main__", "--config", "omniload_debugmodel", *overrides]
-        config = ConfigManager().parse_args(argv)
+        if parse_version(version("torchtitan")) < (0, 3):
+            config, build = v02_config(overrides)
+        else:  # torchtitan's own entry: a config function named by --module/--config
+            from torchtitan.config import ConfigManager
+
+            argv = ["--module", "__main__", "--config", "omniload_debugmodel", *overrides]
+            config = ConfigManager().parse_args(argv)
+            build = config.build
         every = config.checkpoint.interval
         if args.kill_after_step is not None and args.kill_after_step % every:
             raise SystemExit(f"--kill-after-step must be a checkpoint step (every {every})")
-        trainer = config.build()
+        trainer = build()
         hook(trainer, args.record, args.kill_after_step)
         try:
             trainer.train()

@@ -13,7 +13,7 @@ values of different keys are written by their own rank); :class:`OmniloadDataLoa
 same with the feeder's position, and refuses a state of another DP size or a missing rank
 rather than starting over silently.
 
-torchtitan builds its loaders from configs (``Trainer.Config.dataloader``, and the validator's
+torchtitan 0.3 builds its loaders from configs (``Trainer.Config.dataloader``, and the validator's
 ``Validator.Config.dataloader``, built afresh for every validation pass):
 :class:`OmniloadDataLoader.Config` names the job and its scheduler, and each build attaches a
 feeder for the DP rank torchtitan gives::
@@ -23,7 +23,8 @@ feeder for the DP rank torchtitan gives::
         job=job.name, address=address, stream="validation")
     trainer = config.build()
 
-or, given a feeder already, ``OmniloadDataLoader(feeder, dp_rank=r, dp_world_size=dp)``.
+or, given a feeder already (torchtitan 0.2's ``build_dataloader_fn``),
+``OmniloadDataLoader(feeder, dp_rank=r, dp_world_size=dp)``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ TORCHTITAN_RANGE = ("0.2", "0.4")  # (input_dict, labels) batches, BaseDataLoade
 require("torchtitan", *TORCHTITAN_RANGE)
 
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
+
+# torchtitan 0.3 builds loaders from ``BaseDataLoader.Config``; 0.2 has no loader configs (its
+# train spec's ``build_dataloader_fn`` makes the loader), so there the config is a plain one.
+_ConfigBase: Any = getattr(BaseDataLoader, "Config", object)
 
 __all__ = ["OmniloadDataLoader", "titan_batch"]
 
@@ -76,7 +81,7 @@ class OmniloadDataLoader(BaseDataLoader):
     """
 
     @dataclass(kw_only=True, slots=True)
-    class Config(BaseDataLoader.Config):
+    class Config(_ConfigBase):
         job: str = ""
         """The job's name (``Job.name``)."""
         address: str = ""
