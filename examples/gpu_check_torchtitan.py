@@ -4,7 +4,8 @@
 
 Runs ``torchrun --nproc-per-node 1 examples/train_torchtitan.py`` three times: N steps straight
 through; the same killed (SIGKILL) right after its checkpoint of step K; and again in the
-killed run's folder, which resumes from torchtitan's checkpoint. It prints one PASS or FAIL
+killed run's folder, which resumes from torchtitan's checkpoint. Further arguments go to every
+run as torchtitan overrides (``--model.flavor debugmodel`` for plain SDPA under torchtitan 0.2). It prints one PASS or FAIL
 line per check and a final ``RESULT {json}`` line: the loss at the first and last step, whether
 the batches after the resume equal the uninterrupted run's, whether the validator ran and gave
 the same validation batches every pass. Exit status 0 only when every check passes.
@@ -81,7 +82,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5, help="checkpoint and validation interval")
     parser.add_argument("--out", default="runs/titan-check")
     parser.add_argument("--timeout", type=float, default=300)
-    args = parser.parse_args()
+    args, titan_args = parser.parse_known_args()  # the rest go to every run (torchtitan's)
     root = Path(args.out).resolve()
     shutil.rmtree(root, ignore_errors=True)
     subprocess.run(
@@ -92,10 +93,11 @@ def main() -> None:
     )
     n, k, every = args.steps, args.kill_after, args.every
     straight, resumed = root / "uninterrupted", root / "resumed"
-    codes = [run(straight, n, every, [], args.timeout)]
-    codes.append(run(resumed, n, every, ["--kill-after-step", str(k)], args.timeout))
+    codes = [run(straight, n, every, titan_args, args.timeout)]
+    kill = ["--kill-after-step", str(k), *titan_args]
+    codes.append(run(resumed, n, every, kill, args.timeout))
     killed_part = lines(resumed)
-    codes.append(run(resumed, n, every, [], args.timeout))
+    codes.append(run(resumed, n, every, titan_args, args.timeout))
     whole, both = lines(straight), lines(resumed)
     after = both[len(killed_part) :]
     digests = [(x["step"], x["micro_step"], x["digest"]) for x in of(whole, "train")]

@@ -99,7 +99,10 @@ def register(run: dict[str, Any], loader_config: Callable[..., Any], loader_cls:
 
 
 def job_config(run: dict[str, Any], overrides: list[str]) -> Any:
-    """torchtitan's ``JobConfig``: a TOML file of this example's setup, then ``overrides``."""
+    """torchtitan's ``JobConfig``: a TOML file of this example's setup, then ``overrides``.
+
+    The model's initial weights come from the plan's seed (``debug.seed``), so two runs start
+    alike and their losses after a resume can be compared, not only their batches."""
     from torchtitan.config import ConfigManager
 
     plan, dp, out = run["plan"], run["dp"], Path(run["out"])
@@ -135,6 +138,8 @@ keep_latest_k = 0
 enable = true
 freq = 5
 steps = -1
+[debug]
+seed = {plan.seed}
 """
     out.mkdir(parents=True, exist_ok=True)
     path = out / "omniload_llama3.toml"

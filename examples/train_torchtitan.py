@@ -193,6 +193,20 @@ def v02_config(overrides: list[str]) -> tuple[Any, Callable[[], Any]]:
     return config, lambda: Trainer(config)
 
 
+def last_checkpoint_step(folder: Path) -> int:
+    """The step of torchtitan's latest complete checkpoint in ``folder`` (0: none).
+
+    A job started afresh begins its stream at its ``start_step``, so a resumed run starts its
+    job at the step torchtitan resumes from (one stream step per optimizer step: the recorded
+    loader checks it); the loader's saved position then continues exactly there."""
+    steps = [
+        int(path.name.split("-", 1)[1])
+        for path in folder.glob("step-*")
+        if (path / ".metadata").exists() and path.name.split("-", 1)[1].isdigit()
+    ]
+    return max(steps, default=0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--plan", default=str(PLAN))
@@ -208,7 +222,8 @@ def main() -> None:
     from torchtitan.tools.logging import init_logger
 
     init_logger()
-    with Job.start(plan, dp=dp, dashboard_address=None) as job:
+    start = last_checkpoint_step(Path(args.out) / "checkpoint")
+    with Job.start(plan, dp=dp, dashboard_address=None, start_step=start) as job:
         RUN.update(
             plan=plan,
             dp=dp,
