@@ -136,6 +136,11 @@ COMMANDS: dict[str, str | tuple[str, ...]] = {
         '"train_megatron.py"',
         '"--resume"',
     ),
+    "torchrun --nproc-per-node 1 examples/train_torchtitan.py --out runs/titan "
+    "--training.steps 30": "torchtitan's models need a CUDA GPU (examples/gpu_check_torchtitan.py)",
+    "python examples/gpu_check_torchtitan.py --steps 30 --kill-after 15 --out runs/titan-check": (
+        "needs a CUDA GPU; tests/test_integrations_torchtitan.py checks its config on CPU"
+    ),
     "omniload run plans/sft.yaml --make-demo-data": (
         "tests/test_chat.py",
         '"run"',

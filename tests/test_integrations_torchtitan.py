@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("torchtitan.components.dataloader")
 
 from omniload_dask.errors import JobError
+from omniload_dask.integrations.torchtitan import titan_batch
 from tests.trainer_runs import PLAN, REPO, uninterrupted
 
 pytestmark = pytest.mark.slow
@@ -93,3 +94,65 @@ def test_titan_batch_pads_to_a_fixed_length_with_padding_that_is_no_target():
     assert labels.tolist() == [[6, 7, -100, -100, -100, -100]]
     with pytest.raises(JobError, match="do not fit pad_to=2"):
         titan_batch(mb, pad_to=2)
+
+
+def test_torchtitans_config_manager_builds_the_examples_train_and_validation_loaders(monkeypatch):
+    """What runs on CPU of examples/train_torchtitan.py: torchtitan's ConfigManager takes the
+    example's config function and overrides, its model config builds, and the loaders built as
+    torchtitan's Trainer and Validator build them give the feeders' streams (the model needs a
+    GPU to train: examples/gpu_check_torchtitan.py)."""
+    import dataclasses
+
+    import torch
+    from torchtitan.config import ConfigManager
+    from torchtitan.models.llama3 import Llama3Model
+
+    from omniload_dask import Job, load_plan
+    from omniload_dask.demo import make_demo_data
+    from omniload_dask.integrations.torchtitan import OmniloadDataLoader
+    from omniload_dask.internals import comms
+
+    make_demo_data(REPO / "plans" / "demo-data")
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import train_torchtitan as example
+
+    plan = load_plan(PLAN)
+    with Job.start(plan, dp=1, dashboard_address=None) as job:
+        address = comms.scheduler_address(job.client)
+        vocab = int(job.info["tokenizer"]["vocab_size"])
+        monkeypatch.setattr(
+            example,
+            "RUN",
+            dict(
+                plan=plan, dp=1, out="", record="", job=job.name, address=address, vocab_size=vocab
+            ),
+        )
+        args = ["--module", "train_torchtitan", "--config", "omniload_debugmodel"]
+        args += ["--training.steps", "7", "--validator.freq", "3", "--dataloader.max_steps", "2"]
+        config = ConfigManager().parse_args(args)
+        assert (config.training.steps, config.validator.freq) == (7, 3)
+        assert config.training.global_batch_size == 4  # 1024 tokens a step, rows of 256
+        assert config.checkpoint.enable and config.validator.enable
+        assert isinstance(config.dataloader, OmniloadDataLoader.Config)
+        with torch.device("meta"):
+            model = config.model_spec.model.build()
+        assert isinstance(model, Llama3Model)
+        assert model.tok_embeddings.weight.shape[0] == vocab
+
+        build = dict(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=256, local_batch_size=1)
+        loader = config.dataloader.build(**build, snapshot_every_n_steps=None)
+        assert isinstance(loader, OmniloadDataLoader)
+        got = [_digest(*batch) for batch in loader]
+        with job.feeder(dp_rank=0, max_steps=2) as feeder:
+            want = [_digest(*titan_batch(mb, 256)) for mb in feeder]
+        assert got == want and len(got) == 8  # two steps of four micro-batches
+
+        val_config = dataclasses.replace(config.validator.dataloader, infinite=False)
+        passes = [[_digest(*b) for b in val_config.build(**build)] for _ in range(2)]
+        assert passes[0] == passes[1] and len(passes[0]) == 4  # the same batches every pass
+        assert passes[0][0] not in got
+
+        with pytest.raises(JobError, match="set job= and address="):
+            OmniloadDataLoader.Config().build(**build)
+        with pytest.raises(JobError, match="either a feeder or a config"):
+            OmniloadDataLoader(dp_rank=0, dp_world_size=1)

@@ -11,16 +11,26 @@ weighs the same whatever rank holds it.
 Its checkpointer saves a data loader as a ``Stateful`` under per-DP-rank keys (non-tensor
 values of different keys are written by their own rank); :class:`OmniloadDataLoader` does the
 same with the feeder's position, and refuses a state of another DP size or a missing rank
-rather than starting over silently::
+rather than starting over silently.
 
-    def build_loader(dp_world_size, dp_rank, **_):
-        feeder = Feeder(job_name, address=addr, dp_rank=dp_rank)
-        return OmniloadDataLoader(feeder, dp_rank=dp_rank, dp_world_size=dp_world_size)
+torchtitan 0.3 builds its loaders from configs (``Trainer.Config.dataloader``, and the validator's
+``Validator.Config.dataloader``, built afresh for every validation pass):
+:class:`OmniloadDataLoader.Config` names the job and its scheduler, and each build attaches a
+feeder for the DP rank torchtitan gives::
+
+    config.dataloader = OmniloadDataLoader.Config(job=job.name, address=address)
+    config.validator.dataloader = OmniloadDataLoader.Config(
+        job=job.name, address=address, stream="validation")
+    trainer = config.build()
+
+or, given a feeder already (torchtitan 0.2's ``build_dataloader_fn``),
+``OmniloadDataLoader(feeder, dp_rank=r, dp_world_size=dp)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +43,10 @@ TORCHTITAN_RANGE = ("0.2", "0.4")  # (input_dict, labels) batches, BaseDataLoade
 require("torchtitan", *TORCHTITAN_RANGE)
 
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
+
+# torchtitan 0.3 builds loaders from ``BaseDataLoader.Config``; 0.2 has no loader configs (its
+# train spec's ``build_dataloader_fn`` makes the loader), so there the config is a plain one.
+_ConfigBase: Any = getattr(BaseDataLoader, "Config", object)
 
 __all__ = ["OmniloadDataLoader", "titan_batch"]
 
@@ -58,12 +72,46 @@ class OmniloadDataLoader(BaseDataLoader):
     """This DP rank's micro-batches as a torchtitan data loader, stateful per DP rank.
 
     The feeder must serve ``dp_rank`` of a job whose layout has ``dp_world_size`` DP ranks:
-    torchtitan must not split it again (a wrong rank or size is an error here).
+    torchtitan must not split it again (a wrong rank or size is an error here). Made from a
+    :class:`Config` (``config.build(dp_rank=..., dp_world_size=..., ...)``, as torchtitan's
+    trainer and validator do), it makes that feeder itself; torchtitan's other build arguments
+    (tokenizer, seq_len, batch size) are the plan's business and are ignored. When the stream
+    ends (a validation pass, or ``max_steps``), the loader closes its feeder: torchtitan never
+    closes a loader. ``on_batch`` sees each feeder micro-batch before it is converted.
     """
 
+    @dataclass(kw_only=True, slots=True)
+    class Config(_ConfigBase):
+        job: str = ""
+        """The job's name (``Job.name``)."""
+        address: str = ""
+        """The job's scheduler address."""
+        stream: str | None = None
+        """A further stream of the plan (``validation``) instead of the training stream."""
+        pass_index: int = 0
+        """Which pass over that stream (the same batches every time for the same pass)."""
+        max_steps: int | None = None
+        """Stop after this many steps of the stream (None: the plan's end)."""
+        pad_to: int | None = None
+        """Pad every row to this length (fixed shapes for compiled attention)."""
+        infinite: bool = True
+        """Set by torchtitan's validator; a stream's pass ends where the plan says."""
+
     def __init__(
-        self, feeder: Any, *, dp_rank: int, dp_world_size: int, pad_to: int | None = None
+        self,
+        feeder: Any = None,
+        *,
+        dp_rank: int,
+        dp_world_size: int,
+        pad_to: int | None = None,
+        config: OmniloadDataLoader.Config | None = None,
+        on_batch: Callable[[dict[str, Any]], None] | None = None,
+        **_framework: Any,
     ) -> None:
+        if (feeder is None) == (config is None):
+            raise JobError("OmniloadDataLoader: give either a feeder or a config, not both")
+        if config is not None:
+            feeder, pad_to = _feeder_of(config, dp_rank), config.pad_to
         if feeder.dp_rank != dp_rank or feeder.layout.dp != dp_world_size:
             raise JobError(
                 f"OmniloadDataLoader: torchtitan asks for DP rank {dp_rank} of {dp_world_size}, "
@@ -74,13 +122,17 @@ class OmniloadDataLoader(BaseDataLoader):
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.pad_to = pad_to
+        self.on_batch = on_batch
         self._key = f"dp_rank_{dp_rank}"
         self._position: tuple[int, int] | None = None
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any], Any]]:
         for mb in self.feeder:
             self._position = after(mb)
+            if self.on_batch is not None:
+                self.on_batch(mb)
             yield titan_batch(mb, self.pad_to)
+        self.feeder.close()
 
     def state_dict(self) -> dict[str, Any]:
         """``{"dp_rank_<r>": feeder state, "world_size": dp}``, as torchtitan's loaders keep it."""
@@ -105,3 +157,22 @@ class OmniloadDataLoader(BaseDataLoader):
         state = state_dict[self._key]
         self.feeder.load_state_dict(state)
         self._position = (int(state["step"]), int(state["micro_step"]))
+
+
+def _feeder_of(config: OmniloadDataLoader.Config, dp_rank: int) -> Any:
+    """The feeder a config names, for ``dp_rank``; a config without a job is an error."""
+    if not config.job or not config.address:
+        raise JobError(
+            "OmniloadDataLoader.Config: set job= and address= (the job's name and its "
+            f"scheduler address), got job={config.job!r}, address={config.address!r}"
+        )
+    from omniload_dask.trainer.feeder import Feeder
+
+    return Feeder(
+        config.job,
+        address=config.address,
+        dp_rank=dp_rank,
+        stream=config.stream,
+        pass_index=config.pass_index,
+        max_steps=config.max_steps,
+    )
