@@ -382,3 +382,15 @@ def test_a_stream_that_ends_inside_a_block_builds_the_steps_it_has(small_sources
 
     want, got = drain(finite(1)), drain(finite(8))
     assert got == want and len(want) % 8  # it ends inside a block, every step delivered
+
+
+def test_ranks_that_start_inside_a_block_get_the_steps_they_ask_for(small_sources):
+    # Every rank resumes at step 6 of a fresh job: steps 1-5 of the block 1-8 are drawn but
+    # left out of it (no rank wants them); step 6 is still the stream's step 6, not the
+    # block's sixth table.
+    one = InlineDataPlane(make_plan(small_sources, loader={"steps_per_task": 1}))
+    want = {t: {g: batch_digest(b) for g, b in got.items()} for t, got in one.stream(10)}
+    plane = InlineDataPlane(make_plan(small_sources, loader={"steps_per_task": 8}))
+    for step in range(6, 10):
+        got = plane.step(step)
+        assert {g: batch_digest(b) for g, b in got.items()} == want[step], step

@@ -238,7 +238,9 @@ class Delivery:
             key = self._keys.steps_block(block.first, block.end - block.first)
             for step, groups in block.holds:
                 self._held.hold(step, groups, key)
-            self._first[key] = block.first
+            # Its first table is its first step that a rank still wanted: steps every rank
+            # was past (ranks resuming inside the block) were left out (_offer_steps).
+            self._first[key] = block.holds[0][0]
             tables, specs = tuple(block.tables), tuple(block.specs)
             out.append(SubmitConstruct(key, tables, specs, self.layout.cp, self._stride))
         return out + block.deferred
