@@ -141,6 +141,8 @@ COMMANDS: dict[str, str | tuple[str, ...]] = {
     "python examples/gpu_check_torchtitan.py --steps 30 --kill-after 15 --out runs/titan-check": (
         "needs a CUDA GPU; tests/test_integrations_torchtitan.py checks its config on CPU"
     ),
+    "source scripts/gpu/setup.sh": "a GPU machine's set-up: installs wheels carried in .whl/",
+    "python scripts/gpu/thd_varlen.py": "needs a CUDA GPU (torch's fused varlen attention)",
     "omniload run plans/sft.yaml --make-demo-data": (
         "tests/test_chat.py",
         '"run"',
