@@ -18,8 +18,9 @@ fi
 if [[ ",$EXTRAS," == *",test,"* ]]; then
   # torchtitan without its dependencies (its `datasets` pins fsspec below s3fs's); the data
   # loader adapter needs only these of them (spmd_types: its loss module imports it; triton:
-  # its model modules import it, and the example's config is checked on CPU).
+  # its model modules import it; tensorboard: its metrics module imports it; the example's
+  # config is checked on CPU).
   .venv/bin/python -m pip install -q -c scripts/constraints.txt --no-deps "torchtitan>=0.2,<0.4"
   .venv/bin/python -m pip install -q -c scripts/constraints.txt "torchdata>=0.11" tyro dill \
-    "spmd_types==0.2.3" "triton>=3.5"
+    "spmd_types==0.2.3" "triton>=3.5" tensorboard
 fi

@@ -317,3 +317,56 @@ def test_a_change_of_a_later_stage_alone_reaches_feeder_stage_before_that_stage(
             for f in feeders:
                 f.close()
             again.stop()
+
+
+def test_a_change_that_drops_the_steps_being_dealt_off_the_loop_leaves_the_job_drawing(
+    tmp_path, cluster, monkeypatch
+):
+    # A live change draws again from the first step not built, dropping the steps the dealing
+    # thread is dealing. When that dealing ends, nothing it dealt is committed and nothing
+    # moved: the data plane must still draw on, since the ranks already asked for those steps
+    # and no request would wake it again.
+    import threading
+
+    from omniload_dask.cluster import dealing
+
+    entered, release, armed = threading.Event(), threading.Event(), threading.Event()
+    deal_together = dealing.StepDealing.deal_together
+
+    def held(self, drawn):
+        if armed.is_set() and not release.is_set():
+            entered.set()
+            release.wait(60)
+        return deal_together(self, drawn)
+
+    monkeypatch.setattr(dealing.StepDealing, "inline", lambda self: False)
+    monkeypatch.setattr(dealing.StepDealing, "deal_together", held)
+    far = 70
+    plan = _plan(tmp_path, stages=(_long(far),))
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        feeders = [job.feeder(rank=r, output="numpy") for r in (0, 1)]
+        done = threading.Event()
+
+        def consume() -> None:  # the ranks ask for steps on, past those drawn ahead
+            for _ in range(far - 1):
+                for f in feeders:
+                    next(f.steps())
+            done.set()
+
+        reader = threading.Thread(target=consume, daemon=True)
+        try:
+            for f in feeders:  # (the first steps are dealt before the hold)
+                next(f.steps())
+            armed.set()
+            reader.start()
+            assert entered.wait(60), "no step was dealt off the loop"
+            reply = job.update_plan(_plan(tmp_path, stages=(_altered(far),)))
+            release.set()
+            reader.join(240)  # (steps come in seconds; this bounds a stall)
+            assert done.is_set(), f"the job stalled after the change at step {reply['step']}"
+        finally:
+            release.set()
+            for f in feeders:
+                f.close()
+            job.stop()

@@ -283,6 +283,9 @@ class RunningJob:
             dealing, self._dealt_soon = self._dealt_soon, None
             for done in dealing.result() or []:
                 coord.commit_step(done)
+            # Draw on next: a live change may have dropped every step of this dealing (a
+            # redraw), so nothing moved, and no request would poke the pump again.
+            self._dirty = True
             return
         if not self._drawn:
             drawn = coord.draw_step()
