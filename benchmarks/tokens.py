@@ -19,7 +19,9 @@ runs, every format's stream is checked token for token against what the tools wr
 in-process data plane draws a few steps and each delivered piece is compared with its document
 (``token_mismatches``: tokens that differ, must be 0).
 
-``--rounds N`` runs every system N times, the order reversed each round; ``--breakdown`` adds
+``--balance full,fast`` runs every omniload system with each ``layout.balance`` (``fast``: the
+balancer's cheap passes only, a tag ``+fast``; the headline ratios are the first setting's, the
+others' under ``ratio_by_balance``). ``--rounds N`` runs every system N times, the order reversed each round; ``--breakdown`` adds
 each omniload run's time line from ``Job.start`` to the first batch (``support/first_batch.py``);
 ``--profile DIR`` writes py-spy records of the scheduler, the Dask workers and ranks 0 and 1
 (summarise them with ``support/pyspy_summary.py``).
@@ -133,8 +135,9 @@ def _litdata_docs(path: str) -> Any:
 
 def token_plan(fmt: str, paths: dict[str, str], mix: tuple[list[str], list[float]],
                tokenizer: dict, vocab: dict[str, Any], ranks: int, args: argparse.Namespace,
-               cost: dict[str, float]) -> dict[str, Any]:  # fmt: skip
-    """The head to head's plan with token sources of one format."""
+               cost: dict[str, float], balance: str = "full") -> dict[str, Any]:  # fmt: skip
+    """The head to head's plan with token sources of one format (``layout.balance``:
+    ``balance``)."""
     sources = []
     for name, weight in zip(*mix, strict=True):
         src: dict[str, Any] = {"name": name, "weight": weight, "format": fmt,
@@ -146,7 +149,8 @@ def token_plan(fmt: str, paths: dict[str, str], mix: tuple[list[str], list[float
         "version": 1, "name": f"tokens-{fmt}-{ranks}", "seed": 1,
         "tokenizer": {k: v for k, v in tokenizer.items() if k != "origin"},
         "batch": {"seq_len": args.seq_len, "micro_batches": args.micro},
-        "mixing": {"by": "documents"}, "layout": {"dp": ranks}, "cost": cost,
+        "mixing": {"by": "documents"}, "layout": {"dp": ranks, "balance": balance},
+        "cost": cost,
         "on_error": "raise", "loader": {"workers": args.workers, **args.loader},
         "sources": sources,
     }  # fmt: skip
@@ -214,10 +218,18 @@ def main() -> int:
     )
     parser.add_argument("--profile", help="py-spy records of the omniload runs into this folder")
     parser.add_argument("--profile-rate", type=int, default=50)
+    parser.add_argument("--balance", default="full",
+                        help="layout.balance of the omniload runs, comma-separated (full, fast): "
+                        "each setting runs as its own system, interleaved")  # fmt: skip
     args = parser.parse_args()
     ranks = [int(x) for x in (args.ranks or ("8" if args.quick else "8,16")).split(",")]
     systems = args.systems or ",".join([*(f"omniload_{f}" for f in FORMATS), *BASELINES])
-    systems_list = systems.split(",")
+    balances = args.balance.split(",")
+    systems_list = [
+        s if b == "full" else f"{s}+{b}"
+        for s in systems.split(",")
+        for b in (balances if s.startswith("omniload_") else ["full"])
+    ]
     args.seconds = args.seconds or (12.0 if args.quick else 30.0)
     args.warmup = args.warmup if args.warmup is not None else (3.0 if args.quick else 6.0)
     # what head_to_head.run_system reads of its arguments
@@ -292,8 +304,10 @@ def main() -> int:
     for r, round_ in itertools.product(ranks, range(args.rounds)):
         order = systems_list if (ranks.index(r) + round_) % 2 == 0 else systems_list[::-1]
         for system in order:
-            fmt = system.removeprefix("omniload_") if system.startswith("omniload_") else "megatron"
-            plan = token_plan(fmt, paths[fmt], mix, tokenizer, vocab, r, args, cost)
+            name, _, balance = system.partition("+")
+            fmt = name.removeprefix("omniload_") if name.startswith("omniload_") else "megatron"
+            plan = token_plan(fmt, paths[fmt], mix, tokenizer, vocab, r, args, cost,
+                              balance or "full")  # fmt: skip
             driver = "omniload_ext" if system.startswith("omniload_") else system
             extra = {"tag": system, "mosaic_path": path, "torchrun": BASELINES,
                      "rank_spec": {} if driver == "omniload_ext" else
@@ -315,13 +329,13 @@ def main() -> int:
                   f"CPU-s/Mtok {row['cpu_s_per_mtoken']['total']}; balance "
                   f"{row.get('balance_mean', 0):.3f}; loaders ready "
                   f"{row.get('loaders_ready_s')} s", flush=True)  # fmt: skip
-    result = summarise(rows, ranks, mismatches)
+    result = summarise(rows, ranks, mismatches, balances)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tokens.json").write_text(json.dumps(rows, indent=1, default=str))
     result.update(benchmark="tokens", quick=args.quick, tokenizer=tok_name,
                   tokens_checked=checked, seq_len=args.seq_len, workers=args.workers,
-                  window_s=args.seconds, failures=failures, cpu_count=os.cpu_count(),
+                  window_s=args.seconds, balance=balances, failures=failures, cpu_count=os.cpu_count(),
                   seconds=round(time.monotonic() - t0, 1))  # fmt: skip
     if not failures:
         shutil.rmtree(logs, ignore_errors=True)
@@ -329,34 +343,46 @@ def main() -> int:
     return 0
 
 
-def summarise(rows: list[dict[str, Any]], ranks: list[int], mismatches: dict[str, int]
-              ) -> dict[str, Any]:  # fmt: skip
+def summarise(rows: list[dict[str, Any]], ranks: list[int], mismatches: dict[str, int],
+              balances: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """The issue's figures. A ratio pairs our run and the baseline's of the same round (run
     next to each other) on the lower of the sync and any-rank rates; ``ratio_*`` by R is the
     conservative one: the lowest of our formats in its lowest round. ``by_format`` has each
     format's lowest round, ``best_format`` the best format's. CPU per Mtoken: the median of
-    the rounds; first batch: the slowest round."""
+    the rounds; first batch: the slowest round. With several ``balances`` (``layout.balance``),
+    the ratios are the first one's; ``ratio_by_balance`` has each setting's conservative ones
+    (formats tagged ``fmt+setting`` in ``by_format``)."""
+    balances = balances or ["full"]
+    variants = {b: [f if b == "full" else f"{f}+{b}" for f in FORMATS] for b in balances}
     by = {(r["system"], r["ranks"], r.get("round", 0)): r for r in rows}
     rounds = sorted({r.get("round", 0) for r in rows})
 
     def rate(row: dict[str, Any]) -> float:
         return min(row["tokens_per_s"], row["tokens_per_s_any"])
 
-    out: dict[str, Any] = {"by_format": {}, "best_format": {}}
+    out: dict[str, Any] = {"by_format": {}, "best_format": {}, "ratio_by_balance": {}}
     for base in BASELINES:
-        low, per, best = {}, {}, {}
+        per: dict[str, dict[str, float]] = {}
         for r in ranks:
             got: dict[str, list[float]] = {}
-            for k, f in itertools.product(rounds, FORMATS):
+            for k, f in itertools.product(rounds, [f for v in variants.values() for f in v]):
                 o, b = by.get((f"omniload_{f}", r, k)), by.get((base, r, k))
                 if o and b and rate(b):
                     got.setdefault(f, []).append(round(rate(o) / rate(b), 3))
             per[str(r)] = {f: min(v) for f, v in got.items()}
-            low[str(r)] = min(per[str(r)].values()) if got else None
-            best[str(r)] = max(per[str(r)].values()) if got else None
-        out[f"ratio_tokens_per_s_vs_{KEYS[base]}"] = low
+        for setting, fmts in variants.items():
+            lows = {str(r): min((v for f, v in per[str(r)].items() if f in fmts), default=None)
+                    for r in ranks}  # fmt: skip
+            out["ratio_by_balance"].setdefault(setting, {})[KEYS[base]] = lows
+        first = variants[balances[0]]
+        out[f"ratio_tokens_per_s_vs_{KEYS[base]}"] = out["ratio_by_balance"][balances[0]][
+            KEYS[base]
+        ]
         out["by_format"][KEYS[base]] = per
-        out["best_format"][KEYS[base]] = best
+        out["best_format"][KEYS[base]] = {
+            str(r): max((v for f, v in per[str(r)].items() if f in first), default=None)
+            for r in ranks
+        }
 
     def each(pick: Any, keep: Any = lambda r: True) -> dict[str, Any]:
         got: dict[str, list[float]] = {}
@@ -369,9 +395,13 @@ def summarise(rows: list[dict[str, Any]], ranks: list[int], mismatches: dict[str
                                each(lambda r: r["cpu_s_per_mtoken"]["total"]).items()}  # fmt: skip
     out["first_batch_s"] = {k: round(max(v), 2) for k, v in
                             each(lambda r: r["first_batch_s"]).items()}  # fmt: skip
-    ours = [r["balance_mean"] for r in rows if r["system"].startswith("omniload")
-            and "balance_mean" in r]  # fmt: skip
-    out["balance_mean"] = round(min(ours), 4) if ours else None
+    for setting in balances:  # (the first setting's is the headline)
+        ours = [r["balance_mean"] for r in rows if r["system"].startswith("omniload")
+                and r["system"].partition("+")[2] in (setting, setting.replace("full", ""))
+                and "balance_mean" in r]  # fmt: skip
+        out.setdefault("balance_mean_by_balance", {})[setting] = (
+            round(min(ours), 4) if ours else None)  # fmt: skip
+    out["balance_mean"] = out["balance_mean_by_balance"][balances[0]]
     out["balance_mean_baselines"] = {
         k: round(min(v), 4) for k, v in each(lambda r: r["balance_mean"], lambda r: not
                                              r["system"].startswith("omniload")

@@ -207,7 +207,7 @@ def coverage_plans(folder: Path) -> list[dict[str, Any]]:
         "name": "every-field",
         "seed": 1,
         "on_error": "skip",
-        "layout": {"dp": 2, "tp": 1, "pp": 1, "cp": 1, "order": "tp-cp-dp-pp"},
+        "layout": {"dp": 2, "tp": 1, "pp": 1, "cp": 1, "order": "tp-cp-dp-pp", "balance": "fast"},
         "batch": {
             "seq_len": 64,
             "micro_batches": 2,

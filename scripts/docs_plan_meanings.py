@@ -255,6 +255,9 @@ MEANINGS: dict[str, Any] = {
         "values": "`dp`, `tp`, `pp`, `cp` once each, joined by `-`",
         "meaning": "how global ranks map to coordinates: the first axis varies fastest",
     },
+    "layout.balance": "`full`: every pass of the balancer; `fast`: passes 1, 2 and 5 only: dealing "
+    "at about a third of the CPU, for a less even split (see "
+    "[Balance](balance.md#how-hard-it-balances))",
     "layout.rank_map": {
         "type": "list of `[dp, tp, pp, cp]`",
         "values": "one distinct entry per rank",

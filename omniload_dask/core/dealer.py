@@ -77,6 +77,7 @@ class StepDealer:
         self.restage(plan.batch)
         self.buckets, self.pinned, _ = self._staged[1][0]
         self._groups = plan.layout.dp
+        self._effort = plan.layout.balance
         self._patch_size = plan.images.patch_size if plan.images else 0
 
     def restage(self, batch: BatchSpec, version: int = 0) -> None:
@@ -161,7 +162,9 @@ class StepDealer:
                 RoutedDocuments(n, *route(n, src, buckets, pinned), x)
                 for src, n, x in steps[first:end]
             ]
-            splits = balance_steps(routed, buckets, self._groups, self.cost, cut=cut)
+            splits = balance_steps(
+                routed, buckets, self._groups, self.cost, cut=cut, effort=self._effort
+            )
             out += [fill_empty(s, buckets, self.cost, cut) for s in splits]
             first = end
         return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 __all__ = [
+    "BALANCE_EFFORTS",
     "CHAT_LAYOUTS",
     "FANOUTS",
     "FLAT_DTYPES",
@@ -30,6 +31,7 @@ __all__ = [
     "TOKENIZER_KINDS",
     "TOKEN_DTYPES",
     "TRAIN_ON",
+    "BalanceEffort",
     "ChatLayout",
     "Fanout",
     "FlatDtype",
@@ -48,6 +50,8 @@ __all__ = [
 OnError = Literal["raise", "skip"]
 # ``batch.long_documents``: a document longer than a micro-batch is split, or cut at seq_len.
 LongDocuments = Literal["split", "truncate"]
+# ``layout.balance``: every pass of the balancer, or the cheap ones only (batching.balance).
+BalanceEffort = Literal["full", "fast"]
 # ``mixing.by`` / ``mixing.over`` / ``mixing.interpolate``: what the weights share out, what a
 # schedule's ``at`` counts, and how weights move between its points.
 MixingBy = Literal["tokens", "documents"]
@@ -67,6 +71,7 @@ ChatLayout = Literal["messages", "sharegpt", "prompt_completion"]
 TrainOn = Literal["assistant", "all", "last_assistant", "completion", "everything"]
 
 ON_ERROR: tuple[OnError, ...] = get_args(OnError)
+BALANCE_EFFORTS: tuple[BalanceEffort, ...] = get_args(BalanceEffort)
 LONG_DOCUMENTS: tuple[LongDocuments, ...] = get_args(LongDocuments)
 MIXING_BY: tuple[MixingBy, ...] = get_args(MixingBy)
 MIXING_OVER: tuple[MixingOver, ...] = get_args(MixingOver)

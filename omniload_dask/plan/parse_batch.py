@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from omniload_dask.plan.choices import LONG_DOCUMENTS
+from omniload_dask.plan.choices import BALANCE_EFFORTS, LONG_DOCUMENTS
 from omniload_dask.plan.fields import Fields, fail
 from omniload_dask.plan.limits import (
     MAX_BUCKETS,
@@ -26,7 +26,8 @@ __all__ = ["check_bucket_sources", "read_batch", "read_layout"]
 
 
 def read_layout(f: Fields) -> LayoutSpec:
-    """The ``layout`` section: axis sizes and an ``order`` or an explicit ``rank_map``."""
+    """The ``layout`` section: axis sizes and an ``order`` or an explicit ``rank_map``, and
+    how hard the groups are balanced (``balance``)."""
     axes = {axis: f.integer(axis, 1, min=1, max=65536) for axis in ("dp", "tp", "pp", "cp")}
     if f.has("rank_map") and f.has("order"):
         fail(f.at("order"), "give order or rank_map, not both", f.raw("order"))
@@ -38,8 +39,9 @@ def read_layout(f: Fields) -> LayoutSpec:
     if world > MAX_WORLD_SIZE:
         fail(f.path, f"dp * tp * pp * cp must be <= {MAX_WORLD_SIZE} ranks", world)
     rank_map = _rank_map(f, axes) if f.has("rank_map") else ()
+    balance = f.choice("balance", "full", BALANCE_EFFORTS)
     f.done()
-    return LayoutSpec(order=order, rank_map=rank_map, **axes)
+    return LayoutSpec(order=order, rank_map=rank_map, balance=balance, **axes)
 
 
 def _rank_map(f: Fields, axes: dict[str, int]) -> tuple[tuple[int, int, int, int], ...]:

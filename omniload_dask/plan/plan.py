@@ -96,6 +96,8 @@ class Plan:
         if self.streams:
             data["streams"] = {s.name: s.to_dict() for s in self.streams}
         layout = data["layout"]
+        if layout["balance"] == "full":
+            del layout["balance"]  # (the default: plans written before the choice read the same)
         if self.layout.rank_map:
             layout.pop("order")
             layout["rank_map"] = [list(c) for c in self.layout.rank_map]

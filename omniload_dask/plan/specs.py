@@ -317,7 +317,8 @@ class LayoutSpec:
     Global rank r maps to coordinates by ``order`` (the first axis varies fastest; default
     ``tp-cp-dp-pp``), or by an explicit ``rank_map``: entry r is ``[dp, tp, pp, cp]`` of rank r.
     One DP group (fixed dp, every tp/pp/cp) shares one constructed batch; its tp and pp ranks get
-    the same batch, its cp ranks each their own slice of it.
+    the same batch, its cp ranks each their own slice of it. ``balance`` (``full`` or ``fast``,
+    :mod:`~omniload_dask.batching.balance`) only changes how a global batch is split.
     """
 
     dp: int = 1
@@ -326,6 +327,7 @@ class LayoutSpec:
     cp: int = 1
     order: tuple[str, ...] = ("tp", "cp", "dp", "pp")
     rank_map: tuple[tuple[int, int, int, int], ...] = ()
+    balance: choices.BalanceEffort = "full"
 
     @cached_property
     def _ranks_by_coords(self) -> dict[tuple[int, int, int, int], int]:

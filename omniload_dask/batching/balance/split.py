@@ -26,6 +26,9 @@ bucket has fewer pieces than micro-batches: it is handed out empty and counted
 A document's ``extra`` cost (the vision encoder's cost of its images, see
 :mod:`omniload_dask.plan.cost`) is added to its first piece, where its images sit, so groups
 are balanced on backbone and encoder cost together; a piece cut keeps it in its first part.
+``effort="fast"`` (the plan's ``layout.balance: fast``) runs passes 1, 2 and 5 only: passes 3 and
+4 are most of a step's dealing CPU where steps are small (a few groups of one micro-batch), and
+some plans would rather spend that CPU elsewhere than even the groups to the last percent.
 ``benchmarks/balance.py --compare`` measures what each pass adds and ``benchmarks/dealing.py``
 what dealing costs.
 """
@@ -51,6 +54,7 @@ from omniload_dask.batching.balance.routing import (
     structural_bound,
 )
 from omniload_dask.batching.balance.slide import slide
+from omniload_dask.plan.choices import BalanceEffort
 from omniload_dask.plan.cost import CostFunction
 
 __all__ = [
@@ -82,16 +86,18 @@ def balance(
     cut: bool = True,
     refine: bool = True,
     extra: np.ndarray | None = None,
+    effort: BalanceEffort = "full",
 ) -> Assignment:
     """Split documents of ``lengths`` (bucket ``doc_bucket``) among ``groups`` (package doc).
 
     Every micro-batch holds at most its bucket's ``seq_len`` tokens; a step gets more than a
     bucket's ``micro_batches`` only when its tokens need them, or (``cut=False``) when its
     pieces cannot be packed whole. ``refine=False`` skips passes 3 to 5 (for measurements).
-    ``extra`` is a cost per document on top of ``cost`` of its pieces (image encoder terms).
+    ``extra`` is a cost per document on top of ``cost`` of its pieces (image encoder terms);
+    ``effort`` ``"fast"`` skips passes 3 and 4 (module doc).
     """
     step = RoutedDocuments(lengths, doc_bucket, by_length, extra)
-    return balance_steps([step], buckets, groups, cost, cut=cut, refine=refine)[0]
+    return balance_steps([step], buckets, groups, cost, cut=cut, refine=refine, effort=effort)[0]
 
 
 def balance_steps(
@@ -102,6 +108,7 @@ def balance_steps(
     *,
     cut: bool = True,
     refine: bool = True,
+    effort: BalanceEffort = "full",
 ) -> list[Assignment]:
     """:func:`balance` of several steps: the same splits, bit for bit, made side by side
     where they can be (module doc)."""
@@ -117,19 +124,21 @@ def balance_steps(
             if len(one.pieces):
                 kinds.setdefault(len(one.bins.room) if together else -1 - i, []).append(one)
         for kind in kinds.values():
-            _even(kind, groups, cost, cut)
+            _even(kind, groups, cost, cut, effort == "full")
     return [one.assignment(buckets, groups) for one in placed]
 
 
-def _even(kind: list[Placed], groups: int, cost: CostFunction, cut: bool) -> None:
-    """Passes 3 to 5 of steps of as many bins, side by side (one step: its own tables)."""
+def _even(kind: list[Placed], groups: int, cost: CostFunction, cut: bool, full: bool) -> None:
+    """Passes 3 to 5 (not ``full``: 5 only) of steps of as many bins, side by side (one step:
+    its own tables)."""
     if len(kind) == 1:
         p, bins = kind[0].pieces, kind[0].bins
     else:
         p, bins = side_by_side([(o.pieces, o.bins) for o in kind], groups)
     n = len(kind)
-    refine_pass(p, bins, n, groups, cost, cut)
-    polish(p, bins, n, groups)
+    if full:
+        refine_pass(p, bins, n, groups, cost, cut)
+        polish(p, bins, n, groups)
     if cut:
         slide(p, bins, n, groups, cost)
     if n > 1:
