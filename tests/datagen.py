@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,18 @@ def shaped_sources(
         }
         for name, w in zip(("short", "code", "long"), weights, strict=True)
     ]
+
+
+def read_records(plan: Any) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Every record of ``plan``'s sources as its read task hands it over (bad ones left out
+    under ``on_error: skip``): ``(source index, sample id, tokens)``."""
+    from omniload_dask.cluster import tasks
+
+    for i, spec in enumerate(plan.sources):
+        catalog = tasks.discover(spec)
+        for f, lo, hi in catalog.units.tolist():
+            shard = tasks.read_unit(
+                spec, i, plan.tokenizer, plan.on_error, f, catalog.files[f], lo, hi
+            )
+            for r, sid in enumerate(shard.sample_ids.tolist()):
+                yield i, sid, shard.tokens[shard.offsets[r] : shard.offsets[r + 1]]

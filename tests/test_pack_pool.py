@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from omniload_dask import Job
-from omniload_dask.cluster import tasks
 from omniload_dask.errors import PlanError
 from omniload_dask.plan import Plan
 from omniload_dask.testing import InlineDataPlane, check_resume_equivalence
 
 from .conftest import make_plan
+from .datagen import read_records
 
 hypothesis = pytest.importorskip("hypothesis")
 
@@ -34,17 +34,8 @@ def _plan(root: Path, pool: int, **batch: Any) -> Plan:
 
 def _records(plan: Plan) -> dict[tuple[int, int], int]:
     """Tokens of every record (capped at the plan's cap), by (source, sample id)."""
-    out = {}
-    for i, spec in enumerate(plan.sources):
-        catalog = tasks.discover(spec)
-        for f, lo, hi in catalog.units.tolist():
-            shard = tasks.read_unit(
-                spec, i, plan.tokenizer, plan.on_error, f, catalog.files[f], lo, hi
-            )
-            for r, sid in enumerate(shard.sample_ids.tolist()):
-                n = int(shard.offsets[r + 1] - shard.offsets[r])
-                out[(i, sid)] = min(n, plan.batch.document_cap)
-    return out
+    cap = plan.batch.document_cap
+    return {(i, sid): min(len(tokens), cap) for i, sid, tokens in read_records(plan)}
 
 
 def _run(plan: Plan, steps: int) -> tuple[Counter[Any], float, int]:

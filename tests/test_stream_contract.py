@@ -13,11 +13,17 @@ import pytest
 from omniload_dask import JobError
 from omniload_dask.checkpoint import Checkpoint
 from omniload_dask.cli import main
-from omniload_dask.cluster import tasks
 from omniload_dask.plan import Plan, SourceSpec, parse_plan
 from omniload_dask.testing import InlineDataPlane, check_resume_equivalence
 
-from .datagen import plan_dict, shaped_sources, texts, write_jsonl, write_shaped_corpus
+from .datagen import (
+    plan_dict,
+    read_records,
+    shaped_sources,
+    texts,
+    write_jsonl,
+    write_shaped_corpus,
+)
 
 BOS, EOS = 256, 257
 
@@ -51,16 +57,7 @@ def shaped_plan(root: Path, dp: int = 2, **batch: object) -> Plan:
 
 def record_tokens(plan: Plan) -> dict[int, np.ndarray]:
     """Every record's tokens, by sample id, as the read tasks produce them."""
-    out = {}
-    for i, spec in enumerate(plan.sources):
-        catalog = tasks.discover(spec)
-        for f, lo, hi in catalog.units.tolist():
-            shard = tasks.read_unit(
-                spec, i, plan.tokenizer, plan.on_error, f, catalog.files[f], lo, hi
-            )
-            for r, sid in enumerate(shard.sample_ids.tolist()):
-                out[sid] = shard.tokens[shard.offsets[r] : shard.offsets[r + 1]]
-    return out
+    return {sid: tokens for _, sid, tokens in read_records(plan)}
 
 
 def delivered(plane: InlineDataPlane, steps: int) -> list[tuple[int, int, int, np.ndarray]]:

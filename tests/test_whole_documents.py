@@ -12,13 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omniload_dask.cluster import tasks
 from omniload_dask.errors import PlanError
 from omniload_dask.plan import Plan, parse_plan
 from omniload_dask.testing import InlineDataPlane
 
 from .chatdata import conversations, write_chat_tokenizer
-from .datagen import plan_dict, texts, write_jsonl
+from .datagen import plan_dict, read_records, texts, write_jsonl
 
 pytest.importorskip("transformers")
 
@@ -47,16 +46,7 @@ def _plan(root: Path, tok: Path, **overrides: Any) -> Plan:
 
 def _records(plan: Plan) -> dict[int, int]:
     """Tokens of every record as its read task hands it over (capped; bad ones left out)."""
-    out = {}
-    for i, spec in enumerate(plan.sources):
-        catalog = tasks.discover(spec)
-        for f, lo, hi in catalog.units.tolist():
-            shard = tasks.read_unit(
-                spec, i, plan.tokenizer, plan.on_error, f, catalog.files[f], lo, hi
-            )
-            for r, sid in enumerate(shard.sample_ids.tolist()):
-                out[sid] = int(shard.offsets[r + 1] - shard.offsets[r])
-    return out
+    return {sid: len(tokens) for _, sid, tokens in read_records(plan)}
 
 
 def _pieces(plan: Plan, steps: int) -> Counter[tuple[int, int, int, int]]:
