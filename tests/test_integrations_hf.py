@@ -9,14 +9,32 @@ import json
 import torch
 
 from omniload_dask.errors import JobError
-from tests.trainer_runs import eval_losses, kill_and_resume, recorded
+from tests.trainer_runs import eval_losses, losses, recorded, torchrun, uninterrupted
 
 pytestmark = pytest.mark.slow
 
 
 def test_hf_example_trains_is_killed_and_resumes_with_every_ranks_stream_exact(tmp_path):
-    run = kill_and_resume("train_hf.py", tmp_path, "checkpoint-2/omniload-rank1.json")
-    killed, resumed, first, second = run.killed, run.resumed, run.first, run.second
+    from omniload_dask.demo import make_demo_data
+    from tests.trainer_runs import REPO
+
+    make_demo_data(REPO / "plans" / "demo-data")
+    out, first, second = tmp_path / "out", tmp_path / "rec1", tmp_path / "rec2"
+    common = ["--out", str(out), "--steps", "5", "--save-steps", "2"]
+    killed = torchrun("train_hf.py", *common, "--record", str(first), "--kill-after-step", "2")
+    assert killed.returncode != 0, killed.stdout[-2000:]  # rank 0 was killed
+    assert "killing rank 0 after step 2" in killed.stdout, killed.stderr[-3000:]
+    assert (out / "checkpoint-2" / "omniload-rank1.json").exists()
+    resumed = torchrun("train_hf.py", *common, "--record", str(second), "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    before, after, reference = recorded(first), recorded(second), uninterrupted(5)
+    for rank in (0, 1):
+        trained = [b for b in before[rank] if b[0] < 2]  # steps 0 and 1 were trained
+        assert trained == reference[rank][: len(trained)] and len(trained) == 4
+        assert after[rank] == reference[rank][4:]  # steps 2, 3, 4: none skipped or repeated
+    all_losses = losses(killed.stdout) + losses(resumed.stdout)
+    assert len(all_losses) == 5
+    assert all_losses[-1] < all_losses[0]
     # an evaluation at step 2 before the kill, one at step 4 after the resume: the same pass
     assert eval_losses(killed.stdout) and eval_losses(resumed.stdout), killed.stdout[-2000:]
     for rank in (0, 1):

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,40 +68,3 @@ def uninterrupted(steps: int, dp: int = 2) -> dict[int, list[tuple[int, int, str
                 for mb in next(it):
                     out[rank].append((int(mb["step"]), int(mb["micro_step"]), digest(mb)))
     return out
-
-
-@dataclass(frozen=True)
-class KilledAndResumed:
-    """A run killed after its step-2 checkpoint, and the run that resumed from it."""
-
-    killed: Any
-    resumed: Any
-    first: Path  # the killed run's per-rank records
-    second: Path  # the resumed run's
-
-
-def kill_and_resume(example: str, tmp_path: Path, checkpoint: str) -> KilledAndResumed:
-    """Run ``example`` for 5 steps, killed after the checkpoint of step 2 (``checkpoint``, a
-    path under ``--out``, must exist then), resume it, and check what every framework's
-    example must give: each rank trained steps 0-1 and then 2-4 as an uninterrupted run reads
-    them (none skipped or repeated), and 5 losses that fall."""
-    from omniload_dask.demo import make_demo_data
-
-    make_demo_data(REPO / "plans" / "demo-data")
-    out, first, second = tmp_path / "out", tmp_path / "rec1", tmp_path / "rec2"
-    common = ["--out", str(out), "--steps", "5", "--save-steps", "2"]
-    killed = torchrun(example, *common, "--record", str(first), "--kill-after-step", "2")
-    assert killed.returncode != 0, killed.stdout[-2000:]  # rank 0 was killed
-    assert "killing rank 0 after step 2" in killed.stdout, killed.stderr[-3000:]
-    assert (out / checkpoint).exists()
-    resumed = torchrun(example, *common, "--record", str(second), "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    before, after, reference = recorded(first), recorded(second), uninterrupted(5)
-    for rank in (0, 1):
-        # rank 1 may start step 2 before rank 0's kill stops the world: not in the checkpoint
-        assert [b for b in before[rank] if b[0] < 2] == reference[rank][:4]
-        assert after[rank] == reference[rank][4:]
-    all_losses = losses(killed.stdout) + losses(resumed.stdout)
-    assert len(all_losses) == 5
-    assert all_losses[-1] < all_losses[0]
-    return KilledAndResumed(killed, resumed, first, second)
