@@ -100,7 +100,9 @@ def test_resume_at_any_step_equals_the_uninterrupted_stream(
     runs = iter(range(1000))
 
     @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(pool=st.sampled_from([4, 30]), micro=st.integers(1, 2), together=st.sampled_from([1, 3]))
+    @given(
+        pool=st.sampled_from([24, 40]), micro=st.integers(1, 2), together=st.sampled_from([1, 3])
+    )
     def check(pool: int, micro: int, together: int) -> None:
         url = str(tmp_path / f"ckpt-{next(runs)}")
         plan = _plan(small_sources, pool, micro_batches=micro)
@@ -156,7 +158,7 @@ def test_a_job_with_a_pool_resumes_exactly_on_a_real_cluster(
     small_sources: Path, tmp_path: Path
 ) -> None:
     url = str(tmp_path / "ckpt")
-    plan = _plan(small_sources, 16)
+    plan = _plan(small_sources, 40)
     saved = replace(plan, checkpoint=plan_checkpoint(url))
     assert _steps_with_holes(plan, 5) > 0
     ref = {t: {g: _digest(b.micro_batches) for g, b in bs.items()}

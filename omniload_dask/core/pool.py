@@ -6,9 +6,10 @@ step looks at a window of the mix and packs the micro-batches from it, best fit 
 
     mix order (tags)      d0 d1 d2 ... d(D-1) | dD ... d(D+N-1)     D: the in-order prefix
                           \\________________ window ________________/  that fits the budget
-    pack                  d0 first (the oldest never waits), then the rest longest first,
-                          each into the micro-batch with the least room that holds it, while
-                          the step's tokens stay within the budget
+    pack                  the head first: the oldest documents within half the budget
+                          (at least d0), longest first; then the rest longest first; each
+                          into the micro-batch with the least room that holds it, while the
+                          step's tokens stay within the budget
     placed                the step's documents (in tag order)
     left                  wait: each stays first in its source's line (its cursor does not
                           pass it); the documents taken after it are holes the stream skips
@@ -16,7 +17,10 @@ step looks at a window of the mix and packs the micro-batches from it, best fit 
 So the pool is not a buffer: it is the documents between each source's cursor and the last one
 taken, less the holes, and its whole state is the holes (``SourceStream.holes``) in the
 checkpointed cursor state. A resume reads the units from the cursor on again and skips the
-holes: the same stream, exactly once. A source's finish tag moves by what it placed only
+holes: the same stream, exactly once. The head keeps the wait short: the window's front moves by
+about half a budget a step, so a document waits at most about ``2 * window / budget`` steps
+and the holes stay a few steps' documents. (Longest first over the whole window would leave the
+short documents to wait until each is the oldest, and the holes would grow with the run.) A source's finish tag moves by what it placed only
 (``tag + placed / weight``, the rule the checkpoint deltas replay), so a document left out keeps
 its low tag, leads the next windows and is placed as their head at the latest: the mix holds
 in expectation, each source's share lagging its target by at most the window. When the sources
@@ -41,10 +45,14 @@ __all__ = ["draw_window", "pack_window", "place", "take"]
 MAX_SCALE = 1 << 20  # how far a source's wants may double before the window is unfillable
 
 
+HEAD = 0.5  # the share of the budget the oldest documents of a window have first
+
+
 def pack_window(lengths: np.ndarray, bins: int, capacity: int, budget: int) -> np.ndarray:
-    """Which documents of a window (``lengths``, in mix order) a step places: the first one,
-    then the others longest first (ties: mix order), each into the bin with the least room
-    that holds it, while the placed tokens stay within ``budget``. Returns a boolean mask.
+    """Which documents of a window (``lengths``, in mix order) a step places: the head (the
+    first documents within ``HEAD`` of the budget, at least one) longest first, then the
+    others longest first (ties: mix order), each into the bin with the least room that holds
+    it, while the placed tokens stay within ``budget``. Returns a boolean mask.
 
     >>> pack_window(np.array([3, 6, 5, 2, 4]), bins=2, capacity=8, budget=16).tolist()
     [True, True, True, True, False]
@@ -54,8 +62,10 @@ def pack_window(lengths: np.ndarray, bins: int, capacity: int, budget: int) -> n
         return placed
     rooms = [capacity] * bins  # ascending
     left = budget
-    rest = np.lexsort((np.arange(1, len(lengths)), -lengths[1:])) + 1
-    for d in [0, *rest.tolist()]:
+    head = max(1, int(lengths.cumsum().searchsorted(HEAD * budget, side="right")))
+    index = np.arange(len(lengths))
+    order = np.lexsort((index, -lengths, index >= head))  # head first, each part longest first
+    for d in order.tolist():
         n = int(lengths[d])
         if n > left:
             continue
@@ -93,7 +103,9 @@ def draw_window(
         return streams[i].candidates(caps[i], tokens, max(docs, int(share * pool * scale[i]) + 2))
 
     cands = [show(i) for i in range(len(streams))]
-    ask = pool + 1
+    shown = [c.lengths for c in cands if len(c.lengths)]
+    mean = float(np.concatenate(shown).mean()) if shown else 1.0
+    ask = pool + 1 + int(budget / mean)  # about D + pool (fewer calls of the mixer; any works)
     while True:
         result = mixer.select(
             weights,

@@ -19,6 +19,7 @@ rows are then numbered across the portions exactly as if it had been read whole.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -434,7 +435,7 @@ class SourceStream:
         ...]`` in order (absent when there are none, so other plans' states stay as they were)."""
         out: dict[str, Any] = {k: int(getattr(self, k)) for k in self.STATE_KEYS}
         if self.holes:
-            out["holes"] = [x for hole in sorted(self.holes) for x in hole]
+            out["holes"] = _flat(self.holes)
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -464,8 +465,19 @@ def _unheld(
     holes: frozenset[tuple[int, int, int]], unit: Unit, rows: np.ndarray, at: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """``rows`` of ``unit`` (served as its ``at``-th) less those a pooled draw took ahead."""
-    keep = [(unit.epoch, unit.position, k) not in holes for k in at.tolist()]
+    epoch, position = unit.epoch, unit.position
+    held = [k for e, p, k in holes if p == position and e == epoch]
+    if not held:
+        return rows, at
+    keep = ~np.isin(at, held)
     return rows[keep], at[keep]
+
+
+@functools.lru_cache(maxsize=64)
+def _flat(holes: frozenset[tuple[int, int, int]]) -> list[int]:
+    """``holes`` flat, in order (a state is taken every step; the holes change less often).
+    The caller must not change the list."""
+    return [x for hole in sorted(holes) for x in hole]
 
 
 def cursor_state(vector: list[Any]) -> dict[str, Any]:
