@@ -129,6 +129,33 @@ def plan_checkpoint(url: str) -> Any:
     return make_plan(Path("."), checkpoint={"url": url}).checkpoint
 
 
+def test_the_oldest_half_budget_is_always_placed_so_no_document_waits_long() -> None:
+    """The head of a window (its oldest documents within half the budget) always fits, so
+    each step's window moves on by about half a budget and a document waits a few steps."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from omniload_dask.core.pool import HEAD, pack_window
+
+    @settings(max_examples=100, deadline=None)
+    @given(
+        bins=st.integers(1, 8),
+        capacity=st.integers(8, 64),
+        fill=st.floats(0.5, 1.0),
+        data=st.data(),
+    )
+    def check(bins: int, capacity: int, fill: float, data: Any) -> None:
+        budget = max(capacity, int(fill * bins * capacity))
+        sizes = st.integers(1, capacity)
+        lengths = np.array(data.draw(st.lists(sizes, min_size=1, max_size=60)), dtype=np.int64)
+        placed = pack_window(lengths, bins, capacity, budget)
+        head = max(1, int(np.searchsorted(lengths.cumsum(), HEAD * budget, side="right")))
+        assert placed[:head].all()
+        assert int(lengths[placed].sum()) <= budget
+
+    check()
+
+
 def test_padding_is_at_most_the_in_order_draws(small_sources: Path) -> None:
     for micro, fill in ((1, 1.0), (2, 1.0), (2, 0.9)):
         shape = {"micro_batches": micro, "global_tokens": int(fill * 2 * 256 * micro)}
