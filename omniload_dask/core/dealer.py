@@ -102,7 +102,9 @@ class StepDealer:
         """Split a drawn step and write its recipes (pure: safe in another thread)."""
         docs = drawn.docs
         t0 = time.perf_counter()
-        split = self.assign(docs.sources, docs.lengths, docs.extra, drawn.step)
+        split = self.assign_steps(
+            [(docs.sources, docs.lengths, docs.extra)], [drawn.step], [docs.head]
+        )[0]
         t1 = time.perf_counter()
         recipes = self.recipes(drawn.step, split, docs, drawn.epochs)
         t2 = time.perf_counter()
@@ -116,7 +118,9 @@ class StepDealer:
             return [self.deal(drawn[0])]
         t0 = time.perf_counter()
         splits = self.assign_steps(
-            [(d.docs.sources, d.docs.lengths, d.docs.extra) for d in drawn], [d.step for d in drawn]
+            [(d.docs.sources, d.docs.lengths, d.docs.extra) for d in drawn],
+            [d.step for d in drawn],
+            [d.docs.head for d in drawn],
         )
         t1 = time.perf_counter()
         recipes = [
@@ -145,10 +149,12 @@ class StepDealer:
         self,
         steps: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
         at: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
     ) -> list[Assignment]:
         """:meth:`assign` of several steps, ``(src, lengths, extra)`` each (steps ``at``,
         default 0): the same splits, made side by side where the balancer can
-        (:func:`~.balance.balance_steps`), the steps of one stage together."""
+        (:func:`~.balance.balance_steps`), the steps of one stage together. ``heads``: each
+        step's first documents that its pooled draw packed first (:attr:`.Documents.head`)."""
         batch, shapes, _ = self._staged
         stage = [batch.stage_index(t) for t in (at if at is not None else [0] * len(steps))]
         out: list[Assignment] = []
@@ -159,8 +165,10 @@ class StepDealer:
                 end += 1
             buckets, pinned, cut = shapes[stage[first]]
             routed = [
-                RoutedDocuments(n, *route(n, src, buckets, pinned), x)
-                for src, n, x in steps[first:end]
+                RoutedDocuments(n, *route(n, src, buckets, pinned), x, head)
+                for (src, n, x), head in zip(
+                    steps[first:end], (heads or [1] * len(steps))[first:end], strict=True
+                )
             ]
             splits = balance_steps(
                 routed, buckets, self._groups, self.cost, cut=cut, effort=self._effort

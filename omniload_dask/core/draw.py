@@ -67,6 +67,7 @@ class Documents:
     slot_source: list[int]
     finished: list[Unit]
     starts: np.ndarray | None = None  # token where each piece starts in its record (0: whole)
+    head: int = 1  # the first documents a pooled draw packed first (.pool.place)
 
     @property
     def first_pieces(self) -> np.ndarray:
@@ -185,8 +186,12 @@ class Drawer:
         if len(rows):
             self.active = weights > 0
             self.weights = weights
-        selection = pool_draw.place(self.mixer, rows, cands, weights, (bins, capacity, tokens))
-        return _locate(selection, cands, streams, self._with_extra, pooled=True)
+        selection, head = pool_draw.place(
+            self.mixer, rows, cands, weights, (bins, capacity, tokens)
+        )
+        docs = _locate(selection, cands, streams, self._with_extra, pooled=True)
+        docs.head = max(head, 1)
+        return docs
 
     def restage(self, batch: BatchSpec, version: int = 0) -> None:
         """Draw with ``batch``'s stages from now on (a live stage change, :mod:`.stages`)."""

@@ -40,7 +40,7 @@ from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
 
-__all__ = ["draw_window", "pack_window", "place", "take"]
+__all__ = ["draw_window", "head_of", "pack_window", "place", "take"]
 
 MAX_SCALE = 1 << 20  # how far a source's wants may double before the window is unfillable
 
@@ -62,7 +62,7 @@ def pack_window(lengths: np.ndarray, bins: int, capacity: int, budget: int) -> n
         return placed
     rooms = [capacity] * bins  # ascending
     left = budget
-    head = max(1, int(lengths.cumsum().searchsorted(HEAD * budget, side="right")))
+    head = head_of(lengths, budget)
     index = np.arange(len(lengths))
     order = np.lexsort((index, -lengths, index >= head))  # head first, each part longest first
     for d in order.tolist():
@@ -77,6 +77,12 @@ def pack_window(lengths: np.ndarray, bins: int, capacity: int, budget: int) -> n
         placed[d] = True
         left -= n
     return placed
+
+
+def head_of(lengths: np.ndarray, budget: int) -> int:
+    """How many documents of a window (``lengths``, in mix order) are its head: the first
+    ones within ``HEAD`` of the budget, at least one."""
+    return max(1, int(lengths.cumsum().searchsorted(HEAD * budget, side="right")))
 
 
 def draw_window(
@@ -138,15 +144,18 @@ def place(
     cands: list[Candidates],
     weights: np.ndarray,
     shape: tuple[int, int, int],
-) -> Selection:
+) -> tuple[Selection, int]:
     """The window's documents the step places (:func:`pack_window` into ``shape`` = (bins,
-    capacity, budget)), as a selection in tag order; each placing source's finish tag moves by
-    what it placed (module doc)."""
+    capacity, budget)), as a selection in tag order, and how many of them (the first ones)
+    are of the window's head; each placing source's finish tag moves by what it placed (module
+    doc). The balancer packs a step's documents in that order again where it must pack them
+    by length (:func:`omniload_dask.batching.balance.place.pack`), so they fit as here."""
     lengths = _lengths(rows, cands)
     capacity = shape[1]
     if len(lengths) and int(lengths.max()) > capacity:
         raise JobError(f"a whole document of {int(lengths.max())} tokens exceeds seq_len")
-    chosen = rows[pack_window(lengths, *shape)]
+    mask = pack_window(lengths, *shape)
+    chosen = rows[mask]
     sizes = _lengths(chosen, cands) if mixer.by == "tokens" else np.ones(len(chosen))
     n = len(weights)
     counts = np.bincount(chosen[:, 0], minlength=n).astype(np.int64)
@@ -157,7 +166,8 @@ def place(
     if len(chosen):
         mixer.tags = tags
         mixer.vtime = max(mixer.vtime, float(tags[counts > 0].max()))
-    return Selection(counts, chosen, tags[chosen[:, 0]])
+    head = int(mask[: head_of(lengths, shape[2])].sum()) if len(lengths) else 0
+    return Selection(counts, chosen, tags[chosen[:, 0]]), head
 
 
 def take(stream: SourceStream, cands: Candidates, picked: np.ndarray) -> list[Unit]:

@@ -44,6 +44,7 @@ class Pieces:
     extra: np.ndarray
     bin: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     cuts: int = 0  # pieces cut (each makes its document continue in another micro-batch)
+    head: int = 1  # documents 0 .. head-1 go first where pieces are packed by length (.place)
 
     @classmethod
     def new(

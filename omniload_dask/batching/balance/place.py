@@ -159,15 +159,16 @@ def fill_room(
 def _fit_decreasing(p: Pieces, bins: Bins, mine: np.ndarray, lo: int, hi: int) -> bool:
     """Where the rounds by cost leave whole pieces that fit nowhere: the bucket's pieces
     ``mine`` packed again by length alone, best fit decreasing (longest first, each into the
-    bin with the least room that holds it; ties: the lower bin), the step's first document
-    first. True when every piece fits; else the bins are as the rounds left them. That is the
-    order in which a pooled draw (``batch.pack_pool``, :func:`omniload_dask.core.pool.
-    pack_window`) chose the step's documents, so its steps always fit; others get one more
-    micro-batch only where even this fails."""
+    bin with the least room that holds it; ties: the lower bin), the step's first ``p.head``
+    documents (at least its first) before the others. True when every piece fits; else the
+    bins are as the rounds left them. That is the order in which a pooled draw
+    (``batch.pack_pool``, :func:`omniload_dask.core.pool.pack_window`) chose the step's
+    documents, so its steps always fit; others get one more micro-batch only where even this
+    fails."""
     length, doc = p.length, p.doc[mine]
     rooms = sorted((int(bins.capacity[b]), b) for b in range(lo, hi))
     where = np.empty(len(mine), dtype=np.int64)
-    for k in np.lexsort((doc, -length[mine], doc != 0)).tolist():
+    for k in np.lexsort((doc, -length[mine], doc >= max(p.head, 1))).tolist():
         n = int(length[mine[k]])
         at = bisect.bisect_left(rooms, (n, -1))
         if at == len(rooms):

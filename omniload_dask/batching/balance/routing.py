@@ -147,6 +147,7 @@ def pieces_of(
     by_length: np.ndarray | None,
     cut: bool,
     extra: np.ndarray | None,
+    head: int = 1,
 ) -> StepPieces:
     """Pass 1 of one step (module doc): its pieces (cut where they cost more than a group's
     fair share, if ``cut``), micro-batches per group of each bucket (more than declared where
@@ -167,6 +168,7 @@ def pieces_of(
     if extra is not None:
         piece_extra = np.where(start == 0, np.asarray(extra, np.float64)[doc], 0.0)
     pieces = Pieces.new(doc, start, length, piece_bucket, piece_extra, cost)
+    pieces.head = head
     bound = structural_bound(pieces.cost, groups)
     if len(buckets) > 1:
         need = np.bincount(piece_bucket, length, len(buckets)).astype(np.int64)

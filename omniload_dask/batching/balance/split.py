@@ -67,12 +67,14 @@ __all__ = [
 class RoutedDocuments:
     """One step's documents as the balancer takes them: their token counts, their bucket
     (:func:`~.routing.route`), whether each was routed by length (so it may spill to a shorter
-    bucket; None: all were) and each one's extra cost (None: none)."""
+    bucket; None: all were), each one's extra cost (None: none), and how many of the first
+    ones go first where they are packed by length (``head``: a pooled draw's, :mod:`.place`)."""
 
     lengths: np.ndarray
     bucket: np.ndarray
     by_length: np.ndarray | None = None
     extra: np.ndarray | None = None
+    head: int = 1
 
 
 def balance(
@@ -113,7 +115,7 @@ def balance_steps(
     """:func:`balance` of several steps: the same splits, bit for bit, made side by side
     where they can be (module doc)."""
     routed = [
-        pieces_of(s.lengths, s.bucket, buckets, groups, cost, s.by_length, cut, s.extra)
+        pieces_of(s.lengths, s.bucket, buckets, groups, cost, s.by_length, cut, s.extra, s.head)
         for s in steps
     ]
     together = len(buckets) == 1 and 2 <= groups <= STEPS_UP_TO
