@@ -360,6 +360,7 @@ def measured_balance(
     from omniload_dask.plan import CostSpec
 
     t0 = time.time()
+    print(f"  calibrating on {setup.device} ...", file=sys.stderr, flush=True)
     cal = calibrate(setup.model, seq_len=setup.seq_len, device=setup.device,
                     threads=setup.threads, repeats=3 if quick else 5,
                     random=12 if quick else 24, held_back_count=12 if quick else 24,
@@ -369,6 +370,7 @@ def measured_balance(
         "model_cost": CostModel(*transformer_coefficients(**setup.model)),
         "calibrated": cal.cost_model(),
     }
+    print(f"  calibrated in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     if not formula:
         del costs["model_cost"]
     net, about = load_model(setup.model, setup.device)
