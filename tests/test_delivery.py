@@ -76,6 +76,17 @@ def test_an_agent_request_moves_all_its_ranks_and_releases_what_its_groups_fetch
     assert plane.coord.components.delivery.where.furthest == steps[-1] + 5
 
 
+def test_ranks_all_waiting_at_one_step_are_not_said_to_hold_one_another_back(small_sources):
+    plan = make_plan(small_sources, layout={"dp": 2})
+    plane = InlineDataPlane(plan)
+    delivery = plane.coord.components.delivery
+    plane.coord.handle(StepsRequested([0, 1], 0, 400))  # both ask far ahead, none fetched yet
+    assert delivery.held_back() is None  # (the step is not built yet: no rank is to blame)
+    plane.coord.handle(StepsRequested([1], 300, 400))  # rank 1 moved on, rank 0 did not
+    held = delivery.held_back()
+    assert held is not None and held["ranks"] == [0] and held["step"] == 0
+
+
 def test_blocks_build_several_dp_groups_in_one_task_and_every_rank_gets_its_own_part(
     small_sources,
 ):

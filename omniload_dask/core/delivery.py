@@ -177,6 +177,8 @@ class Delivery:
         if w.slowest + window >= w.furthest + loader.lookahead:
             return None
         behind = (w.position == w.slowest).nonzero()[0]
+        if len(behind) == len(w.position):  # all at one step: waiting for it, not for a rank
+            return None
         never = behind[w.last_seen[behind] == 0]
         return {
             "step": int(w.slowest),
