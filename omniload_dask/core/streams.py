@@ -19,7 +19,6 @@ rows are then numbered across the portions exactly as if it had been read whole.
 
 from __future__ import annotations
 
-import functools
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -435,7 +434,7 @@ class SourceStream:
         ...]`` in order (absent when there are none, so other plans' states stay as they were)."""
         out: dict[str, Any] = {k: int(getattr(self, k)) for k in self.STATE_KEYS}
         if self.holes:
-            out["holes"] = _flat(self.holes)
+            out["holes"] = [x for hole in sorted(self.holes) for x in hole]
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -471,13 +470,6 @@ def _unheld(
         return rows, at
     keep = ~np.isin(at, held)
     return rows[keep], at[keep]
-
-
-@functools.lru_cache(maxsize=64)
-def _flat(holes: frozenset[tuple[int, int, int]]) -> list[int]:
-    """``holes`` flat, in order (a state is taken every step; the holes change less often).
-    The caller must not change the list."""
-    return [x for hole in sorted(holes) for x in hole]
 
 
 def cursor_state(vector: list[Any]) -> dict[str, Any]:
