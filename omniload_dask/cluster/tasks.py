@@ -37,6 +37,7 @@ from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.internals import server as _server
 from omniload_dask.plan import READ_SLOTS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.chat_encode import encode_chats
+from omniload_dask.preprocess.chat_images import image_token_counts
 from omniload_dask.preprocess.image import BadImage, decode, patchify
 from omniload_dask.preprocess.interleave import place_images
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
@@ -205,7 +206,12 @@ def _read_unit(
     t2 = time.perf_counter()
     chats = None
     if spec.chat is not None:  # render, tokenize and mask now: failures are bad records
-        chats = encode_chats(spec.chat, tokenizer, spec.name, records.chats or [])
+        marks: dict[str, Any] = {}  # (conversations with images: their runs where they mark)
+        if spec.has_images:
+            marks = dict(images=image_token_counts(pixels, image_spec),
+                         placeholder=image_token_id(tokenizer, image_spec.placeholder))  # fmt: skip
+        chats = encode_chats(spec.chat, tokenizer, spec.name, records.chats or [], **marks)
+        pixels = [pixels[i] for i in chats.kept] if spec.has_images else pixels
         url_of = {file_index: file_url, **{f: url for f, url, _, _ in more}}
         for i, reason in chats.bad:
             records.bad.append((int(records.offsets[i]), reason))
@@ -230,7 +236,10 @@ def _read_unit(
         tokens, offsets = tokenize(tokenizer, records.texts)
     if spec.has_images:
         placeholder = image_token_id(tokenizer, image_spec.placeholder)
-        tokens, offsets, table = _place(tokens, offsets, pixels, image_spec, placeholder, tokenizer)
+        runs = chats.image_starts if chats is not None else None
+        tokens, offsets, table = _place(
+            tokens, offsets, pixels, image_spec, placeholder, tokenizer, runs
+        )
     t3 = time.perf_counter()
     ids = encode_sample_ids(source_index, files, records.offsets)
     lengths = np.diff(offsets)
@@ -380,8 +389,10 @@ def _decode_images(
     offsets: list[int] = []
     pixels: list[list[np.ndarray]] = []
     bad = list(records.bad)
-    for text, offset, blobs in zip(
-        records.texts, records.offsets.tolist(), records.images, strict=True
+    chats = records.chats if records.chats is not None else records.texts  # (carried along)
+    kept: list[Any] = []
+    for text, offset, blobs, chat in zip(
+        records.texts, records.offsets.tolist(), records.images, chats, strict=True
     ):
         decoded = []
         for j, blob in enumerate(blobs):
@@ -395,8 +406,10 @@ def _decode_images(
             texts.append(text)
             offsets.append(offset)
             pixels.append(decoded)
+            kept.append(chat)
     bad.sort(key=lambda b: b[0])
-    out = RawRecords(texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad)
+    out = RawRecords(texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad,
+                     chats=kept if records.chats is not None else None)  # fmt: skip
     return out, pixels
 
 
@@ -407,8 +420,10 @@ def _place(
     spec: ImageSpec,
     placeholder: int,
     tokenizer: TokenizerSpec,
+    runs: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, ImageTable]:
-    """Patchify the decoded images and put their placeholder tokens into the documents."""
+    """Patchify the decoded images and put their placeholder tokens into the documents (after
+    each BOS; conversations have them already, starting at ``runs``, per record)."""
     p, m = spec.patch_size, spec.merge
     images = [img for imgs in pixels for img in imgs]
     grid = np.asarray(
@@ -417,8 +432,13 @@ def _place(
     record = np.repeat(np.arange(len(pixels), dtype=np.int64), [len(i) for i in pixels])
     count = grid[:, 0].astype(np.int64) * grid[:, 1]
     image_tokens = count // (m * m)
-    skip = 1 if tokenizer.add_bos else 0
-    tokens, offsets, starts = place_images(tokens, offsets, record, image_tokens, placeholder, skip)
+    if runs is not None:
+        starts = np.concatenate([np.zeros(0, np.int64), *runs])
+    else:
+        skip = 1 if tokenizer.add_bos else 0
+        tokens, offsets, starts = place_images(
+            tokens, offsets, record, image_tokens, placeholder, skip
+        )
     cu = np.zeros(len(count) + 1, dtype=np.int64)
     np.cumsum(count, out=cu[1:])
     patches = np.empty((int(cu[-1]), p, p, 3), dtype=np.uint8)  # filled in place: one copy
