@@ -332,3 +332,24 @@ def test_plan_fields_of_chat_sources_with_images_are_checked(tmp_path: Path) -> 
     plan = _plan([{**base, "chat": {}}])
     assert plan.sources[0].has_images and plan.sources[0].chat is not None
     assert parse_plan(plan.to_dict()).sources[0] == plan.sources[0]
+
+
+def test_a_real_cluster_gives_the_reference_batches(corpus: tuple[Path, dict[Any, Any]]) -> None:
+    """Worker processes over TCP (templates and tokenizers loaded there): the same micro-batches
+    as the in-process data plane, bit for bit."""
+    from omniload_dask import Job
+    from omniload_dask.testing import assert_batches_equal
+
+    root, _ = corpus
+    plan = _plan(vl_sources(root), name="vlc", batch={"seq_len": 96, "global_tokens": 384})
+    ref: dict[int, list[Any]] = {0: [], 1: []}
+    for _, batches in InlineDataPlane(plan).stream(4):
+        for g in ref:
+            ref[g] += batches[g].micro_batches
+    with Job.start(plan, workers=2, dashboard_address=None) as job:
+        for r in ref:
+            with job.feeder(rank=r, max_steps=4, output="numpy") as f:
+                got = [{k: v for k, v in mb.items() if k != "doc_source_name"} for mb in f]
+            assert len(got) == len(ref[r])
+            for a, b in zip(ref[r], got, strict=True):
+                assert_batches_equal(expand(a), b)
