@@ -353,3 +353,26 @@ def test_a_real_cluster_gives_the_reference_batches(corpus: tuple[Path, dict[Any
             assert len(got) == len(ref[r])
             for a, b in zip(ref[r], got, strict=True):
                 assert_batches_equal(expand(a), b)
+
+
+def test_a_transform_keeps_each_records_images(corpus: tuple[Path, dict[Any, Any]]) -> None:
+    """A source's transform sees the conversation; the images stay with their record."""
+    from omniload_dask.preprocess.chat_encode import target_notes
+
+    root, docs = corpus
+    sources = [{**s, "transform": "tests.user_code:drop_odd_ids"} for s in vl_sources(root)]
+    plan = _plan(sources, batch={"long_documents": "truncate", "seq_len": 1024})
+    kept = filtered = 0
+    for _, shard in _read_all(plan):
+        assert shard.images is not None
+        filtered += shard.filtered  # (tar records start at even offsets: none is dropped)
+        for r, sample in enumerate(shard.sample_ids.tolist()):
+            assert sample % 2 == 0
+            ids, _, grids, blobs = docs[decode_sample_id(sample)]
+            assert shard.tokens[shard.offsets[r] : shard.offsets[r + 1]].tolist() == ids
+            mine = list(shard.images.of_record(r))
+            assert len(mine) == len(blobs) and [tuple(g) for g in shard.images.grid[mine]] == grids
+            kept += 1
+    assert kept > 10 and filtered > 10
+    notes = target_notes(plan.sources, plan.tokenizer, load=False)
+    assert all("placeholders never targets" in n for n in notes)
