@@ -189,14 +189,21 @@ def test_labels_and_images_equal_the_reference_on_every_path(
     images = loss = 0
     for step in range(5):
         refs = plane.fetch(step)
+        counted: dict[tuple[int, int], int] = {}  # (group, micro-batch): its loss tokens
+        totals: set[int] = set()  # the step's global_loss_tokens, as each micro-batch says
         for rank, ref in refs.items():
             group = plan.layout.coords(rank)["dp"]
             whole = plane.wholes[(ref.rsplit(":", 1)[0], step, group)]
             part = plane.batches[ref]
-            for mb, got in zip(whole.micro_batches, part.micro_batches, strict=True):
+            for m, (mb, got) in enumerate(
+                zip(whole.micro_batches, part.micro_batches, strict=True)
+            ):
                 full = expand(mb)
                 want = _labels(full, docs)
                 assert np.array_equal(full["labels"], want)
+                assert full["num_loss_tokens"] == int((want != IGNORE_INDEX).sum())
+                counted[(group, m)] = int(full["num_loss_tokens"])
+                totals.add(int(full["global_loss_tokens"]))
                 assert not (want[:-1][full["input_ids"][1:] == PAD] != IGNORE_INDEX).any()
                 images += _check_images(full, docs, plan)
                 loss += int((want != IGNORE_INDEX).sum())
@@ -208,6 +215,7 @@ def test_labels_and_images_equal_the_reference_on_every_path(
                     )
                 else:
                     assert np.array_equal(expand(got)["labels"], want)
+        assert totals == {sum(counted.values())}  # (the same on every rank, from the reports)
     assert images > 5 and loss > 0
 
 
