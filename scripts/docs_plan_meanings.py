@@ -96,7 +96,8 @@ MEANINGS: dict[str, Any] = {
         "type": "string, or list of extensions",
         "values": "a column name (parquet); extensions such as `[jpg, png]` (webdataset)",
         "default": "none (text only); `[jpg, jpeg, png, webp]` for `webdataset`",
-        "meaning": "where a record's images are; makes it an image-text source",
+        "meaning": "where a record's images are; makes it an image-text source (with `chat`: "
+        "the conversation's images, placed where its turns mark them)",
     },
     "sources[].chat": "makes the source's records conversations rendered with a chat "
     "template (see the chat data guide); unset: plain text, every token a target",
@@ -104,7 +105,8 @@ MEANINGS: dict[str, Any] = {
     "(`{from, value}` list) or `prompt_completion` (two string fields)",
     "sources[].chat.field": {
         "default": "`messages`; `conversations` for `sharegpt`; `prompt` for `prompt_completion`",
-        "meaning": "the record field holding the conversation (or the prompt)",
+        "meaning": "the record field holding the conversation (or the prompt); `webdataset`: "
+        "the key of the record's `.json` file",
     },
     "sources[].chat.completion": "`prompt_completion` only: the record field holding the "
     "completion",

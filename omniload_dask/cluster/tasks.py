@@ -32,17 +32,17 @@ from omniload_dask.batching.labels import Holes
 from omniload_dask.batching.wire import packed
 from omniload_dask.cluster import settings
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
+from omniload_dask.cluster.image_reads import decode_images, place
 from omniload_dask.cluster.retry import with_retries
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.internals import server as _server
 from omniload_dask.plan import READ_SLOTS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.chat_encode import encode_chats
-from omniload_dask.preprocess.image import BadImage, decode, patchify
-from omniload_dask.preprocess.interleave import place_images
+from omniload_dask.preprocess.chat_images import image_token_counts
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
 from omniload_dask.preprocess.transforms import apply_user_code, resolve
 from omniload_dask.preprocess.vocabulary import describe_vocabulary
-from omniload_dask.sources import Catalog, RawRecords, encode_sample_ids
+from omniload_dask.sources import Catalog, encode_sample_ids
 from omniload_dask.sources.registry import discover_source, read_records
 
 __all__ = [
@@ -198,14 +198,19 @@ def _read_unit(
     image_spec = images or ImageSpec()
     if spec.has_images:
         before = len(records.bad)
-        records, pixels = _decode_images(records, image_spec)
+        records, pixels = decode_images(records, image_spec)
         bad_images = len(records.bad) - before
         bad_urls += [file_url] * bad_images  # (an image source's unit is one read)
         files = np.full(len(records.offsets), file_index, np.int64)
     t2 = time.perf_counter()
     chats = None
     if spec.chat is not None:  # render, tokenize and mask now: failures are bad records
-        chats = encode_chats(spec.chat, tokenizer, spec.name, records.chats or [])
+        marks: dict[str, Any] = {}  # (conversations with images: their runs where they mark)
+        if spec.has_images:
+            marks = dict(images=image_token_counts(pixels, image_spec),
+                         placeholder=image_token_id(tokenizer, image_spec.placeholder))  # fmt: skip
+        chats = encode_chats(spec.chat, tokenizer, spec.name, records.chats or [], **marks)
+        pixels = [pixels[i] for i in chats.kept] if spec.has_images else pixels
         url_of = {file_index: file_url, **{f: url for f, url, _, _ in more}}
         for i, reason in chats.bad:
             records.bad.append((int(records.offsets[i]), reason))
@@ -230,7 +235,10 @@ def _read_unit(
         tokens, offsets = tokenize(tokenizer, records.texts)
     if spec.has_images:
         placeholder = image_token_id(tokenizer, image_spec.placeholder)
-        tokens, offsets, table = _place(tokens, offsets, pixels, image_spec, placeholder, tokenizer)
+        runs = chats.image_starts if chats is not None else None
+        tokens, offsets, table = place(
+            tokens, offsets, pixels, image_spec, placeholder, tokenizer, runs
+        )
     t3 = time.perf_counter()
     ids = encode_sample_ids(source_index, files, records.offsets)
     lengths = np.diff(offsets)
@@ -369,70 +377,6 @@ def patch_sums(table: ImageTable, records: int) -> tuple[np.ndarray, np.ndarray]
     p_sum = np.bincount(table.record, weights=p, minlength=records).astype(np.int64)
     p_sq = np.bincount(table.record, weights=p * p, minlength=records).astype(np.int64)
     return p_sum, p_sq
-
-
-def _decode_images(
-    records: RawRecords, spec: ImageSpec
-) -> tuple[RawRecords, list[list[np.ndarray]]]:
-    """Decode every record's images into patch grids; a record with a bad image becomes bad."""
-    assert records.images is not None
-    texts: list[str] = []
-    offsets: list[int] = []
-    pixels: list[list[np.ndarray]] = []
-    bad = list(records.bad)
-    for text, offset, blobs in zip(
-        records.texts, records.offsets.tolist(), records.images, strict=True
-    ):
-        decoded = []
-        for j, blob in enumerate(blobs):
-            try:
-                decoded.append(decode(blob, spec))
-            except BadImage as exc:
-                label = f"image {j}" if len(blobs) > 1 else "image"
-                bad.append((offset, f"{label}: {exc}"))
-                break
-        else:
-            texts.append(text)
-            offsets.append(offset)
-            pixels.append(decoded)
-    bad.sort(key=lambda b: b[0])
-    out = RawRecords(texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad)
-    return out, pixels
-
-
-def _place(
-    tokens: np.ndarray,
-    offsets: np.ndarray,
-    pixels: list[list[np.ndarray]],
-    spec: ImageSpec,
-    placeholder: int,
-    tokenizer: TokenizerSpec,
-) -> tuple[np.ndarray, np.ndarray, ImageTable]:
-    """Patchify the decoded images and put their placeholder tokens into the documents."""
-    p, m = spec.patch_size, spec.merge
-    images = [img for imgs in pixels for img in imgs]
-    grid = np.asarray(
-        [(img.shape[0] // p, img.shape[1] // p) for img in images], dtype=np.int32
-    ).reshape(-1, 2)
-    record = np.repeat(np.arange(len(pixels), dtype=np.int64), [len(i) for i in pixels])
-    count = grid[:, 0].astype(np.int64) * grid[:, 1]
-    image_tokens = count // (m * m)
-    skip = 1 if tokenizer.add_bos else 0
-    tokens, offsets, starts = place_images(tokens, offsets, record, image_tokens, placeholder, skip)
-    cu = np.zeros(len(count) + 1, dtype=np.int64)
-    np.cumsum(count, out=cu[1:])
-    patches = np.empty((int(cu[-1]), p, p, 3), dtype=np.uint8)  # filled in place: one copy
-    for i, img in enumerate(images):
-        patchify(img, p, m, out=patches[cu[i] : cu[i + 1]])
-    table = ImageTable(
-        patches=patches,
-        cu_patches=cu,
-        grid=grid,
-        record=record,
-        token_start=starts,
-        tokens=image_tokens,
-    )
-    return tokens, offsets, table
 
 
 def construct(recipe: Recipe, *shards: Shard) -> GroupBatch:

@@ -98,6 +98,13 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     every = [*sources, *(x for s in streams for x in s.sources)]
     if top.has("images") or any(s.has_images for s in every):
         images = read_images(top.mapping("images"), tokenizer)
+    for src in every:
+        if src.chat is not None and src.has_images and tokenizer.kind != "huggingface":
+            # (the template writes the placeholder as text: only a Hugging Face tokenizer reads
+            # a special token's text as its id)
+            fail("tokenizer.kind", f"source {src.name!r} holds conversations with images: they "
+                 "need a huggingface tokenizer whose vocabulary holds images.placeholder",
+                 tokenizer.kind)  # fmt: skip
     top.done()
     return Plan(
         name=name,

@@ -5,6 +5,10 @@ column of a Parquet source or the image files' extensions of a WebDataset source
 
     - {name: captions, format: parquet, path: data/cap/*.parquet, image: jpeg, text: caption}
     - {name: laion, format: webdataset, path: data/laion/*.tar, image: [jpg, png], text: txt}
+
+A source with both ``image`` and ``chat`` holds conversations whose turns mark where its images
+go (a WebDataset record's conversation is its ``.json`` file; :mod:`omniload_dask.preprocess.
+chat_images`).
 """
 
 from __future__ import annotations
@@ -72,16 +76,19 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
         paths = tuple(_megatron_index(p) for p in paths)
     weight = f.number("weight", 1.0, min=0, max=MAX_WEIGHT)
     chat = read_chat(f.mapping("chat"), base_dir) if f.has("chat") else None
-    if chat is not None and fmt not in ("jsonl", "parquet"):
-        fail(f.at("chat"), "conversations come from jsonl or parquet sources", f.raw("chat"))
+    if chat is not None and fmt not in ("jsonl", "parquet", "webdataset"):
+        where, why = f.at("chat"), "conversations come from jsonl, parquet or webdataset sources"
+        fail(where, why, f.raw("chat"))
     text = (
         chat.field if chat is not None else f.text("text", "txt" if fmt == "webdataset" else "text")
     )
     if chat is not None and f.has("text"):
         fail(f.at("text"), "a chat source names its fields in chat (chat.field)", f.raw("text"))
     image = _image_field(f, fmt)
-    if chat is not None and image:
-        fail(f.at("chat"), "a source with images cannot be a chat source (not yet)", f.raw("chat"))
+    if chat is not None and image and chat.layout == "prompt_completion":
+        # (images go where a conversation marks them: turns, not a prompt/completion pair)
+        where = f.at("chat") + ".layout"
+        fail(where, "a chat source with images needs layout messages or sharegpt", chat.layout)
     if fmt == "parquet" and image and image[0] == text:
         fail(f.at("image"), "must be another column than sources[].text", image[0])
     unit_records = f.optional_int("unit_records", min=1, max=MAX_UNIT_RECORDS)

@@ -13,14 +13,16 @@ is token i (labels are built from it in :mod:`omniload_dask.batching.formats`). 
 first token is never predicted. Prompt/completion records of two strings are not templated:
 their text is prompt then completion, with the tokenizer's BOS/EOS as the plan adds them, and
 the EOS is a target of the completion. A record that cannot be rendered, or has no target
-token, is a bad record with the reason (:class:`RecordFailure`).
+token, is a bad record with the reason (:class:`RecordFailure`). Conversations with images have
+each image's run of placeholders where their turns mark it (:mod:`.chat_images`).
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -31,6 +33,7 @@ from omniload_dask.plan import TokenizerSpec
 from omniload_dask.plan.chat import ChatSpec
 from omniload_dask.plan.credentials import resolve
 from omniload_dask.preprocess.chat import MARKS, ChatError, Template, compile_template
+from omniload_dask.preprocess.chat_images import expand_images, mark_images
 from omniload_dask.preprocess.tokenize import load_tokenizer
 
 __all__ = ["ChatTokens", "describe_rule", "encode_chats", "target_notes", "template_of"]
@@ -42,13 +45,15 @@ _SPECIALS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "c
 @dataclass
 class ChatTokens:
     """Tokens, offsets and target mask of the records that encoded; ``bad`` the others as
-    ``(index into the input, reason)``."""
+    ``(index into the input, reason)``; with images, where each kept record's image runs start
+    (token offsets inside its document)."""
 
     tokens: np.ndarray  # uint32
     offsets: np.ndarray  # int64, kept records + 1
     target: np.ndarray  # bool, per token
     kept: np.ndarray  # int64 indices of the kept records
     bad: list[tuple[int, str]]
+    image_starts: list[np.ndarray] = field(default_factory=list)  # per kept record (images)
 
 
 def template_of(
@@ -170,30 +175,46 @@ def target_notes(sources: Any, tokenizer: TokenizerSpec, load: bool) -> list[str
         rule = describe_rule(spec.chat, template)
         if spec.mask is not None:  # a token source's mask column
             rule = f"the tokens its {spec.mask.kind} column {spec.mask.column!r} marks"
+        if spec.chat is not None and spec.has_images:
+            rule += "; its images go where the turns mark them, their placeholders never targets"
         notes.append(f"sources[{i}] ({spec.name}) trains on {rule}")
     return notes
 
 
 def encode_chats(
-    chat: ChatSpec, tokenizer: TokenizerSpec, source: str, chats: list[Any]
+    chat: ChatSpec,
+    tokenizer: TokenizerSpec,
+    source: str,
+    chats: list[Any],
+    images: Sequence[Sequence[int]] | None = None,
+    placeholder: int | None = None,
 ) -> ChatTokens:
-    """Render, tokenize and mask ``chats`` (see the module docstring)."""
+    """Render, tokenize and mask ``chats`` (see the module docstring). With ``images`` (each
+    record's images' placeholder counts) the token ``placeholder`` the template writes for an
+    image becomes that image's run (:mod:`.chat_images`)."""
     template, variables = template_of(chat, tokenizer, source)
     encoder = load_tokenizer(tokenizer)
     parts: list[np.ndarray] = []
     masks: list[np.ndarray] = []
     kept: list[int] = []
     bad: list[tuple[int, str]] = []
+    image_starts: list[np.ndarray] = []
+    runs = np.zeros(0, dtype=np.int64)
     for i, conversation in enumerate(chats):
         try:
+            if images is not None:
+                conversation = mark_images(conversation, len(images[i]))
             text, spans, specials = _spans(chat, template, variables, conversation)
+            ids, starts, ends = encoder.encode_offsets(text)
+            target = np.zeros(len(ids), dtype=bool)
+            for lo, hi in spans:
+                target |= (starts < hi) & (ends > lo)
+            if images is not None:
+                assert placeholder is not None
+                ids, target, runs = expand_images(ids, target, images[i], placeholder)
         except ChatError as exc:
             bad.append((i, str(exc)))
             continue
-        ids, starts, ends = encoder.encode_offsets(text)
-        target = np.zeros(len(ids), dtype=bool)
-        for lo, hi in spans:
-            target |= (starts < hi) & (ends > lo)
         bos = encoder.info.bos_id if specials[0] and tokenizer.add_bos else None
         eos = encoder.info.eos_id if specials[1] and tokenizer.add_eos else None
         if bos is not None:
@@ -215,6 +236,8 @@ def encode_chats(
         parts.append(ids.astype(np.uint32))
         masks.append(target)
         kept.append(i)
+        if images is not None:
+            image_starts.append(runs)
     lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
     offsets = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -224,6 +247,7 @@ def encode_chats(
         target=np.concatenate(masks) if masks else np.zeros(0, bool),
         kept=np.asarray(kept, dtype=np.int64),
         bad=bad,
+        image_starts=image_starts,
     )
 
 

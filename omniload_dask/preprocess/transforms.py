@@ -172,6 +172,8 @@ def apply_user_code(
         out_records = RawRecords([""] * len(kept), offsets, bad, chats=kept)
     else:
         out_records = RawRecords(kept, offsets, bad)
+    if records.images is not None:  # (a record's images stay with it; the code sees none)
+        out_records.images = [records.images[r] for r in rows]
     return out_records, files[at] if len(at) else files[:0], dropped, bad_files
 
 

@@ -11,13 +11,14 @@ number in the file.
 
 Image-text sources name the image column with ``sources[].image``. It may hold the encoded image
 (``binary``), a struct with a ``bytes`` field (the Hugging Face ``Image`` feature), or a list of
-either (several images per record, in order; an empty list is a text-only record).
+either (several images per record, in order; an empty list is a text-only record). A chat source
+may have one too: its images go where its conversations mark them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,8 @@ from omniload_dask.sources.decoding import WatchedFile
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 from omniload_dask.sources.parquet_pages import has_page_checksums
+
+_T = TypeVar("_T")
 
 
 class Parquet:
@@ -88,7 +91,8 @@ class Parquet:
         bytes changed fails so even when it still decodes.
         """
         url = fs.unstrip_protocol(path)
-        columns = [*spec.chat.columns] if spec.chat is not None else [spec.text, *spec.image]
+        columns = [*spec.chat.columns] if spec.chat is not None else [spec.text]
+        columns += spec.image
         with open_file(fs, path) as raw:
             f = WatchedFile(raw)
             try:
@@ -121,7 +125,14 @@ class Parquet:
                 return _unreadable(start, stop, f"{where} {what} ({type(exc).__name__}: {exc})")
         table = table.slice(start - int(bounds[first_group]), stop - start)
         if spec.chat is not None:
-            return _chats(spec, table, start)
+            chats = _chats(spec, table, start)
+            if not spec.has_images:
+                return chats
+            keep = (chats.offsets - start).tolist()
+            images, offsets, convs, bad = _images(
+                spec, table.column(spec.image[0]), start, keep, chats.chats or [], chats.bad
+            )
+            return RawRecords([""] * len(convs), offsets, bad, images=images, chats=convs)
         texts, offsets, bad, keep = column_texts(spec, table.column(0), start)
         if not spec.has_images:
             return RawRecords(texts=texts, offsets=offsets, bad=bad)
@@ -216,14 +227,15 @@ def _images(
     column: Any,
     first_row: int,
     keep: list[int],
-    texts: list[str],
+    texts: list[_T],
     bad: list[tuple[int, str]],
-) -> tuple[list[list[bytes]], np.ndarray, list[str], list[tuple[int, str]]]:
-    """Each kept record's encoded images; records whose image cell is unusable become bad."""
+) -> tuple[list[list[bytes]], np.ndarray, list[_T], list[tuple[int, str]]]:
+    """Each kept record's encoded images; records whose image cell is unusable become bad.
+    ``texts`` are the kept records' texts (or conversations), returned for those still kept."""
     name = spec.image[0]
     values = column.to_pylist()
     images: list[list[bytes]] = []
-    out_texts: list[str] = []
+    out_texts: list[_T] = []
     rows: list[int] = []
     for text, index in zip(texts, keep, strict=True):
         row = first_row + index
@@ -254,7 +266,8 @@ def _chats(spec: SourceSpec, table: pa.Table, first_row: int) -> RawRecords:
     chats: list[Any] = []
     rows: list[int] = []
     bad: list[tuple[int, str]] = []
-    for row, record in enumerate(table.to_pylist(), start=first_row):
+    records = table.select(list(spec.chat.columns)).to_pylist()  # (not the image bytes)
+    for row, record in enumerate(records, start=first_row):
         chat = conversation(spec.chat, record)
         if isinstance(chat, str):
             bad.append((row, chat))

@@ -11,7 +11,9 @@ members with the same key. The record's images are its files with an extension l
 Discovery reads every member header once (not the data) to find where each record starts; a
 unit is ``sources[].unit_records`` consecutive records (default 64), ``(file, first byte,
 stop byte)``, and can be read in portions at record boundaries. A record's offset (and so its
-sample id) is the byte offset of its first header. A record without an image or text file is a
+sample id) is the byte offset of its first header. A chat source's record holds its conversation
+in a ``.json`` file, an object with the field ``sources[].chat`` names (``0000.jpg 0000.json``:
+``{"messages": [{"role": "user", "content": [{"type": "image"}, ...]}, ...]}``). A record without an image or text file is a
 bad record (``on_error``); a tar that cannot be parsed fails at start-up, naming the file
 (with ``on_error: skip`` it becomes one bad record). A unit whose tar data breaks off (a
 truncated shard) keeps the records before the break and reports the one it breaks off in.
@@ -20,6 +22,7 @@ truncated shard) keeps the records before the break and reports the one it break
 from __future__ import annotations
 
 import io
+import json
 import posixpath
 import tarfile
 from typing import Any
@@ -29,6 +32,7 @@ import numpy as np
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
+from omniload_dask.sources.chat import conversation
 from omniload_dask.sources.decoding import WatchedFile
 from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
@@ -153,10 +157,20 @@ class WebDataset:
         texts: list[str] = []
         offsets: list[int] = []
         images: list[list[bytes]] = []
+        chats: list[Any] = []
         for offset, files in records:
             blobs = [files[ext] for ext in spec.image if ext in files]
-            text = files.get(spec.text)
-            if not blobs:
+            text = files.get(spec.text if spec.chat is None else "json")
+            if spec.chat is not None:  # (a conversation may have no image: a text-only turn)
+                chat = _conversation(spec, text, files)
+                if isinstance(chat, str):
+                    bad.append((offset, chat))
+                    continue
+                chats.append(chat)
+                texts.append("")
+                offsets.append(offset)
+                images.append(blobs)
+            elif not blobs:
                 bad.append((offset, f"no image file ({'/'.join(spec.image)}); has {sorted(files)}"))
             elif text is None:
                 bad.append((offset, f"no .{spec.text} file; has {sorted(files)}"))
@@ -170,8 +184,23 @@ class WebDataset:
                 images.append(blobs)
         bad.sort(key=lambda b: b[0])
         return RawRecords(
-            texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad, images=images
-        )
+            texts=texts, offsets=np.asarray(offsets, dtype=np.int64), bad=bad, images=images,
+            chats=chats if spec.chat is not None else None,
+        )  # fmt: skip
+
+
+def _conversation(spec: SourceSpec, blob: bytes | None, files: dict[str, bytes]) -> Any:
+    """A chat record's conversation from its ``.json`` file, or why it has none (a ``str``)."""
+    assert spec.chat is not None
+    if blob is None:
+        return f"no .json file (the conversation); has {sorted(files)}"
+    try:
+        record = json.loads(blob)
+    except ValueError as exc:  # (UnicodeDecodeError is one)
+        return f".json file is not JSON ({exc})"
+    if not isinstance(record, dict):
+        return f".json file must hold an object, got {type(record).__name__}"
+    return conversation(spec.chat, record)
 
 
 def _parse_tar(data: bytes, start: int, records: list[tuple[int, dict[str, bytes]]]) -> None:
