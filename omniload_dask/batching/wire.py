@@ -40,6 +40,8 @@ travels as Dask serializes task results (numpy buffers out of band).
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import msgpack
@@ -164,8 +166,15 @@ def unpack_part(packed: Any) -> Any:
             if dtype is None:
                 mb[name] = shape
                 continue
-            kind = np.dtype(dtype)
-            count = int(np.prod(shape, dtype=np.int64))
-            mb[name] = np.frombuffer(buffer, kind, count, offset).reshape(shape)
+            # (math.prod of a plain list: numpy's prod costs microseconds per call, and a
+            # rank unpacks every array of every part it takes)
+            array = np.frombuffer(buffer, _dtype(dtype), math.prod(shape), offset)
+            mb[name] = array if len(shape) == 1 else array.reshape(shape)
         micro.append(mb)
     return GroupBatch(step=int(packed["step"]), group=int(packed["group"]), micro_batches=micro)
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype(name: str) -> np.dtype[Any]:
+    """The numpy dtype a packed field names (a handful of names, looked up once each)."""
+    return np.dtype(name)
