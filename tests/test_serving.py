@@ -10,8 +10,8 @@ import pytest
 from distributed.protocol import dumps, loads
 
 from omniload_dask.batching.formats import GroupBatch
-from omniload_dask.batching.wire import pack_part, unpack_part
-from omniload_dask.cluster.serving import wire_part
+from omniload_dask.batching.wire import pack_part, split_parts, unpack_part
+from omniload_dask.cluster.serving import wire_parts
 from omniload_dask.cluster.tasks import group_parts
 from omniload_dask.plan import load_plan
 from omniload_dask.testing import InlineDataPlane
@@ -22,7 +22,14 @@ PLANS = Path(__file__).resolve().parent.parent / "plans"
 def over_the_wire(value: object) -> object:
     """``value`` as the part handler sends it, after Dask's encoding of the reply and its
     decoding on the other side."""
-    return loads(dumps({"reply": [wire_part(value)]}))["reply"][0]
+    return replied([value])[0]
+
+
+def replied(values: list[object]) -> list[object]:
+    """``values`` as the part handler replies with them, after Dask's encoding of the reply
+    and its decoding on the other side, each as :func:`pack_part` gave it (or as it was)."""
+    reply = loads(dumps({"reply": wire_parts(values)}))["reply"]
+    return split_parts(list(reply["parts"]), reply.get("buffer"))
 
 
 def assert_same(a: GroupBatch, b: GroupBatch) -> None:
@@ -68,15 +75,38 @@ def test_a_parts_buffer_travels_in_a_frame_of_its_own_and_comes_back_as_a_copy()
     batch = GroupBatch(step=1, group=0, micro_batches=[{"input_ids": ids, "num_tokens": 100_000}])
     packed = pack_part(batch)
     assert packed is not None
-    frames = dumps({"reply": [wire_part(packed)]})
+    frames = dumps({"reply": wire_parts([packed])})
     assert max(len(memoryview(f).cast("B")) for f in frames) == packed["buffer"].nbytes
     assert sum(len(memoryview(f).cast("B")) for f in frames) < ids.nbytes + 1024
-    reply = loads(frames)["reply"][0]
-    back = unpack_part(reply)
+    reply = loads(frames)["reply"]
+    back = unpack_part(split_parts(list(reply["parts"]), reply["buffer"])[0])
     # writable, and not the worker's buffer (in-process comms pass it as it is)
     assert not packed["buffer"].flags.writeable
     assert not np.shares_memory(back.micro_batches[0]["input_ids"], packed["buffer"])
     assert_same(batch, back)
+
+
+def test_the_parts_of_a_reply_share_one_frame_and_come_back_without_a_copy_each():
+    batches = [
+        GroupBatch(step=s, group=0, micro_batches=[{"input_ids": np.arange(n, dtype=np.uint32),
+                                                    "cu_seqlens": np.asarray([0, n], np.int32),
+                                                    "num_tokens": n}])
+        for s, n in enumerate(range(10_001, 10_006))
+    ]  # fmt: skip
+    odd = GroupBatch(step=9, group=0, micro_batches=[{"n": np.int64(3)}])  # does not pack
+    packed = [pack_part(b) for b in batches]
+    values = [packed[0], None, packed[1], odd, *packed[2:]]
+    frames = dumps({"reply": wire_parts(values)})
+    joined = sum(p["buffer"].nbytes for p in packed)  # (each part's 8-byte aligned already)
+    assert max(len(memoryview(f).cast("B")) for f in frames) == joined
+    reply = loads(frames)["reply"]
+    back = [unpack_part(v) for v in split_parts(list(reply["parts"]), reply["buffer"])]
+    assert back[1] is None
+    assert back[3].micro_batches == odd.micro_batches
+    for want, got in zip(batches, [back[0], back[2], *back[4:]], strict=True):
+        assert_same(want, got)
+        # a view of the reply's one buffer: unpacking copied nothing
+        assert np.shares_memory(got.micro_batches[0]["input_ids"], reply["buffer"])
 
 
 def test_parts_holding_other_values_go_as_they_are():

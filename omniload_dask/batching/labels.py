@@ -43,13 +43,24 @@ def derived(
     token_map: np.ndarray | None,
     target: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``position_ids`` and ``labels`` of a packed micro-batch (padding: 0 and -100)."""
+    """``position_ids`` and ``labels`` of a packed micro-batch (padding: 0 and -100).
+
+    Every feeder runs this on every micro-batch it yields: without images or a target mask
+    the labels are the tokens shifted by one with each piece's last position set to -100
+    (two vector copies, the same labels as :func:`loss_positions` selects)."""
     width = len(input_ids)
     bounds = cu.astype(np.int64)
     starts = np.repeat(bounds[:-1], bounds[1:] - bounds[:-1])
     position_ids = np.zeros(width, dtype=np.int64)
-    position_ids[:total] = np.arange(total, dtype=np.int64) - starts
+    np.subtract(np.arange(total, dtype=np.int64), starts, out=position_ids[:total])
     labels = np.full(width, IGNORE_INDEX, dtype=np.int64)
+    if token_map is None and target is None:
+        if total:
+            labels[: total - 1] = input_ids[1:total]
+            # (a piece's last position; -1 for an empty first piece is the last position,
+            # which no label reaches: it stays -100 either way)
+            labels[bounds[1:] - 1] = IGNORE_INDEX
+        return position_ids, labels
     counts = loss_positions(cu, total, token_map, target)
     at = np.flatnonzero(counts)  # (never a piece's last token: at + 1 stays inside)
     labels[at] = input_ids[at + 1]

@@ -6,14 +6,16 @@ on every worker (now and joining later); it adds the ``omniload_parts`` handler,
 fetcher calls over Dask's comms (no Client)::
 
     fetcher -> worker   omniload_parts(parts=[[block key, part], ...])
-    worker  -> fetcher  [part's GroupBatch or None, ...]     (None: not held here)
+    worker  -> fetcher  {"parts": [part or None, ...],       (None: not held here)
+                         "buffer": the packed parts' buffers, joined}
 
 When a worker leaves, the data plane calls ``omniload_peer_gone(address=...)`` on the others:
 a construction fetching a shard from the lost worker then asks the scheduler for the shard's
 standby copy at once, instead of retrying the dead address for Dask's 30 s connect timeout.
 
 A part travels packed (:mod:`omniload_dask.batching.wire`: plain fields in the reply's
-msgpack frame and one buffer in a frame of its own, :func:`wire_part`); the construction task
+msgpack frame, and the buffers of all the parts of a reply joined in a frame of their own,
+:func:`wire_parts`); the construction task
 packed it as it built it, so serving a part only sends it, and the fetcher unpacks it. A part
 that does not pack travels as Dask serializes task results (numpy buffers out of band). The
 handler counts what it sends (``sent_bytes``, ``sent_parts``) for the scale benchmark.
@@ -29,12 +31,12 @@ from dask.sizeof import sizeof
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from omniload_dask.batching.formats import BatchBlock
-from omniload_dask.batching.wire import PART_HANDLER, is_packed
+from omniload_dask.batching.wire import PART_HANDLER, join_parts
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.internals import comms as _comms
 from omniload_dask.internals import server as _server
 
-__all__ = ["PEER_GONE_HANDLER", "PartServer", "wire_part"]
+__all__ = ["PEER_GONE_HANDLER", "PartServer", "wire_parts"]
 
 PEER_GONE_HANDLER = "omniload_peer_gone"
 DROP_EVERY = 0.2  # seconds between drops of a lost worker's connection attempts
@@ -96,28 +98,33 @@ class PartServer(WorkerPlugin):
         for task in list(self._dropping.values()):
             task.cancel()
 
-    def parts(self, parts: list[Any]) -> list[Any]:
-        """The asked parts of blocks held here, in order (None where not held)."""
+    def parts(self, parts: list[Any]) -> dict[str, Any]:
+        """The asked parts of blocks held here, in order (None where not held), packed ones
+        with their buffers joined (:func:`wire_parts`)."""
         self.calls += 1
         out: list[Any] = []
         for key, part in parts:
             block = _server.worker_value(self.worker, str(key))
             value = block.parts.get(int(part)) if isinstance(block, BatchBlock) else None
-            if value is None:
-                out.append(None)
-                continue
-            # packed by its construction (:func:`~omniload_dask.batching.wire.packed`),
-            # unless it would not pack
-            self.sent_bytes += sizeof(value)
-            self.sent_parts += 1
-            out.append(wire_part(value))
-        return out
+            if value is not None:
+                # packed by its construction (:func:`~omniload_dask.batching.wire.packed`),
+                # unless it would not pack
+                self.sent_bytes += sizeof(value)
+                self.sent_parts += 1
+            out.append(value)
+        return wire_parts(out)
 
 
-def wire_part(value: Any) -> Any:
-    """A part held by a worker as the part handler sends it: a packed part with its buffer
-    in a frame of its own (not copied into the msgpack frame), anything else as Dask
-    serializes task results."""
-    if is_packed(value):
-        return {**value, "buffer": _comms.wire(value["buffer"])}
-    return _comms.wire(value)
+def wire_parts(values: list[Any]) -> dict[str, Any]:
+    """Parts held by a worker as the part handler replies with them: the packed ones' buffers
+    joined into one, in a frame of its own (:func:`~omniload_dask.batching.wire.join_parts`),
+    anything else as Dask serializes task results; the fetcher reads the reply with
+    :func:`~omniload_dask.batching.wire.split_parts`."""
+    items, buffer = join_parts(values)
+    joined = [v is None or (isinstance(v, dict) and "span" in v) for v in items]
+    reply: dict[str, Any] = {
+        "parts": [v if plain else _comms.wire(v) for v, plain in zip(items, joined, strict=True)]
+    }
+    if buffer is not None:
+        reply["buffer"] = _comms.wire(buffer)
+    return reply

@@ -31,7 +31,9 @@ def checked_tokens(spec: SourceSpec, records: RawRecords) -> RawRecords:
     assert records.tokens is not None and records.lengths is not None
     tokens, lengths = records.tokens, records.lengths
     vocab = int(spec.vocab_size or 2**32)
-    if tokens.dtype.kind == "f":
+    if _all_in_vocabulary(tokens, vocab):
+        ok = None
+    elif tokens.dtype.kind == "f":
         ok = (tokens == np.floor(tokens)) & (tokens >= 0) & (tokens < vocab)
     elif tokens.dtype.kind == "u" and (tokens.dtype.itemsize < 4 or vocab >= 2**32):
         ok = tokens < vocab if vocab < 2 ** (8 * tokens.dtype.itemsize) else None
@@ -65,6 +67,19 @@ def checked_tokens(spec: SourceSpec, records: RawRecords) -> RawRecords:
     return RawRecords.of_tokens(
         tokens[token_keep].astype(np.uint32), lengths[keep], records.offsets[keep], bad, mask
     )
+
+
+def _all_in_vocabulary(tokens: np.ndarray, vocab: int) -> bool:
+    """Whether every id of an integer array is in ``[0, vocab)``, in one pass over it (a
+    maximum; signed ids as their unsigned bits, where a negative id is at least 2**(bits-1)).
+    False also where it cannot tell that way (floats): the caller then checks id by id."""
+    kind, bits = tokens.dtype.kind, 8 * tokens.dtype.itemsize
+    if kind not in "iu" or not len(tokens):
+        return kind in "iu"
+    if kind == "u":
+        return vocab >= 2**bits or int(tokens.max()) < vocab
+    unsigned = tokens.view(np.dtype(f"u{tokens.dtype.itemsize}"))
+    return int(unsigned.max()) < min(vocab, 2 ** (bits - 1))
 
 
 def is_token_list(kind: Any) -> bool:

@@ -35,7 +35,7 @@ from typing import Any
 # imports, at its top), not on the way to its first batch.
 import distributed  # noqa: F401
 
-from omniload_dask.batching.wire import PART_HANDLER, unpack_part
+from omniload_dask.batching.wire import PART_HANDLER, split_parts, unpack_part
 from omniload_dask.internals import comms as _comms
 
 __all__ = [
@@ -187,7 +187,8 @@ class Link:
         reply = await _comms.rpc(
             self._workers, address, PART_HANDLER, parts=[[k, p] for k, p in refs]
         )
-        return [unpack_part(value) for value in reply]
+        values = split_parts(list(reply["parts"]), reply.get("buffer"))
+        return [unpack_part(value) for value in values]
 
     def connections(self) -> int:
         """Comms this link holds open now (to the scheduler and to workers)."""

@@ -9,10 +9,11 @@ that are ready (maybe none) and where the stream ends, if known. It refills with
 
 It runs where its round trip runs: a plain ``fetch`` in a thread of its own; a coroutine
 ``fetch`` (a fetching agent's :mod:`.fetch` round trip) as a task on the event loop given as
-``loop`` (the links' loop), so that a step costs one wake-up of that loop (when the consumer
-moves on) and one of the consumer (when the items are in), with no thread in between::
+``loop`` (the links' loop), so that a refill costs one wake-up of that loop (when the consumer
+moves on and a refill is due) and one of the consumer (when the items are in), with no thread
+in between::
 
-    consumer      done(7) --call_soon_threadsafe--> loop: ask + fetch step 9 --notify--> take(8)
+    consumer      done(4) --call_soon_threadsafe--> loop: ask + fetch steps 9.. --notify--> take(5)
 
 Lost connections and a job not (yet) restarted are retried with backoff for
 ``reconnect_timeout`` seconds (the scheduler may be restarting); other errors reach the
@@ -125,7 +126,10 @@ class Prefetcher:
             while self._buffer and self._buffer[0][0] <= step:
                 self._buffer.popleft()
             self._step = max(self._step, step + 1)
-            self._notify_locked()
+            # The task on the loop waits for a refill to be due and nothing else (or a stop):
+            # woken at every step it would cost each rank a hand-off to the loop, a wake-up
+            # and a new timed wait there per step, to find nothing due.
+            self._notify_locked(wake_loop=self._due_locked() is not None)
 
     def reset(self, step: int) -> None:
         """Continue from ``step`` (items fetched so far are dropped)."""
@@ -155,10 +159,11 @@ class Prefetcher:
         self._step = self._fetch_from = step
         self._notify_locked()
 
-    def _notify_locked(self) -> None:
-        """Wake whoever waits: the consumer, the thread, or the task on the loop."""
+    def _notify_locked(self, wake_loop: bool = True) -> None:
+        """Wake whoever waits: the consumer, the thread, or (``wake_loop``) the task on the
+        loop."""
         self._lock.notify_all()
-        if self._idle and self._wake is not None and self._loop is not None:
+        if wake_loop and self._idle and self._wake is not None and self._loop is not None:
             self._idle = False
             with contextlib.suppress(RuntimeError):  # the loop closed (the process exits)
                 self._loop.call_soon_threadsafe(self._wake.set)
