@@ -459,13 +459,6 @@ class Child:
 
 
 # ------------------------------------------------------------------ the README cluster
-def _warm_imports_done() -> bool:
-    """In a worker: whether the preload's background imports (if any) have ended."""
-    import threading
-
-    return not any(t.name == "omniload-warm-imports" for t in threading.enumerate())
-
-
 class ReadmeCluster:
     """``dask scheduler --preload omniload_dask.preload`` and ``dask worker ... --nthreads 3
     --resources omniload-read=2 --preload omniload_dask.preload`` processes, as the README
@@ -499,10 +492,16 @@ class ReadmeCluster:
 
         with Client(self.address, timeout=60) as client:
             client.wait_for_workers(workers, timeout=120)
+
             # A cluster is up before the job that uses it: the workers' background imports of
             # the preload (omniload.warm-imports) end before GO, not during the first reads.
+            def warm_done() -> bool:  # (in a worker; local, so that it travels by value)
+                import threading
+
+                return not any(t.name == "omniload-warm-imports" for t in threading.enumerate())
+
             deadline = time.monotonic() + 120
-            while not all(client.run(_warm_imports_done).values()):
+            while not all(client.run(warm_done).values()):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the workers' warm imports did not end within 120 s")
                 time.sleep(0.2)
