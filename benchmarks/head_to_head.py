@@ -229,6 +229,10 @@ def role_rank(spec: dict[str, Any]) -> None:
     loaded = _import_loader(f"loader:{spec['loader']}" if spec.get("loader") else spec["system"])
     if hasattr(loaded, "warm_up"):  # another benchmark's loaders: their imports, at the top
         loaded.warm_up(spec["system"])
+    if spec.get("import_job") and spec.get("rank") == 0:
+        # the rank that starts the job imports Job at its top, as a training script does:
+        # the first batch then counts from the ``Job.start`` call, not from the import
+        import omniload_dask.cluster.job  # noqa: F401
     _emit("READY", {"pid": os.getpid()})
     commands = Commands()
     kind, go = commands.read()
@@ -489,6 +493,20 @@ class ReadmeCluster:
         with Client(self.address, timeout=60) as client:
             client.wait_for_workers(workers, timeout=120)
 
+            # A cluster is up before the job that uses it: the workers' background imports of
+            # the preload (omniload.warm-imports) end before GO, not during the first reads.
+            def warm_done() -> bool:  # (in a worker; local, so that it travels by value)
+                import threading
+
+                return not any(t.name == "omniload-warm-imports" for t in threading.enumerate())
+
+            deadline = time.monotonic() + 120
+            while not all(client.run(warm_done).values()):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the workers' warm imports did not end within 120 s")
+                time.sleep(0.2)
+            self.warm_wait = round(time.monotonic() + 120 - deadline, 2)
+
     def close(self) -> None:
         from support.accounting import stop_processes
 
@@ -605,6 +623,7 @@ def run_system(system: str, ranks: int, plan: dict[str, Any], args: argparse.Nam
         "system": system, "ranks": ranks, "sources": len(plan["sources"]),
         "t_launch": t_launch, "t_a": t_a, "t_b": t_b, "firsts": firsts, "marks": marks,
         "timeline": timeline,
+        "warm_wait_s": getattr(cluster, "warm_wait", None),  # (the workers' warm imports)
         "done": done, "plane": plane, "before_pss": before.pss,
         "cpu": _cpu_by_group(cpu_a, cpu_b, groups, scheduler_tree),
         "worker_threads": _thread_split(threads_a, threads_b),

@@ -310,7 +310,7 @@ def main() -> int:
                               balance or "full")  # fmt: skip
             driver = "omniload_ext" if system.startswith("omniload_") else system
             extra = {"tag": system, "mosaic_path": path, "torchrun": BASELINES,
-                     "rank_spec": {} if driver == "omniload_ext" else
+                     "rank_spec": {"import_job": True} if driver == "omniload_ext" else
                      {"loader": "support.token_loaders", "tokens": megatron}}  # fmt: skip
             try:
                 run = h2h.run_system(driver, r, plan, args, logs, extra)
@@ -323,7 +323,9 @@ def main() -> int:
             row["system"], row["round"] = system, round_
             rows.append(row)
             if row.get("first_batch_timeline"):
-                print(f"  first batch time line: {row['first_batch_timeline']}", flush=True)
+                print(f"  first batch time line: {row['first_batch_timeline']} (the workers' "
+                      f"warm imports ended {run.get('warm_wait_s')} s after they joined)",
+                      flush=True)  # fmt: skip
             print(f"{system} R={r}: {row['tokens_per_s']:,.0f} tok/s sync, "
                   f"{row['tokens_per_s_any']:,.0f} any; first {row['first_batch_s']:.2f} s; "
                   f"CPU-s/Mtok {row['cpu_s_per_mtoken']['total']}; balance "

@@ -17,6 +17,7 @@ from omniload_dask import Job, JobError, SourceError, TokenizerError, local_clus
 from omniload_dask.internals import comms as _comms
 from omniload_dask.plan import parse_plan
 from omniload_dask.testing import InlineDataPlane, assert_batches_equal
+from omniload_dask.trainer.link import Link
 
 from .conftest import make_plan
 from .datagen import plan_dict, texts, write_jsonl
@@ -234,6 +235,31 @@ FEEDER_SCRIPT = textwrap.dedent("""
     print(json.dumps([mb["input_ids"].tolist() for mb in feeder]))
     feeder.close()
 """)
+
+
+def test_a_feeder_opens_its_comms_to_the_workers_before_its_first_fetch(small_sources, cluster):
+    """On a small cluster the job's info names the workers, and a feeder connects to them
+    while its first batch is built (its first fetch then finds the comms open)."""
+    plan = make_plan(small_sources, name="warm")
+    with Client(cluster) as client:
+        job = Job.start(plan, client=client)
+        try:
+            info = job.attach(job.name, client=client).info
+            assert sorted(info["workers"]) == sorted(cluster.scheduler_info["workers"])
+            link = Link(cluster.scheduler_address)  # (a feeder's, before it fetched anything)
+            try:
+                assert link.connections() == 0
+                link.warm(info["workers"])
+                deadline = time.monotonic() + 30
+                while link.connections() < len(info["workers"]) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert all(_comms.pooled(link._workers, w) for w in info["workers"])
+            finally:
+                link.close()
+            feeder = job.feeder(dp_rank=0, output="numpy")  # (the wiring warms its own link)
+            assert next(iter(feeder))["input_ids"].size > 0
+        finally:
+            job.stop()
 
 
 def test_feeders_in_other_processes_attach_by_address(small_sources, cluster, tmp_path):

@@ -17,7 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from omniload_dask.batching.formats import IGNORE_INDEX
+from omniload_dask.batching.labels import Holes
 from omniload_dask.batching.wire import expand
+from omniload_dask.core.events import StepsRequested
 from omniload_dask.errors import JobError, PlanError, RecordError, SourceError
 from omniload_dask.plan import TokenMaskSpec, parse_plan, parse_source
 from omniload_dask.sources import decode_sample_id
@@ -225,6 +227,55 @@ def test_resume_gives_the_same_masked_stream(
         checkpoint={"url": str(tmp_path / "ckpt"), "compact_every": 3},
     )
     assert check_resume_equivalence(plan, 6, [2, 4]) > 0
+
+
+def test_a_masked_arrow_source_plans_from_row_lengths_before_any_read(
+    corpus: tuple[Path, dict[Any, Any]],
+) -> None:
+    """Arrow row lengths give a masked source's lengths up front, as an unmasked one's: the
+    mask column, read beside the ids at discovery, gives each record's holes, so the data plane
+    draws and counts loss tokens before any read; every read then agrees with them."""
+    root, docs = corpus
+    arrow = sources(root)[0]
+    for mask in ({"column": "labels", "kind": "labels"}, {"column": "loss_mask"}):
+        src = {**arrow, "mask": mask, "unit_records": 7}
+        spec = parse_source(src)
+        cat = discover_source(spec)
+        assert cat.lengths is not None and cat.holes is not None
+        for u in range(cat.num_units):
+            for count in (1, 3):
+                known, holes = cat.known_lengths(u, count), cat.known_holes(u, count)
+                assert known is not None and len(known) == len(holes) == len(cat.reads(u, count))
+                for lengths, got, pieces in zip(known, holes, cat.reads(u, count), strict=True):
+                    recs = [read_unit_records(spec, cat.files[f], a, b) for f, a, b in pieces]
+                    read_lengths = np.concatenate([r.lengths for r in recs])  # type: ignore[misc]
+                    assert read_lengths.tolist() == lengths.tolist()
+                    offsets = np.concatenate([[0], np.cumsum(read_lengths)])
+                    want = Holes.of(offsets, np.concatenate([r.mask for r in recs]))  # type: ignore[misc]
+                    assert (got is None) == (want is None)
+                    if got is not None and want is not None:
+                        assert np.array_equal(got.bounds, want.bounds)
+                        assert np.array_equal(got.spans, want.spans)
+        batch = {"seq_len": 48, "global_tokens": 192}
+        run = InlineDataPlane(parse_plan(plan_dict([src], batch=batch)), build=False)
+        run.coord.handle(StepsRequested(0, 0, 1))
+        run._run(run.coord.advance())  # submits the first reads
+        run._run(run.coord.advance())
+        assert run.coord.view.next_step >= 1 and run.reads == 0  # drawn from the index alone
+        # the labels and loss-token counts of a run planned that way are the written rows'
+        plane = InlineDataPlane(parse_plan(plan_dict([src], batch=batch, layout={"dp": 2})))
+        for step in range(4):
+            total, carried = 0, set()
+            for ref in plane.fetch(step).values():
+                for mb in plane.batches[ref].micro_batches:
+                    full = expand(mb)
+                    want_labels = reference_labels(full, docs)
+                    assert np.array_equal(full["labels"], want_labels)
+                    total += int((want_labels != IGNORE_INDEX).sum())
+                    carried.add(int(mb["global_loss_tokens"]))
+            assert carried == {total} and total > 0
+    skip = parse_plan(plan_dict([{**arrow, "unit_records": 7}], on_error="skip"))
+    assert InlineDataPlane(skip).coord.components.sources.streams[0].catalog.lengths is None
 
 
 # -- bad input --

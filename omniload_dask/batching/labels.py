@@ -128,6 +128,18 @@ class Holes:
         spans = [h.spans for _, h in portions if h is not None]
         return cls(bounds, np.concatenate(spans).reshape(-1, 2))
 
+    def select(self, start: int, stop: int, keep: np.ndarray | None = None) -> Holes:
+        """The holes of records ``start .. stop - 1``, numbered from 0 (``keep``: a bool per
+        one of them, the records that stay; the others are left out, as a read leaves out
+        the empty records it skips)."""
+        counts = np.diff(self.bounds[start : stop + 1])
+        spans = self.spans[int(self.bounds[start]) : int(self.bounds[stop])]
+        if keep is not None:
+            spans, counts = spans[np.repeat(keep, counts)], counts[keep]
+        bounds = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=bounds[1:])
+        return Holes(bounds, spans.reshape(-1, 2))
+
     def to_wire(self) -> tuple[bytes, bytes]:
         """Its spans per record and the spans, as int32 bytes (a read task's report)."""
         return np.diff(self.bounds).astype(np.int32).tobytes(), self.spans.astype(

@@ -53,6 +53,7 @@ from omniload_dask.sources import Catalog
 __all__ = [
     "DISCOVERY_TIMEOUT",
     "RECONNECT_TIMEOUT",
+    "WARM_WORKERS",
     "DataPlaneClient",
     "PlanChange",
     "Prepared",
@@ -70,6 +71,7 @@ __all__ = [
 DISCOVERY_TIMEOUT = 120.0
 RECONNECT_TIMEOUT = 30.0  # seconds a new data-plane client may take to connect
 DISCOVERY_PRIORITY = 100  # start-up work goes before any job's reads
+WARM_WORKERS = 8  # feeders connect to the workers ahead of a first fetch on clusters this small
 # Fields of a plan that a live update may not change (a new job may).
 FIXED_FIELDS = ("seed", "tokenizer", "layout", "cost", "on_error", "images")  # (batch: stages)
 
@@ -373,12 +375,15 @@ def apply_change(
     return run.coord.apply_stages(stages), stages.stages
 
 
-def job_info(run: RunningJob) -> dict[str, Any]:
+def job_info(run: RunningJob, scheduler: Any = None) -> dict[str, Any]:
     """What the job's start returned, with the sources and the batch as live changes left
     them, and the count of stage changes behind that batch (a feeder reads its plan from
-    here, and again where a micro-batch carries another count: ``trainer.jobcopy``)."""
+    here, and again where a micro-batch carries another count: ``trainer.jobcopy``), and
+    ``workers``: the addresses of ``scheduler``'s workers where it has at most
+    :data:`WARM_WORKERS` (a feeder connects to them while its first batch is built)."""
     view = run.coord.view
     info = {**run.info, "sources": view.names, "stages_version": view.stages_version}
+    info["workers"] = _server.worker_addresses(scheduler, WARM_WORKERS) if scheduler else []
     if run.coord.view.batch != run.plan.batch:
         info["plan"] = replace(run.plan, batch=run.coord.view.batch).redacted()
     return info

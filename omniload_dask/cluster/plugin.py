@@ -226,7 +226,7 @@ class OmniloadPlugin(SchedulerPlugin):
 
     def job_info(self, job: str) -> dict[str, Any]:
         """What :meth:`start_job` returned, with the sources and batch as they are now."""
-        return lifecycle.job_info(self._job(job))
+        return lifecycle.job_info(self._job(job), self.scheduler)
 
     def list_jobs(self) -> list[str]:
         """The names of the running jobs (a further stream's pass is one of its own)."""

@@ -270,7 +270,7 @@ class RunningJob:
                 self.waiters.wake_all()  # the stream ended or the job failed
             if self.checkpoints is not None:
                 self.checkpoints.tick()
-            await asyncio.sleep(0)
+            await _yield_to_woken()
 
     def _step(self) -> None:
         """Commit the steps dealt in the thread, or draw the next ones and deal them
@@ -355,3 +355,11 @@ class RunningJob:
         """The standby policy: keys the job still holds get a second copy, if the plan asks."""
         if self.plan.loader.standby and key in self.executor.futures:
             self.executor.standby.keep(key)
+
+
+async def _yield_to_woken() -> None:
+    """Let the loop run what is ready, twice: agents woken while the pump ran (a block
+    landed) then reply before its next run, which may draw many steps for the dealing thread
+    (tens of milliseconds): with one yield, the pump's own resumption comes first."""
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)

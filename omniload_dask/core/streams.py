@@ -260,17 +260,16 @@ class SourceStream:
         return True
 
     def know_up_front(self, ref: UnitRef) -> bool:
-        """Give the submitted unit ``ref`` its records' lengths from the source's index, where
+        """Give the submitted unit ``ref`` its records' lengths (and holes) from the index, where
         discovery found them (:meth:`~omniload_dask.sources.catalog.Catalog.known_lengths`):
-        the stream is then known past it before its read reports. Empty records are skipped
-        and counted, as a read skips them."""
-        unit = self.units[ref]
-        known = self.catalog.known_lengths(unit.catalog_index, unit.portions)
-        if known is None:
+        the stream is known past it before its read reports; empty records skipped and counted."""
+        unit, catalog = self.units[ref], self.catalog
+        if (known := catalog.known_lengths(unit.catalog_index, unit.portions)) is None:
             return False
+        holes = catalog.known_holes(unit.catalog_index, unit.portions)  # (a mask column's)
         for p, lengths in enumerate(known):
             kept = lengths[lengths > 0]
-            self.report(ref, kept, len(lengths) - len(kept), p)
+            self.report(ref, kept, len(lengths) - len(kept), p, holes=holes[p])
         unit.up_front = True
         return True
 

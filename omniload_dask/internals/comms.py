@@ -54,6 +54,12 @@ async def rpc(pool: Any, address: str, handler: str, /, **kwargs: Any) -> Any:
     return await getattr(pool(address), handler)(**kwargs)
 
 
+async def connect_pooled(pool: Any, address: str) -> None:
+    """Open a comm to ``address`` and leave it in ``pool`` for the next call there."""
+    comm = await pool.connect(address)
+    pool.reuse(address, comm)
+
+
 def pooled(pool: Any, address: str) -> bool:
     """Whether ``pool`` holds a comm to ``address`` that is not known to be closed."""
     comms = [*pool.available.get(address, ()), *pool.occupied.get(address, ())]

@@ -151,6 +151,12 @@ def worker_threads(scheduler: Any) -> tuple[int, int]:
     return len(workers), sum(int(getattr(ws, "nthreads", 1)) for ws in workers.values())
 
 
+def worker_addresses(scheduler: Any, most: int) -> list[str]:
+    """The workers' addresses, sorted, where there are at most ``most`` workers (else none)."""
+    workers = getattr(scheduler, "workers", None) or {}
+    return sorted(workers) if len(workers) <= most else []
+
+
 def read_resource(scheduler: Any) -> bool:
     """True when every worker offers the ``omniload-read`` resource (Dask worker resources).
 

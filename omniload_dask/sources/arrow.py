@@ -10,7 +10,9 @@ tokens. A record's offset is its row number in its file.
 
 A stream file has no footer to seek by, so discovery reads each file through once, message by
 message: where each record batch starts, its rows and, for a token column, every row's length
-(the list offsets), so the data plane plans token sources before any read reports. Units are
+(the list offsets), so the data plane plans token sources before any read reports; with a mask
+column also each row's tokens that are not targets (:func:`.token_masks.mask_holes`, from the
+same batches), which the data plane's loss-token counts need. Units are
 record batches (or runs of ``unit_records`` rows of one). A read seeks to its batch; a worker
 finds where a file's batches start from the same walk, done once per file and process::
 
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from omniload_dask.batching.labels import Holes
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords, Units
@@ -34,7 +37,12 @@ from omniload_dask.sources.files import open_file
 from omniload_dask.sources.ids import MAX_OFFSET
 from omniload_dask.sources.parquet import column_texts
 from omniload_dask.sources.token_arrays import check_token_field, list_column
-from omniload_dask.sources.token_masks import check_mask_field, mask_list_column, masked_records
+from omniload_dask.sources.token_masks import (
+    check_mask_field,
+    mask_holes,
+    mask_list_column,
+    masked_records,
+)
 
 __all__ = ["FORMAT", "ArrowFolder", "text_records", "token_records"]
 
@@ -57,6 +65,7 @@ class ArrowFolder:
         column every row's length as well."""
         rows: list[tuple[int, int, int]] = []
         lengths: list[np.ndarray] = []
+        holes: list[tuple[int, Holes | None]] = []  # (records, their holes) per file
         for i, url in enumerate(files):
             layout = _walk(spec, fs, url, with_lengths=spec.tokens is not None)
             if layout.rows >= MAX_OFFSET:
@@ -69,6 +78,7 @@ class ArrowFolder:
                 )
             if layout.lengths is not None:
                 lengths.append(layout.lengths)
+                holes.append((len(layout.lengths), layout.holes))
         table = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
         counts = table[:, 2] - table[:, 1]
         if spec.tokens is None:
@@ -76,7 +86,9 @@ class ArrowFolder:
         index = np.zeros(len(table) + 1, np.int64)
         np.cumsum(counts, out=index[1:])
         flat = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        return Units(table, counts, split="rows", lengths=flat, length_index=index)
+        known = spec.mask is not None and all(h is not None for _, h in holes)
+        return Units(table, counts, split="rows", lengths=flat, length_index=index,
+                     holes=_joined(holes, len(flat)) if known else None)  # fmt: skip
 
     def read(self, spec: SourceSpec, fs: Any, path: str, start: int, stop: int) -> RawRecords:
         """Rows ``[start, stop)`` of one file: token ids, or texts for the tokenizer."""
@@ -138,12 +150,14 @@ class _Layout:
         self.firsts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
         self.rows = int(self.counts.sum())
         self.lengths: np.ndarray | None = None
+        self.holes: Holes | None = None  # with a mask column: its tokens that are not targets
 
 
 def _walk(spec: SourceSpec, fs: Any, url: str, with_lengths: bool, check: bool = True) -> _Layout:
     """Read one stream file through: its schema (checked), batches and token lengths."""
     where = f"source {spec.name!r}: file {url!r}"
     positions, counts, lengths = [], [], []
+    holes: list[tuple[int, Holes | None]] = []  # (rows, their holes) per batch, with a mask
     with open_file(fs, fs._strip_protocol(url)) as f:
         try:
             schema = pa.ipc.read_schema(pa.ipc.read_message(f))
@@ -170,11 +184,23 @@ def _walk(spec: SourceSpec, fs: Any, url: str, with_lengths: bool, check: bool =
             positions.append(at)
             counts.append(batch.num_rows)
             if with_lengths:
-                lengths.append(list_column(batch.column(spec.tokens))[1])
+                _, got, null_ids = list_column(batch.column(spec.tokens))
+                lengths.append(got)
+                if spec.mask is not None:  # (the batch holds the mask column already)
+                    mask = batch.column(spec.mask.column)
+                    holes.append((len(got), mask_holes(spec, got, null_ids, mask)))
     layout = _Layout(schema, positions, counts)
     if with_lengths:
         layout.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        if spec.mask is not None and all(h is not None for _, h in holes):
+            layout.holes = _joined(holes, len(layout.lengths))
     return layout
+
+
+def _joined(parts: list[tuple[int, Holes | None]], records: int) -> Holes:
+    """The holes of record runs ``(records, holes)`` one after another (every run's known)."""
+    none = Holes(np.zeros(records + 1, np.int64), np.zeros((0, 2), np.int64))
+    return Holes.join(parts) or none
 
 
 def _check_column(spec: SourceSpec, url: str, schema: Any) -> None:

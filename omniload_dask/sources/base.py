@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from omniload_dask.batching.labels import Holes
 from omniload_dask.plan import SourceSpec
 
 __all__ = ["RawRecords", "SourceFormat", "Units"]
@@ -34,7 +35,10 @@ class Units:
     A token format that knows every record's length from an index (Megatron's ``.idx``,
     Arrow's list offsets) gives them up front: row ``u``'s records have the token counts
     ``lengths[length_index[u]:length_index[u + 1]]`` in file order, and the data plane plans
-    with them before any read reports (see :meth:`.catalog.Catalog.known_lengths`).
+    with them before any read reports (see :meth:`.catalog.Catalog.known_lengths`). A source
+    with a mask column gives them only with ``holes`` (every record's tokens that are not
+    targets, in the same order), read from the mask beside the ids: the data plane counts each
+    step's loss tokens from them.
     """
 
     table: np.ndarray
@@ -44,6 +48,7 @@ class Units:
     mark_index: np.ndarray | None = None
     lengths: np.ndarray | None = None
     length_index: np.ndarray | None = None
+    holes: Holes | None = None
 
 
 @dataclass

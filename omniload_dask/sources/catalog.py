@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omniload_dask.batching.labels import Holes
+
 __all__ = [
     "MAX_FILES_PER_UNIT",
     "MIN_PORTION_BYTES",
@@ -62,6 +64,7 @@ class Catalog:
     groups: np.ndarray | None = None
     lengths: np.ndarray | None = None  # every record's tokens, where an index gives them
     length_index: np.ndarray | None = None  # row r's records: lengths[length_index[r]:...]
+    holes: Holes | None = None  # with a mask column: each record's tokens that are not targets
 
     @property
     def num_units(self) -> int:
@@ -155,15 +158,33 @@ class Catalog:
         """
         if self.lengths is None or self.length_index is None:
             return None
+        return [self.lengths[a:b] for a, b in self._known_records(u, count)]
+
+    def known_holes(self, u: int, count: int) -> list[Holes | None]:
+        """With :meth:`known_lengths`, the holes (tokens that are not targets) of each read's
+        records of more than 0 tokens, as its report gives them: None where it has none (every
+        read's None for a source without a mask column)."""
+        ranges = self._known_records(u, count)
+        if self.holes is None or self.lengths is None:
+            return [None] * len(ranges)
+        out: list[Holes | None] = []
+        for a, b in ranges:
+            got = self.holes.select(a, b, self.lengths[a:b] > 0)
+            out.append(got if len(got.spans) else None)
+        return out
+
+    def _known_records(self, u: int, count: int) -> list[tuple[int, int]]:
+        """Which of ``lengths``' records each of :meth:`reads`' ``count`` reads of ``u`` holds."""
+        assert self.length_index is not None
         rows = self._rows_of(u)
         index = self.length_index
         if len(rows) == 1:
             r = rows[0]
             base = int(index[r]) - int(self.units[r, 1])
-            return [self.lengths[base + a : base + b] for a, b in self.portions(r, count)]
+            return [(base + a, base + b) for a, b in self.portions(r, count)]
         out, r = [], rows.start
         for read in self.reads(u, count):
-            out.append(self.lengths[int(index[r]) : int(index[r + len(read)])])
+            out.append((int(index[r]), int(index[r + len(read)])))
             r += len(read)
         return out
 

@@ -94,12 +94,14 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
             f"{type(exc).__name__}: {exc}"
         ) from None
     groups = None
-    lengths, length_index = found.lengths, found.length_index
-    if on_error != "raise" or spec.transform or spec.filter or spec.mask is not None:
+    lengths, length_index, holes = found.lengths, found.length_index, found.holes
+    masked = spec.mask is not None
+    if on_error != "raise" or spec.transform or spec.filter or (masked and holes is None):
         # A record that a read skips (a bad token id) or that user code drops or changes would
         # differ from the index, and the data plane would have dealt with it already; a
-        # mask's holes (what global_loss_tokens counts) come only with the reads.
-        lengths = length_index = None
+        # mask's holes (what global_loss_tokens counts) come with the lengths (Arrow: the
+        # mask column read beside the ids) or only with the reads.
+        lengths = length_index = holes = None
     merge = min(spec.unit_bytes, spec.merge_bytes)
     if merge > 0 and not spec.has_images:  # image records are large: read file by file
         groups = merge_small_files(found.table, found.rows, sizes, merge, spec.unit_records)
@@ -115,6 +117,7 @@ def discover_source(spec: SourceSpec, on_error: str = "raise") -> Catalog:
         groups=groups,
         lengths=lengths,
         length_index=length_index,
+        holes=holes if masked else None,
     )
 
 

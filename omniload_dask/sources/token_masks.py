@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from omniload_dask.batching.labels import Holes
 from omniload_dask.errors import SourceError
 from omniload_dask.plan import SourceSpec
 from omniload_dask.sources.base import RawRecords
 
-__all__ = ["check_mask_field", "mask_list_column", "masked_records"]
+__all__ = ["check_mask_field", "mask_holes", "mask_list_column", "masked_records"]
 
 
 def check_mask_field(spec: SourceSpec, url: str, schema: Any) -> None:
@@ -68,6 +69,33 @@ def mask_list_column(column: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if pa.types.is_boolean(column.type.value_type):
         column = column.cast(pa.list_(pa.int8()))
     return list_column(column)
+
+
+def mask_holes(
+    spec: SourceSpec, lengths: np.ndarray, null_ids: np.ndarray, mask: Any
+) -> Holes | None:
+    """The tokens that are not targets of each row, as
+    :class:`~omniload_dask.batching.labels.Holes` (with no spans where every token is one),
+    from the rows' id ``lengths`` and ``null_ids`` (what
+    :func:`~omniload_dask.sources.token_arrays.list_column` gives of the ids) and their Arrow
+    ``mask`` column, as :func:`masked_records` takes the values. None where a row's ids or mask
+    is null or the two differ in length: only its read can tell what that row is.
+
+    Discovery reads the mask column beside the ids, so that a masked source's lengths and the
+    loss tokens of each step are known before any read reports. A row that its read finds bad
+    otherwise (a wrong label, no target) fails the job (``on_error: raise``), the only policy
+    under which the data plane plans with lengths up front.
+    """
+    assert spec.mask is not None
+    values, value_lengths, null_masks = mask_list_column(mask)
+    if null_ids.any() or null_masks.any() or not np.array_equal(lengths, value_lengths):
+        return None
+    labels = spec.mask.kind == "labels"
+    target = values != (spec.mask.ignore_index if labels else 0)
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    none = Holes(np.zeros(len(lengths) + 1, np.int64), np.zeros((0, 2), np.int64))
+    return Holes.of(offsets, target) or none
 
 
 def masked_records(

@@ -28,7 +28,7 @@ import contextlib
 import threading
 import zlib
 from collections import defaultdict, deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 # Dask's comms are the link's whole transport: imported with the Feeder (as a training script's
@@ -121,6 +121,18 @@ class Link:
             raise
         self._scheduler_lost = False
         return reply
+
+    def warm(self, workers: Sequence[str]) -> None:
+        """Connect to ``workers`` in the background (not waited for): an agent's first fetch
+        from one of them then finds its comm open, instead of setting one up while its rank
+        waits for the first batch. A worker that cannot be reached is left to the fetch."""
+        for address in workers:
+            asyncio.run_coroutine_threadsafe(self._warm(address), self._loop)
+
+    async def _warm(self, address: str) -> None:
+        with contextlib.suppress(Exception):  # (the fetch meets the error, if it needs it)
+            if not _comms.pooled(self._workers, address):
+                await _comms.connect_pooled(self._workers, address)
 
     def fetch(
         self, refs: list[tuple[str, int]], who_has: dict[str, list[str]]

@@ -101,6 +101,7 @@ def wire(options: FeederOptions, waits: deque[float]) -> Wired:
             return node(options, waits)
         start = options.start_step if options.start_step is not None else _start_of(info)
         link.salt = place.rank
+        link.warm(info.get("workers", ()))  # (comms open while the first batch is built)
         if fanout == "none":
             return direct(options, place, link, start, waits)
         return broadcast(options, place, link, start, waits)
