@@ -177,7 +177,9 @@ class HuggingFaceTokenizer:
         """``text``'s tokens (no specials added) and each token's first and past-last
         character, as the tokenizer's offsets give them (chat masks)."""
         encoding = self._tok.encode(text, add_special_tokens=False)
-        spans = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        offsets = encoding.offsets  # (a list of pairs: flattened, it converts ~2x faster)
+        flat = itertools.chain.from_iterable(offsets)
+        spans = np.fromiter(flat, dtype=np.int64, count=2 * len(offsets)).reshape(-1, 2)
         return np.asarray(encoding.ids, dtype=np.uint32), spans[:, 0], spans[:, 1]
 
 
