@@ -20,7 +20,8 @@ checkpointed cursor state. A resume reads the units from the cursor on again and
 holes: the same stream, exactly once. The head keeps the wait short: the window's front moves by
 about half a budget a step, so a document waits at most about ``2 * window / budget`` steps
 and the holes stay a few steps' documents. (Longest first over the whole window would leave the
-short documents to wait until each is the oldest, and the holes would grow with the run.) A source's finish tag moves by what it placed only
+short documents to wait until each is the oldest, and the holes would grow with the run.) A
+source's finish tag moves by what it placed only
 (``tag + placed / weight``, the rule the checkpoint deltas replay), so a document left out keeps
 its low tag, leads the next windows and is placed as their head at the latest: the mix holds
 in expectation, each source's share lagging its target by at most the window. When the sources
