@@ -102,9 +102,7 @@ class StepDealer:
         """Split a drawn step and write its recipes (pure: safe in another thread)."""
         docs = drawn.docs
         t0 = time.perf_counter()
-        split = self.assign_steps(
-            [(docs.sources, docs.lengths, docs.extra)], [drawn.step], [docs.head]
-        )[0]
+        split = self.assign(docs.sources, docs.lengths, docs.extra, drawn.step, docs.head)
         t1 = time.perf_counter()
         recipes = self.recipes(drawn.step, split, docs, drawn.epochs)
         t2 = time.perf_counter()
@@ -134,16 +132,22 @@ class StepDealer:
         ]
 
     def assign(
-        self, src: np.ndarray, lengths: np.ndarray, extra: np.ndarray | None = None, step: int = 0
+        self,
+        src: np.ndarray,
+        lengths: np.ndarray,
+        extra: np.ndarray | None = None,
+        step: int = 0,
+        head: int = 1,
     ) -> Assignment:
         """Route a step's documents to buckets and split them among the DP groups; no
         micro-batch is left empty where the step has tokens to give it
         (:mod:`omniload_dask.batching.fill`).
 
         ``extra`` is each document's encoder cost (images), balanced with the backbone's;
-        ``step`` picks the stage whose buckets rule.
+        ``step`` picks the stage whose buckets rule; ``head``: the first documents a pooled
+        draw packed first (:attr:`.Documents.head`).
         """
-        return self.assign_steps([(src, lengths, extra)], [step])[0]
+        return self.assign_steps([(src, lengths, extra)], [step], [head])[0]
 
     def assign_steps(
         self,
