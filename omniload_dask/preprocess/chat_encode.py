@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -34,26 +33,20 @@ from omniload_dask.plan.chat import ChatSpec
 from omniload_dask.plan.credentials import resolve
 from omniload_dask.preprocess.chat import MARKS, ChatError, Template, compile_template
 from omniload_dask.preprocess.chat_images import expand_images, mark_images
+from omniload_dask.preprocess.chat_targets import (
+    ChatTokens,
+    no_target,
+    read_targets,
+    span_targets,
+    too_long,
+    whole_read,
+)
 from omniload_dask.preprocess.tokenize import load_tokenizer
 
 __all__ = ["ChatTokens", "describe_rule", "encode_chats", "target_notes", "template_of"]
 
 _SPECIALS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token",
              "mask_token")  # fmt: skip
-
-
-@dataclass
-class ChatTokens:
-    """Tokens, offsets and target mask of the records that encoded; ``bad`` the others as
-    ``(index into the input, reason)``; with images, where each kept record's image runs start
-    (token offsets inside its document)."""
-
-    tokens: np.ndarray  # uint32
-    offsets: np.ndarray  # int64, kept records + 1
-    target: np.ndarray  # bool, per token
-    kept: np.ndarray  # int64 indices of the kept records
-    bad: list[tuple[int, str]]
-    image_starts: list[np.ndarray] = field(default_factory=list)  # per kept record (images)
 
 
 def template_of(
@@ -191,32 +184,99 @@ def encode_chats(
 ) -> ChatTokens:
     """Render, tokenize and mask ``chats`` (see the module docstring). With ``images`` (each
     record's images' placeholder counts) the token ``placeholder`` the template writes for an
-    image becomes that image's run (:mod:`.chat_images`)."""
+    image becomes that image's run (:mod:`.chat_images`).
+
+    The read's texts are rendered first and tokenized in one batch, and their targets, BOS/EOS
+    and checks are done over the whole read at once (:mod:`.chat_targets`); conversations with
+    images, or spans out of order, go one by one. Both give the same tokens and masks."""
     template, variables = template_of(chat, tokenizer, source)
     encoder = load_tokenizer(tokenizer)
+    # (one look for the marks over the whole read; a conversation is checked only if it has them)
+    marked = template.generation and any(m in json.dumps(chats) for m in MARKS)
+    texts: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
+    specials: list[tuple[bool, bool]] = []
+    rendered: list[int] = []
+    bad: list[tuple[int, str]] = []
+    for i, conversation in enumerate(chats):
+        try:
+            if images is not None:
+                conversation = mark_images(conversation, len(images[i]))
+            text, found, adds = _spans(chat, template, variables, conversation, marked)
+        except ChatError as exc:
+            bad.append((i, str(exc)))
+            continue
+        texts.append(text)
+        spans.append(found)
+        specials.append(adds)
+        rendered.append(i)
+    ids, starts, ends, lengths = _encode_offsets_batch(encoder, texts)
+    bos = encoder.info.bos_id if tokenizer.add_bos else None
+    eos = encoder.info.eos_id if tokenizer.add_eos else None
+    target = None
+    if images is None:
+        target = read_targets(starts, ends, lengths, spans, [len(t) for t in texts])
+    if target is None:
+        out = _one_by_one(chat, ids, starts, ends, lengths, spans, specials, rendered,
+                          (bos, eos), images, placeholder)  # fmt: skip
+    else:
+        out = whole_read(chat, ids, target, lengths, specials, rendered, (bos, eos))
+    out.bad = sorted(bad + out.bad)
+    return out
+
+
+def _encode_offsets_batch(
+    encoder: Any, texts: list[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Tokens, first and past-last characters (within each text) of all ``texts``, flat, and
+    each text's token count: in one call where the tokenizer has a batch form (Hugging Face)."""
+    batch = getattr(encoder, "encode_offsets_batch", None)
+    if batch is not None:
+        found: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = batch(texts)
+        return found
+    done = [encoder.encode_offsets(text) for text in texts]
+    lengths = np.fromiter((len(ids) for ids, _, _ in done), dtype=np.int64, count=len(done))
+    if not done:
+        empty = np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.uint32), empty, empty, lengths
+    ids, starts, ends = (np.concatenate(part) for part in zip(*done, strict=True))
+    return ids.astype(np.uint32, copy=False), starts, ends, lengths
+
+
+def _one_by_one(
+    chat: ChatSpec,
+    ids_all: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    lengths: np.ndarray,
+    spans: list[list[tuple[int, int]]],
+    specials: list[tuple[bool, bool]],
+    rendered: list[int],
+    bos_eos: tuple[int | None, int | None],
+    images: Sequence[Sequence[int]] | None,
+    placeholder: int | None,
+) -> ChatTokens:
+    """The read's conversations one at a time (with images, or spans out of order)."""
     parts: list[np.ndarray] = []
     masks: list[np.ndarray] = []
     kept: list[int] = []
     bad: list[tuple[int, str]] = []
     image_starts: list[np.ndarray] = []
     runs = np.zeros(0, dtype=np.int64)
-    for i, conversation in enumerate(chats):
-        try:
-            if images is not None:
-                conversation = mark_images(conversation, len(images[i]))
-            text, spans, specials = _spans(chat, template, variables, conversation)
-            ids, starts, ends = encoder.encode_offsets(text)
-            target = np.zeros(len(ids), dtype=bool)
-            for lo, hi in spans:
-                target |= (starts < hi) & (ends > lo)
-            if images is not None:
-                assert placeholder is not None
+    stops = np.cumsum(lengths).tolist()
+    for k, i in enumerate(rendered):
+        lo, hi = stops[k] - int(lengths[k]), stops[k]
+        ids = ids_all[lo:hi]
+        target = span_targets(starts[lo:hi], ends[lo:hi], spans[k])
+        if images is not None:
+            assert placeholder is not None
+            try:
                 ids, target, runs = expand_images(ids, target, images[i], placeholder)
-        except ChatError as exc:
-            bad.append((i, str(exc)))
-            continue
-        bos = encoder.info.bos_id if specials[0] and tokenizer.add_bos else None
-        eos = encoder.info.eos_id if specials[1] and tokenizer.add_eos else None
+            except ChatError as exc:
+                bad.append((i, str(exc)))
+                continue
+        bos = bos_eos[0] if specials[k][0] else None
+        eos = bos_eos[1] if specials[k][1] else None
         if bos is not None:
             ids, target = np.append([bos], ids), np.append([False], target)
         if eos is not None:
@@ -224,14 +284,10 @@ def encode_chats(
         if chat.train_on == "everything":
             target[:] = True
         if chat.max_tokens is not None and len(ids) > chat.max_tokens:
-            bad.append(
-                (i, f"the conversation is {len(ids)} tokens, longer than the plan allows "
-                 f"({chat.max_tokens}: the batch's document cap or chat.max_tokens); it is "
-                 "never cut")
-            )  # fmt: skip
+            bad.append((i, too_long(len(ids), chat.max_tokens)))
             continue
         if not target[1:].any():
-            bad.append((i, f"no target token under train_on: {chat.train_on}"))
+            bad.append((i, no_target(chat)))
             continue
         parts.append(ids.astype(np.uint32))
         masks.append(target)
@@ -252,11 +308,16 @@ def encode_chats(
 
 
 def _spans(
-    chat: ChatSpec, template: Template, variables: dict[str, Any], conversation: Any
+    chat: ChatSpec,
+    template: Template,
+    variables: dict[str, Any],
+    conversation: Any,
+    marked: bool,
 ) -> tuple[str, list[tuple[int, int]], tuple[bool, bool]]:
     """Text, target character spans and whether the plan's BOS and EOS are added (plain
-    prompt/completion text only: a template writes its own), of one conversation."""
-    if template.generation and any(m in json.dumps(conversation) for m in MARKS):
+    prompt/completion text only: a template writes its own), of one conversation; ``marked``:
+    whether its read holds a generation mark somewhere, so this one must be looked at."""
+    if marked and any(m in json.dumps(conversation) for m in MARKS):
         raise ChatError("the conversation holds U+E000 or U+E001, which mark generation blocks")
     if chat.layout == "prompt_completion":
         prompt, completion = conversation["prompt"], conversation["completion"]

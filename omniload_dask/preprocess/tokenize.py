@@ -182,6 +182,24 @@ class HuggingFaceTokenizer:
         spans = np.fromiter(flat, dtype=np.int64, count=2 * len(offsets)).reshape(-1, 2)
         return np.asarray(encoding.ids, dtype=np.uint32), spans[:, 0], spans[:, 1]
 
+    def encode_offsets_batch(
+        self, texts: list[str]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`encode_offsets` of each text, flat: tokens, first and past-last characters
+        (each within its own text), and each text's token count. One ``encode_batch`` call
+        and one conversion of all the read's ids and offsets cost less a token than a call
+        and a conversion per text (the worker's ``TOKENIZERS_PARALLELISM=false`` keeps it on
+        the calling thread)."""
+        encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+        ids = [e.ids for e in encodings]
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        total = int(lengths.sum())
+        body = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=total)
+        pairs = itertools.chain.from_iterable(e.offsets for e in encodings)
+        flat = itertools.chain.from_iterable(pairs)
+        spans = np.fromiter(flat, dtype=np.int64, count=2 * total).reshape(-1, 2)
+        return body, spans[:, 0], spans[:, 1], lengths
+
 
 def _turn_off_truncation_and_padding(tok: Any) -> tuple[str, ...]:
     """Turn off a tokenizer.json's own truncation and padding; what each one was."""
