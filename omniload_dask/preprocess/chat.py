@@ -31,7 +31,14 @@ import re
 from datetime import datetime
 from typing import Any
 
-__all__ = ["MARKS", "ChatError", "Template", "compile_template", "has_generation_tags"]
+__all__ = [
+    "MARKS",
+    "ChatError",
+    "Template",
+    "compile_template",
+    "has_generation_tags",
+    "holds_marks",
+]
 
 # (private-use characters mark where a generation block's text starts and ends)
 _OPEN, _CLOSE = "\ue000", "\ue001"
@@ -46,6 +53,19 @@ class ChatError(ValueError):
 def has_generation_tags(text: str) -> bool:
     """Whether the template marks its generation spans (``{% generation %}``)."""
     return bool(_GENERATION.search(text))
+
+
+def holds_marks(value: Any) -> bool:
+    """Whether a string anywhere in ``value`` (lists, dicts with their keys, strings) holds
+    U+E000 or U+E001, which would be taken for the marks of a generation block. A walk with
+    ``in`` on each string: cheaper than writing the value out as JSON to search it."""
+    if isinstance(value, str):
+        return _OPEN in value or _CLOSE in value
+    if isinstance(value, dict):
+        return any(holds_marks(k) or holds_marks(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(holds_marks(v) for v in value)
+    return False
 
 
 def _raise_exception(message: str) -> None:

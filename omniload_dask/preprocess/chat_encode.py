@@ -31,7 +31,7 @@ from omniload_dask.errors import SourceError
 from omniload_dask.plan import TokenizerSpec
 from omniload_dask.plan.chat import ChatSpec
 from omniload_dask.plan.credentials import resolve
-from omniload_dask.preprocess.chat import MARKS, ChatError, Template, compile_template
+from omniload_dask.preprocess.chat import ChatError, Template, compile_template, holds_marks
 from omniload_dask.preprocess.chat_images import expand_images, mark_images
 from omniload_dask.preprocess.chat_targets import (
     ChatTokens,
@@ -191,8 +191,6 @@ def encode_chats(
     images, or spans out of order, go one by one. Both give the same tokens and masks."""
     template, variables = template_of(chat, tokenizer, source)
     encoder = load_tokenizer(tokenizer)
-    # (one look for the marks over the whole read; a conversation is checked only if it has them)
-    marked = template.generation and any(m in json.dumps(chats) for m in MARKS)
     texts: list[str] = []
     spans: list[list[tuple[int, int]]] = []
     specials: list[tuple[bool, bool]] = []
@@ -202,7 +200,7 @@ def encode_chats(
         try:
             if images is not None:
                 conversation = mark_images(conversation, len(images[i]))
-            text, found, adds = _spans(chat, template, variables, conversation, marked)
+            text, found, adds = _spans(chat, template, variables, conversation)
         except ChatError as exc:
             bad.append((i, str(exc)))
             continue
@@ -308,16 +306,11 @@ def _one_by_one(
 
 
 def _spans(
-    chat: ChatSpec,
-    template: Template,
-    variables: dict[str, Any],
-    conversation: Any,
-    marked: bool,
+    chat: ChatSpec, template: Template, variables: dict[str, Any], conversation: Any
 ) -> tuple[str, list[tuple[int, int]], tuple[bool, bool]]:
     """Text, target character spans and whether the plan's BOS and EOS are added (plain
-    prompt/completion text only: a template writes its own), of one conversation; ``marked``:
-    whether its read holds a generation mark somewhere, so this one must be looked at."""
-    if marked and any(m in json.dumps(conversation) for m in MARKS):
+    prompt/completion text only: a template writes its own), of one conversation."""
+    if template.generation and holds_marks(conversation):
         raise ChatError("the conversation holds U+E000 or U+E001, which mark generation blocks")
     if chat.layout == "prompt_completion":
         prompt, completion = conversation["prompt"], conversation["completion"]
