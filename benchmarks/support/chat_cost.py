@@ -102,8 +102,11 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="print cProfile's top entries")
+    parser.add_argument("--heap", type=int, default=0, help="small objects kept alive, for a "
+                        "heap like a Dask worker's (the cyclic collector's passes scale with it)")  # fmt: skip
     args = parser.parse_args()
     settings.single_threaded_tokenizers()  # (as in a worker: no tokenizer thread pool)
+    heap = [{"k": [i, str(i)]} for i in range(args.heap)]
     plan = _plan(args.root)
     spec = plan.sources[0]
     path = sorted((args.root / "chat").glob("*.jsonl"))[0]
@@ -127,6 +130,7 @@ def main() -> int:
         once(spec, plan, str(path), stop)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    result["heap_objects"] = len(heap)
     print("RESULT " + json.dumps(result))
     return 0
 

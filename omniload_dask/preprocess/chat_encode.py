@@ -19,6 +19,7 @@ each image's run of placeholders where their turns mark it (:mod:`.chat_images`)
 
 from __future__ import annotations
 
+import gc
 import json
 import posixpath
 from collections.abc import Sequence
@@ -208,7 +209,16 @@ def encode_chats(
         spans.append(found)
         specials.append(adds)
         rendered.append(i)
-    ids, starts, ends, lengths = _encode_offsets_batch(encoder, texts)
+    # (the conversion makes a Python int per id and a tuple per offset pair, which would start
+    # the cyclic collector's passes over the worker's whole heap, many times a read, to find
+    # nothing to free: it waits until they are arrays)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        ids, starts, ends, lengths = _encode_offsets_batch(encoder, texts)
+    finally:
+        if collecting:
+            gc.enable()
     bos = encoder.info.bos_id if tokenizer.add_bos else None
     eos = encoder.info.eos_id if tokenizer.add_eos else None
     target = None
