@@ -233,21 +233,27 @@ def encode_chats(
     return out
 
 
+_BATCH = 256  # texts a tokenizer call takes (bounds the encodings alive at once)
+
+
 def _encode_offsets_batch(
     encoder: Any, texts: list[str]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Tokens, first and past-last characters (within each text) of all ``texts``, flat, and
-    each text's token count: in one call where the tokenizer has a batch form (Hugging Face)."""
+    each text's token count: in calls of :data:`_BATCH` texts where the tokenizer has a batch
+    form (Hugging Face), else text by text."""
     batch = getattr(encoder, "encode_offsets_batch", None)
     if batch is not None:
-        found: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] = batch(texts)
-        return found
-    done = [encoder.encode_offsets(text) for text in texts]
-    lengths = np.fromiter((len(ids) for ids, _, _ in done), dtype=np.int64, count=len(done))
+        done = [batch(texts[i : i + _BATCH]) for i in range(0, len(texts), _BATCH)]
+    else:
+        done = []
+        for text in texts:
+            ids, lo, hi = encoder.encode_offsets(text)
+            done.append((ids, lo, hi, np.array([len(ids)], dtype=np.int64)))
     if not done:
         empty = np.zeros(0, dtype=np.int64)
-        return np.zeros(0, dtype=np.uint32), empty, empty, lengths
-    ids, starts, ends = (np.concatenate(part) for part in zip(*done, strict=True))
+        return np.zeros(0, dtype=np.uint32), empty, empty, empty
+    ids, starts, ends, lengths = (np.concatenate(part) for part in zip(*done, strict=True))
     return ids.astype(np.uint32, copy=False), starts, ends, lengths
 
 

@@ -187,9 +187,9 @@ class HuggingFaceTokenizer:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`encode_offsets` of each text, flat: tokens, first and past-last characters
         (each within its own text), and each text's token count. One ``encode_batch`` call
-        and one conversion of all the read's ids and offsets cost less a token than a call
-        and a conversion per text (the worker's ``TOKENIZERS_PARALLELISM=false`` keeps it on
-        the calling thread)."""
+        and one conversion of many texts' ids and offsets cost less a token than a call and
+        a conversion per text (the worker's ``TOKENIZERS_PARALLELISM=false`` keeps it on the
+        calling thread)."""
         encodings = self._tok.encode_batch(texts, add_special_tokens=False)
         ids = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
