@@ -1,30 +1,36 @@
-"""``batch.pack_pool`` with ``batch.buckets``: the window packed bucket by bucket.
+"""``batch.pack_pool`` with ``batch.buckets``: the window packed into every bucket at once.
 
 The balancer routes each document of a step to a context bucket by its length (the shortest
 bucket without sources that holds it whole) or by its source (a bucket that names it), and
 packs every bucket into its own micro-batches (:mod:`omniload_dask.batching.balance.routing`).
-So the pooled draw (:mod:`.pool`) routes the window's documents the same way and packs each
-bucket on its own, by the one-bucket rule: each bucket's head (its oldest documents of the
-window within ``HEAD`` of its part of the budget, at least one) longest first, then its other
-documents longest first, each into the bucket's micro-batch with the least room that holds it,
-while the bucket's tokens stay within its part::
+So the pooled draw (:mod:`.pool`) routes the window's documents the same way and packs them by
+the one-bucket rule, each into its own bucket: first every bucket's head (its oldest documents
+of the window within ``HEAD`` of its part of the budget, at least one), then the other
+documents, all buckets' together, longest first (ties: mix order); each into its bucket's
+micro-batch with the least room that holds it, while the step stays within ``global_tokens``::
 
-    buckets 1k x 2 and 4k x 1 per rank, dp 2; parts of global_tokens 4k and 8k
+    buckets 1k x 2 and 4k x 1 per rank, dp 2; parts of the budget 4k and 8k
     window (mix order)   3.5k 0.6k 0.9k 2k 0.3k 0.8k ... 3k 0.7k ...
-    routed               1k bucket: 0.6k 0.9k 0.3k 0.8k 0.7k ...  (4 bins of 1k, 4k)
-                         4k bucket: 3.5k 2k 3k ...                (2 bins of 4k, 8k)
-    each bucket          its head first (its oldest within half its part), then longest first
+    routed               1k bucket: 0.6k 0.9k 0.3k 0.8k 0.7k ...  (4 micro-batches of 1k)
+                         4k bucket: 3.5k 2k 3k ...                (2 micro-batches of 4k)
+    heads                1k: 0.6k 0.9k 0.3k (within 2k)    4k: 3.5k (the first, at least)
+    then                 the rest longest first: 3k, 2k, 0.8k, 0.7k, ... where they fit
 
-A bucket's part (:func:`omniload_dask.plan.parse_batch.pool_budgets`) is at most the tokens of
-its micro-batches and the parts add up to at most ``global_tokens``; parsing makes each part
-hold a whole document of its ``seq_len``. So each bucket's head always fits (as with one
-bucket) and is placed: the window's oldest document leads its bucket and is placed every
-step, a bucket's front moves on by about half its part a step, and no document waits for ever.
-The balancer routes the step's documents as here, spills none (no bucket is over its
-micro-batches' tokens, and whole documents never fit a shorter bucket's ``seq_len``), and where
-it must pack a bucket by length it packs it in the order the draw did: the step's documents
-come with every bucket's head first (:func:`.pool.commit`), so ``Documents.head`` marks the
-heads of all buckets at once and each bucket's part of it is its own head
+A bucket's part (:func:`omniload_dask.plan.parse_batch.pool_budgets`: its share of
+``global_tokens``, never more than its micro-batches hold) only sizes its head: the parts add up
+to at most the budget and parsing makes each hold a whole document of the bucket's
+``seq_len``, so every bucket's head fits (as with one bucket) and is placed. The window's oldest
+document leads its bucket, so it is placed every step, each bucket's front moves on by about
+half its part a step, and no document waits for ever. The rest may fill any bucket up to its
+micro-batches (the budget is the step's, as without the pool); the mixture weights hold as with
+one bucket, so a bucket whose micro-batches hold more than the mix's documents of its lengths
+stays part empty.
+
+The balancer routes the step's documents as here and spills none (no bucket holds more than
+its micro-batches, and a whole document never fits a shorter bucket's ``seq_len``). Where it
+must pack a bucket by length it packs it in the order the draw did: the step's documents come
+with all the heads first (:func:`.pool.commit`), so ``Documents.head`` counts the heads of all
+buckets and each bucket's share of them is its own head
 (:func:`omniload_dask.batching.balance.place._fit_decreasing`). What waits is held as with one
 bucket (holes behind the cursors), so checkpoints, resume and exactly-once are unchanged.
 
