@@ -228,7 +228,10 @@ MEANINGS: dict[str, Any] = {
     "whole (never cut between micro-batches or steps)",
     "batch.pack_pool": "whole documents and a token budget only: a step's draw packs its "
     "micro-batches best fit decreasing from the next documents of the mix plus this many, and "
-    "those left wait for a later step (held in the checkpointed cursors; 0: the in-order draw)",
+    "those left wait for a later step (held in the checkpointed cursors; 0: the in-order draw); "
+    "with `buckets`, each document into its bucket's micro-batches, every bucket's oldest "
+    "documents first (within half its part of `global_tokens`, which must hold a document of "
+    "its `seq_len`)",
     "batch.pad_to_seq_len": "pad every micro-batch to its capacity (fixed shapes); padding is "
     "never a target",
     "batch.buckets": {
