@@ -19,6 +19,18 @@ as the Qwen2-VL processor expands it; none of them is a target::
     out      ... <|vision_start|> <|image_pad|> x 4  <|vision_end|> What ...
     target   ...  (as rendered)   False x 4           (as rendered)
 
+OpenAI's ``{"type": "image_url", ...}`` parts and parts that carry their image (``{"type":
+"image", "image": ...}``) mark images too; every mark becomes a plain ``{"type": "image"}``
+part (the pixels come from the record's image column). A prompt/completion record marks its
+images in its prompt's, then its completion's, messages.
+
+A Hugging Face tokenizer reads the placeholder's text as its id; a byte or tiktoken one reads
+all text as plain text, so the rendering is cut at the placeholder's text and each copy
+becomes the id (:func:`encode_marked`)::
+
+    rendering  "<|im_start|>user\n<image>What?"       images.placeholder "<image>" (byte)
+    tokens     [60 124 ... 10] [258] [87 104 97 116 63]
+
 A record whose marks, or whose rendered placeholders, are not as many as its images is a bad
 record (:class:`~omniload_dask.preprocess.chat.ChatError`), named or skipped and counted.
 """
@@ -164,8 +176,9 @@ def placeholder_text(tokenizer: TokenizerSpec, placeholder: str | int) -> str | 
 def encode_marked(
     encoder: Any, text: str, mark: str, placeholder: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``text``'s tokens and each one's first and past-last character, as
-    ``encoder.encode_offsets`` gives them, except that each copy of ``mark`` is the one token
+    """``text``'s tokens and each one's first and past-last character, as the tokenizer's
+    ``encode_offsets`` gives them (``encoder``, :func:`~omniload_dask.preprocess.tokenize.
+    load_tokenizer`'s), except that each copy of ``mark`` is the one token
     ``placeholder``: the text between copies is tokenized piece by piece, as ``tiktoken``'s
     ``encode(text, allowed_special={mark})`` does (no token spans a special token)."""
     ids: list[np.ndarray] = []
