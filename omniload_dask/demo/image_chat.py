@@ -99,7 +99,8 @@ def make_image_chat_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
         "images": pa.array([b for _, b in records[:n]], pa.list_(pa.binary())),
     })  # fmt: skip
     (folder / "vlchat").mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, folder / "vlchat" / "vlchat-0000.parquet", row_group_size=64)
+    pq.write_table(table, folder / "vlchat" / "vlchat-0000.parquet", row_group_size=64,
+                   write_page_checksum=True)  # fmt: skip
     (folder / "vlchat-sharegpt").mkdir(parents=True, exist_ok=True)
     with tarfile.open(folder / "vlchat-sharegpt" / "vlchat-0000.tar", "w",
                       format=tarfile.USTAR_FORMAT) as tar:  # fmt: skip
