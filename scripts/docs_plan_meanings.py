@@ -352,9 +352,12 @@ MEANINGS: dict[str, Any] = {
     "images.max_input_pixels": "an image of more pixels before resizing is a bad record",
     "images.placeholder": {
         "type": "string or integer",
-        "values": "a token string or id of the tokenizer",
+        "values": "a token string or id of the tokenizer; for `byte`, `258` or the text a "
+        "chat template writes for an image",
         "default": "required, except `258` for the `byte` tokenizer",
-        "meaning": "the token that stands for image tokens in `input_ids`",
+        "meaning": "the token that stands for image tokens in `input_ids`; chat sources with "
+        "images need its text with `byte` and `tiktoken` tokenizers (the rendering is cut "
+        "there)",
     },
     "loader": "the loader section",
     "loader.workers": "worker processes of the embedded cluster",

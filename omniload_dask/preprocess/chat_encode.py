@@ -33,7 +33,7 @@ from omniload_dask.plan import TokenizerSpec
 from omniload_dask.plan.chat import ChatSpec
 from omniload_dask.plan.credentials import resolve
 from omniload_dask.preprocess.chat import MARKS, ChatError, Template, compile_template
-from omniload_dask.preprocess.chat_images import expand_images, mark_images
+from omniload_dask.preprocess.chat_images import encode_marked, expand_images, mark_images
 from omniload_dask.preprocess.tokenize import load_tokenizer
 
 __all__ = ["ChatTokens", "describe_rule", "encode_chats", "target_notes", "template_of"]
@@ -188,10 +188,12 @@ def encode_chats(
     chats: list[Any],
     images: Sequence[Sequence[int]] | None = None,
     placeholder: int | None = None,
+    mark: str | None = None,
 ) -> ChatTokens:
     """Render, tokenize and mask ``chats`` (see the module docstring). With ``images`` (each
     record's images' placeholder counts) the token ``placeholder`` the template writes for an
-    image becomes that image's run (:mod:`.chat_images`)."""
+    image becomes that image's run (:mod:`.chat_images`); with ``mark``, each copy of that text
+    in the rendering is the token ``placeholder`` (:func:`.chat_images.encode_marked`)."""
     template, variables = template_of(chat, tokenizer, source)
     encoder = load_tokenizer(tokenizer)
     parts: list[np.ndarray] = []
@@ -205,7 +207,11 @@ def encode_chats(
             if images is not None:
                 conversation = mark_images(conversation, len(images[i]))
             text, spans, specials = _spans(chat, template, variables, conversation)
-            ids, starts, ends = encoder.encode_offsets(text)
+            if mark is None:
+                ids, starts, ends = encoder.encode_offsets(text)
+            else:  # (byte, tiktoken: the placeholder's text is plain text to them)
+                assert placeholder is not None
+                ids, starts, ends = encode_marked(encoder, text, mark, placeholder)
             target = np.zeros(len(ids), dtype=bool)
             for lo, hi in spans:
                 target |= (starts < hi) & (ends > lo)
