@@ -228,7 +228,10 @@ MEANINGS: dict[str, Any] = {
     "whole (never cut between micro-batches or steps)",
     "batch.pack_pool": "whole documents and a token budget only: a step's draw packs its "
     "micro-batches best fit decreasing from the next documents of the mix plus this many, and "
-    "those left wait for a later step (held in the checkpointed cursors; 0: the in-order draw)",
+    "those left wait for a later step (held in the checkpointed cursors; 0: the in-order draw); "
+    "with `buckets`, each document into its bucket's micro-batches, every bucket's oldest "
+    "documents first (within half its part of `global_tokens`, which must hold a document of "
+    "its `seq_len`)",
     "batch.pad_to_seq_len": "pad every micro-batch to its capacity (fixed shapes); padding is "
     "never a target",
     "batch.buckets": {
@@ -349,9 +352,12 @@ MEANINGS: dict[str, Any] = {
     "images.max_input_pixels": "an image of more pixels before resizing is a bad record",
     "images.placeholder": {
         "type": "string or integer",
-        "values": "a token string or id of the tokenizer",
+        "values": "a token string or id of the tokenizer; for `byte`, `258` or the text a "
+        "chat template writes for an image",
         "default": "required, except `258` for the `byte` tokenizer",
-        "meaning": "the token that stands for image tokens in `input_ids`",
+        "meaning": "the token that stands for image tokens in `input_ids`; chat sources with "
+        "images need its text with `byte` and `tiktoken` tokenizers (the rendering is cut "
+        "there)",
     },
     "loader": "the loader section",
     "loader.workers": "worker processes of the embedded cluster",

@@ -331,12 +331,19 @@ def test_bad_records_are_named_or_skipped_and_counted(
 
 def test_plan_fields_of_chat_sources_with_images_are_checked(tmp_path: Path) -> None:
     base = {"name": "vl", "format": "parquet", "path": "/data/*.parquet", "image": "images"}
-    with pytest.raises(PlanError, match=r"sources\[0\]\.chat\.layout: a chat source with images"):
-        _plan([{**base, "chat": {"layout": "prompt_completion"}}])
-    with pytest.raises(PlanError, match=r"tokenizer\.kind: source 'vl' holds conversations"):
+    pairs = _plan([{**base, "chat": {"layout": "prompt_completion"}}])  # (images in the prompt)
+    assert pairs.sources[0].chat.layout == "prompt_completion"
+    with pytest.raises(PlanError, match=r"images\.placeholder: source 'vl' holds conversations "
+                       r"with images: with the byte tokenizer give the text"):  # fmt: skip
         parse_plan(plan_dict([{**base, "chat": {}}], images={"patch_size": 8}))
+    byte = parse_plan(plan_dict([{**base, "chat": {}}], images={"placeholder": "<image>"}))
+    assert byte.images is not None and byte.images.placeholder == "<image>"
+    with pytest.raises(PlanError, match=r"images\.placeholder: the byte tokenizer's image token"):
+        parse_plan(plan_dict([{**base, "chat": {}}], images={"placeholder": 7}))
     with pytest.raises(PlanError, match=r"must be another column"):
         _plan([{**base, "image": "messages", "chat": {}}])
+    with pytest.raises(PlanError, match=r"must be another column"):
+        _plan([{**base, "image": "completion", "chat": {"layout": "prompt_completion"}}])
     plan = _plan([{**base, "chat": {}}])
     assert plan.sources[0].has_images and plan.sources[0].chat is not None
     assert parse_plan(plan.to_dict()).sources[0] == plan.sources[0]

@@ -149,6 +149,12 @@ COMMANDS: dict[str, str | tuple[str, ...]] = {
         '"sft.yaml"',
         '"--make-demo-data"',
     ),
+    "omniload run plans/vlm_chat.yaml --make-demo-data": (
+        "tests/test_plan_vlm_chat.py",
+        '"run"',
+        "vlm_chat.yaml",
+        '"--make-demo-data"',
+    ),
     "omniload calibrate '{hidden: 64, layers: 2, heads: 4, ffn: 256, vocab: 256, gated: true}' "
     "--seq-len 2048 --out calibration.yaml": (
         "tests/test_calibrate.py",

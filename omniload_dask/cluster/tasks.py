@@ -38,7 +38,7 @@ from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.internals import server as _server
 from omniload_dask.plan import READ_SLOTS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
 from omniload_dask.preprocess.chat_encode import encode_chats
-from omniload_dask.preprocess.chat_images import image_token_counts
+from omniload_dask.preprocess.chat_images import image_token_counts, placeholder_text
 from omniload_dask.preprocess.tokenize import describe, image_token_id, own_threads, tokenize
 from omniload_dask.preprocess.transforms import apply_user_code, resolve
 from omniload_dask.preprocess.vocabulary import describe_vocabulary
@@ -208,7 +208,8 @@ def _read_unit(
         marks: dict[str, Any] = {}  # (conversations with images: their runs where they mark)
         if spec.has_images:
             marks = dict(images=image_token_counts(pixels, image_spec),
-                         placeholder=image_token_id(tokenizer, image_spec.placeholder))  # fmt: skip
+                         placeholder=image_token_id(tokenizer, image_spec.placeholder),
+                         mark=placeholder_text(tokenizer, image_spec.placeholder))  # fmt: skip
         chats = encode_chats(spec.chat, tokenizer, spec.name, records.chats or [], **marks)
         pixels = [pixels[i] for i in chats.kept] if spec.has_images else pixels
         url_of = {file_index: file_url, **{f: url for f, url, _, _ in more}}

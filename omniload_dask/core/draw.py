@@ -31,6 +31,7 @@ from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
 from omniload_dask.batching.sorting import stable_order
 from omniload_dask.core import pool as pool_draw
 from omniload_dask.core.live import LiveSources, token_shares
+from omniload_dask.core.pool_buckets import BucketPool, place_buckets
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
 from omniload_dask.plan import BatchSpec, Plan
@@ -88,6 +89,7 @@ class Drawer:
         self._sources = sources
         self._batch = plan.batch
         self._groups = plan.layout.dp
+        self._names = plan.source_names  # (a bucket's sources, by index)
         self._at(0)
         self._with_extra = with_extra
         n = len(sources.streams)
@@ -186,9 +188,12 @@ class Drawer:
         if len(rows):
             self.active = weights > 0
             self.weights = weights
-        selection, head = pool_draw.place(
-            self.mixer, rows, cands, weights, (bins, capacity, tokens)
-        )
+        if self._buckets is not None:
+            selection, head = place_buckets(self.mixer, rows, cands, weights, self._buckets)
+        else:
+            selection, head = pool_draw.place(
+                self.mixer, rows, cands, weights, (bins, capacity, tokens)
+            )
         docs = _locate(selection, cands, streams, self._with_extra, pooled=True)
         docs.head = max(head, 1)
         return docs
@@ -214,6 +219,12 @@ class Drawer:
                 batch.seq_len,
             )
             if batch.pack_pool and batch.global_tokens is not None
+            else None
+        )
+        # ... with buckets: each packed on its own, within its part of the budget
+        self._buckets = (
+            BucketPool.of(batch, self._groups, self._names)
+            if self._pool is not None and len(batch.context_buckets) > 1
             else None
         )
 

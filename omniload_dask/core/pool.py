@@ -41,7 +41,7 @@ from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
 
-__all__ = ["draw_window", "head_of", "pack_window", "place", "take"]
+__all__ = ["commit", "draw_window", "head_of", "lengths_of", "pack_window", "place", "take"]
 
 MAX_SCALE = 1 << 20  # how far a source's wants may double before the window is unfillable
 
@@ -131,7 +131,7 @@ def draw_window(
                 cands[i] = show(i)
             continue
         rows = result.order
-        lengths = _lengths(rows, cands)
+        lengths = lengths_of(rows, cands)
         prefix = int(lengths.cumsum().searchsorted(budget, side="right"))
         need = prefix + pool
         if need <= len(rows) or len(rows) < ask:  # (fewer: every source has run out)
@@ -151,13 +151,30 @@ def place(
     are of the window's head; each placing source's finish tag moves by what it placed (module
     doc). The balancer packs a step's documents in that order again where it must pack them
     by length (:func:`omniload_dask.batching.balance.place.pack`), so they fit as here."""
-    lengths = _lengths(rows, cands)
+    lengths = lengths_of(rows, cands)
     capacity = shape[1]
     if len(lengths) and int(lengths.max()) > capacity:
         raise JobError(f"a whole document of {int(lengths.max())} tokens exceeds seq_len")
     mask = pack_window(lengths, *shape)
-    chosen = rows[mask]
-    sizes = _lengths(chosen, cands) if mixer.by == "tokens" else np.ones(len(chosen))
+    head = np.zeros(len(lengths), dtype=bool)
+    head[: head_of(lengths, shape[2]) if len(lengths) else 0] = True
+    return commit(mixer, rows, cands, weights, mask, head)
+
+
+def commit(
+    mixer: Mixer,
+    rows: np.ndarray,
+    cands: list[Candidates],
+    weights: np.ndarray,
+    mask: np.ndarray,
+    head: np.ndarray,
+) -> tuple[Selection, int]:
+    """The window's rows that ``mask`` places, as a selection: those of the ``head`` first,
+    then the others, each part in tag order (one bucket: its head is the window's first rows,
+    so this is tag order), and how many are of the head; each placing source's finish tag
+    moves by what it placed (module doc)."""
+    chosen = np.concatenate([rows[mask & head], rows[mask & ~head]])
+    sizes = lengths_of(chosen, cands) if mixer.by == "tokens" else np.ones(len(chosen))
     n = len(weights)
     counts = np.bincount(chosen[:, 0], minlength=n).astype(np.int64)
     placed = np.bincount(chosen[:, 0], weights=sizes, minlength=n)
@@ -167,8 +184,7 @@ def place(
     if len(chosen):
         mixer.tags = tags
         mixer.vtime = max(mixer.vtime, float(tags[counts > 0].max()))
-    head = int(mask[: head_of(lengths, shape[2])].sum()) if len(lengths) else 0
-    return Selection(counts, chosen, tags[chosen[:, 0]]), head
+    return Selection(counts, chosen, tags[chosen[:, 0]]), int((mask & head).sum())
 
 
 def take(stream: SourceStream, cands: Candidates, picked: np.ndarray) -> list[Unit]:
@@ -196,7 +212,7 @@ def take(stream: SourceStream, cands: Candidates, picked: np.ndarray) -> list[Un
     return finished
 
 
-def _lengths(rows: np.ndarray, cands: list[Candidates]) -> np.ndarray:
+def lengths_of(rows: np.ndarray, cands: list[Candidates]) -> np.ndarray:
     """The length of each row ``(source, candidate)``."""
     out = np.zeros(len(rows), dtype=np.int64)
     for s in np.unique(rows[:, 0]).tolist() if len(rows) else []:

@@ -6,6 +6,7 @@ the tests and the benchmarks all read the same data. ``text`` writes the text so
 ``vocabulary`` the words, texts and word-level tokenizer both share.
 """
 
+from omniload_dask.demo.image_chat import make_image_chat_demo_data
 from omniload_dask.demo.images import (
     caption,
     encode_image,
@@ -25,6 +26,7 @@ __all__ = [
     "demo_tokenizer",
     "encode_image",
     "make_demo_data",
+    "make_image_chat_demo_data",
     "make_image_demo_data",
     "synthetic_image",
     "vocabulary",

@@ -7,8 +7,10 @@
     books/books-0000.parquet    long, heavy-tailed documents in column "body", row groups of 32
     tokenizer.json              a Hugging Face word-level tokenizer over the demo vocabulary
 
-and the image-text demo sources of :mod:`omniload_dask.demo.images`. The quickstart plan
-(plans/quickstart.yaml) reads the text sources, plans/vlm.yaml the image-text ones too.
+and the image-text, chat and image-chat demo sources of :mod:`omniload_dask.demo.images`,
+:mod:`~omniload_dask.demo.chat` and :mod:`~omniload_dask.demo.image_chat`. The quickstart plan
+(plans/quickstart.yaml) reads the text sources, plans/vlm.yaml the image-text ones too,
+plans/sft.yaml the conversations and plans/vlm_chat.yaml the conversations with images.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from omniload_dask.demo.chat import make_chat_demo_data
+from omniload_dask.demo.image_chat import make_image_chat_demo_data
 from omniload_dask.demo.images import make_image_demo_data
 from omniload_dask.demo.vocabulary import VOCAB_SEED, demo_text, vocabulary, write_tokenizer
 
@@ -73,6 +76,7 @@ def make_demo_data(folder: str | Path, scale: float = 1.0) -> Path:
     folder = Path(folder)
     make_image_demo_data(folder, scale=scale)
     make_chat_demo_data(folder, scale=scale)
+    make_image_chat_demo_data(folder, scale=scale)
     if (folder / MARKER).exists():
         return folder
     rng = np.random.default_rng(VOCAB_SEED)

@@ -149,7 +149,12 @@ class CostModel:
         if self.function is not None:
             return np.asarray(self.function(np.asarray(lengths, np.int64)), dtype=np.float64)
         x = np.asarray(lengths, dtype=np.float64)
-        out = self.linear * x + self.quadratic * x * x
+        # linear * x + quadratic * x * x, each operation as written (the same bits), in place
+        # where a temporary would be made: the balancer calls this dozens of times a step.
+        out = x * self.linear
+        square = x * self.quadratic
+        square *= x
+        out += square
         return out + self.piece if self.piece else out
 
     @property

@@ -22,6 +22,7 @@ from omniload_dask.plan.parse_cost import read_cost
 from omniload_dask.plan.parse_mixing import read_mixing
 from omniload_dask.plan.parse_sources import (
     NAME_PATTERN,
+    check_chat_placeholder,
     read_images,
     read_source,
     read_tokenizer,
@@ -98,13 +99,9 @@ def parse_plan(data: Any, base_dir: str | os.PathLike[str] | None = None) -> Pla
     every = [*sources, *(x for s in streams for x in s.sources)]
     if top.has("images") or any(s.has_images for s in every):
         images = read_images(top.mapping("images"), tokenizer)
-    for src in every:
-        if src.chat is not None and src.has_images and tokenizer.kind != "huggingface":
-            # (the template writes the placeholder as text: only a Hugging Face tokenizer reads
-            # a special token's text as its id)
-            fail("tokenizer.kind", f"source {src.name!r} holds conversations with images: they "
-                 "need a huggingface tokenizer whose vocabulary holds images.placeholder",
-                 tokenizer.kind)  # fmt: skip
+    chat_images = [s.name for s in every if s.chat is not None and s.has_images]
+    if images is not None and chat_images:
+        check_chat_placeholder(images, tokenizer, chat_images[0])
     top.done()
     return Plan(
         name=name,

@@ -22,7 +22,7 @@ from omniload_dask.plan.limits import (
 )
 from omniload_dask.plan.specs import BatchSpec, BucketSpec, LayoutSpec
 
-__all__ = ["check_bucket_sources", "read_batch", "read_layout"]
+__all__ = ["check_bucket_sources", "pool_budgets", "read_batch", "read_layout"]
 
 
 def read_layout(f: Fields) -> LayoutSpec:
@@ -126,7 +126,7 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
             tokens,
         )
     pad = f.flag("pad_to_seq_len", False)
-    pool = _pack_pool(f, tokens, long_docs, max_doc, seq_len, buckets)
+    pool = _pack_pool(f, tokens, long_docs, max_doc, seq_len, buckets, layout.dp)
     f.raw("stages")  # (read by parse_stages, once this batch is known)
     f.done()
     return BatchSpec(
@@ -144,10 +144,12 @@ def read_batch(f: Fields, layout: LayoutSpec) -> BatchSpec:
 
 def _pack_pool(
     f: Fields, tokens: int | None, long_docs: str, max_doc: int | None, seq_len: int,
-    buckets: tuple[BucketSpec, ...],
+    buckets: tuple[BucketSpec, ...], dp: int,
 ) -> int:  # fmt: skip
     """``batch.pack_pool``: documents a step's draw may hold back (0: none); it needs whole
-    documents, a token budget and one bucket."""
+    documents and a token budget, and with buckets each bucket's part of the budget
+    (:func:`pool_budgets`) must hold a whole document of its ``seq_len`` (else a document
+    could wait for ever)."""
     pool = f.integer("pack_pool", 0, min=0, max=MAX_STEP_DOCUMENTS)
     if not pool:
         return 0
@@ -157,13 +159,38 @@ def _pack_pool(
         if not whole
         else "needs a token budget (global_tokens), not global_documents"
         if tokens is None
-        else "works with one bucket (seq_len and micro_batches), not batch.buckets"
-        if len(buckets) > 1
         else ""
     )
     if why:
         fail(f.at("pack_pool"), why, pool)
+    if len(buckets) > 1:
+        for i, (b, part) in enumerate(zip(buckets, pool_budgets(buckets, tokens, dp), strict=True)):
+            if part < b.seq_len:
+                fail(
+                    f.at("pack_pool"),
+                    f"with buckets, each bucket's part of global_tokens must hold a document "
+                    f"of its seq_len: batch.buckets[{i}] gets {part} tokens, under its seq_len "
+                    f"{b.seq_len} (raise global_tokens or the bucket's share)",
+                    pool,
+                )
     return pool
+
+
+def pool_budgets(buckets: tuple[BucketSpec, ...], tokens: int | None, dp: int) -> list[int]:
+    """Each bucket's part of the step's token budget under ``batch.pack_pool``: its ``share``
+    of ``global_tokens`` (given ``micro_batches``, its part of the buckets' tokens), scaled
+    down where the parts add up past ``global_tokens``, and never above the tokens of its
+    micro-batches (``dp * micro_batches * seq_len``). The parts add up to at most the budget,
+    so a step that fills each bucket within its part stays within ``global_tokens``."""
+    caps = [dp * b.micro_batches * b.seq_len for b in buckets]
+    if tokens is None:
+        return caps
+    wants = [
+        b.share * tokens if b.share is not None else float(cap)
+        for b, cap in zip(buckets, caps, strict=True)
+    ]
+    scale = min(1.0, tokens / sum(wants))
+    return [min(cap, int(w * scale)) for w, cap in zip(wants, caps, strict=True)]
 
 
 def _buckets(f: Fields, layout: LayoutSpec, tokens: int | None) -> tuple[BucketSpec, ...]:

@@ -85,12 +85,9 @@ def read_source(f: Fields, base_dir: str | os.PathLike[str] | None) -> SourceSpe
     if chat is not None and f.has("text"):
         fail(f.at("text"), "a chat source names its fields in chat (chat.field)", f.raw("text"))
     image = _image_field(f, fmt)
-    if chat is not None and image and chat.layout == "prompt_completion":
-        # (images go where a conversation marks them: turns, not a prompt/completion pair)
-        where = f.at("chat") + ".layout"
-        fail(where, "a chat source with images needs layout messages or sharegpt", chat.layout)
-    if fmt == "parquet" and image and image[0] == text:
-        fail(f.at("image"), "must be another column than sources[].text", image[0])
+    if fmt == "parquet" and image and image[0] in (chat.columns if chat else (text,)):
+        what = "sources[].text" if chat is None else "the conversation's (sources[].chat)"
+        fail(f.at("image"), f"must be another column than {what}", image[0])
     unit_records = f.optional_int("unit_records", min=1, max=MAX_UNIT_RECORDS)
     if unit_records is not None and fmt in ("jsonl", "flat"):
         fail(
@@ -256,11 +253,15 @@ def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
     max_input = f.integer("max_input_pixels", d.max_input_pixels, min=1, max=MAX_INPUT_PIXELS)
     raw = f.raw("placeholder")
     if tokenizer.kind == "byte":
-        if raw is not None and raw != BYTE_IMAGE_TOKEN:
+        # (a string is the text a chat template writes for an image: it becomes the token)
+        if raw is not None and raw != BYTE_IMAGE_TOKEN and not (isinstance(raw, str) and raw):
             fail(
-                f.at("placeholder"), f"the byte tokenizer's image token is {BYTE_IMAGE_TOKEN}", raw
+                f.at("placeholder"),
+                f"the byte tokenizer's image token is {BYTE_IMAGE_TOKEN} (or give the text a "
+                "chat template writes for an image, which becomes that token)",
+                raw,
             )
-        placeholder: str | int = BYTE_IMAGE_TOKEN
+        placeholder: str | int = raw if isinstance(raw, str) else BYTE_IMAGE_TOKEN
     elif raw is None:
         fail(
             f.at("placeholder"),
@@ -287,3 +288,21 @@ def read_images(f: Fields, tokenizer: TokenizerSpec) -> ImageSpec:
         max_input_pixels=max_input,
         placeholder=placeholder,
     )
+
+
+def check_chat_placeholder(images: ImageSpec, tokenizer: TokenizerSpec, source: str) -> None:
+    """Conversations with images need the placeholder's text, which their template writes, to
+    be one token id: a Hugging Face tokenizer reads its added token's text as that id; a byte
+    or tiktoken one reads text as plain text, so the rendering is cut at the placeholder's text
+    (:mod:`omniload_dask.preprocess.chat_images`), which the plan must give as a string (for
+    tiktoken, or as the id of one of its ``special_tokens``)."""
+    raw = images.placeholder
+    if tokenizer.kind == "byte" and not isinstance(raw, str):
+        fail("images.placeholder", f"source {source!r} holds conversations with images: with "
+             f"the byte tokenizer give the text its chat template writes for an image (e.g. "
+             f"'<image>'), which becomes token {BYTE_IMAGE_TOKEN}", raw)  # fmt: skip
+    named = raw in tokenizer.special_tokens.values()
+    if tokenizer.kind == "tiktoken" and isinstance(raw, int) and not named:
+        fail("images.placeholder", f"source {source!r} holds conversations with images: give "
+             "the placeholder as the text of a token (one of tokenizer.special_tokens, which "
+             "its chat template writes), not an id without a text", raw)  # fmt: skip

@@ -33,7 +33,7 @@ from omniload_dask.plan import TokenizerSpec
 from omniload_dask.plan.chat import ChatSpec
 from omniload_dask.plan.credentials import resolve
 from omniload_dask.preprocess.chat import ChatError, Template, compile_template, holds_marks
-from omniload_dask.preprocess.chat_images import expand_images, mark_images
+from omniload_dask.preprocess.chat_images import encode_marked, expand_images, mark_images
 from omniload_dask.preprocess.chat_targets import (
     ChatTokens,
     no_target,
@@ -182,12 +182,14 @@ def encode_chats(
     chats: list[Any],
     images: Sequence[Sequence[int]] | None = None,
     placeholder: int | None = None,
+    mark: str | None = None,
 ) -> ChatTokens:
     """Render, tokenize and mask ``chats`` (see the module docstring). With ``images`` (each
     record's images' placeholder counts) the token ``placeholder`` the template writes for an
-    image becomes that image's run (:mod:`.chat_images`).
+    image becomes that image's run (:mod:`.chat_images`); with ``mark``, each copy of that text
+    in the rendering is the token ``placeholder`` (:func:`.chat_images.encode_marked`).
 
-    The read's texts are rendered first and tokenized in one batch, and their targets, BOS/EOS
+    The read's texts are rendered first and tokenized in batches, and their targets, BOS/EOS
     and checks are done over the whole read at once (:mod:`.chat_targets`); conversations with
     images, or spans out of order, go one by one. Both give the same tokens and masks."""
     template, variables = template_of(chat, tokenizer, source)
@@ -215,7 +217,7 @@ def encode_chats(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        ids, starts, ends, lengths = _encode_offsets_batch(encoder, texts)
+        ids, starts, ends, lengths = _encode_offsets_batch(encoder, texts, mark, placeholder)
     finally:
         if collecting:
             gc.enable()
@@ -237,18 +239,23 @@ _BATCH = 256  # texts a tokenizer call takes (bounds the encodings alive at once
 
 
 def _encode_offsets_batch(
-    encoder: Any, texts: list[str]
+    encoder: Any, texts: list[str], mark: str | None, placeholder: int | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Tokens, first and past-last characters (within each text) of all ``texts``, flat, and
     each text's token count: in calls of :data:`_BATCH` texts where the tokenizer has a batch
-    form (Hugging Face), else text by text."""
+    form (Hugging Face), else text by text; with ``mark``, text by text, each copy of it the
+    token ``placeholder`` (:func:`.chat_images.encode_marked`)."""
     batch = getattr(encoder, "encode_offsets_batch", None)
-    if batch is not None:
+    if mark is None and batch is not None:
         done = [batch(texts[i : i + _BATCH]) for i in range(0, len(texts), _BATCH)]
-    else:
+    else:  # (with a mark: byte, tiktoken, to which the placeholder's text is plain text)
         done = []
         for text in texts:
-            ids, lo, hi = encoder.encode_offsets(text)
+            if mark is None:
+                ids, lo, hi = encoder.encode_offsets(text)
+            else:
+                assert placeholder is not None
+                ids, lo, hi = encode_marked(encoder, text, mark, placeholder)
             done.append((ids, lo, hi, np.array([len(ids)], dtype=np.int64)))
     if not done:
         empty = np.zeros(0, dtype=np.int64)

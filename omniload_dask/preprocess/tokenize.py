@@ -459,7 +459,8 @@ def add_specials(
 def image_token_id(spec: TokenizerSpec, token: str | int) -> int:
     """The id of the image placeholder ``token`` (``images.placeholder``)."""
     encoder = load_tokenizer(spec)
-    found = encoder.token_id(token)
+    # (the byte tokenizer's image token has no text; a string names the text a template writes)
+    found = BYTE_IMAGE if spec.kind == "byte" else encoder.token_id(token)
     if found is None:
         where = f"of {spec.path!r}" if spec.path else "of the byte tokenizer"
         raise TokenizerError(

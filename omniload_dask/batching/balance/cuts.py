@@ -75,12 +75,12 @@ def cut_round(
     flat = np.argmin(worst, axis=1)
     rows = np.arange(len(heavy))
     act = pairs.probed(worst[rows, flat] < load[heavy] * (1 - PROGRESS))
-    if not act.any():
+    if not np.count_nonzero(act):
         return none
 
     def commit(mask: np.ndarray) -> None:
         do = act & mask
-        if not do.any():
+        if not np.count_nonzero(do):
             return
         a, rest = np.divmod(flat[do], CUT_RUNS * CUT_GRID)
         kk, g = np.divmod(rest, CUT_GRID)
@@ -91,7 +91,9 @@ def cut_round(
         p.bin[runs.order[run]] = p.bin[piece].repeat(kk)
         order = piece.argsort(kind="stable")  # (Pieces.cut takes its pieces ascending)
         piece, tail, to = piece[order], tail[order], to[order]
-        parts = np.stack([p.length[piece] - tail, tail], axis=1).ravel()
+        parts = np.empty(2 * len(piece), np.int64)  # (head, tail) of each piece in turn
+        parts[0::2] = p.length[piece] - tail
+        parts[1::2] = tail
         index = p.cut(piece.repeat(2), parts, cost)
         p.bin[index[1::2]] = to
         rebin(p, bins)

@@ -117,7 +117,7 @@ def exchanges(
     gh, gl = bins.group[x], bins.group[y]
     worst = np.maximum(load[gh] - d_cost, load[gl] + d_cost)
     ok &= worst < load[gh] * (1 - PROGRESS)
-    if not ok.any():
+    if not np.count_nonzero(ok):
         return None
     return hs[ok], ls[ok], worst[ok]
 

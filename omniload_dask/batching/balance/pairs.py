@@ -92,7 +92,7 @@ def step_pairs(
     count = pair_counts(rows, tolerance)
     count[~active] = 0
     has = count > 0
-    if not has.any():
+    if not np.count_nonzero(has):
         none = np.zeros(0, np.int64)
         return Pairs(none, none, none, none, 1, steps), has
     if steps == 1:  # (the rows' case of one row, in slices: the masks below cost more)

@@ -84,7 +84,7 @@ def _best_fit(p: Pieces, bins: Bins, waiting: np.ndarray, lo: int, hi: int) -> n
         rank = np.arange(len(open_))
         take = rank + np.maximum.accumulate(fits - rank)
         ok = take < len(waiting)
-        if not ok.any():
+        if not np.count_nonzero(ok):
             break
         bins.put(p, waiting[take[ok]], open_[ok])
         keep = np.ones(len(waiting), dtype=bool)

@@ -65,7 +65,7 @@ def polish(p: Pieces, bins: Bins, steps: int, groups: int) -> None:
         even = top - mean <= TOLERANCE * top
         active &= ~((top > peak * (1 - PROGRESS)) | even)
         peak = np.where(active, top, peak)
-        if not active.any():
+        if not np.count_nonzero(active):
             return
         active &= _round(p, bins, load, groups, active, mean, top)
 

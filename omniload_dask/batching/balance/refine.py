@@ -95,13 +95,15 @@ def _whole_rounds(
         _still_falling(active, peak, load)
         pairs, has = step_pairs(load, steps, groups, TOLERANCE, active)
         active &= has
-        if not active.any():
+        if not np.count_nonzero(active):
             break
         tables = RoundTables(p, bins, pairs.light, total, steps) if steps > 1 else None
         score, commit = whole_round(p, bins, load, pairs, fit_cost, tables)
         found = np.isfinite(score)
         active &= np.bincount(pairs.step, found, steps) > 0  # (none found: the step is done)
-        if not found.any():  # (nothing changed: the loads stand, and every step is done)
+        if not np.count_nonzero(
+            found
+        ):  # (nothing changed: the loads stand, and every step is done)
             break
         commit(found)
         load = _group_loads(p, bins, total)
@@ -119,14 +121,14 @@ def _cut_rounds(
     peak = np.full(steps, np.inf)
     weigh_whole = np.ones(steps, dtype=bool)
     for r in range(SMALL_CUT_ROUNDS if groups <= CUT_EXCHANGES_UP_TO else CUT_ROUNDS):
-        if not active.any():
+        if not np.count_nonzero(active):
             break
         if r:  # (the first round's are those given)
             load = _group_loads(p, bins, total)
         _still_falling(active, peak, load)
         pairs, has = step_pairs(load, steps, groups, 1 - CUT_BELOW, active)
         active &= has
-        if not active.any():
+        if not np.count_nonzero(active):
             break
         step_of = pairs.step
         # Per pair, a cut only where it evens the pair clearly better than whole pieces do

@@ -86,7 +86,7 @@ def _slide_once(
     in_a = bins.group[p.bin[a]] == heavy[pair_step]
     in_b = bins.group[p.bin[b]] == heavy[pair_step]
     across = (in_a != in_b) & active[pair_step]
-    if not across.any():
+    if not np.count_nonzero(across):
         active[:] = False
         return False
     give = np.where(in_a, a, b)[across]  # the heavy group's piece of each pair
@@ -118,7 +118,7 @@ def _slide_once(
         best[has] = np.minimum.reduceat(worst, starts[has])
     slid = has & active & (best < top * (1 - PROGRESS))
     active &= slid
-    if not slid.any():
+    if not np.count_nonzero(slid):
         return False
     at = (worst == best[step]).nonzero()[0]
     at = at[step[at].searchsorted(slid.nonzero()[0])]  # (the first of each step's)

@@ -141,10 +141,13 @@ class Runs:
         self.first = ob.searchsorted(ids, side="left")
         self.end = ob.searchsorted(ids, side="right")
         if steps == 1 or self.empty:
-            self.tokens = p.length[self.order].cumsum()
-            self.costs = p.cost[self.order].cumsum()
-            self.base_t = np.concatenate([[0], self.tokens])[self.first]  # before each bin's run
-            self.base_c = np.concatenate([[0.0], self.costs])[self.first]
+            # Running sums after a leading 0: what comes before each bin's run, at first[b].
+            tokens = np.zeros(len(self.order) + 1, np.int64)
+            costs = np.zeros(len(self.order) + 1)
+            np.cumsum(p.length[self.order], out=tokens[1:])
+            np.cumsum(p.cost[self.order], out=costs[1:])
+            self.tokens, self.costs = tokens[1:], costs[1:]
+            self.base_t, self.base_c = tokens[self.first], costs[self.first]
         else:
             per = len(bins.room) // steps
             cut = self.first[np.arange(1, steps) * per]
