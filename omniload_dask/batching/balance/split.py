@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniload_dask.batching.assignment import Assignment
+from omniload_dask.batching.balance.firstpass import pieces_of_steps
 from omniload_dask.batching.balance.pieces import apart, side_by_side
 from omniload_dask.batching.balance.place import Placed, place_steps
 from omniload_dask.batching.balance.polish import polish
@@ -114,10 +115,14 @@ def balance_steps(
 ) -> list[Assignment]:
     """:func:`balance` of several steps: the same splits, bit for bit, made side by side
     where they can be (module doc)."""
-    routed = [
-        pieces_of(s.lengths, s.bucket, buckets, groups, cost, s.by_length, cut, s.extra, s.head)
-        for s in steps
-    ]
+    if len(buckets) == 1:  # (every step's pieces in one table: .firstpass)
+        docs = [(s.lengths, s.extra, s.head) for s in steps]
+        routed = pieces_of_steps(docs, buckets[0], groups, cost, cut)
+    else:
+        routed = [
+            pieces_of(s.lengths, s.bucket, buckets, groups, cost, s.by_length, cut, s.extra, s.head)
+            for s in steps
+        ]
     together = len(buckets) == 1 and 2 <= groups <= STEPS_UP_TO
     placed = place_steps(routed, buckets, groups, cost, cut, together)
     if refine:
