@@ -72,9 +72,13 @@ def pieces_of_steps(
     if cut:
         live = np.asarray([bound < 1.0 for bound in bounds], dtype=bool)
         step_of = _cut_costly(p, step_of, live, groups, cost, cuts)
+    micro = int(bucket.micro_batches)
+    if len(steps) == 1:  # (the table is the step's: no copies)
+        p.cuts, p.head = int(cuts[0]), steps[0][2]
+        shape = np.asarray([max(micro, -(-need[0] // (seq * groups)))], np.int64)
+        return [StepPieces(p, shape, 0, bounds[0])]
     order = step_of.argsort(kind="stable")  # (a step's pieces in their order: its own, cut)
     ends = np.bincount(step_of, minlength=len(steps)).cumsum()
-    micro = int(bucket.micro_batches)
     out = []
     for s, (_, _, head) in enumerate(steps):
         mine = order[(int(ends[s - 1]) if s else 0) : int(ends[s])]
@@ -97,12 +101,15 @@ def _cut_costly(
     for _ in range(COSTLY_ROUNDS):
         if not live.any():
             break
-        order = step_of.argsort(kind="stable")
-        ends = np.bincount(step_of, minlength=len(live)).cumsum()
         fair = np.zeros(len(live))
-        for s in live.nonzero()[0].tolist():
-            mine = order[(int(ends[s - 1]) if s else 0) : int(ends[s])]
-            fair[s] = float(p.cost[mine].sum()) / groups
+        if len(live) == 1:  # (one step: its costs are the table's)
+            fair[0] = float(p.cost.sum()) / groups
+        else:
+            order = step_of.argsort(kind="stable")
+            ends = np.bincount(step_of, minlength=len(live)).cumsum()
+            for s in live.nonzero()[0].tolist():
+                mine = order[(int(ends[s - 1]) if s else 0) : int(ends[s])]
+                fair[s] = float(p.cost[mine].sum()) / groups
         live &= fair > 0
         costly = ((p.cost > fair[step_of]) & (p.length > 1) & live[step_of]).nonzero()[0]
         has = np.bincount(step_of[costly], minlength=len(live))
