@@ -66,6 +66,7 @@ def cut_round(
     hi = np.minimum(n - 1, back_t + room_y)
     ok = ((hc >= 0) & (dest >= 0))[..., None] & has & (lo <= hi)[..., 0]
     base_h = load[heavy][:, None] - (p.cost[h] - p.extra[h])  # (the extra stays with the head)
+    x: np.ndarray | None = None  # (the whole grid's cut points, where it is weighed)
     if ok.size >= WEIGH_SOME_FROM:
         worst = _weigh_some(ok, lo, hi, n, back_c, base_h, load[light], cost)
     else:  # (a few cells: the whole grid costs fewer calls)
@@ -90,10 +91,12 @@ def cut_round(
         a, rest = np.divmod(flat[do], CUT_RUNS * CUT_GRID)
         kk, g = np.divmod(rest, CUT_GRID)
         r = rows[do]
-        cell = (r * h.shape[1] + a) * CUT_RUNS + kk  # (its cut point, made as above)
-        tail = _points(
-            lo.reshape(-1)[cell], hi.reshape(-1)[cell], n.reshape(-1)[cell // CUT_RUNS], g
-        )
+        if x is not None:
+            tail = x[r, a, kk, g]
+        else:  # (its cut point, made as _weigh_some made it)
+            cell = (r * h.shape[1] + a) * CUT_RUNS + kk
+            tail = _points(lo.reshape(-1)[cell], hi.reshape(-1)[cell],
+                           n.reshape(-1)[cell // CUT_RUNS], g)  # fmt: skip
         piece, to = h[r, a], y[r, a, 0]
         lo_run = runs.first[to]  # (every run's pieces at once, as whole.py commits them)
         run = (lo_run - kk.cumsum() + kk).repeat(kk) + np.arange(int(kk.sum()))
