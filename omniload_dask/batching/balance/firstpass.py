@@ -49,8 +49,13 @@ def pieces_of_steps(
     all_lengths = np.concatenate(lengths) if len(lengths) else np.zeros(0, np.int64)
     doc, start = split_documents(all_lengths, seq)
     length = np.minimum(all_lengths[doc] - start, seq)
-    doc_first = np.concatenate([[0], counts.cumsum()]).astype(np.int64)
-    step_of = np.arange(len(steps)).repeat(counts)[doc]
+    if len(steps) == 1:  # (one step: its documents are the table's)
+        step_of, own_doc = np.zeros(0, np.int64), doc
+        piece_first = np.asarray([0, len(doc)], np.int64)
+    else:
+        step_of = np.arange(len(steps)).repeat(counts)[doc]
+        own_doc = doc - np.concatenate([[0], counts.cumsum()]).astype(np.int64)[step_of]
+        piece_first = np.concatenate([[0], np.bincount(step_of, minlength=len(steps)).cumsum()])
     extra = np.zeros(len(doc))
     if any(x is not None for _, x, _ in steps):
         per_doc = np.concatenate(
@@ -58,9 +63,7 @@ def pieces_of_steps(
              for n, (_, x, _) in zip(lengths, steps, strict=True)]
         )  # fmt: skip
         extra = np.where(start == 0, per_doc[doc], 0.0)
-    p = Pieces.new(doc - doc_first[step_of], start, length, np.zeros(len(doc), np.int64), extra,
-                   cost)  # fmt: skip
-    piece_first = np.concatenate([[0], np.bincount(step_of, minlength=len(steps)).cumsum()])
+    p = Pieces.new(own_doc, start, length, np.zeros(len(doc), np.int64), extra, cost)
     bounds, need = [], []
     for s in range(len(steps)):
         a, b = int(piece_first[s]), int(piece_first[s + 1])
@@ -71,7 +74,10 @@ def pieces_of_steps(
     cuts = np.zeros(len(steps), np.int64)
     if cut:
         live = np.asarray([bound < 1.0 for bound in bounds], dtype=bool)
-        step_of = _cut_costly(p, step_of, live, groups, cost, cuts)
+        if live.any():
+            if len(steps) == 1:
+                step_of = np.zeros(len(p), np.int64)
+            step_of = _cut_costly(p, step_of, live, groups, cost, cuts)
     micro = int(bucket.micro_batches)
     if len(steps) == 1:  # (the table is the step's: no copies)
         p.cuts, p.head = int(cuts[0]), steps[0][2]
