@@ -1,9 +1,10 @@
 """The balancer's entry: the split of one step, or of several side by side, through the passes.
 
 :func:`balance_steps` runs the five passes (package doc) on the steps it is given;
-:func:`balance` is :func:`balance_steps` of one step. Passes 1 and 2 run step by step (pass 2's
-rounds over groups side by side for steps of one bucket and as many micro-batches); passes 3
-to 5 run on the steps' pieces and bins side by side (:func:`~.pieces.side_by_side`) where the
+:func:`balance` is :func:`balance_steps` of one step. Pass 1 runs on all steps in one table
+where there is one bucket (:mod:`.firstpass`), else step by step; pass 2's rounds over groups
+and its best fit and pour (:mod:`.room`) run side by side for steps of one bucket and as many
+micro-batches; passes 3 to 5 run on the steps' pieces and bins side by side (:func:`~.pieces.side_by_side`) where the
 steps have one bucket, at most ``STEPS_UP_TO`` groups and as many bins, else one step at a
 time. Side by side or alone, a step gets the same split, to the last bit::
 
