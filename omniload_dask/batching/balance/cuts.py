@@ -30,6 +30,7 @@ __all__ = ["cut_round"]
 CUT_PIECES = 3  # the heavy group's costliest pieces weighed for a cut
 CUT_GRID = 7  # cut points weighed per piece and run
 CUT_RUNS = 7  # runs (of 0 to 6 short pieces) a light micro-batch may give back for a tail
+WEIGH_SOME_FROM = 256  # (pair, piece, run)s from which only those with cut points are weighed
 
 
 def cut_round(
@@ -63,15 +64,20 @@ def cut_round(
     # The tail x must fit the room the run frees, and the run the room the tail leaves.
     lo = np.maximum(1, back_t - room_h)
     hi = np.minimum(n - 1, back_t + room_y)
-    ok = ((hc >= 0) & (dest >= 0))[..., None, None] & has[..., None] & (lo <= hi)
-    x = lo + np.rint(fractions(CUT_GRID) * np.maximum(hi - lo, 0)).astype(np.int64)
-    x = np.minimum(x, np.maximum(n - 1, 1))
-    both = np.asarray(cost(np.concatenate([(n - x).ravel(), x.ravel()])), np.float64)
-    kept, moved = both.reshape(2, *x.shape)
-    c_h = (p.cost[h] - p.extra[h])[..., None, None]  # (the extra stays with the head)
-    new_h = load[heavy][:, None, None, None] - c_h + kept + back_c
-    new_l = load[light][:, None, None, None] + moved - back_c
-    worst = np.where(ok, np.maximum(new_h, new_l), np.inf).reshape(len(heavy), -1)
+    ok = ((hc >= 0) & (dest >= 0))[..., None] & has & (lo <= hi)[..., 0]
+    base_h = load[heavy][:, None] - (p.cost[h] - p.extra[h])  # (the extra stays with the head)
+    x: np.ndarray | None = None  # (the whole grid's cut points, where it is weighed)
+    if ok.size >= WEIGH_SOME_FROM:
+        worst = _weigh_some(ok, lo, hi, n, back_c, base_h, load[light], cost)
+    else:  # (a few cells: the whole grid costs fewer calls)
+        x = lo + np.rint(fractions(CUT_GRID) * np.maximum(hi - lo, 0)).astype(np.int64)
+        x = np.minimum(x, np.maximum(n - 1, 1))
+        both = np.asarray(cost(np.concatenate([(n - x).ravel(), x.ravel()])), np.float64)
+        kept, moved = both.reshape(2, *x.shape)
+        new_h = base_h[..., None, None] + kept + back_c
+        new_l = load[light][:, None, None, None] + moved - back_c
+        worst = np.where(ok[..., None], np.maximum(new_h, new_l), np.inf)
+    worst = worst.reshape(len(heavy), -1)
     flat = np.argmin(worst, axis=1)
     rows = np.arange(len(heavy))
     act = pairs.probed(worst[rows, flat] < load[heavy] * (1 - PROGRESS))
@@ -85,7 +91,13 @@ def cut_round(
         a, rest = np.divmod(flat[do], CUT_RUNS * CUT_GRID)
         kk, g = np.divmod(rest, CUT_GRID)
         r = rows[do]
-        piece, tail, to = h[r, a], x[r, a, kk, g], y[r, a, 0]
+        if x is not None:
+            tail = x[r, a, kk, g]
+        else:  # (its cut point, made as _weigh_some made it)
+            cell = (r * h.shape[1] + a) * CUT_RUNS + kk
+            tail = _points(lo.reshape(-1)[cell], hi.reshape(-1)[cell],
+                           n.reshape(-1)[cell // CUT_RUNS], g)  # fmt: skip
+        piece, to = h[r, a], y[r, a, 0]
         lo_run = runs.first[to]  # (every run's pieces at once, as whole.py commits them)
         run = (lo_run - kk.cumsum() + kk).repeat(kk) + np.arange(int(kk.sum()))
         p.bin[runs.order[run]] = p.bin[piece].repeat(kk)
@@ -100,3 +112,38 @@ def cut_round(
 
     score = np.where(act, worst[rows, flat] - (load[heavy] + load[light]) / 2, np.inf)
     return score, commit
+
+
+def _weigh_some(
+    ok: np.ndarray, lo: np.ndarray, hi: np.ndarray, n: np.ndarray, back_c: np.ndarray,
+    base_h: np.ndarray, load_light: np.ndarray, cost: CostFunction,
+) -> np.ndarray:  # fmt: skip
+    """The larger group cost after each cut point (inf: none) of the (pair, piece, run)s
+    ``ok`` that have some (often a third of them), each weighed as on the whole grid, with
+    the same operations in the same order: cut round's ``worst`` at a fraction of the
+    cells."""
+    at_ok = ok.reshape(-1).nonzero()[0]
+    piece_of = at_ok // CUT_RUNS  # (its pair and piece)
+    n_k = n.reshape(-1)[piece_of]
+    back_c_k = back_c.reshape(-1)[at_ok][:, None]
+    x = _points(lo.reshape(-1)[at_ok], hi.reshape(-1)[at_ok], n_k, slice(None))
+    both = np.asarray(cost(np.concatenate([(n_k[:, None] - x).ravel(), x.ravel()])), np.float64)
+    kept, moved = both.reshape(2, *x.shape)
+    new_h = base_h.reshape(-1)[piece_of][:, None] + kept
+    new_h += back_c_k
+    new_l = load_light[at_ok // (ok.shape[1] * CUT_RUNS)][:, None] + moved
+    new_l -= back_c_k
+    worst = np.full((ok.size, CUT_GRID), np.inf)
+    worst[at_ok] = np.maximum(new_h, new_l)
+    return worst
+
+
+def _points(lo: np.ndarray, hi: np.ndarray, n: np.ndarray, grid: slice | np.ndarray) -> np.ndarray:
+    """The cut points ``grid`` (all: a row each) of tails from ``lo`` to ``hi`` tokens of
+    pieces of ``n``: ``CUT_GRID`` spread over the range, at least 1 and at most ``n - 1``."""
+    spread = fractions(CUT_GRID)[grid]
+    if isinstance(grid, slice):
+        x = lo[:, None] + np.rint(spread * np.maximum(hi - lo, 0)[:, None]).astype(np.int64)
+        return np.minimum(x, np.maximum(n - 1, 1)[:, None])
+    x = lo + np.rint(spread * np.maximum(hi - lo, 0)).astype(np.int64)
+    return np.minimum(x, np.maximum(n - 1, 1))

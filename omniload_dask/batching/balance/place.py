@@ -31,6 +31,7 @@ import numpy as np
 
 from omniload_dask.batching.assignment import Assignment
 from omniload_dask.batching.balance.pieces import Bins, Pieces, by_cost
+from omniload_dask.batching.balance.room import fill_rooms
 from omniload_dask.batching.balance.rounds import group_rounds
 from omniload_dask.batching.balance.routing import Bucket, StepPieces
 from omniload_dask.plan.cost import CostFunction
@@ -247,8 +248,8 @@ def place_steps(
         bins = [Bins.new(seq, routed[i].micro, groups) for i in kind]
         queues = [by_cost(p, np.arange(len(p))) for p in pieces]
         lefts = group_rounds(pieces, bins, queues, groups, micro)
-        for i, p, b, left in zip(kind, pieces, bins, lefts, strict=True):
-            fill_room(p, b, left, 0, len(b.room), cost, cut)
+        fill_rooms(pieces, bins, lefts, groups, cost)  # (fill_room of each, side by side)
+        for i, b in zip(kind, bins, strict=True):
             placed[i] = _placed(routed[i], b)
     return [
         one if one is not None else _pack_alone(routed[i], buckets, groups, cost, cut)

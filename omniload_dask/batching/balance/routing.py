@@ -27,8 +27,8 @@ from omniload_dask.batching.balance.pieces import Pieces
 from omniload_dask.plan.cost import CostFunction
 
 __all__ = [
-    "Bucket", "StepPieces", "ladder", "pieces_of", "route", "spill", "split_documents",
-    "structural_bound",
+    "Bucket", "StepPieces", "cut_even", "ladder", "pieces_of", "route", "spill",
+    "split_documents", "structural_bound",
 ]  # fmt: skip
 
 
@@ -197,10 +197,10 @@ def _cut_costly(p: Pieces, groups: int, cost: CostFunction) -> None:
         if fair <= 0 or not len(costly):
             return
         k = np.minimum(np.ceil(p.cost[costly] / fair).astype(np.int64), p.length[costly])
-        _cut_even(p, costly, np.maximum(k, 2), cost)
+        cut_even(p, costly, np.maximum(k, 2), cost)
 
 
-def _cut_even(p: Pieces, piece: np.ndarray, parts: np.ndarray, cost: CostFunction) -> None:
+def cut_even(p: Pieces, piece: np.ndarray, parts: np.ndarray, cost: CostFunction) -> None:
     """Cut each of ``piece`` (ascending) into ``parts`` parts of (nearly) equal tokens."""
     # Every part of every piece at once: its piece and its number within the piece (a
     # repeat and the offsets of a running sum); the first ``extra`` parts get a token more.

@@ -1,9 +1,10 @@
 """The balancer's entry: the split of one step, or of several side by side, through the passes.
 
 :func:`balance_steps` runs the five passes (package doc) on the steps it is given;
-:func:`balance` is :func:`balance_steps` of one step. Passes 1 and 2 run step by step (pass 2's
-rounds over groups side by side for steps of one bucket and as many micro-batches); passes 3
-to 5 run on the steps' pieces and bins side by side (:func:`~.pieces.side_by_side`) where the
+:func:`balance` is :func:`balance_steps` of one step. Pass 1 runs on all steps in one table
+where there is one bucket (:mod:`.firstpass`), else step by step; pass 2's rounds over groups
+and its best fit and pour (:mod:`.room`) run side by side for steps of one bucket and as many
+micro-batches; passes 3 to 5 run on the steps' pieces and bins side by side (:func:`~.pieces.side_by_side`) where the
 steps have one bucket, at most ``STEPS_UP_TO`` groups and as many bins, else one step at a
 time. Side by side or alone, a step gets the same split, to the last bit::
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniload_dask.batching.assignment import Assignment
+from omniload_dask.batching.balance.firstpass import pieces_of_steps
 from omniload_dask.batching.balance.pieces import apart, side_by_side
 from omniload_dask.batching.balance.place import Placed, place_steps
 from omniload_dask.batching.balance.polish import polish
@@ -114,10 +116,14 @@ def balance_steps(
 ) -> list[Assignment]:
     """:func:`balance` of several steps: the same splits, bit for bit, made side by side
     where they can be (module doc)."""
-    routed = [
-        pieces_of(s.lengths, s.bucket, buckets, groups, cost, s.by_length, cut, s.extra, s.head)
-        for s in steps
-    ]
+    if len(buckets) == 1:  # (every step's pieces in one table: .firstpass)
+        docs = [(s.lengths, s.extra, s.head) for s in steps]
+        routed = pieces_of_steps(docs, buckets[0], groups, cost, cut)
+    else:
+        routed = [
+            pieces_of(s.lengths, s.bucket, buckets, groups, cost, s.by_length, cut, s.extra, s.head)
+            for s in steps
+        ]
     together = len(buckets) == 1 and 2 <= groups <= STEPS_UP_TO
     placed = place_steps(routed, buckets, groups, cost, cut, together)
     if refine:
