@@ -184,10 +184,16 @@ def test_bad_pool_values_are_refused_at_parse_time(small_sources: Path) -> None:
 def test_a_job_with_a_pool_resumes_exactly_on_a_real_cluster(
     small_sources: Path, tmp_path: Path
 ) -> None:
-    url = str(tmp_path / "ckpt")
     plan = _plan(small_sources, 40)
-    saved = replace(plan, checkpoint=plan_checkpoint(url))
     assert _steps_with_holes(plan, 5) > 0
+    resumes_as_inline(plan, str(tmp_path / "ckpt"))
+
+
+def resumes_as_inline(plan: Plan, url: str) -> None:
+    """A two-group job of ``plan`` checkpointing to ``url`` gives steps 0-4, and one resumed
+    from step 3 gives steps 3-9, each as the inline data plane gives it (documents, offsets
+    and boundaries of every micro-batch)."""
+    saved = replace(plan, checkpoint=plan_checkpoint(url))
     ref = {t: {g: _digest(b.micro_batches) for g, b in bs.items()}
            for t, bs in InlineDataPlane(plan).stream(10)}  # fmt: skip
     with Job.start(saved, workers=2, dashboard_address=None) as job:

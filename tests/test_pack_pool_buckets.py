@@ -15,14 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omniload_dask import Job
 from omniload_dask.errors import PlanError
 from omniload_dask.plan import Plan
 from omniload_dask.plan.parse import parse_plan
 from omniload_dask.testing import InlineDataPlane, check_resume_equivalence
 
 from .datagen import plan_dict, read_records, write_jsonl
-from .test_pack_pool import _digest, plan_checkpoint
+from .test_pack_pool import plan_checkpoint, resumes_as_inline
 
 hypothesis = pytest.importorskip("hypothesis")
 
@@ -214,19 +213,5 @@ def test_a_job_with_a_pool_and_buckets_resumes_exactly_on_a_real_cluster(
     mixed_lengths: Path, tmp_path: Path
 ) -> None:
     plan = _plan(mixed_lengths, 32, SMALL)
-    saved = replace(plan, checkpoint=plan_checkpoint(str(tmp_path / "ckpt")))
     assert _held(plan, 5)
-    ref = {t: {g: _digest(b.micro_batches) for g, b in bs.items()}
-           for t, bs in InlineDataPlane(plan).stream(10)}  # fmt: skip
-    with Job.start(saved, workers=2, dashboard_address=None) as job:
-        feeders = [job.feeder(dp_rank=g, output="numpy") for g in range(2)]
-        for t in range(5):
-            for g, f in enumerate(feeders):
-                assert _digest(next(f.steps())) == ref[t][g]
-        job.flush_checkpoint()
-    with Job.start(saved, workers=2, resume=3, dashboard_address=None) as job:
-        assert job.info["resumed"] and job.info["start_step"] == 3
-        feeders = [job.feeder(dp_rank=g, output="numpy") for g in range(2)]
-        for t in range(3, 10):
-            for g, f in enumerate(feeders):
-                assert _digest(next(f.steps())) == ref[t][g], (t, g)
+    resumes_as_inline(plan, str(tmp_path / "ckpt"))
