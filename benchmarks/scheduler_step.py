@@ -57,7 +57,6 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(HERE))
     import tokens as tk
     from head_to_head import MIX3
-    from support.realcompute import StepTimer
     from support.realcorpus import build_corpus, find_tokenizers
 
     from omniload_dask.plan import TokenizerSpec
@@ -74,17 +73,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     paths = {n: str(folder / "megatron" / n / "text_document") for n in MIX3[0]}
     if not all(Path(p + ".idx").exists() for p in paths.values()):
         paths = tk.write_formats(folder, tk.tokenize_corpus(corpus, tokenizer, MIX3[0]))["megatron"]
-    import torch
-
-    timer = StepTimer()  # (the tokens benchmark's calibration file: the same cost model)
-    saved = root / f"calibration-{args.seq_len}-torch{torch.__version__}.json"
-    if saved.exists():
-        timer.load(json.loads(saved.read_text()))
-    else:
-        timer.calibrate(up_to=args.seq_len)
-        saved.write_text(json.dumps(timer.save()))
-    linear, quadratic = timer.fit()
-    cost = {"linear": linear, "quadratic": quadratic}
+    _, cost = tk.calibrated_cost(root, args.seq_len)  # (the tokens benchmark's: the same model)
     info = describe(TokenizerSpec(**{k: v for k, v in tokenizer.items() if k != "origin"}))
     vocab = {"size": info["vocab_size"], "eos_id": info["eos_id"]}
     ns = argparse.Namespace(source={}, seq_len=args.seq_len, micro=args.micro, workers=2,

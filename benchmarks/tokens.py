@@ -191,6 +191,23 @@ def token_mismatches(plan_data: dict[str, Any], docs: dict[str, list[np.ndarray]
     return wrong, seen
 
 
+def calibrated_cost(root: Path, seq_len: int) -> tuple[Any, dict[str, float]]:
+    """This host's step timer (calibrated once per ``seq_len`` and torch version, kept under
+    ``root``) and the plans' cost model fitted to it (``cost: {linear, quadratic}``)."""
+    import torch
+    from support.realcompute import StepTimer
+
+    timer = StepTimer()
+    saved = root / f"calibration-{seq_len}-torch{torch.__version__}.json"
+    if saved.exists():
+        timer.load(json.loads(saved.read_text()))
+    else:
+        timer.calibrate(up_to=seq_len)
+        saved.write_text(json.dumps(timer.save()))
+    linear, quadratic = timer.fit()
+    return timer, {"linear": linear, "quadratic": quadratic}
+
+
 def main() -> int:
     import head_to_head as h2h
 
@@ -240,7 +257,6 @@ def main() -> int:
     args.profile_gil = False
     root = Path(args.root) if args.root else Path(tempfile.gettempdir()) / "omniload-tokens"
     t0 = time.monotonic()
-    from support.realcompute import StepTimer
     from support.realcorpus import build_corpus, find_package, find_tokenizers
 
     from omniload_dask.plan import TokenizerSpec, parse_plan
@@ -259,17 +275,9 @@ def main() -> int:
     key = f"{corpus['key']}-{tok_name}"
     docs = tokenize_corpus(corpus, tokenizer, mix[0])
     paths = write_formats(root / key, docs)
-    timer = StepTimer()
     import torch
 
-    saved = root / f"calibration-{args.seq_len}-torch{torch.__version__}.json"
-    if saved.exists():
-        timer.load(json.loads(saved.read_text()))
-    else:
-        timer.calibrate(up_to=args.seq_len)
-        saved.write_text(json.dumps(timer.save()))
-    linear, quadratic = timer.fit()
-    cost = {"linear": linear, "quadratic": quadratic}
+    timer, cost = calibrated_cost(root, args.seq_len)
     third = [find_package(p) for p in ("streaming", "litdata")]
     path = os.pathsep.join(
         [

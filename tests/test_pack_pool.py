@@ -7,6 +7,7 @@ more padding than the in-order draw's on the same data."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,19 +39,25 @@ def _records(plan: Plan) -> dict[tuple[int, int], int]:
     return {(i, sid): min(len(tokens), cap) for i, sid, tokens in read_records(plan)}
 
 
+def steps_until_end(plane: InlineDataPlane, steps: int) -> Iterator[tuple[int, Any]]:
+    """``(t, its batches)`` of ``plane``'s steps ``0..steps-1``, up to where its stream ends."""
+    for t in range(steps):
+        if plane.coord.view.end_step is not None and t >= plane.coord.view.end_step:
+            return
+        try:
+            batches = plane.step(t)
+        except RuntimeError:  # (the stream ended at t)
+            return
+        yield t, batches
+
+
 def _run(plan: Plan, steps: int) -> tuple[Counter[Any], float, int]:
     """Pieces (source, id, offset, tokens) delivered in up to ``steps`` steps (fewer where the
     stream ends), the padding share of their micro-batches, and the steps run."""
     plane = InlineDataPlane(plan)
     pieces: Counter[Any] = Counter()
     empty = capacity = ran = 0
-    for t in range(steps):
-        if plane.coord.view.end_step is not None and t >= plane.coord.view.end_step:
-            break
-        try:
-            batches = plane.step(t)
-        except RuntimeError:  # (the stream ended at t)
-            break
+    for _t, batches in steps_until_end(plane, steps):
         ran += 1
         for batch in batches.values():
             for mb in batch.micro_batches:

@@ -21,7 +21,7 @@ from omniload_dask.plan.parse import parse_plan
 from omniload_dask.testing import InlineDataPlane, check_resume_equivalence
 
 from .datagen import plan_dict, read_records, write_jsonl
-from .test_pack_pool import plan_checkpoint, resumes_as_inline
+from .test_pack_pool import plan_checkpoint, resumes_as_inline, steps_until_end
 
 hypothesis = pytest.importorskip("hypothesis")
 
@@ -69,13 +69,7 @@ def _run(plan: Plan, steps: int) -> tuple[Counter[Any], dict[int, float], int]:
     empty: Counter[int] = Counter()
     capacity: Counter[int] = Counter()
     ran = 0
-    for t in range(steps):
-        if plane.coord.view.end_step is not None and t >= plane.coord.view.end_step:
-            break
-        try:
-            batches = plane.step(t)
-        except RuntimeError:  # (the stream ended at t)
-            break
+    for t, batches in steps_until_end(plane, steps):
         ran += 1
         for batch in batches.values():
             seq_lens = [int(mb["seq_len"]) for mb in batch.micro_batches]

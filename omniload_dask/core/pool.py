@@ -41,7 +41,16 @@ from omniload_dask.batching.mixing import Mixer, NeedMore, Selection
 from omniload_dask.core.streams import Candidates, SourceStream, Unit
 from omniload_dask.errors import JobError
 
-__all__ = ["commit", "draw_window", "head_of", "lengths_of", "pack_window", "place", "take"]
+__all__ = [
+    "best_fit",
+    "commit",
+    "draw_window",
+    "head_of",
+    "lengths_of",
+    "pack_window",
+    "place",
+    "take",
+]
 
 MAX_SCALE = 1 << 20  # how far a source's wants may double before the window is unfillable
 
@@ -61,20 +70,32 @@ def pack_window(lengths: np.ndarray, bins: int, capacity: int, budget: int) -> n
     placed = np.zeros(len(lengths), dtype=bool)
     if not len(lengths):
         return placed
-    rooms = [capacity] * bins  # ascending
-    left = budget
     head = head_of(lengths, budget)
     index = np.arange(len(lengths))
     order = np.lexsort((index, -lengths, index >= head))  # head first, each part longest first
+    return best_fit(order, lengths, [[capacity] * bins], None, budget)
+
+
+def best_fit(
+    order: np.ndarray, lengths: np.ndarray, rooms: list[list[int]], bucket: np.ndarray | None,
+    budget: int,
+) -> np.ndarray:  # fmt: skip
+    """Place documents in ``order``, each into the bin with the least room that holds it
+    among its bucket's (``rooms[bucket[d]]``, ascending; ``bucket`` None: the one bucket),
+    while the placed tokens stay within ``budget``; a document that does not fit is passed
+    over. Returns a boolean mask of the placed documents. ``rooms`` is used up."""
+    placed = np.zeros(len(lengths), dtype=bool)
+    left = budget
     for d in order.tolist():
         n = int(lengths[d])
+        mine = rooms[0 if bucket is None else int(bucket[d])]
         if n > left:
             continue
-        at = bisect.bisect_left(rooms, n)
-        if at == len(rooms):
+        at = bisect.bisect_left(mine, n)  # the bin with the least room that holds it
+        if at == len(mine):
             continue
-        room = rooms.pop(at) - n
-        bisect.insort(rooms, room)
+        room = mine.pop(at) - n
+        bisect.insort(mine, room)
         placed[d] = True
         left -= n
     return placed

@@ -39,14 +39,13 @@ Pure: no I/O and no Dask.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import numpy as np
 
 from omniload_dask.batching.balance import Bucket, route
 from omniload_dask.batching.mixing import Mixer, Selection
-from omniload_dask.core.pool import commit, head_of, lengths_of
+from omniload_dask.core.pool import best_fit, commit, head_of, lengths_of
 from omniload_dask.core.streams import Candidates
 from omniload_dask.errors import JobError
 from omniload_dask.plan import BatchSpec
@@ -104,22 +103,10 @@ def pack_buckets(
                 f"seq_len ({spec.seq_len})"
             )
         head[mine[: head_of(lengths[mine], shape.budgets[b])]] = True
-    placed = np.zeros(len(lengths), dtype=bool)
     rooms = [[spec.seq_len] * bins for spec, bins in zip(shape.buckets, shape.bins, strict=True)]
-    left = shape.budget
     index = np.arange(len(lengths))
-    for d in np.lexsort((index, -lengths, ~head)).tolist():  # the heads first, longest first
-        n, mine = int(lengths[d]), rooms[int(bucket[d])]
-        if n > left:
-            continue
-        at = bisect.bisect_left(mine, n)  # the bin with the least room that holds it
-        if at == len(mine):
-            continue
-        room = mine.pop(at) - n
-        bisect.insort(mine, room)
-        placed[d] = True
-        left -= n
-    return placed, head
+    order = np.lexsort((index, -lengths, ~head))  # the heads first, longest first
+    return best_fit(order, lengths, rooms, bucket, shape.budget), head
 
 
 def place_buckets(
