@@ -188,3 +188,33 @@ def test_a_recipe_table_selects_any_groups_with_their_reads_numbered_by_first_us
             for name in ("groups", "piece_bounds", "pieces", "slot_bounds", "slot_reads"):
                 assert np.array_equal(getattr(block, name), getattr(block_alone, name)), name
             assert np.array_equal(block.slot_epochs, block_alone.slot_epochs)
+
+
+def test_a_built_block_carries_its_size_and_dask_reports_it_without_walking_the_parts():
+    """A construction task works a block's size out once (``BatchBlock.nbytes``): Dask's
+    ``sizeof`` then reports it, equal to walking every part, and a copy keeps it."""
+    from dask.sizeof import sizeof
+
+    from omniload_dask.batching.formats import BatchBlock
+    from omniload_dask.cluster.sizeof import block_bytes
+    from omniload_dask.cluster.tasks import construct_block
+
+    shards = [shard(0, [list(range(300)), list(range(200))]), shard(1, [list(range(100))])]
+    table = RecipeTable(
+        step=4,
+        groups=np.arange(2, dtype=np.int64),
+        piece_bounds=np.array([0, 1, 3], dtype=np.int64),
+        pieces=np.array([[0, 0, 0, 0, 300], [0, 0, 1, 0, 200], [0, 1, 0, 0, 100]]),
+        slot_bounds=np.array([0, 1, 3], dtype=np.int64),
+        slot_reads=np.array([0, 0, 1], dtype=np.int64),
+        slot_epochs=np.zeros(3, dtype=np.int64),
+        num_micro_steps=1,
+        seq_len=512,
+    )
+    block = construct_block([table, table], 1, 2, *shards)
+    assert sorted(block.parts) == [0, 1, 2, 3]
+    walked = block_bytes(block)
+    assert walked > 600 * 4  # the tokens, 4 bytes each in wire form
+    assert block.nbytes == walked == sizeof(block)
+    assert sizeof(BatchBlock(dict(block.parts))) == walked  # (none worked out: walked)
+    assert pickle.loads(pickle.dumps(block, protocol=5)).nbytes == walked

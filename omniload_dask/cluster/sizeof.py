@@ -15,7 +15,7 @@ from dask.sizeof import sizeof
 from omniload_dask.batching.formats import BatchBlock, GroupBatch, Shard
 from omniload_dask.batching.wire import batch_bytes
 
-__all__ = ["sizeof_batch", "sizeof_block", "sizeof_shard"]
+__all__ = ["block_bytes", "sizeof_batch", "sizeof_block", "sizeof_shard"]
 
 
 @sizeof.register(Shard)
@@ -36,5 +36,11 @@ def sizeof_batch(batch: GroupBatch) -> int:
 @sizeof.register(BatchBlock)
 def sizeof_block(block: BatchBlock) -> int:
     """Bytes of every part of a block (a :class:`GroupBatch`, or packed as workers serve it:
-    Dask sizes its dict of a byte string, a buffer and two numbers)."""
+    Dask sizes its dict of a byte string, a buffer and two numbers); the block's own
+    ``nbytes`` where its task worked it out (:func:`block_bytes`)."""
+    return block.nbytes if block.nbytes >= 0 else block_bytes(block)
+
+
+def block_bytes(block: BatchBlock) -> int:
+    """What :func:`sizeof_block` reports of ``block``, walking every part."""
     return sum(sizeof(b) for b in block.parts.values()) + 64 * len(block.parts)

@@ -31,9 +31,9 @@ from omniload_dask.batching.formats import (
 from omniload_dask.batching.labels import Holes
 from omniload_dask.batching.wire import packed
 from omniload_dask.cluster import settings
-from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.cluster.image_reads import decode_images, place
 from omniload_dask.cluster.retry import with_retries
+from omniload_dask.cluster.sizeof import block_bytes  # (importing it registers batch sizes)
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.internals import server as _server
 from omniload_dask.plan import READ_SLOTS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
@@ -409,7 +409,9 @@ def construct_block(
         for recipe, whole in built(table, shards):
             for part, batch in group_parts(whole, recipe.group, cp).items():
                 parts[i * stride + part] = packed(batch)
-    return BatchBlock(parts)
+    block = BatchBlock(parts)
+    block.nbytes = block_bytes(block)  # (once here: Dask sizes a block many times)
+    return block
 
 
 def built(table: RecipeTable, shards: Sequence[Shard]) -> Iterator[tuple[Recipe, GroupBatch]]:
