@@ -195,7 +195,7 @@ def test_a_built_block_carries_its_size_and_dask_reports_it_without_walking_the_
     ``sizeof`` then reports it, equal to walking every part, and a copy keeps it."""
     from dask.sizeof import sizeof
 
-    from omniload_dask.batching.formats import BatchBlock
+    from omniload_dask.batching.block import BatchBlock
     from omniload_dask.cluster.sizeof import block_bytes
     from omniload_dask.cluster.tasks import construct_block
 
@@ -218,3 +218,4 @@ def test_a_built_block_carries_its_size_and_dask_reports_it_without_walking_the_
     assert block.nbytes == walked == sizeof(block)
     assert sizeof(BatchBlock(dict(block.parts))) == walked  # (none worked out: walked)
     assert pickle.loads(pickle.dumps(block, protocol=5)).nbytes == walked
+    assert block.shared is not None and not block.shared.flags.writeable

@@ -137,14 +137,15 @@ def test_arrays_of_any_shape_and_empty_ones_keep_their_layout():
 
 
 def test_a_block_holds_its_parts_packed_and_its_standby_copy_keeps_them(demo):
-    """Construction packs each part as it is served; a copy of the block for another worker
-    (Dask's serialization of a task result) sends each part's buffer out of band, neither
-    pickling every array nor copying the buffers into the pickle."""
+    """Construction packs each part as it is served, every packed part's buffer a view of
+    the block's one array; a copy of the block for another worker (Dask's serialization of a
+    task result) sends that array once, out of band, neither pickling every array nor copying
+    the buffers into the pickle, and a part that does not pack travels as itself."""
     import pickle
 
     from dask.sizeof import sizeof
 
-    from omniload_dask.batching.formats import BatchBlock
+    from omniload_dask.batching.block import BatchBlock, shared_block
     from omniload_dask.batching.wire import is_packed, packed
 
     shutil.copy(PLANS / "quickstart.yaml", demo / "quickstart.yaml")
@@ -154,19 +155,33 @@ def test_a_block_holds_its_parts_packed_and_its_standby_copy_keeps_them(demo):
     for _, batches in InlineDataPlane(plan).stream(2):
         for batch in batches.values():
             wanted[len(wanted)] = batch
-    block = BatchBlock({p: packed(b) for p, b in wanted.items()})
-    assert all(is_packed(v) for v in block.parts.values())
+    odd = GroupBatch(step=9, group=0, micro_batches=[{"n": np.int64(3)}])  # (does not pack)
+    block = shared_block({**{p: packed(b) for p, b in wanted.items()}, len(wanted): odd})
+    assert all(is_packed(block.parts[p]) for p in wanted) and block.parts[len(wanted)] is odd
+    assert block.shared is not None and not block.shared.flags.writeable
+    for p in wanted:
+        assert block.parts[p]["buffer"].base is block.shared
     buffers: list[object] = []
     copy = pickle.loads(
         pickle.dumps(block, protocol=5, buffer_callback=buffers.append), buffers=buffers
     )
-    assert len(buffers) == len(wanted)  # one buffer a part, out of band
+    assert len(buffers) == 1  # the block's one array, out of band
     assert loads(dumps({"x": copy}))["x"].parts.keys() == block.parts.keys()
     for p, batch in wanted.items():
+        assert not copy.parts[p]["buffer"].flags.writeable
         assert_same(batch, unpack_part(over_the_wire(copy.parts[p])))
+    assert copy.parts[len(wanted)].micro_batches[0]["n"] == 3
     arrays = sum(v.nbytes for b in wanted.values() for mb in b.micro_batches
                  for v in mb.values() if isinstance(v, np.ndarray))  # fmt: skip
-    assert arrays <= sizeof(block) <= arrays + 2048 * len(wanted)
+    assert arrays <= sizeof(block) <= arrays + 2048 * len(block.parts)
+    # without a shared array (or with a part outside it), a block pickles part by part
+    alone = BatchBlock({p: packed(b) for p, b in wanted.items()})
+    buffers.clear()
+    pickle.dumps(alone, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == len(wanted)
+    stray = BatchBlock({**block.parts, 0: packed(wanted[0])}, shared=block.shared)
+    back = pickle.loads(pickle.dumps(stray, protocol=5))
+    assert_same(wanted[0], unpack_part(over_the_wire(back.parts[0])))
     # a part that does not pack stays as it is
     odd = GroupBatch(step=1, group=0, micro_batches=[{"n": np.int64(3)}])
     assert packed(odd) is odd

@@ -67,7 +67,6 @@ from omniload_dask.batching.sorting import first_use, ranges
 __all__ = [
     "IGNORE_INDEX",
     "IMAGE_FIELDS",
-    "BatchBlock",
     "GroupBatch",
     "ImageTable",
     "Recipe",
@@ -357,25 +356,6 @@ class GroupBatch:
     def num_tokens(self) -> int:
         """Tokens in all its micro-batches (padding not counted)."""
         return sum(int(mb["num_tokens"]) for mb in self.micro_batches)
-
-
-@dataclass
-class BatchBlock:
-    """What one construction task holds: the batches of a block of DP groups of one step.
-
-    ``parts[p]`` is part p (group ``p // cp``, or its context-parallel slice ``p % cp``); a
-    fetcher asks the worker holding the block for its own part only. A construction task
-    stores each part packed as the workers serve it (:func:`.wire.packed`), or as a
-    :class:`GroupBatch` where it does not pack.
-
-    ``nbytes`` is what Dask's ``sizeof`` reports of the block, worked out once by the task
-    that built it (-1: not worked out, so ``sizeof`` walks the parts). Dask sizes a block on
-    every holder several times (when it lands, when it is weighed for spilling, when its
-    standby copy is sent), and walking a block of 128 packed parts costs about a millisecond.
-    """
-
-    parts: dict[int, Any]
-    nbytes: int = -1
 
 
 def build(recipe: Recipe, shards: list[Shard], wire: bool = False) -> GroupBatch:

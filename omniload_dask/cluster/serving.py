@@ -30,7 +30,7 @@ from typing import Any
 from dask.sizeof import sizeof
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from omniload_dask.batching.formats import BatchBlock
+from omniload_dask.batching.block import BatchBlock
 from omniload_dask.batching.wire import PART_HANDLER, is_packed, join_parts
 from omniload_dask.cluster import sizeof as _sizeof  # noqa: F401  (registers batch sizes)
 from omniload_dask.internals import comms as _comms

@@ -1,7 +1,7 @@
 """Sizes of shards and batches for Dask's memory accounting (``dask.sizeof``).
 
 Read tasks return :class:`~omniload_dask.batching.formats.Shard` and construct tasks a
-:class:`~omniload_dask.batching.formats.BatchBlock` of
+:class:`~omniload_dask.batching.block.BatchBlock` of
 :class:`~omniload_dask.batching.formats.GroupBatch`: without these registrations Dask would
 count each as a small Python object, and workers would hold far more memory than they report.
 Importing this module registers them; :mod:`.tasks` (what workers import) and :mod:`.plugin`
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dask.sizeof import sizeof
 
-from omniload_dask.batching.formats import BatchBlock, GroupBatch, Shard
+from omniload_dask.batching.block import BatchBlock
+from omniload_dask.batching.formats import GroupBatch, Shard
 from omniload_dask.batching.wire import batch_bytes
 
 __all__ = ["block_bytes", "sizeof_batch", "sizeof_block", "sizeof_shard"]

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from omniload_dask.batching.block import BatchBlock, shared_block
 from omniload_dask.batching.context_parallel import slice_batch
 from omniload_dask.batching.formats import (
-    BatchBlock,
     GroupBatch,
     ImageTable,
     Recipe,
@@ -401,15 +401,16 @@ def construct_block(
 
     Each part is packed here, on the task thread, as the workers serve it
     (:func:`~omniload_dask.batching.wire.packed`): serving it then only sends it, and the
-    block's standby copy pickles a few fields a part and sends its buffer out of band, instead
-    of every array of every micro-batch (a block at DP 8 has 64 parts of 6 arrays each).
+    block's standby copy pickles a few fields a part and sends the block's one buffer out of
+    band (:mod:`omniload_dask.batching.block`), instead of every array of every micro-batch
+    (a block at DP 8 has 64 parts of 6 arrays each).
     """
     parts: dict[int, Any] = {}
     for i, table in enumerate(recipes):
         for recipe, whole in built(table, shards):
             for part, batch in group_parts(whole, recipe.group, cp).items():
                 parts[i * stride + part] = packed(batch)
-    block = BatchBlock(parts)
+    block = shared_block(parts)  # (one buffer for the block: see batching.block)
     block.nbytes = block_bytes(block)  # (once here: Dask sizes a block many times)
     return block
 
