@@ -32,9 +32,9 @@ __all__ = ["BatchBlock", "shared_block"]
 
 @dataclass
 class BatchBlock:
-    """The parts of one block (module doc), by part number ``p`` (group ``p // cp``, or its
-    context-parallel slice ``p % cp``, numbered on from each step: see
-    :mod:`omniload_dask.core.keys`).
+    """The parts of one block (module doc) by part number: the block's i-th step's parts are
+    numbered from ``i * stride``, and part ``i * stride + p`` is group ``p // cp``'s batch or
+    its context-parallel slice ``p % cp`` (see :mod:`omniload_dask.core.keys`).
 
     ``nbytes`` is what Dask's ``sizeof`` reports of the block, worked out once by the task
     that built it (-1: not worked out, so ``sizeof`` walks the parts). Dask sizes a block on
