@@ -235,6 +235,8 @@ def main() -> int:
     )
     parser.add_argument("--profile", help="py-spy records of the omniload runs into this folder")
     parser.add_argument("--profile-rate", type=int, default=50)
+    parser.add_argument("--loader", type=json.loads, default={},
+                        help='omniload plan loader settings, JSON (e.g. \'{"standby": false}\')')  # fmt: skip
     parser.add_argument("--balance", default="full",
                         help="layout.balance of the omniload runs, comma-separated (full, fast): "
                         "each setting runs as its own system, interleaved")  # fmt: skip
@@ -250,7 +252,7 @@ def main() -> int:
     args.seconds = args.seconds or (12.0 if args.quick else 30.0)
     args.warmup = args.warmup if args.warmup is not None else (3.0 if args.quick else 6.0)
     # what head_to_head.run_system reads of its arguments
-    args.interval, args.loader, args.source = 0.5, {}, {}
+    args.interval, args.source = 0.5, {}
     # the workers import pyarrow and pandas before the first job, as the token sources guide
     # suggests for a cluster that reads Arrow, Parquet or MDS
     args.cluster_env = {"DASK_OMNILOAD__WARM_IMPORTS": "readers"}
@@ -345,8 +347,8 @@ def main() -> int:
     (out / "tokens.json").write_text(json.dumps(rows, indent=1, default=str))
     result.update(benchmark="tokens", quick=args.quick, tokenizer=tok_name,
                   tokens_checked=checked, seq_len=args.seq_len, workers=args.workers,
-                  window_s=args.seconds, balance=balances, failures=failures, cpu_count=os.cpu_count(),
-                  seconds=round(time.monotonic() - t0, 1))  # fmt: skip
+                  window_s=args.seconds, balance=balances, loader=args.loader, failures=failures,
+                  cpu_count=os.cpu_count(), seconds=round(time.monotonic() - t0, 1))  # fmt: skip
     if not failures:
         shutil.rmtree(logs, ignore_errors=True)
     print("RESULT " + json.dumps(result))
