@@ -3,8 +3,9 @@
 A block is the batches of ``groups_per_task`` DP groups for ``steps_per_task`` steps
 (:mod:`omniload_dask.core.blocks`); part p is what one fetcher asks for (a group's batch, or
 its context-parallel slice). Each part is packed as the workers serve it
-(:func:`~omniload_dask.batching.wire.packed`), and :func:`shared_block` puts the buffers of a
-block's packed parts into one array, each part's buffer a view of it::
+(:func:`~omniload_dask.batching.wire.packed`), and :func:`shared_block` writes every part of a
+block that packs straight into one array, once (:func:`~omniload_dask.batching.wire.
+pack_together`), each part's buffer a view of it::
 
     parts {0: {step, group, micro, buffer -> shared[0:33112]},
            1: {step, group, micro, buffer -> shared[33112:66224]}, ...}
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.wire import is_packed, join_parts, split_parts
+from omniload_dask.batching.wire import is_packed, pack_together, split_parts
 
 __all__ = ["BatchBlock", "shared_block"]
 
@@ -61,14 +62,12 @@ class BatchBlock:
 
 
 def shared_block(parts: dict[int, Any]) -> BatchBlock:
-    """A block of ``parts`` (packed or not) with the packed ones' buffers copied into one
-    read-only array (module doc)."""
+    """A block of ``parts`` (batches, packed or not) with every part that packs written once
+    into one read-only array, its buffer a view of it (module doc; :func:`~omniload_dask.
+    batching.wire.pack_together`)."""
     numbers = list(parts)
-    items, shared = join_parts([parts[p] for p in numbers])
-    if shared is None:
-        return BatchBlock(dict(parts))
-    shared.flags.writeable = False  # (as a packed part's own buffer: see wire.pack_part)
-    return BatchBlock(dict(zip(numbers, split_parts(items, shared), strict=True)), shared=shared)
+    items, shared = pack_together([parts[p] for p in numbers])
+    return BatchBlock(dict(zip(numbers, items, strict=True)), shared=shared)
 
 
 def _spans(block: BatchBlock) -> dict[int, list[int]] | None:

@@ -68,6 +68,7 @@ __all__ = [
     "is_packed",
     "join_parts",
     "pack_part",
+    "pack_together",
     "packed",
     "split_parts",
     "unpack_part",
@@ -126,8 +127,59 @@ def is_packed(value: Any) -> bool:
 def pack_part(batch: Any) -> dict[str, Any] | None:
     """``batch`` (a :class:`GroupBatch`) as plain fields and one buffer (module docstring);
     None where it holds a value that would not come back the same."""
-    if not isinstance(batch, GroupBatch):
+    laid = _layout(batch) if isinstance(batch, GroupBatch) else None
+    if laid is None:
         return None
+    fields, arrays, size = laid
+    buffer = np.zeros(size, np.uint8)
+    _write(buffer, 0, arrays)
+    # Read-only: a fetcher in the worker's own process (Dask's inproc comms pass objects as
+    # they are) must not get a view it could write into; the fetcher copies it once.
+    buffer.flags.writeable = False
+    return {**fields, "buffer": buffer}
+
+
+def pack_together(values: list[Any]) -> tuple[list[Any], np.ndarray | None]:
+    """``values`` as :func:`packed` gives each, but the packed ones' buffers views of one new
+    read-only array, each part written into it once (a part packed already is copied in);
+    anything else as it is. The array is None where no value packs."""
+    laid: list[tuple[dict[str, Any], list[tuple[int, Any]], int] | None] = []
+    for value in values:
+        if is_packed(value):
+            raw = value["buffer"]
+            flat = raw if isinstance(raw, np.ndarray) else np.frombuffer(raw, np.uint8)
+            fields = {k: v for k, v in value.items() if k != "buffer"}
+            laid.append((fields, [(0, flat)], int(flat.nbytes)))
+        elif isinstance(value, GroupBatch) and batch_bytes(value) <= PACK_LIMIT:
+            laid.append(_layout(value))
+        else:
+            laid.append(None)
+    starts: list[int] = []
+    offset = 0
+    for entry in laid:
+        offset += -offset % _ALIGN  # (each part's arrays stay aligned)
+        starts.append(offset)
+        offset += entry[2] if entry is not None else 0
+    if all(entry is None for entry in laid):
+        return list(values), None
+    shared = np.zeros(offset, np.uint8)
+    out: list[Any] = []
+    for value, entry, start in zip(values, laid, starts, strict=True):
+        if entry is None:
+            out.append(value)
+            continue
+        fields, arrays, size = entry
+        _write(shared, start, arrays)
+        out.append({**fields, "buffer": shared[start : start + size]})
+    shared.flags.writeable = False  # (as :func:`pack_part`'s buffer; its views follow)
+    return out, shared
+
+
+def _layout(
+    batch: GroupBatch,
+) -> tuple[dict[str, Any], list[tuple[int, np.ndarray]], int] | None:
+    """A part's plain fields, its arrays each with its offset in the part's buffer, and the
+    buffer's size; None where it holds a value that would not come back the same."""
     arrays: list[tuple[int, np.ndarray]] = []
     offset = 0
     micro = []
@@ -146,18 +198,18 @@ def pack_part(batch: Any) -> dict[str, Any] | None:
             else:
                 return None
         micro.append(fields)
-    buffer = np.zeros(offset, np.uint8)
-    for start, value in arrays:
-        if value.size:  # (a memoryview cannot cast an empty many-dimensional array)
-            flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
-            buffer[start : start + flat.size] = flat
-    # Read-only: a fetcher in the worker's own process (Dask's inproc comms pass objects as
-    # they are) must not get a view it could write into; the fetcher copies it once.
-    buffer.flags.writeable = False
     # The fields go as one msgpack string: Dask sizes every reply before it writes it (its
     # sizeof walks nested lists item by item: five times the cost of packing the part).
     fields_packed = msgpack.packb(micro, use_bin_type=True)
-    return {"step": batch.step, "group": batch.group, "micro": fields_packed, "buffer": buffer}
+    return {"step": batch.step, "group": batch.group, "micro": fields_packed}, arrays, offset
+
+
+def _write(buffer: np.ndarray, base: int, arrays: list[tuple[int, Any]]) -> None:
+    """Copy each array into ``buffer`` at ``base`` plus its offset."""
+    for start, value in arrays:
+        if value.size:  # (a memoryview cannot cast an empty many-dimensional array)
+            flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+            buffer[base + start : base + start + flat.size] = flat
 
 
 def unpack_part(packed: Any) -> Any:

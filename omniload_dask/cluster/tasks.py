@@ -29,7 +29,6 @@ from omniload_dask.batching.formats import (
     build,
 )
 from omniload_dask.batching.labels import Holes
-from omniload_dask.batching.wire import packed
 from omniload_dask.cluster import settings
 from omniload_dask.cluster.image_reads import decode_images, place
 from omniload_dask.cluster.retry import with_retries
@@ -399,18 +398,18 @@ def construct_block(
     """Build a block of DP groups' batches: each recipe from the shards it names; the parts
     of the block's ``i``-th step (``recipes[i]``) numbered from ``i * stride``.
 
-    Each part is packed here, on the task thread, as the workers serve it
-    (:func:`~omniload_dask.batching.wire.packed`): serving it then only sends it, and the
-    block's standby copy pickles a few fields a part and sends the block's one buffer out of
-    band (:mod:`omniload_dask.batching.block`), instead of every array of every micro-batch
-    (a block at DP 8 has 64 parts of 6 arrays each).
+    Each part is packed here, on the task thread, as the workers serve it, straight into the
+    block's one buffer (:func:`~omniload_dask.batching.block.shared_block`): serving it then
+    only sends it, and the block's standby copy pickles a few fields a part and sends that
+    buffer once, out of band, instead of every array of every micro-batch (a block at DP 8
+    has 64 parts of 6 arrays each).
     """
     parts: dict[int, Any] = {}
     for i, table in enumerate(recipes):
         for recipe, whole in built(table, shards):
             for part, batch in group_parts(whole, recipe.group, cp).items():
-                parts[i * stride + part] = packed(batch)
-    block = shared_block(parts)  # (one buffer for the block: see batching.block)
+                parts[i * stride + part] = batch
+    block = shared_block(parts)  # (packed into one buffer for the block: see batching.block)
     block.nbytes = block_bytes(block)  # (once here: Dask sizes a block many times)
     return block
 
