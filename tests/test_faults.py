@@ -52,10 +52,10 @@ def take(feeders, n, out, waits=None):
             out.setdefault(step[0]["step"], {})[g] = [digest(mb) for mb in step]
 
 
-def _settled(dask_scheduler) -> bool:
+def _settled(dask_scheduler, standby: bool = True) -> bool:
     """Every job's data plane at rest (nothing left to draw, no step dealing, no block of
-    several steps being gathered), no task runs or waits, and every batch and shard in memory
-    has two copies."""
+    several steps being gathered), no task runs or waits, and (``standby``) every batch and
+    shard in memory has two copies."""
     for run in dask_scheduler.plugins["omniload"].jobs.values():
         coord = run.coord
         if run._dealt_soon is not None or coord.components.delivery.offered_step is not None:
@@ -68,14 +68,14 @@ def _settled(dask_scheduler) -> bool:
     for key, ts in dask_scheduler.tasks.items():
         if ts.state in ("processing", "waiting", "queued", "no-worker"):
             return False
-        if is_standby_key(key) and ts.state == "memory" and len(ts.who_has or ()) < 2:
+        if standby and is_standby_key(key) and ts.state == "memory" and len(ts.who_has or ()) < 2:
             return False
     return True
 
 
-def wait_settled(job, timeout: float = 60.0) -> None:
+def wait_settled(job, timeout: float = 60.0, standby: bool = True) -> None:
     deadline = time.monotonic() + timeout
-    while not job.client.run_on_scheduler(_settled):
+    while not job.client.run_on_scheduler(_settled, standby=standby):
         assert time.monotonic() < deadline, "the standby copies did not land"
         time.sleep(0.05)
 

@@ -178,3 +178,117 @@ def test_validate_lists_token_sources_and_imports_user_code(tmp_path):
     assert no.returncode == 2
     assert "sources[1].filter: cannot import module 'nope.x'" in no.stderr
     assert "sources[1].vocabulary.size: 50257, but the plan's tokenizer has 258 ids" in no.stderr
+
+
+@pytest.mark.slow
+def test_a_worker_killed_and_a_job_resumed_keep_the_stream_of_rng_transforms(tmp_path):
+    # Transforms that draw from their generators, on worker processes. With no standby
+    # copies, the worker holding the most of the job's shards and blocks that no other holds
+    # is killed -9: Dask reads and builds them again elsewhere, the transforms running again
+    # there, and the later steps are built from them. Then a new job resumes from the
+    # checkpoint. Every step of every rank, tokens included, is what the inline data plane
+    # gives without a fault.
+    from .test_faults import reference, take
+
+    src = token_source(tmp_path, transform="tests.user_code:shuffle_tokens", epochs=None)
+    code = text_source(tmp_path, transform="omniload_dask.preprocess.fim:fill_in_the_middle",
+                       epochs=None)  # fmt: skip
+    loader = {"standby": False, "prefetch": 2}
+    ref = reference(parse_plan(plan_dict([src, code], name="rng-kill", loader=loader)), 100)
+    ckpt = {"url": str(tmp_path / "ckpt")}
+    plan = parse_plan(plan_dict([src, code], name="rng-kill", loader=loader, checkpoint=ckpt))
+    got: dict = {}
+    with Job.start(plan, workers=2, dashboard_address=None) as job:
+        feeders = [job.feeder(dp_rank=g, output="numpy") for g in range(2)]
+        take(feeders, 4, got)
+        _kill_the_sole_holder(job)
+        take(feeders, 76, got)  # (past the blocks built before the kill)
+        job.flush_checkpoint()
+    assert got == {t: ref[t] for t in range(80)}
+    resumed: dict = {}
+    with Job.start(plan, workers=2, resume=72, dashboard_address=None) as job:
+        assert job.info["start_step"] == 72
+        take([job.feeder(dp_rank=g, output="numpy") for g in range(2)], 28, resumed)
+    assert resumed == {t: ref[t] for t in range(72, 100)}
+
+
+@pytest.mark.slow
+def test_a_transform_that_gives_other_tokens_when_a_read_is_made_again_stops_the_job(tmp_path):
+    # A transform drawing from numpy's global generator, not its own: the first read of a
+    # unit and the read made again after its worker is killed give other tokens (of the same
+    # counts). The job stops naming the source and the read, instead of building batches
+    # from a shard that no longer matches the steps dealt from the first.
+    from .test_faults import take
+
+    src = token_source(tmp_path, transform="tests.user_code:unseeded_shuffle", epochs=None)
+    plan = parse_plan(plan_dict([src], name="unseeded", loader={"standby": False}))
+    with Job.start(plan, workers=2, dashboard_address=None) as job:
+        feeders = [job.feeder(dp_rank=g, output="numpy") for g in range(2)]
+        take(feeders, 4, {})
+        _kill_the_sole_holder(job)
+        with pytest.raises(JobError) as err:
+            for _ in range(400):
+                for f in feeders:
+                    next(f.steps())
+    text = str(err.value)
+    assert "source 'meg': read omniload-read-" in text, text
+    assert "was made again" in text and "other tokens" in text, text
+
+
+def test_a_later_report_of_a_read_is_compared_with_its_first():
+    from omniload_dask.core.rereads import first_lengths, reread_change, tokens_digest
+    from omniload_dask.core.streams import Unit
+
+    before = np.array([5, 7, 9])
+    assert reread_change(before, np.array([5, 7, 9]), 1, 1) is None
+    assert reread_change(before, np.array([5, 7, 9]), None, 1) is None  # (no digest: counts)
+    assert "other tokens" in str(reread_change(before, np.array([5, 7, 9]), 1, 2))
+    assert reread_change(before, np.array([5, 7]), 1, 1) == (
+        "2 records of 12 tokens, against 3 records of 21 tokens the first time"
+    )
+    assert tokens_digest(np.arange(4, dtype=np.uint32)) != tokens_digest(np.arange(4) + 1)
+    # a unit read in two portions: known per portion once reported
+    unit = Unit("k", 0, 0, 0, portions=2)
+    assert first_lengths(unit, 0) is None
+    unit._reported[0] = (np.array([3, 4]), 0, None, 0, None)
+    assert first_lengths(unit, 0).tolist() == [3, 4] and first_lengths(unit, 1) is None
+    unit.lengths, unit.bounds = np.array([3, 4, 8]), np.array([0, 2, 3])
+    unit._reported = {}
+    assert first_lengths(unit, 1).tolist() == [8]
+
+
+def _kill_the_sole_holder(job: Job) -> None:
+    """Let the job settle, then kill -9 the worker holding the most of the
+    shards and blocks the job still holds and no other worker has; wait (bounded) until Dask
+    made something of it again."""
+    import os
+    import signal
+    import time
+
+    from .test_faults import wait_settled
+
+    wait_settled(job, standby=False)
+    wanted = set(job.client.run_on_scheduler(_held_keys))  # (still to be used)
+    held = {w: set(keys) & wanted for w, keys in job.client.has_what().items()}
+    only = {w: held[w].difference(*(k for v, k in held.items() if v != w)) for w in held}
+    victim = max(sorted(only), key=lambda w: len(only[w]))
+    assert only[victim], only
+    os.kill(job.client.run(os.getpid)[victim], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not _made_again(job.stats()):
+        assert time.monotonic() < deadline, "what the killed worker held was not made again"
+        time.sleep(0.05)
+
+
+def _held_keys(dask_scheduler) -> list[str]:
+    """The keys of the shards and blocks every job on the scheduler holds (to be used)."""
+    return [
+        key
+        for run in dask_scheduler.plugins["omniload"].jobs.values()
+        for key in run.executor.futures
+    ]
+
+
+def _made_again(stats: dict) -> int:
+    """Shards and blocks the job had to make again (their worker died)."""
+    return int(stats["reads_recomputed"] + stats["batches_recomputed"])

@@ -50,3 +50,9 @@ def drop_first_token(record: dict[str, Any]) -> dict[str, Any]:
 def lose_the_mask(record: dict[str, Any]) -> dict[str, Any]:
     """Appends an id but leaves the mask as it was (one value short)."""
     return {**record, "tokens": np.append(record["tokens"], 1)}
+
+
+def unseeded_shuffle(record: dict[str, Any]) -> dict[str, Any]:
+    """Token transform that breaks the contract: it permutes the ids with numpy's global
+    generator (seeded anew in every process), not with the one it is given."""
+    return {**record, "tokens": np.random.permutation(record["tokens"])}

@@ -331,9 +331,9 @@ class RunningJob:
         """Lengths to the coordinator (they decide the stream); the rest to the monitor."""
         lengths, patches = report.lengths, (report.patches, report.patches_sq)
         counts = (report.filtered, report.holes)
-        self.coord.handle(
-            ReadReported(key, lengths, report.skipped, seconds, report.records, *patches, *counts)
-        )
+        event = ReadReported(key, lengths, report.skipped, seconds, report.records, *patches,
+                             *counts, digest=report.digest)  # fmt: skip
+        self.coord.handle(event)
         source = read_source(key)
         sources = len(self.coord.view.names)
         if source < sources:

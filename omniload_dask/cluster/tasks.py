@@ -33,6 +33,7 @@ from omniload_dask.cluster import settings
 from omniload_dask.cluster.image_reads import decode_images, place
 from omniload_dask.cluster.retry import with_retries
 from omniload_dask.cluster.sizeof import block_bytes  # (importing it registers batch sizes)
+from omniload_dask.core.rereads import tokens_digest
 from omniload_dask.errors import RecordError, SourceError
 from omniload_dask.internals import server as _server
 from omniload_dask.plan import READ_SLOTS_PER_THREAD, ImageSpec, SourceSpec, TokenizerSpec
@@ -279,6 +280,8 @@ def _read_unit(
         "read_seconds": t1 - t0,  # for monitoring: read+decode vs tokenize throughput
         "tokenize_seconds": t3 - t2,
     }
+    if spec.transform or spec.filter:  # (a read made again is checked against it: .rereads)
+        meta["digest"] = tokens_digest(tokens)
     holes = holes_of(shard)
     if holes is not None:
         meta["hole_counts"], meta["holes"] = holes.to_wire()
@@ -318,6 +321,7 @@ class ReadReport:
     bad_images: int = 0
     filtered: int = 0  # records the source's filter or transform dropped
     holes: Holes | None = None
+    digest: int | None = None  # its tokens' CRC, where the source runs user code
 
     @classmethod
     def decode(cls, meta: Mapping[str, Any]) -> ReadReport:
@@ -339,6 +343,7 @@ class ReadReport:
             bad_images=int(meta.get("bad_images", 0)),
             filtered=int(meta.get("filtered", 0)),
             holes=Holes.from_wire(meta["hole_counts"], meta["holes"]) if "holes" in meta else None,
+            digest=meta.get("digest"),
         )
 
 

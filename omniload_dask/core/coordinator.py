@@ -176,10 +176,8 @@ class Coordinator:
                 sq = event.patches_sq
                 sq = sq if sq is not None else np.zeros(len(event.patches))
                 extra = self._dealer.cost.encoder_of(event.patches, sq)
-            r = event
-            self._reads.on_report(
-                r.key, r.lengths, r.skipped, extra, r.seconds, r.records, r.filtered, r.holes
-            )
+            if (changed := self._reads.on_report(event, extra)) is not None:
+                self._cycle.fail(Failure(changed, Cause.DATA_PLANE))  # (a read made again)
         elif isinstance(event, StepsRequested):
             return list(self._delivery.request(event.ranks, event.start, event.count, event.now))
         elif isinstance(event, ConstructionDone):

@@ -84,6 +84,7 @@ class ReadReported:
     patches_sq: np.ndarray | None = None
     filtered: int = 0  # records the source's filter or transform dropped
     holes: Holes | None = None
+    digest: int | None = None  # CRC of its tokens, where the source runs user code (.rereads)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from omniload_dask.batching.labels import Holes
 from omniload_dask.core import autoscale
 from omniload_dask.core.actions import ReadSpec, SubmitRead
 from omniload_dask.core.autoscale import Meter
+from omniload_dask.core.events import ReadReported
 from omniload_dask.core.keys import Keys
 from omniload_dask.core.live import LiveSources, token_shares
+from omniload_dask.core.rereads import FirstReports
 from omniload_dask.core.streams import Unit, UnitRef
 from omniload_dask.plan import READ_SLOTS_PER_THREAD, BatchSpec, Plan
 
@@ -58,6 +59,7 @@ class ReadAhead:
         self.construct_meter = Meter()
         self._unit_of: dict[str, tuple[int, UnitRef]] = {}  # read key -> (source, unit)
         self._portion_of: dict[str, tuple[int, int]] = {}  # key -> (portion, its size)
+        self._first = FirstReports()  # a read made again must give what it gave first
         self._last_portions: dict[int, int] = {}  # source -> its last unit's portions
         self._seen: dict[int, tuple[Any, ...]] = {}  # what the last look at a source saw
         self._quotas: tuple[tuple[bytes, int], np.ndarray] | None = None  # the last ones, by input
@@ -71,30 +73,27 @@ class ReadAhead:
         self.meters.append(Meter())
 
     # -- events ------------------------------------------------------------------------------
-    def on_report(
-        self,
-        key: str,
-        lengths: np.ndarray,
-        skipped: int,
-        extra: np.ndarray | None,
-        seconds: float | None,
-        records: int | None,
-        filtered: int = 0,
-        holes: Holes | None = None,
-    ) -> None:
-        """A read task reported its records' lengths (see :class:`.events.ReadReported`);
-        ``filtered``: records its source's filter or transform dropped."""
-        where = self._unit_of.get(key)
+    def on_report(self, r: ReadReported, extra: np.ndarray | None) -> str | None:
+        """A read task reported its records' lengths (:class:`.events.ReadReported`; ``extra``:
+        their cost beyond their tokens'). Returns why the job must stop where a later report
+        of a read differs from its first (:mod:`.rereads`), else None."""
+        where = self._unit_of.get(r.key)
         if where is None:
-            return
-        portion, size = self._portion_of.get(key, (0, -1))
+            return None
+        portion, size = self._portion_of.get(r.key, (0, -1))
         stream = self._sources.streams[where[0]]
-        reported = stream.report(where[1], lengths, skipped, portion, extra, filtered, holes)
-        if reported and seconds is not None:
+        changed = self._first.check(r.key, stream, where[1], portion, r.lengths, r.digest)
+        if changed is not None:
+            return changed
+        reported = stream.report(
+            where[1], r.lengths, r.skipped, portion, extra, r.filtered, r.holes
+        )
+        if reported and r.seconds is not None:
             if size < 0:
                 size = stream.catalog.size(stream.units[where[1]].catalog_index)
-            count = len(lengths) + skipped if records is None else records
-            self.meters[where[0]].add(seconds, size, count, float(np.sum(lengths)))
+            count = len(r.lengths) + r.skipped if r.records is None else r.records
+            self.meters[where[0]].add(r.seconds, size, count, float(np.sum(r.lengths)))
+        return None
 
     def on_construct(self, seconds: float, batches: int = 1) -> None:
         """A block construction finished after ``seconds`` of compute; it built ``batches``
@@ -112,6 +111,7 @@ class ReadAhead:
         for key in unit.keys:
             self._unit_of.pop(key, None)
             self._portion_of.pop(key, None)
+            self._first.forget(key)
 
     # -- decisions ---------------------------------------------------------------------------
     def read_spec(self, source: int, unit: Unit, portion: int = 0) -> ReadSpec:
