@@ -76,7 +76,9 @@ def _settled(dask_scheduler, standby: bool = True) -> bool:
 def wait_settled(job, timeout: float = 60.0, standby: bool = True) -> None:
     deadline = time.monotonic() + timeout
     while not job.client.run_on_scheduler(_settled, standby=standby):
-        assert time.monotonic() < deadline, "the standby copies did not land"
+        assert time.monotonic() < deadline, (
+            "the job did not settle, or its standby copies did not land"
+        )
         time.sleep(0.05)
 
 
