@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -236,8 +237,7 @@ def test_a_transform_that_gives_other_tokens_when_a_read_is_made_again_stops_the
 
 
 def test_a_later_report_of_a_read_is_compared_with_its_first():
-    from omniload_dask.core.rereads import first_lengths, reread_change, tokens_digest
-    from omniload_dask.core.streams import Unit
+    from omniload_dask.core.rereads import FirstReports, reread_change, tokens_digest
 
     before = np.array([5, 7, 9])
     assert reread_change(before, np.array([5, 7, 9]), 1, 1) is None
@@ -247,14 +247,16 @@ def test_a_later_report_of_a_read_is_compared_with_its_first():
         "2 records of 12 tokens, against 3 records of 21 tokens the first time"
     )
     assert tokens_digest(np.arange(4, dtype=np.uint32)) != tokens_digest(np.arange(4) + 1)
-    # a unit read in two portions: known per portion once reported
-    unit = Unit("k", 0, 0, 0, portions=2)
-    assert first_lengths(unit, 0) is None
-    unit._reported[0] = (np.array([3, 4]), 0, None, 0, None)
-    assert first_lengths(unit, 0).tolist() == [3, 4] and first_lengths(unit, 1) is None
-    unit.lengths, unit.bounds = np.array([3, 4, 8]), np.array([0, 2, 3])
-    unit._reported = {}
-    assert first_lengths(unit, 1).tolist() == [8]
+    # each read (a unit's portions are reads of their own) against its own first report
+    first, stream = FirstReports(), SimpleNamespace(units={}, spec=SimpleNamespace(name="s"))
+    assert first.check("r-p0", stream, (0, 0), 0, np.array([3, 4]), 7) is None
+    assert first.check("r-p1", stream, (0, 0), 1, np.array([8]), 9) is None
+    assert first.check("r-p0", stream, (0, 0), 0, np.array([3, 4]), 7) is None
+    assert first.check("r-p1", stream, (0, 0), 1, np.array([8]), 9) is None
+    changed = first.check("r-p1", stream, (0, 0), 1, np.array([8]), 5)
+    assert changed is not None and "source 's': read r-p1 (its unit)" in changed
+    first.forget("r-p1")
+    assert first.check("r-p1", stream, (0, 0), 1, np.array([2]), 5) is None
 
 
 def _kill_the_sole_holder(job: Job, reads_only: bool = False) -> None:

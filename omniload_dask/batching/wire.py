@@ -113,10 +113,16 @@ def expand(mb: dict[str, Any]) -> dict[str, Any]:
 def packed(batch: Any) -> Any:
     """``batch`` as a worker serves it: packed (:func:`pack_part`) where it packs within
     ``PACK_LIMIT``, else ``batch`` itself (it then travels as Dask serializes task results)."""
-    if not isinstance(batch, GroupBatch) or batch_bytes(batch) > PACK_LIMIT:
+    if not _packs(batch):
         return batch
     out = pack_part(batch)
     return out if out is not None else batch
+
+
+def _packs(value: Any) -> bool:
+    """Whether ``value`` is a batch that packs within ``PACK_LIMIT`` (unless a field of it
+    would not come back the same: :func:`pack_part`)."""
+    return isinstance(value, GroupBatch) and batch_bytes(value) <= PACK_LIMIT
 
 
 def is_packed(value: Any) -> bool:
@@ -150,7 +156,7 @@ def pack_together(values: list[Any]) -> tuple[list[Any], np.ndarray | None]:
             flat = raw if isinstance(raw, np.ndarray) else np.frombuffer(raw, np.uint8)
             fields = {k: v for k, v in value.items() if k != "buffer"}
             laid.append((fields, [(0, flat)], int(flat.nbytes)))
-        elif isinstance(value, GroupBatch) and batch_bytes(value) <= PACK_LIMIT:
+        elif _packs(value):
             laid.append(_layout(value))
         else:
             laid.append(None)

@@ -22,17 +22,18 @@ import zlib
 
 import numpy as np
 
-from omniload_dask.core.streams import SourceStream, Unit, UnitRef
+from omniload_dask.core.streams import SourceStream, UnitRef
 
-__all__ = ["FirstReports", "first_lengths", "reread_change", "tokens_digest"]
+__all__ = ["FirstReports", "reread_change", "tokens_digest"]
 
 
 class FirstReports:
-    """The first report's tokens digest of every read the data plane tracks (where its
-    source gives one), and the check of every later report against the first."""
+    """The first report of every read the data plane tracks (its records' token counts, and
+    its tokens' digest where its source gives one), and the check of every later report
+    against it."""
 
     def __init__(self) -> None:
-        self._digests: dict[str, int] = {}
+        self._first: dict[str, tuple[np.ndarray, int | None]] = {}
 
     def check(
         self,
@@ -45,16 +46,15 @@ class FirstReports:
     ) -> str | None:
         """Why the job must stop if this report of read ``key`` (portion ``portion`` of
         ``stream``'s unit ``ref``) differs from its first; None if it is the first or agrees."""
-        unit = stream.units.get(ref)
-        before = first_lengths(unit, portion) if unit is not None else None
-        if unit is None or before is None:
-            if digest is not None:
-                self._digests[key] = digest
+        first = self._first.get(key)
+        if first is None:
+            self._first[key] = (lengths, digest)
             return None
-        change = reread_change(before, lengths, digest, self._digests.get(key))
+        change = reread_change(first[0], lengths, digest, first[1])
         if change is None:
             return None
-        spec = unit.specs[portion] if portion < len(unit.specs) else None
+        unit = stream.units.get(ref)
+        spec = unit.specs[portion] if unit is not None and portion < len(unit.specs) else None
         where = f"{spec.file_url} [{spec.start}:{spec.stop}]" if spec else "its unit"
         return (
             f"source {stream.spec.name!r}: read {key} ({where}) was made again (its shard was "
@@ -66,7 +66,7 @@ class FirstReports:
 
     def forget(self, key: str) -> None:
         """Read ``key``'s unit is released: its reports are not tracked any more."""
-        self._digests.pop(key, None)
+        self._first.pop(key, None)
 
 
 def tokens_digest(tokens: np.ndarray) -> int:
@@ -74,29 +74,13 @@ def tokens_digest(tokens: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(tokens).view(np.uint8).data)
 
 
-def first_lengths(unit: Unit, portion: int) -> np.ndarray | None:
-    """The token counts portion ``portion`` of ``unit`` reported before (None: this is its
-    first report). A unit whose lengths came from the source's index counts as reported once
-    the portion's read has reported (the index then stands for its first run)."""
-    if unit.up_front:
-        if portion not in unit._metered or unit.lengths is None or unit.bounds is None:
-            return None
-    elif unit.lengths is None:
-        got = unit._reported.get(portion)
-        return None if got is None else got[0]
-    if unit.bounds is None or portion + 1 >= len(unit.bounds):
-        return None
-    return unit.lengths[unit.bounds[portion] : unit.bounds[portion + 1]]
-
-
 def reread_change(
     before: np.ndarray, lengths: np.ndarray, digest: int | None, first_digest: int | None
 ) -> str | None:
     """What a read's later report changed against its first (None: nothing)."""
-    lengths = np.asarray(lengths, np.int64)
-    if len(before) != len(lengths) or not np.array_equal(before, lengths):
+    if not np.array_equal(before, lengths):
         return (
-            f"{len(lengths)} records of {int(lengths.sum()):,} tokens, against "
+            f"{len(lengths)} records of {int(np.sum(lengths)):,} tokens, against "
             f"{len(before)} records of {int(np.sum(before)):,} tokens the first time"
         )
     if digest is not None and first_digest is not None and digest != first_digest:
